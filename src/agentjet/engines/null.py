@@ -1,0 +1,46 @@
+"""A null engine: instant canned generations and no-op training. For measuring server overhead and for
+protocol tests that do not care about the model."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from agentjet.engines.base import Engine, FinishReason, GenerationResult, SamplingParams, TrainSample
+
+
+class NullEngine(Engine):
+    def __init__(self, tokenizer: Any, reply: str = "ok", delay_s: float = 0.0) -> None:
+        self._tokenizer = tokenizer
+        self._reply_ids = list(tokenizer.encode(reply, add_special_tokens=False)) + [tokenizer.eos_token_id]
+        self._reply = reply
+        self.delay_s = delay_s
+        self.policy_version = 0
+        self.trained: list[list[TrainSample]] = []
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> GenerationResult:
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        ids = self._reply_ids[: sampling.max_tokens]
+        finish = FinishReason.STOP if len(ids) == len(self._reply_ids) else FinishReason.LENGTH
+        return GenerationResult(ids, [-0.1] * len(ids), finish, self.policy_version,
+                                text=self._tokenizer.decode(ids, skip_special_tokens=True))
+
+    async def train_step(self, batch: list[TrainSample]) -> dict[str, float]:
+        self.trained.append(batch)
+        self.policy_version += 1
+        return {"loss": 0.0, "samples": float(len(batch)), "policy_version": float(self.policy_version)}
+
+    def save(self, path: Path) -> None:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        (Path(path) / "agentjet_state.json").write_text(f'{{"policy_version": {self.policy_version}}}')
+
+    def load(self, path: Path) -> None:
+        import json
+
+        self.policy_version = int(json.loads((Path(path) / "agentjet_state.json").read_text())["policy_version"])

