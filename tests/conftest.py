@@ -40,3 +40,46 @@ def chat_ids(tiny_model_path: Path):
             [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=False))
 
     return make
+
+
+@pytest.fixture
+def make_server(tmp_path: Path, tiny_model_path: Path):
+    """Start real swarm servers (uvicorn on a free loopback port). ``engine``: "tiny", "null" or an Engine."""
+    from agentjet.engines.hf import HFEngine
+    from agentjet.engines.null import NullEngine
+    from agentjet.server import ServerConfig, SwarmServer, TrainingSettings
+    from agentjet.server.app import BackgroundServer, free_port
+
+    started: list[BackgroundServer] = []
+
+    def make(engine="null", data_dir: Path | None = None, resume: bool = False, reply: str = "ok",
+             training: dict | None = None, **config):
+        if engine == "tiny":
+            engine = HFEngine(tiny_model_path, max_batch_size=8)
+        elif engine == "null":
+            from transformers import AutoTokenizer
+
+            engine = NullEngine(AutoTokenizer.from_pretrained(tiny_model_path), reply=reply)
+        training = {"group_size": 2, "batch_groups": 1, "learning_rate": 1e-3, "checkpoint_every": 0,
+                    **(training or {})}
+        cfg = ServerConfig(model=str(tiny_model_path), served_model_name="tiny", port=free_port(),
+                           data_dir=data_dir or tmp_path / f"server{len(started)}",
+                           training=TrainingSettings(**training), **config)
+        bg = BackgroundServer(SwarmServer(cfg, engine, resume=resume)).start()
+        started.append(bg)
+        return bg
+
+    yield make
+    for bg in started:
+        if bg._thread.is_alive():
+            bg.stop()
+
+
+def wait_until(predicate, timeout: float = 30.0, interval: float = 0.05) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(interval)

@@ -1,3 +1,6 @@
 """AgentJet: decoupled swarm RL training for LLM agents."""
 
+from agentjet.client import Episode, SwarmClient, SwarmError, SyncSwarmClient
+
 __version__ = "0.1.0"
+__all__ = ["Episode", "SwarmClient", "SwarmError", "SyncSwarmClient", "__version__"]

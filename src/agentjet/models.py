@@ -50,7 +50,7 @@ def resolve_model(name: str, home: Path | None = None) -> Path:
     home = home or agentjet_home()
     builders: dict[str, tuple[int, Callable[[Path], None]]] = {  # name -> (build version, builder)
         "smollm2-135m-instruct": (1, _build_smollm2),
-        "tiny-random": (2, build_tiny_random),
+        "tiny-random": (3, build_tiny_random),
     }
     key = name.lower()
     if key in builders:
@@ -125,14 +125,7 @@ def _build_smollm2(out: Path) -> None:
 
 
 # A small fixed corpus for the tiny tokenizer: chat words, digits, punctuation and JSON.
-_TINY_CORPUS_WORDS = (
-    "the a an is are what who how why when where which answer question number numbers sum add plus minus "
-    "times equals write word capital letters sort reply only yes no hello world assistant user system tool "
-    "call function name arguments result error ok true false null weather city search find get set value "
-    "key list dict string int float you i we it they this that and or not in on of to for with from by as "
-    "be have do say go make can will would should could please thanks sorry sure first second third last "
-    "one two three four five six seven eight nine ten hundred thousand small big good bad new old"
-).split()
+_TINY_CORPUS_WORDS = ["the", "a", "an", "is", "are", "what", "who", "how", "why", "when", "where", "which", "answer", "question", "number", "numbers", "sum", "add", "plus", "minus", "times", "equals", "write", "word", "capital", "letters", "sort", "reply", "only", "yes", "no", "hello", "world", "assistant", "user", "system", "tool", "call", "function", "name", "arguments", "result", "error", "ok", "true", "false", "null", "weather", "city", "search", "find", "get", "set", "value", "key", "list", "dict", "string", "int", "float", "you", "i", "we", "it", "they", "this", "that", "and", "or", "not", "in", "on", "of", "to", "for", "with", "from", "by", "as", "be", "have", "do", "say", "go", "make", "can", "will", "would", "should", "could", "please", "thanks", "sorry", "sure", "first", "second", "third", "last", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "hundred", "thousand", "small", "big", "good", "bad", "new", "old"]
 
 
 def _tiny_corpus() -> list[str]:
@@ -149,12 +142,13 @@ def _tiny_corpus() -> list[str]:
     return lines
 
 
-TINY_SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>"]
+TINY_SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+TINY_ADDED_TOKENS = ["<tool_call>", "</tool_call>"]  # single tokens, but kept when decoding (as in Qwen)
 
 
 def build_tiny_tokenizer(vocab_size: int = 1024):  # -> PreTrainedTokenizerFast
     """Train a small deterministic byte-level BPE tokenizer with ChatML special tokens."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
@@ -167,6 +161,7 @@ def build_tiny_tokenizer(vocab_size: int = 1024):  # -> PreTrainedTokenizerFast
         show_progress=False,
     )
     tok.train_from_iterator(_tiny_corpus(), trainer=trainer)
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TINY_ADDED_TOKENS])
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token="<|im_start|>",

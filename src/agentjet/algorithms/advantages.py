@@ -6,7 +6,7 @@ import enum
 import math
 
 
-class AdvantageEstimator(str, enum.Enum):
+class AdvantageEstimator(enum.StrEnum):
     GRPO = "grpo"  # (r - mean) / (std + eps)
     RLOO = "rloo"  # r - mean of the others
     REINFORCE = "reinforce"  # r - baseline (group mean), no scaling

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import abc
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+TokenCallback = Callable[[int, float], None]
 
-class FinishReason(str, enum.Enum):
+
+class FinishReason(enum.StrEnum):
     STOP = "stop"  # an end-of-turn / stop token or a stop string
     LENGTH = "length"  # max_tokens or the context window was reached
 
@@ -111,7 +114,10 @@ class Engine(abc.ABC):
         return 4096
 
     @abc.abstractmethod
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> GenerationResult: ...
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams,
+                       on_token: TokenCallback | None = None) -> GenerationResult:
+        """Generate a completion. ``on_token(token_id, logprob)`` is called on the event loop for each
+        token as it is produced (engines without streaming call it for all tokens at the end)."""
 
     @abc.abstractmethod
     async def train_step(self, batch: list[TrainSample]) -> dict[str, float]: ...

@@ -26,6 +26,7 @@ from agentjet.engines.base import (
     FinishReason,
     GenerationResult,
     SamplingParams,
+    TokenCallback,
     TrainConfig,
     TrainSample,
 )
@@ -52,6 +53,12 @@ class _Request:
     prompt_ids: list[int]
     sampling: SamplingParams
     future: asyncio.Future[GenerationResult]
+    on_token: TokenCallback | None = None
+
+    def emit(self, token: int, logprob: float) -> None:
+        """Called on the worker thread: hand the token to the event loop."""
+        if self.on_token is not None and not self.future.done():
+            self.future.get_loop().call_soon_threadsafe(self.on_token, token, logprob)
 
 
 class HFEngine(Engine):
@@ -130,7 +137,8 @@ class HFEngine(Engine):
         return ids
 
     # ----------------------------------------------------------------- generation
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> GenerationResult:
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams,
+                       on_token: TokenCallback | None = None) -> GenerationResult:
         if not prompt_ids:
             raise ValueError("prompt_ids is empty")
         if len(prompt_ids) >= self._max_context:
@@ -145,7 +153,7 @@ class HFEngine(Engine):
             self._queue = asyncio.Queue()  # (re)start the batcher on the current event loop
             self._batcher = loop.create_task(self._batch_loop())
         fut: asyncio.Future[GenerationResult] = loop.create_future()
-        await self._queue.put(_Request(list(prompt_ids), sampling, fut))
+        await self._queue.put(_Request(list(prompt_ids), sampling, fut, on_token))
         return await fut
 
     async def _batch_loop(self) -> None:
@@ -224,6 +232,7 @@ class HFEngine(Engine):
                     continue
                 out_ids[i].append(tok_list[i])
                 out_lp[i].append(lp_list[i])
+                reqs[i].emit(tok_list[i], lp_list[i])
                 if top is not None and params[i].top_logprobs:
                     k = params[i].top_logprobs
                     out_top[i].append(list(zip(top[1][i, :k].tolist(), top[0][i, :k].tolist(), strict=True)))

@@ -7,7 +7,14 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from agentjet.engines.base import Engine, FinishReason, GenerationResult, SamplingParams, TrainSample
+from agentjet.engines.base import (
+    Engine,
+    FinishReason,
+    GenerationResult,
+    SamplingParams,
+    TokenCallback,
+    TrainSample,
+)
 
 
 class NullEngine(Engine):
@@ -23,10 +30,14 @@ class NullEngine(Engine):
     def tokenizer(self) -> Any:
         return self._tokenizer
 
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> GenerationResult:
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams,
+                       on_token: TokenCallback | None = None) -> GenerationResult:
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
         ids = self._reply_ids[: sampling.max_tokens]
+        if on_token is not None:
+            for t in ids:
+                on_token(t, -0.1)
         finish = FinishReason.STOP if len(ids) == len(self._reply_ids) else FinishReason.LENGTH
         return GenerationResult(ids, [-0.1] * len(ids), finish, self.policy_version,
                                 text=self._tokenizer.decode(ids, skip_special_tokens=True))

@@ -1,0 +1,233 @@
+"""The swarm client SDK.
+
+    async with SwarmClient("http://127.0.0.1:10086") as swarm:
+        async with swarm.episode(task_id="t1") as ep:
+            reply = await ep.openai().chat.completions.create(model="x", messages=[...])
+            ep.reward(1.0)
+
+An exception inside the block aborts the episode and re-raises. Network errors and 5xx/429 answers are
+retried with exponential backoff; ``end`` is idempotent on the server, so retrying it is safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import uuid
+from typing import Any
+
+import httpx
+
+from agentjet.protocol import (
+    AGENT_HEADER,
+    SWARM_PREFIX,
+    BeginEpisodeRequest,
+    BeginEpisodeResponse,
+    EndEpisodeRequest,
+    EndEpisodeResponse,
+    JoinRequest,
+    JoinResponse,
+    Reward,
+    ServerStatus,
+)
+
+log = logging.getLogger(__name__)
+
+RETRY_STATUSES = {429, 502, 503, 504}
+
+
+class SwarmError(RuntimeError):
+    """The server refused a request (a 4xx), or kept failing after every retry."""
+
+    def __init__(self, status: int, message: str, code: str | None = None) -> None:
+        super().__init__(f"HTTP {status}: {message}")
+        self.status, self.message, self.code = status, message, code
+
+
+def _error_of(resp: httpx.Response) -> SwarmError:
+    try:
+        err = resp.json()["error"]
+        return SwarmError(resp.status_code, err.get("message", resp.text), err.get("code"))
+    except Exception:
+        return SwarmError(resp.status_code, resp.text[:500])
+
+
+class SwarmClient:
+    def __init__(self, url: str, token: str | None = None, client_id: str | None = None, *,
+                 retries: int = 6, timeout: float = 600.0, join: bool = True) -> None:
+        self.url = url.rstrip("/")
+        self.token = token
+        self.client_id = client_id or f"client-{uuid.uuid4().hex[:12]}"
+        self.retries = retries
+        self._auto_join = join
+        self._joined: JoinResponse | None = None
+        self._http = httpx.AsyncClient(base_url=self.url, timeout=timeout)
+
+    async def __aenter__(self) -> SwarmClient:
+        if self._auto_join:
+            await self.join()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    # ---------------------------------------------------------------- transport
+    async def request(self, method: str, path: str, *, json: Any = None, key: str | None = None) -> dict[str, Any]:
+        headers = {}
+        bearer = key or self.token
+        if bearer:
+            headers["Authorization"] = f"Bearer {bearer}"
+        delay = 0.2
+        for attempt in range(self.retries + 1):
+            try:
+                resp = await self._http.request(method, path, json=json, headers=headers)
+            except httpx.TransportError as exc:
+                if attempt == self.retries:
+                    raise SwarmError(0, f"cannot reach the swarm server at {self.url}: {exc!r}") from exc
+                log.warning("%s %s failed (%r); retrying in %.1fs", method, path, exc, delay)
+            else:
+                if resp.status_code < 400:
+                    return resp.json()
+                if resp.status_code not in RETRY_STATUSES or attempt == self.retries:
+                    raise _error_of(resp)
+                retry_after = resp.headers.get("retry-after")
+                if retry_after and retry_after.replace(".", "", 1).isdigit():
+                    delay = max(delay, float(retry_after))
+            await asyncio.sleep(delay * (0.8 + 0.4 * random.random()))
+            delay = min(delay * 2, 10.0)
+        raise AssertionError("unreachable")
+
+    # ---------------------------------------------------------------- API
+    async def join(self) -> JoinResponse:
+        data = await self.request("POST", f"{SWARM_PREFIX}/join", json=JoinRequest(client_id=self.client_id).model_dump())
+        self._joined = JoinResponse.model_validate(data)
+        return self._joined
+
+    async def status(self) -> ServerStatus:
+        return ServerStatus.model_validate(await self.request("GET", f"{SWARM_PREFIX}/status"))
+
+    def episode(self, task_id: str, task_type: str = "default", group_id: str | None = None, eval: bool = False,
+                metadata: dict[str, Any] | None = None) -> Episode:
+        req = BeginEpisodeRequest(client_id=self.client_id, task_id=task_id, task_type=task_type, group_id=group_id,
+                                  eval=eval, metadata=metadata or {})
+        return Episode(self, req)
+
+
+class Episode:
+    """One episode: an async context manager that begins it, keeps its lease alive and ends it."""
+
+    def __init__(self, client: SwarmClient, req: BeginEpisodeRequest) -> None:
+        self.client = client
+        self.request = req
+        self.info: BeginEpisodeResponse | None = None
+        self.result: EndEpisodeResponse | None = None
+        self._reward: Reward | None = None
+        self._metadata: dict[str, Any] = {}
+        self._heartbeat: asyncio.Task[None] | None = None
+        self._openai: dict[str | None, Any] = {}
+
+    # ---------------------------------------------------------------- properties
+    def _info(self) -> BeginEpisodeResponse:
+        if self.info is None:
+            raise RuntimeError("the episode has not begun: use `async with client.episode(...) as ep`")
+        return self.info
+
+    @property
+    def episode_id(self) -> str:
+        return self._info().episode_id
+
+    @property
+    def api_key(self) -> str:
+        return self._info().api_key
+
+    @property
+    def base_url(self) -> str:
+        return self._info().base_url
+
+    @property
+    def policy_version(self) -> int:
+        return self._info().policy_version
+
+    def openai(self, agent: str | None = None) -> Any:
+        """An ``openai.AsyncOpenAI`` bound to this episode (and to an agent name, if given)."""
+        if agent not in self._openai:
+            import openai
+
+            headers = {AGENT_HEADER: agent} if agent else None
+            self._openai[agent] = openai.AsyncOpenAI(base_url=self.base_url, api_key=self.api_key,
+                                                     default_headers=headers, max_retries=2)
+        return self._openai[agent]
+
+    def reward(self, value: Reward, **metadata: Any) -> None:
+        """Set the reward (a scalar, or one per agent name) sent when the block exits."""
+        self._reward = value
+        self._metadata.update(metadata)
+
+    # ---------------------------------------------------------------- lifecycle
+    async def begin(self) -> Episode:
+        data = await self.client.request("POST", f"{SWARM_PREFIX}/episodes", json=self.request.model_dump())
+        self.info = BeginEpisodeResponse.model_validate(data)
+        self._heartbeat = asyncio.get_running_loop().create_task(self._beat(self.info.lease_seconds / 3))
+        return self
+
+    async def _beat(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.client.request("POST", f"{SWARM_PREFIX}/episodes/{self.episode_id}/heartbeat",
+                                          key=self.api_key)
+            except SwarmError as exc:
+                log.warning("heartbeat for %s failed: %s", self.episode_id, exc)
+                if exc.status == 409:
+                    return
+
+    async def _stop_heartbeat(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._heartbeat
+            self._heartbeat = None
+
+    async def end(self, reward: Reward | None = None, **metadata: Any) -> EndEpisodeResponse:
+        if reward is not None:
+            self.reward(reward, **metadata)
+        if self._reward is None:
+            raise ValueError("the episode has no reward: call ep.reward(x) before it ends")
+        await self._stop_heartbeat()
+        body = EndEpisodeRequest(reward=self._reward, metadata=self._metadata).model_dump()
+        data = await self.client.request("POST", f"{SWARM_PREFIX}/episodes/{self.episode_id}/end", json=body,
+                                         key=self.api_key)
+        self.result = EndEpisodeResponse.model_validate(data)
+        return self.result
+
+    async def abort(self, reason: str = "") -> None:
+        await self._stop_heartbeat()
+        await self.client.request("POST", f"{SWARM_PREFIX}/episodes/{self.episode_id}/abort",
+                                  json={"reason": reason[:2000]}, key=self.api_key)
+
+    async def __aenter__(self) -> Episode:
+        return await self.begin()
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        try:
+            if exc is not None:
+                with contextlib.suppress(Exception):
+                    await self.abort(f"{exc_type.__name__ if exc_type else 'error'}: {exc}")
+                return
+            if self.result is not None:
+                return
+            if self._reward is None:
+                with contextlib.suppress(Exception):
+                    await self.abort("no reward was given")
+                raise ValueError("the episode block exited without a reward: call ep.reward(x) inside it")
+            await self.end()
+        finally:
+            await self._stop_heartbeat()
+            for c in self._openai.values():
+                with contextlib.suppress(Exception):
+                    await c.close()

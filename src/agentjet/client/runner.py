@@ -1,0 +1,178 @@
+"""The runner: drive a workflow ``async def fn(task, ep) -> float | dict`` over a dataset.
+
+Each task runs as a group of ``group_size`` episodes (same task id, for GRPO). A workflow exception
+aborts that episode, is counted, and the run goes on. A cursor file records finished tasks so a
+restarted runner resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import inspect
+import json
+import logging
+import os
+import sys
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agentjet.client.client import Episode, SwarmClient
+from agentjet.protocol import Reward
+
+log = logging.getLogger(__name__)
+
+Workflow = Callable[[dict[str, Any], Episode], Awaitable[Reward]]
+
+
+@dataclass
+class RunSummary:
+    episodes: int = 0
+    failed: int = 0
+    rewards: list[float] = field(default_factory=list)
+    failures_by_task: Counter[str] = field(default_factory=Counter)
+    failure_kinds: Counter[str] = field(default_factory=Counter)
+    last_policy_version: int = 0
+    seconds: float = 0.0
+
+    @property
+    def mean_reward(self) -> float:
+        return sum(self.rewards) / len(self.rewards) if self.rewards else float("nan")
+
+
+def load_workflow(spec: str) -> Workflow:
+    """``path/to/file.py:fn`` or ``package.module:fn`` -> the function."""
+    target, sep, name = spec.rpartition(":")
+    if not sep or not name:
+        raise ValueError(f"workflow {spec!r} must look like path/to/file.py:function or module:function")
+    if target.endswith(".py") or os.sep in target:
+        path = Path(target)
+        if not path.exists():
+            raise ValueError(f"workflow file {path} does not exist")
+        mod_name = f"agentjet_workflow_{path.stem}"
+        module_spec = importlib.util.spec_from_file_location(mod_name, path)
+        assert module_spec and module_spec.loader
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[mod_name] = module
+        module_spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(target)
+    fn = getattr(module, name, None)
+    if fn is None or not inspect.iscoroutinefunction(fn):
+        raise ValueError(f"{spec!r} must name an `async def {name}(task, ep)` function")
+    return fn
+
+
+def load_dataset(path: Path, limit: int | None = None) -> list[dict[str, Any]]:
+    tasks = []
+    with open(path) as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                task = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{lineno}: not valid JSON: {exc.msg}") from exc
+            if not isinstance(task, dict):
+                raise ValueError(f"{path}:{lineno}: each line must be a JSON object")
+            task.setdefault("task_id", f"{path.stem}-{lineno}")
+            tasks.append(task)
+            if limit and len(tasks) >= limit:
+                break
+    return tasks
+
+
+def reward_scalar(reward: Reward) -> float:
+    if isinstance(reward, dict):
+        return sum(reward.values()) / max(len(reward), 1)
+    return float(reward)
+
+
+class Cursor:
+    """Finished task ids, persisted atomically."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self.done: set[str] = set()
+        if path is not None and path.exists():
+            self.done = set(json.loads(path.read_text()).get("done", []))
+
+    def mark(self, task_id: str) -> None:
+        self.done.add(task_id)
+        if self.path is not None:
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"done": sorted(self.done)}))
+            tmp.replace(self.path)
+
+
+async def run_episode(client: SwarmClient, workflow: Workflow, task: dict[str, Any], summary: RunSummary,
+                      eval: bool = False) -> float | None:
+    try:
+        async with client.episode(task_id=str(task["task_id"]), task_type=str(task.get("task_type", "default")),
+                                  eval=eval) as ep:
+            reward = await workflow(task, ep)
+            if reward is None:
+                raise ValueError("the workflow returned no reward")
+            ep.reward(reward)
+            summary.last_policy_version = max(summary.last_policy_version, ep.policy_version)
+        value = reward_scalar(reward)
+        summary.rewards.append(value)
+        return value
+    except Exception as exc:
+        summary.failed += 1
+        summary.failures_by_task[str(task["task_id"])] += 1
+        summary.failure_kinds[type(exc).__name__] += 1
+        log.warning("episode of task %s failed: %r", task.get("task_id"), exc)
+        return None
+    finally:
+        summary.episodes += 1
+
+
+async def run_workflow(
+    client: SwarmClient,
+    workflow: Workflow,
+    tasks: Iterable[dict[str, Any]],
+    *,
+    group_size: int = 4,
+    concurrency: int = 8,
+    eval: bool = False,
+    cursor: Cursor | None = None,
+    on_progress: Callable[[RunSummary], None] | None = None,
+) -> RunSummary:
+    """Run ``group_size`` episodes per task, at most ``concurrency`` at a time, in dataset order."""
+    if group_size < 1 or concurrency < 1:
+        raise ValueError("group_size and concurrency must be >= 1")
+    cursor = cursor or Cursor(None)
+    summary = RunSummary()
+    start = time.monotonic()
+    queue: asyncio.Queue[tuple[dict[str, Any], int] | None] = asyncio.Queue(maxsize=concurrency)
+    remaining: dict[str, int] = {}
+
+    async def worker() -> None:
+        while (item := await queue.get()) is not None:
+            task, _ = item
+            await run_episode(client, workflow, task, summary, eval=eval)
+            tid = str(task["task_id"])
+            remaining[tid] -= 1
+            if remaining[tid] == 0:
+                cursor.mark(tid)
+            if on_progress:
+                on_progress(summary)
+
+    workers = [asyncio.create_task(worker()) for _ in range(concurrency)]
+    for task in tasks:
+        tid = str(task["task_id"])
+        if tid in cursor.done:
+            continue
+        remaining[tid] = remaining.get(tid, 0) + group_size
+        for k in range(group_size):
+            await queue.put((task, k))
+    for _ in workers:
+        await queue.put(None)
+    await asyncio.gather(*workers)
+    summary.seconds = time.monotonic() - start
+    return summary

@@ -1,0 +1,139 @@
+"""The swarm protocol: pydantic models shared by the server and the client (``/swarm/v1``)."""
+
+from __future__ import annotations
+
+import enum
+import math
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+SWARM_PREFIX = "/swarm/v1"
+AGENT_HEADER = "X-Agent-Name"
+DEFAULT_AGENT = "default"
+
+Identifier = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:@/+=-]+$")]
+Metadata = Annotated[dict[str, Any], Field(default_factory=dict)]
+
+
+class EpisodeStatus(enum.StrEnum):
+    OPEN = "open"
+    ENDED = "ended"  # reward received, samples durable on disk (acknowledged)
+    ABORTED = "aborted"  # the client gave up; nothing is trained
+    EXPIRED = "expired"  # the lease ran out; nothing is trained
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class JoinRequest(_Model):
+    client_id: Identifier
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+class JoinResponse(_Model):
+    client_id: str
+    model: str
+    policy_version: int
+    lease_seconds: float
+    released_episodes: int = Field(description="open episodes of an earlier process with this client id, released now")
+
+
+class BeginEpisodeRequest(_Model):
+    client_id: Identifier
+    task_id: Identifier
+    task_type: Identifier = "default"
+    group_id: Identifier | None = Field(default=None, description="GRPO group key; defaults to task_id")
+    eval: bool = Field(default=False, description="eval episodes are never trained on")
+    metadata: Metadata
+
+
+class BeginEpisodeResponse(_Model):
+    episode_id: str
+    api_key: str
+    base_url: str
+    lease_seconds: float
+    policy_version: int
+
+
+class HeartbeatResponse(_Model):
+    episode_id: str
+    status: EpisodeStatus
+    lease_remaining_seconds: float
+    policy_version: int
+
+
+Reward = float | dict[str, float]
+
+
+class EndEpisodeRequest(_Model):
+    reward: Reward = Field(description="a scalar for every agent, or one reward per agent name")
+    metadata: Metadata
+
+    @field_validator("reward")
+    @classmethod
+    def _finite(cls, v: Reward) -> Reward:
+        values = v.values() if isinstance(v, dict) else [v]
+        if isinstance(v, dict) and not v:
+            raise ValueError("reward dict is empty")
+        for x in values:
+            if not math.isfinite(x):
+                raise ValueError("reward must be a finite number (no NaN or infinity)")
+        return v
+
+
+class EndEpisodeResponse(_Model):
+    episode_id: str
+    status: EpisodeStatus
+    acknowledged: bool
+    duplicate: bool = Field(description="true when this end was already received (idempotent retry)")
+    calls: int
+    samples: int
+
+
+class AbortEpisodeRequest(_Model):
+    reason: str = Field(default="", max_length=2000)
+
+
+class AbortEpisodeResponse(_Model):
+    episode_id: str
+    status: EpisodeStatus
+
+
+class BufferCounts(_Model):
+    open_episodes: int
+    pending_episodes: int  # acknowledged, waiting in the store to be trained
+    trained_episodes: int
+    dropped_stale_episodes: int
+    dropped_uniform_episodes: int  # groups whose rewards were all equal (no learning signal)
+    expired_episodes: int
+    aborted_episodes: int
+    eval_episodes: int
+
+
+class ServerStatus(_Model):
+    model: str
+    engine: str
+    engine_state: str
+    policy_version: int
+    train_steps: int
+    buffer: BufferCounts
+    clients: list[str]
+    throughput: dict[str, float]
+    eval_reward: dict[str, float] = Field(description="mean eval reward per policy version")
+    last_train_metrics: dict[str, float]
+    config: dict[str, Any]
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorBody(BaseModel):
+    """OpenAI's error shape."""
+
+    error: ErrorDetail

@@ -1,0 +1,118 @@
+"""The FastAPI application and ways to run it (blocking, or in a background thread)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import uvicorn
+from fastapi import FastAPI, Request, Response
+
+from agentjet.engines.base import Engine
+from agentjet.server import openai_api, swarm_api
+from agentjet.server.config import ServerConfig
+from agentjet.server.core import SwarmServer
+from agentjet.server.errors import error_body, install_error_handlers
+
+log = logging.getLogger(__name__)
+
+
+def create_app(server: SwarmServer) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await server.start()
+        try:
+            yield
+        finally:
+            await server.stop()
+
+    app = FastAPI(title="AgentJet swarm server", version="0.1.0", lifespan=lifespan)
+    app.state.swarm = server
+    install_error_handlers(app)
+
+    @app.middleware("http")
+    async def limit_body(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        length = request.headers.get("content-length")
+        if length and length.isdigit() and int(length) > server.config.max_body_bytes:
+            from fastapi.responses import JSONResponse
+
+            return JSONResponse(error_body(f"request body of {length} bytes exceeds the limit of "
+                                           f"{server.config.max_body_bytes} bytes", "invalid_request_error",
+                                           code="body_too_large"), 413)
+        return await call_next(request)
+
+    @app.get("/health")
+    async def health() -> dict[str, str | int]:
+        return {"status": server.engine_state, "policy_version": server.engine.policy_version}
+
+    app.include_router(openai_api.router)
+    app.include_router(swarm_api.router)
+    return app
+
+
+def build_engine(config: ServerConfig) -> Engine:
+    from agentjet.engines.base import TrainConfig
+    from agentjet.engines.hf import HFEngine
+
+    return HFEngine(config.model, max_batch_size=config.max_batch_size, max_context=config.max_context,
+                    train_config=TrainConfig(learning_rate=config.training.learning_rate))
+
+
+def serve(config: ServerConfig, engine: Engine | None = None, resume: bool = False) -> None:
+    """Run the server in the foreground until interrupted."""
+    server = SwarmServer(config, engine or build_engine(config), resume=resume)
+    uvicorn.run(create_app(server), host=config.host, port=config.port, log_level="warning")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class BackgroundServer:
+    """Run a SwarmServer with uvicorn on its own thread and event loop (tests, the demo)."""
+
+    def __init__(self, server: SwarmServer) -> None:
+        self.server = server
+        self.app = create_app(server)
+        cfg = server.config
+        self._uvicorn = uvicorn.Server(uvicorn.Config(self.app, host=cfg.host, port=cfg.port, log_level="warning",
+                                                      lifespan="on"))
+        self._thread = threading.Thread(target=self._uvicorn.run, name="agentjet-server", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.server.config.host}:{self.server.config.port}"
+
+    def start(self, timeout: float = 60.0) -> BackgroundServer:
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self._uvicorn.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the swarm server did not start")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        self._uvicorn.should_exit = True
+        self._thread.join(timeout=60)
+
+    def call(self, coro: Awaitable[object]) -> object:
+        """Run a coroutine on the server's event loop (for tests poking at internals)."""
+        loop = self._loop()
+        return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout=60)  # type: ignore[arg-type]
+
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        return self.server.trainer._task.get_loop()  # type: ignore[union-attr]
+
+    def __enter__(self) -> BackgroundServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

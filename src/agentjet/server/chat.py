@@ -1,0 +1,172 @@
+"""Chat formatting: OpenAI messages -> prompt token ids through the model's own chat template, and the
+model's output text -> an assistant message (content and Hermes-style ``<tool_call>`` JSON)."""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from typing import Any
+
+from jinja2 import TemplateError
+
+KNOWN_ROLES = {"system", "developer", "user", "assistant", "tool", "function"}
+_TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+
+
+class ChatFormatError(ValueError):
+    """The request's messages or tools cannot be rendered. Carries the offending parameter."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def content_text(content: Any, where: str) -> str:
+    """OpenAI content (a string, a list of parts, or None) -> plain text."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        pieces = []
+        for i, part in enumerate(content):
+            if not isinstance(part, dict) or "type" not in part:
+                raise ChatFormatError(f"{where}.content[{i}] must be an object with a 'type'", f"{where}.content")
+            if part["type"] in ("text", "input_text"):
+                if not isinstance(part.get("text"), str):
+                    raise ChatFormatError(f"{where}.content[{i}].text must be a string", f"{where}.content")
+                pieces.append(part["text"])
+            else:
+                raise ChatFormatError(f"{where}.content[{i}] has type {part['type']!r}; this text model only "
+                                      "accepts text parts", f"{where}.content")
+        return "".join(pieces)
+    raise ChatFormatError(f"{where}.content must be a string or a list of content parts", f"{where}.content")
+
+
+def _tool_call_json(tc: dict[str, Any], where: str) -> dict[str, Any]:
+    fn = tc.get("function") if isinstance(tc, dict) else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        raise ChatFormatError(f"{where} must have function.name", where)
+    args = fn.get("arguments", "{}")
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except json.JSONDecodeError as exc:
+            raise ChatFormatError(f"{where}.function.arguments is not valid JSON: {exc.msg}", where) from exc
+    return {"name": fn["name"], "arguments": args}
+
+
+def normalize_messages(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Validate OpenAI-style messages and make every ``content`` a string."""
+    if not raw:
+        raise ChatFormatError("messages must contain at least one message", "messages")
+    out = []
+    for i, m in enumerate(raw):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise ChatFormatError(f"{where} must be an object", where)
+        role = m.get("role")
+        if role not in KNOWN_ROLES:
+            raise ChatFormatError(f"{where}.role {role!r} is not one of {sorted(KNOWN_ROLES)}", f"{where}.role")
+        msg: dict[str, Any] = {"role": "system" if role == "developer" else role,
+                               "content": content_text(m.get("content"), where)}
+        if role == "assistant" and m.get("tool_calls"):
+            if not isinstance(m["tool_calls"], list):
+                raise ChatFormatError(f"{where}.tool_calls must be a list", f"{where}.tool_calls")
+            calls = []
+            for j, tc in enumerate(m["tool_calls"]):
+                parsed = _tool_call_json(tc, f"{where}.tool_calls[{j}]")
+                calls.append({"id": str(tc.get("id") or f"call_{j}"), "type": "function",
+                              "function": {"name": parsed["name"], "arguments": parsed["arguments"]}})
+            msg["tool_calls"] = calls
+        if role in ("tool", "function"):
+            msg["role"] = "tool"
+            if m.get("tool_call_id") is not None:
+                msg["tool_call_id"] = str(m["tool_call_id"])
+            if m.get("name") is not None:
+                msg["name"] = str(m["name"])
+        out.append(msg)
+    return out
+
+
+def validate_tools(tools: Any) -> list[dict[str, Any]] | None:
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        raise ChatFormatError("tools must be a list", "tools")
+    for i, t in enumerate(tools):
+        fn = t.get("function") if isinstance(t, dict) else None
+        if not isinstance(t, dict) or t.get("type", "function") != "function" or not isinstance(fn, dict) \
+                or not isinstance(fn.get("name"), str):
+            raise ChatFormatError(f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ...}}}}", "tools")
+    return tools or None
+
+
+def tools_system_text(tools: list[dict[str, Any]]) -> str:
+    """Tool instructions for templates that have no tool support of their own (Hermes format)."""
+    specs = "\n".join(json.dumps(t["function"], ensure_ascii=False) for t in tools)
+    return ("You can call functions. Their signatures are listed between <tools> and </tools>:\n"
+            f"<tools>\n{specs}\n</tools>\n"
+            "To call a function, reply with one JSON object per call inside <tool_call></tool_call> tags:\n"
+            '<tool_call>\n{"name": "function-name", "arguments": {"arg": "value"}}\n</tool_call>')
+
+
+class ChatFormatter:
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        template = tokenizer.chat_template or ""
+        if not template:
+            raise ValueError("the tokenizer has no chat template")
+        self.native_tools = "tools" in template
+        self.native_tool_calls = "tool_calls" in template
+
+    def render_messages(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+                        ) -> list[dict[str, Any]]:
+        """Adapt messages to what the template understands (tools and tool calls as text if needed)."""
+        out = [dict(m) for m in messages]
+        if not self.native_tool_calls:
+            for m in out:
+                if m.get("tool_calls"):
+                    blocks = "\n".join("<tool_call>\n" + json.dumps(tc["function"], ensure_ascii=False)
+                                       + "\n</tool_call>" for tc in m.pop("tool_calls"))
+                    m["content"] = (m["content"] + "\n" if m["content"] else "") + blocks
+        if tools and not self.native_tools:
+            text = tools_system_text(tools)
+            if out and out[0]["role"] == "system":
+                out[0] = {**out[0], "content": out[0]["content"] + "\n\n" + text}
+            else:
+                out.insert(0, {"role": "system", "content": text})
+        return out
+
+    def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+        rendered = self.render_messages(messages, tools)
+        kwargs: dict[str, Any] = {"tools": tools} if tools and self.native_tools else {}
+        try:
+            ids = self.tokenizer.apply_chat_template(rendered, add_generation_prompt=True, tokenize=True,
+                                                     return_dict=False, **kwargs)
+        except (TemplateError, TypeError, KeyError, IndexError) as exc:
+            raise ChatFormatError(f"the model's chat template rejected these messages: {exc}", "messages") from exc
+        return list(ids)
+
+    @staticmethod
+    def parse_assistant(text: str, tools_given: bool) -> tuple[str, list[dict[str, Any]] | None]:
+        """Split model output into content and tool calls. Unparseable calls stay as plain text."""
+        if not tools_given or "<tool_call>" not in text:
+            return text, None
+        calls = []
+        for raw in _TOOL_CALL_RE.findall(text):
+            try:
+                obj = json.loads(raw)
+            except json.JSONDecodeError:
+                return text, None
+            if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+                return text, None
+            args = obj.get("arguments", {})
+            calls.append({"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
+                          "function": {"name": obj["name"],
+                                       "arguments": args if isinstance(args, str) else json.dumps(args)}})
+        if not calls:
+            return text, None
+        content = text[: text.index("<tool_call>")].strip()
+        return content, calls

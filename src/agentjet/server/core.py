@@ -1,0 +1,267 @@
+"""SwarmServer: the state behind the HTTP routes (engine, registry, store, trainer) and the episode logic."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentjet.engines.base import Engine
+from agentjet.protocol import (
+    AbortEpisodeResponse,
+    BeginEpisodeRequest,
+    BeginEpisodeResponse,
+    BufferCounts,
+    EndEpisodeRequest,
+    EndEpisodeResponse,
+    EpisodeStatus,
+    HeartbeatResponse,
+    JoinRequest,
+    JoinResponse,
+    ServerStatus,
+)
+from agentjet.server.chat import ChatFormatter
+from agentjet.server.config import ServerConfig
+from agentjet.server.errors import (
+    APIError,
+    bad_request,
+    conflict,
+    forbidden,
+    unauthorized,
+    unavailable,
+)
+from agentjet.server.registry import Episode, EpisodeRegistry, hash_key
+from agentjet.server.store import SampleStore, StoredEpisode, StoredStatus, StoreError
+from agentjet.server.trainer import Trainer
+from agentjet.tracking import CallRecord, EpisodeSample, build_samples
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Throughput:
+    started: float = field(default_factory=time.monotonic)
+    calls: int = 0
+    generated_tokens: int = 0
+    ended: int = 0
+
+    def as_dict(self) -> dict[str, float]:
+        elapsed = max(time.monotonic() - self.started, 1e-9)
+        return {"uptime_s": elapsed, "calls": self.calls, "generated_tokens": self.generated_tokens,
+                "episodes_ended": self.ended, "calls_per_s": self.calls / elapsed,
+                "tokens_per_s": self.generated_tokens / elapsed}
+
+
+class SwarmServer:
+    def __init__(self, config: ServerConfig, engine: Engine, resume: bool = False) -> None:
+        self.config = config
+        self.engine = engine
+        self.resume = resume
+        self.formatter = ChatFormatter(engine.tokenizer)
+        self.registry = EpisodeRegistry(config.lease_seconds)
+        self.store = SampleStore(config.data_dir / "store.sqlite")
+        self.trainer = Trainer(engine, self.store, config.training, config.data_dir / "checkpoints")
+        self.throughput = Throughput()
+        self._end_locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._reaper: asyncio.Task[None] | None = None
+        self.engine_state = "starting"
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        if hasattr(self.engine, "set_learning_rate"):
+            self.engine.set_learning_rate(self.config.training.learning_rate)
+        if self.resume:
+            await asyncio.to_thread(self.trainer.resume)
+        n = self.trainer.load_pending()
+        if n:
+            log.info("%d acknowledged episodes waiting in the store", n)
+        self.trainer.start()
+        self._reaper = asyncio.get_running_loop().create_task(self._reap_loop())
+        self.engine_state = "ready"
+
+    async def stop(self, checkpoint: bool = True) -> None:
+        self.engine_state = "stopping"
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
+        await self.trainer.stop()
+        if checkpoint and self.trainer.counters.train_steps:
+            await asyncio.to_thread(self.trainer.save_checkpoint)
+        await self.engine.close()
+        self.store.close()
+        self.engine_state = "stopped"
+
+    async def _reap_loop(self) -> None:
+        while True:
+            await asyncio.sleep(min(1.0, self.config.lease_seconds / 4))
+            for ep in self.registry.expire_due():
+                log.info("episode %s (client %s) expired: lease ran out", ep.episode_id, ep.client_id)
+
+    # ------------------------------------------------------------------ auth
+    @staticmethod
+    def _token_ok(given: str | None, expected: str | None) -> bool:
+        if expected is None:
+            return True
+        return given is not None and hmac.compare_digest(given.encode(), expected.encode())
+
+    def check_swarm_token(self, token: str | None) -> None:
+        if not self._token_ok(token, self.config.swarm_token):
+            raise unauthorized("a valid swarm token is required (Authorization: Bearer <swarm token>)")
+
+    def check_admin_token(self, token: str | None) -> None:
+        if self.config.admin_token is None:
+            return
+        if not self._token_ok(token, self.config.admin_token):
+            raise unauthorized("this action needs the admin token (Authorization: Bearer <admin token>)")
+
+    def episode_for_key(self, key: str | None, episode_id: str | None = None) -> Episode:
+        if not key:
+            raise unauthorized("missing episode key (Authorization: Bearer <episode api_key>)")
+        ep = self.registry.by_key(key)
+        if ep is None:
+            raise unauthorized("unknown or expired episode key")
+        if episode_id is not None and ep.episode_id != episode_id:
+            raise forbidden("this episode key belongs to another episode")
+        return ep
+
+    def open_episode_for_key(self, key: str | None) -> Episode:
+        ep = self.episode_for_key(key)
+        if not ep.is_open:
+            raise unauthorized(f"episode {ep.episode_id} is {ep.status.value}; its key no longer accepts calls")
+        return ep
+
+    # ------------------------------------------------------------------ swarm API
+    def join(self, req: JoinRequest) -> JoinResponse:
+        released = self.registry.release_client(req.client_id)
+        if released:
+            log.info("client %s rejoined: released %d open episodes of its earlier process", req.client_id, released)
+        return JoinResponse(client_id=req.client_id, model=self.config.name, policy_version=self.engine.policy_version,
+                            lease_seconds=self.config.lease_seconds, released_episodes=released)
+
+    def begin(self, req: BeginEpisodeRequest) -> BeginEpisodeResponse:
+        if self.engine_state != "ready":
+            raise unavailable(f"the server is {self.engine_state}", "not_ready", retry_after_s=1)
+        ep, key = self.registry.begin(req, self.engine.policy_version)
+        return BeginEpisodeResponse(episode_id=ep.episode_id, api_key=key, base_url=self.config.base_url(),
+                                    lease_seconds=self.config.lease_seconds, policy_version=self.engine.policy_version)
+
+    def heartbeat(self, key: str | None, episode_id: str) -> HeartbeatResponse:
+        ep = self.episode_for_key(key, episode_id)
+        if not ep.is_open:
+            raise conflict(f"episode {episode_id} is {ep.status.value}", f"episode_{ep.status.value}")
+        self.registry.touch(ep)
+        return HeartbeatResponse(episode_id=episode_id, status=ep.status,
+                                 lease_remaining_seconds=self.registry.lease_remaining(ep),
+                                 policy_version=self.engine.policy_version)
+
+    def record_call(self, ep: Episode, call: CallRecord) -> None:
+        ep.calls.append(call)
+        self.throughput.calls += 1
+        self.throughput.generated_tokens += len(call.completion_ids)
+
+    def build_samples(self, calls: list[CallRecord]) -> list[EpisodeSample]:
+        return build_samples(calls)
+
+    def _check_reward_agents(self, ep: Episode, req: EndEpisodeRequest) -> None:
+        if not isinstance(req.reward, dict):
+            return
+        agents = {c.agent for c in ep.calls}
+        missing = agents - set(req.reward)
+        unknown = set(req.reward) - agents
+        if missing or unknown:
+            raise bad_request(
+                f"per-agent reward must name exactly the agents that made calls in this episode: {sorted(agents)}"
+                + (f"; missing {sorted(missing)}" if missing else "") + (f"; unknown {sorted(unknown)}" if unknown else ""),
+                param="reward")
+
+    async def end(self, key: str | None, episode_id: str, req: EndEpisodeRequest) -> EndEpisodeResponse:
+        ep = self._episode_or_stored(key, episode_id)
+        if isinstance(ep, EndEpisodeResponse):
+            return ep
+        async with self._end_locks[episode_id]:
+            if ep.end_response is not None:  # a retry of an end we already acknowledged
+                return ep.end_response.model_copy(update={"duplicate": True})
+            if not ep.is_open:
+                raise conflict(f"episode {episode_id} is {ep.status.value}; its calls were discarded",
+                               f"episode_{ep.status.value}")
+            if ep.inflight:
+                raise conflict(f"episode {episode_id} still has {ep.inflight} chat call(s) in flight", "calls_in_flight")
+            self._check_reward_agents(ep, req)
+            samples = await asyncio.to_thread(self.build_samples, ep.calls)
+            stored = StoredEpisode(
+                episode_id=ep.episode_id, key_hash=ep.key_hash, client_id=ep.client_id, task_id=ep.task_id,
+                task_type=ep.task_type, group_key=ep.group_key, reward=req.reward,
+                status=StoredStatus.EVAL if ep.is_eval else StoredStatus.PENDING, n_calls=len(ep.calls),
+                n_samples=len(samples), begin_policy_version=ep.begin_policy_version,
+                min_policy_version=min((c.policy_version for c in ep.calls), default=ep.begin_policy_version),
+                ended_at=time.time())
+            try:
+                await asyncio.to_thread(self.store.commit_episode, stored, samples, req.metadata)
+            except StoreError as exc:
+                log.error("%s", exc)
+                raise unavailable(f"the server could not store the episode durably: {exc}; retry later",
+                                  "store_unavailable", retry_after_s=5) from exc
+            ep.end_response = EndEpisodeResponse(episode_id=episode_id, status=EpisodeStatus.ENDED, acknowledged=True,
+                                                 duplicate=False, calls=len(ep.calls), samples=len(samples))
+            ep.calls.clear()
+            self.registry.close(ep, EpisodeStatus.ENDED)
+            self.throughput.ended += 1
+            if not ep.is_eval:
+                self.trainer.add(stored)
+        self._end_locks.pop(episode_id, None)
+        return ep.end_response
+
+    def _episode_or_stored(self, key: str | None, episode_id: str) -> Episode | EndEpisodeResponse:
+        """The live episode, or (after a server restart) the acknowledgement of a stored one."""
+        try:
+            return self.episode_for_key(key, episode_id)
+        except APIError:
+            stored = self.store.get_episode(episode_id)
+            if stored is not None and key and hmac.compare_digest(stored.key_hash, hash_key(key)):
+                return EndEpisodeResponse(episode_id=episode_id, status=EpisodeStatus.ENDED, acknowledged=True,
+                                          duplicate=True, calls=stored.n_calls, samples=stored.n_samples)
+            raise
+
+    def abort(self, key: str | None, episode_id: str, reason: str) -> AbortEpisodeResponse:
+        ep = self.episode_for_key(key, episode_id)
+        if ep.status is EpisodeStatus.ENDED:
+            raise conflict(f"episode {episode_id} already ended and was acknowledged", "episode_ended")
+        if ep.is_open:
+            log.info("episode %s aborted by client %s: %s", episode_id, ep.client_id, reason or "(no reason)")
+            ep.calls.clear()
+            self.registry.close(ep, EpisodeStatus.ABORTED)
+        return AbortEpisodeResponse(episode_id=episode_id, status=ep.status)
+
+    # ------------------------------------------------------------------ status
+    def eval_reward_by_version(self) -> dict[str, float]:
+        sums: dict[int, list[float]] = defaultdict(list)
+        for version, reward in self.store.eval_rewards():
+            r = sum(reward.values()) / len(reward) if isinstance(reward, dict) else reward
+            sums[version].append(float(r))
+        return {str(v): sum(rs) / len(rs) for v, rs in sorted(sums.items())}
+
+    def status(self) -> ServerStatus:
+        counts = self.store.count_by_status()
+        c = self.trainer.counters
+        buffer = BufferCounts(
+            open_episodes=self.registry.open_count, pending_episodes=counts["pending"],
+            trained_episodes=counts["trained"], dropped_stale_episodes=counts["dropped_stale"],
+            dropped_uniform_episodes=counts["dropped_uniform"], expired_episodes=self.registry.counts["expired"],
+            aborted_episodes=self.registry.counts["aborted"], eval_episodes=counts["eval"])
+        return ServerStatus(
+            model=self.config.name, engine=type(self.engine).__name__,
+            engine_state="paused" if self.trainer.paused else self.engine_state,
+            policy_version=self.engine.policy_version, train_steps=c.train_steps, buffer=buffer,
+            clients=sorted(self.registry.clients), throughput=self.throughput.as_dict(),
+            eval_reward=self.eval_reward_by_version(), last_train_metrics=c.last_metrics,
+            config=self.public_config())
+
+    def public_config(self) -> dict[str, Any]:
+        cfg = self.config.model_dump(mode="json", exclude={"swarm_token", "admin_token"})
+        return cfg

@@ -1,0 +1,81 @@
+"""Errors in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``. Never a bare 500."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger(__name__)
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
+        self.headers = headers
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, "invalid_request_error", param, code)
+
+
+def unauthorized(message: str) -> APIError:
+    return APIError(401, message, "authentication_error", code="invalid_api_key",
+                    headers={"WWW-Authenticate": "Bearer"})
+
+
+def forbidden(message: str) -> APIError:
+    return APIError(403, message, "permission_error", code="forbidden")
+
+
+def not_found(message: str) -> APIError:
+    return APIError(404, message, "not_found_error", code="not_found")
+
+
+def conflict(message: str, code: str) -> APIError:
+    return APIError(409, message, "conflict_error", code=code)
+
+
+def unavailable(message: str, code: str, retry_after_s: float | None = None) -> APIError:
+    headers = {"Retry-After": f"{retry_after_s:.0f}"} if retry_after_s is not None else None
+    return APIError(503, message, "service_unavailable", code=code, headers=headers)
+
+
+def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    parts, param = [], None
+    for err in exc.errors()[:5]:
+        loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+        where = ".".join(loc)
+        param = param or where or None
+        parts.append(f"{where}: {err.get('msg')}" if where else str(err.get("msg")))
+    return "; ".join(parts) or "invalid request", param
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+        return JSONResponse(error_body(exc.message, exc.type, exc.param, exc.code), exc.status, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _validation_message(exc)
+        return JSONResponse(error_body(message, "invalid_request_error", param, "invalid_request"), 400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        type_ = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return JSONResponse(error_body(str(exc.detail), type_), exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected server error")
+        return JSONResponse(error_body(f"internal error: {type(exc).__name__}", "server_error"), 500)

@@ -1,0 +1,284 @@
+"""OpenAI-compatible ``/v1`` routes. The bearer key is the episode key; every call is recorded."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from agentjet.engines.base import GenerationResult, SamplingParams
+from agentjet.protocol import AGENT_HEADER, DEFAULT_AGENT
+from agentjet.server.chat import ChatFormatError, ChatFormatter, normalize_messages, validate_tools
+from agentjet.server.core import SwarmServer
+from agentjet.server.errors import bad_request, conflict, error_body
+from agentjet.server.registry import Episode
+from agentjet.tracking import CallRecord
+
+router = APIRouter(prefix="/v1")
+
+
+class ChatCompletionRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    model: str | None = Field(default=None, max_length=200)
+    messages: list[Any]
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    top_k: int | None = Field(default=None, ge=0)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    n: int = Field(default=1, ge=1, le=16)
+    logprobs: bool | None = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    stream: bool | None = False
+    stream_options: dict[str, Any] | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
+
+
+def bearer(request: Request) -> str | None:
+    auth = request.headers.get("authorization", "")
+    scheme, _, token = auth.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+def server_of(request: Request) -> SwarmServer:
+    return request.app.state.swarm
+
+
+def agent_name(request: Request, body: ChatCompletionRequest, server: SwarmServer) -> str:
+    header = request.headers.get(AGENT_HEADER)
+    if header:
+        name = header.strip()
+    elif body.model and body.model not in (server.config.name, server.config.model, DEFAULT_AGENT):
+        name = body.model
+    else:
+        name = DEFAULT_AGENT
+    if not name or len(name) > 200:
+        raise bad_request("the agent name must be 1 to 200 characters", param="model")
+    return name
+
+
+def _unsupported(body: ChatCompletionRequest) -> None:
+    if body.presence_penalty or body.frequency_penalty:
+        raise bad_request("presence_penalty and frequency_penalty are not supported: they would change the "
+                          "sampling distribution the trainer reproduces", param="presence_penalty")
+    if body.logit_bias:
+        raise bad_request("logit_bias is not supported", param="logit_bias")
+    if body.response_format and body.response_format.get("type", "text") != "text":
+        raise bad_request("only response_format {'type': 'text'} is supported", param="response_format")
+    if body.stream and body.n > 1:
+        raise bad_request("stream with n > 1 is not supported; send n separate requests", param="n")
+    if body.top_logprobs and not body.logprobs:
+        raise bad_request("top_logprobs requires logprobs: true", param="top_logprobs")
+
+
+def sampling_for(body: ChatCompletionRequest, server: SwarmServer, prompt_len: int, index: int) -> SamplingParams:
+    d = server.config.sampling
+    room = server.engine.max_context - prompt_len
+    if room < 1:
+        raise bad_request(f"the prompt has {prompt_len} tokens, which fills the model's context of "
+                          f"{server.engine.max_context} tokens", param="messages", code="context_length_exceeded")
+    asked = body.max_completion_tokens or body.max_tokens
+    if asked is not None and asked > room:
+        raise bad_request(f"max_tokens={asked} plus the prompt's {prompt_len} tokens exceeds the model's context of "
+                          f"{server.engine.max_context} tokens (at most {room})", param="max_tokens",
+                          code="context_length_exceeded")
+    stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+    if len(stop) > 4 or any(not s for s in stop):
+        raise bad_request("stop must be up to 4 non-empty strings", param="stop")
+    return SamplingParams(
+        temperature=body.temperature if body.temperature is not None else d.temperature,
+        top_p=body.top_p if body.top_p is not None else d.top_p,
+        top_k=body.top_k or 0,
+        max_tokens=asked or min(d.max_tokens, room),
+        stop=stop,
+        seed=None if body.seed is None else body.seed + index,
+        top_logprobs=(body.top_logprobs or 0) if body.logprobs else 0,
+    )
+
+
+class Prepared:
+    """A validated chat request, ready to generate."""
+
+    def __init__(self, request: Request, body: ChatCompletionRequest) -> None:
+        server = server_of(request)
+        self.server = server
+        self.episode: Episode = server.open_episode_for_key(bearer(request))
+        _unsupported(body)
+        if len(body.messages) > server.config.max_messages:
+            raise bad_request(f"at most {server.config.max_messages} messages per request", param="messages")
+        self.body = body
+        self.agent = agent_name(request, body, server)
+        try:
+            self.messages = normalize_messages(body.messages)
+            self.tools = validate_tools(body.tools)
+            self.prompt_ids = server.formatter.prompt_ids(self.messages, self.tools)
+        except ChatFormatError as exc:
+            raise bad_request(str(exc), param=exc.param) from exc
+        self.sampling = [sampling_for(body, server, len(self.prompt_ids), i) for i in range(body.n)]
+        self.parse_tools = bool(self.tools) and body.tool_choice != "none"
+        self.created = int(time.time())
+        self.id = "chatcmpl-" + uuid.uuid4().hex
+
+    def assistant_message(self, result: GenerationResult) -> dict[str, Any]:
+        content, tool_calls = ChatFormatter.parse_assistant(result.text, self.parse_tools)
+        msg: dict[str, Any] = {"role": "assistant", "content": content if (content or not tool_calls) else None}
+        if tool_calls:
+            msg["tool_calls"] = tool_calls
+        return msg
+
+    def record(self, result: GenerationResult, message: dict[str, Any], sampling: SamplingParams) -> None:
+        call = CallRecord(
+            call_index=len(self.episode.calls), agent=self.agent, messages=self.messages, tools=self.tools,
+            prompt_ids=self.prompt_ids, completion_ids=list(result.token_ids),
+            completion_logprobs=list(result.logprobs), temperature=sampling.logprob_temperature,
+            policy_version=result.policy_version, response_message=normalize_messages([message])[0],
+            finish_reason=result.finish_reason.value)
+        self.server.record_call(self.episode, call)
+
+    def finish_reason(self, result: GenerationResult, message: dict[str, Any]) -> str:
+        return "tool_calls" if message.get("tool_calls") else result.finish_reason.value
+
+    def logprobs_json(self, result: GenerationResult) -> dict[str, Any]:
+        tok = self.server.engine.tokenizer
+        content = []
+        for i, (t, lp) in enumerate(zip(result.token_ids, result.logprobs, strict=True)):
+            piece = tok.decode([t])
+            entry: dict[str, Any] = {"token": piece, "logprob": lp, "bytes": list(piece.encode()), "top_logprobs": []}
+            if result.top_logprobs:
+                entry["top_logprobs"] = [{"token": tok.decode([a]), "logprob": alp, "bytes": list(tok.decode([a]).encode())}
+                                         for a, alp in result.top_logprobs[i]]
+            content.append(entry)
+        return {"content": content}
+
+    def usage(self, results: list[GenerationResult]) -> dict[str, int]:
+        completion = sum(len(r.token_ids) for r in results)
+        return {"prompt_tokens": len(self.prompt_ids), "completion_tokens": completion,
+                "total_tokens": len(self.prompt_ids) + completion}
+
+
+def _begin_call(p: Prepared) -> None:
+    p.episode.inflight += 1
+    p.server.registry.touch(p.episode)
+
+
+def _end_call(p: Prepared) -> None:
+    p.episode.inflight -= 1
+    p.server.registry.touch(p.episode)
+
+
+def _engine_error(exc: ValueError) -> Exception:
+    return bad_request(str(exc), param="messages")
+
+
+@router.get("/models")
+async def list_models(request: Request) -> dict[str, Any]:
+    server = server_of(request)
+    return {"object": "list", "data": [{"id": server.config.name, "object": "model", "created": 0,
+                                        "owned_by": "agentjet", "policy_version": server.engine.policy_version}]}
+
+
+@router.post("/chat/completions", response_model=None)
+async def chat_completions(request: Request, body: ChatCompletionRequest) -> Any:
+    p = Prepared(request, body)
+    if body.stream:
+        return StreamingResponse(_stream(p), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    _begin_call(p)
+    try:
+        results = await asyncio.gather(*[p.server.engine.generate(p.prompt_ids, s) for s in p.sampling])
+    except ValueError as exc:
+        raise _engine_error(exc) from exc
+    finally:
+        _end_call(p)
+    if not p.episode.is_open:
+        raise conflict(f"episode {p.episode.episode_id} was {p.episode.status.value} during the call", "episode_closed")
+    choices = []
+    for i, (res, s) in enumerate(zip(results, p.sampling, strict=True)):
+        msg = p.assistant_message(res)
+        p.record(res, msg, s)
+        choices.append({"index": i, "message": msg, "finish_reason": p.finish_reason(res, msg),
+                        "logprobs": p.logprobs_json(res) if body.logprobs else None})
+    return {"id": p.id, "object": "chat.completion", "created": p.created, "model": p.server.config.name,
+            "choices": choices, "usage": p.usage(results), "system_fingerprint": f"policy-v{results[0].policy_version}"}
+
+
+def _sse(obj: dict[str, Any]) -> str:
+    return f"data: {json.dumps(obj)}\n\n"
+
+
+async def _stream(p: Prepared) -> AsyncIterator[str]:
+    """Token-by-token SSE. Text is held back while it could still be the start of a stop string, and
+    entirely when tools are given (tool calls are parsed from the whole output)."""
+    tok = p.server.engine.tokenizer
+    sampling = p.sampling[0]
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    ids: list[int] = []
+    sent = ""
+    hold = max((len(s) for s in sampling.stop), default=1) - 1
+
+    def chunk(delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> str:
+        return _sse({"id": p.id, "object": "chat.completion.chunk", "created": p.created,
+                     "model": p.server.config.name,
+                     "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}]})
+
+    _begin_call(p)
+    task = asyncio.ensure_future(p.server.engine.generate(p.prompt_ids, sampling,
+                                                          on_token=lambda t, _lp: queue.put_nowait(t)))
+    try:
+        yield chunk({"role": "assistant", "content": ""})
+        while not (task.done() and queue.empty()):
+            getter = asyncio.ensure_future(queue.get())
+            done, _ = await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
+            if getter not in done:
+                getter.cancel()
+                continue
+            ids.append(getter.result())
+            if p.parse_tools:
+                continue
+            text = tok.decode(ids, skip_special_tokens=True)
+            if text.endswith("\ufffd"):
+                continue  # an incomplete UTF-8 sequence
+            safe = text
+            if sampling.stop:
+                hits = [text.find(s) for s in sampling.stop if s in text]
+                safe = text[: min(hits)] if hits else text[: max(len(sent), len(text) - hold)]
+            if len(safe) > len(sent) and safe.startswith(sent):
+                yield chunk({"content": safe[len(sent):]})
+                sent = safe
+        try:
+            result = task.result()
+        except ValueError as exc:
+            yield _sse(error_body(str(exc), "invalid_request_error"))
+            return
+        msg = p.assistant_message(result)
+        rest = (msg["content"] or "")[len(sent):] if (msg["content"] or "").startswith(sent) else ""
+        delta: dict[str, Any] = {}
+        if rest:
+            delta["content"] = rest
+        if msg.get("tool_calls"):
+            delta["tool_calls"] = [{**tc, "index": i} for i, tc in enumerate(msg["tool_calls"])]
+        if p.episode.is_open:
+            p.record(result, msg, sampling)
+        yield chunk(delta, p.finish_reason(result, msg), p.logprobs_json(result) if p.body.logprobs else None)
+        if (p.body.stream_options or {}).get("include_usage"):
+            yield _sse({"id": p.id, "object": "chat.completion.chunk", "created": p.created,
+                        "model": p.server.config.name, "choices": [], "usage": p.usage([result])})
+        yield "data: [DONE]\n\n"
+    finally:
+        _end_call(p)
+        if not task.done():
+            task.cancel()

@@ -1,0 +1,64 @@
+"""Swarm routes (``/swarm/v1``): join, begin, heartbeat, end, abort, status."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+
+from agentjet.protocol import (
+    SWARM_PREFIX,
+    AbortEpisodeRequest,
+    AbortEpisodeResponse,
+    BeginEpisodeRequest,
+    BeginEpisodeResponse,
+    EndEpisodeRequest,
+    EndEpisodeResponse,
+    HeartbeatResponse,
+    JoinRequest,
+    JoinResponse,
+    ServerStatus,
+)
+from agentjet.server.errors import unauthorized
+from agentjet.server.openai_api import bearer, server_of
+
+router = APIRouter(prefix=SWARM_PREFIX)
+
+
+@router.post("/join", response_model=JoinResponse)
+async def join(request: Request, body: JoinRequest) -> JoinResponse:
+    server = server_of(request)
+    server.check_swarm_token(bearer(request))
+    return server.join(body)
+
+
+@router.post("/episodes", response_model=BeginEpisodeResponse)
+async def begin_episode(request: Request, body: BeginEpisodeRequest) -> BeginEpisodeResponse:
+    server = server_of(request)
+    server.check_swarm_token(bearer(request))
+    return server.begin(body)
+
+
+@router.post("/episodes/{episode_id}/heartbeat", response_model=HeartbeatResponse)
+async def heartbeat(request: Request, episode_id: str) -> HeartbeatResponse:
+    return server_of(request).heartbeat(bearer(request), episode_id)
+
+
+@router.post("/episodes/{episode_id}/end", response_model=EndEpisodeResponse)
+async def end_episode(request: Request, episode_id: str, body: EndEpisodeRequest) -> EndEpisodeResponse:
+    return await server_of(request).end(bearer(request), episode_id, body)
+
+
+@router.post("/episodes/{episode_id}/abort", response_model=AbortEpisodeResponse)
+async def abort_episode(request: Request, episode_id: str, body: AbortEpisodeRequest | None = None
+                        ) -> AbortEpisodeResponse:
+    return server_of(request).abort(bearer(request), episode_id, body.reason if body else "")
+
+
+@router.get("/status", response_model=ServerStatus)
+async def status(request: Request) -> ServerStatus:
+    server = server_of(request)
+    token = bearer(request)
+    swarm_ok = server._token_ok(token, server.config.swarm_token)
+    admin_ok = server.config.admin_token is not None and server._token_ok(token, server.config.admin_token)
+    if not (swarm_ok or admin_ok):
+        raise unauthorized("status needs the swarm token or the admin token")
+    return server.status()

@@ -1,0 +1,298 @@
+"""The batcher and training loop.
+
+Acknowledged episodes wait in the store, grouped by group key (the task id unless the client set a
+group id). A group is ready when it holds ``group_size`` episodes, or ``min_group_size`` after
+``group_timeout_s``. A train step takes ``batch_groups`` ready groups, computes per-agent advantages
+within each group, and calls ``engine.train_step``. Episodes whose oldest token is more than
+``max_staleness`` policy versions old are dropped and counted; younger off-policy tokens are corrected
+by the clipped importance ratio against their recorded behaviour logprobs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import shutil
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agentjet.algorithms import compute_advantages
+from agentjet.engines.base import Engine, TrainSample
+from agentjet.server.config import TrainingSettings
+from agentjet.server.store import SampleStore, StoredEpisode, StoredStatus
+from agentjet.tracking import EpisodeSample
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_STATE = "trainer_state.json"
+
+
+@dataclass
+class Group:
+    key: str
+    episodes: list[StoredEpisode]
+
+
+@dataclass
+class TrainerCounters:
+    train_steps: int = 0
+    trained_episodes: int = 0
+    trained_samples: int = 0
+    dropped_stale: int = 0
+    dropped_uniform: int = 0
+    last_metrics: dict[str, float] = field(default_factory=dict)
+    step_times: list[float] = field(default_factory=list)
+
+
+def episode_reward(reward: float | dict[str, float], agent: str) -> float:
+    if isinstance(reward, dict):
+        return float(reward[agent])
+    return float(reward)
+
+
+def group_advantages(
+    group: Group, samples: dict[str, list[EpisodeSample]], settings: TrainingSettings
+) -> dict[tuple[str, str], float]:
+    """(episode id, agent) -> advantage, computed among the group's episodes that have that agent."""
+    by_agent: dict[str, list[tuple[str, float]]] = defaultdict(list)
+    for ep in group.episodes:
+        for agent in sorted({s.agent for s in samples.get(ep.episode_id, [])}):
+            by_agent[agent].append((ep.episode_id, episode_reward(ep.reward, agent)))
+    out: dict[tuple[str, str], float] = {}
+    for agent, pairs in by_agent.items():
+        advs = compute_advantages([r for _, r in pairs], settings.estimator)
+        for (eid, _), a in zip(pairs, advs, strict=True):
+            out[(eid, agent)] = a
+    return out
+
+
+def is_uniform(group: Group) -> bool:
+    rewards = [json.dumps(ep.reward, sort_keys=True) for ep in group.episodes]
+    return len(set(rewards)) <= 1
+
+
+def to_train_samples(samples: list[EpisodeSample], advantage: float) -> list[TrainSample]:
+    """An episode's samples for one agent; each weighs 1/k so the episode counts once, not k times."""
+    k = len(samples)
+    return [TrainSample(
+        input_ids=s.input_ids, loss_mask=s.loss_mask, behaviour_logprobs=s.behaviour_logprobs,
+        advantages=[advantage if m else 0.0 for m in s.loss_mask], temperature=s.temperature, weight=1.0 / k,
+    ) for s in samples]
+
+
+class Trainer:
+    def __init__(self, engine: Engine, store: SampleStore, settings: TrainingSettings, checkpoint_dir: Path) -> None:
+        self.engine = engine
+        self.store = store
+        self.settings = settings
+        self.checkpoint_dir = checkpoint_dir
+        self.counters = TrainerCounters()
+        self.paused = False
+        self._pending: dict[str, list[StoredEpisode]] = defaultdict(list)
+        self._first_seen: dict[str, float] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+
+    # ------------------------------------------------------------ intake
+    def add(self, ep: StoredEpisode) -> None:
+        self._pending[ep.group_key].append(ep)
+        self._first_seen.setdefault(ep.group_key, time.monotonic())
+        self._wake.set()
+
+    def load_pending(self) -> int:
+        eps = self.store.pending_episodes()
+        for ep in eps:
+            self.add(ep)
+        return len(eps)
+
+    @property
+    def pending_count(self) -> int:
+        return sum(len(v) for v in self._pending.values())
+
+    # ------------------------------------------------------------ batching
+    def _drop_stale(self) -> None:
+        version = self.engine.policy_version
+        stale: dict[str, StoredStatus] = {}
+        for key in list(self._pending):
+            keep = []
+            for ep in self._pending[key]:
+                if version - ep.min_policy_version > self.settings.max_staleness:
+                    stale[ep.episode_id] = StoredStatus.DROPPED_STALE
+                else:
+                    keep.append(ep)
+            self._set_group(key, keep)
+        if stale:
+            self.store.mark_consumed(stale, step=self.counters.train_steps)
+            self.counters.dropped_stale += len(stale)
+            log.info("dropped %d stale episodes (older than %d versions)", len(stale), self.settings.max_staleness)
+
+    def _set_group(self, key: str, eps: list[StoredEpisode]) -> None:
+        if eps:
+            self._pending[key] = eps
+        else:
+            self._pending.pop(key, None)
+            self._first_seen.pop(key, None)
+
+    def candidate_groups(self) -> list[Group]:
+        """Groups that could be trained now, oldest first (nothing is taken out of the pool)."""
+        s = self.settings
+        now = time.monotonic()
+        groups: list[Group] = []
+        for key, eps in self._pending.items():
+            full = len(eps) // s.group_size
+            groups.extend(Group(key, eps[i * s.group_size:(i + 1) * s.group_size]) for i in range(full))
+            rest = eps[full * s.group_size:]
+            timed_out = now - self._first_seen.get(key, now) > s.group_timeout_s
+            if rest and timed_out and len(rest) >= s.min_group_size:
+                groups.append(Group(key, rest))
+        return groups
+
+    def _take(self, groups: list[Group]) -> None:
+        taken = {ep.episode_id for g in groups for ep in g.episodes}
+        for key in {g.key for g in groups}:
+            left = [ep for ep in self._pending.get(key, []) if ep.episode_id not in taken]
+            self._set_group(key, left)
+            if left:
+                self._first_seen[key] = time.monotonic()
+
+    def _drop_uniform(self, groups: list[Group]) -> list[Group]:
+        """Consume groups whose rewards are all equal (no learning signal); return the others."""
+        if not self.settings.drop_uniform_groups:
+            return groups
+        uniform = [g for g in groups if is_uniform(g)]
+        if uniform:
+            self._take(uniform)
+            self.store.mark_consumed({ep.episode_id: StoredStatus.DROPPED_UNIFORM for g in uniform
+                                      for ep in g.episodes}, step=self.counters.train_steps)
+            self.counters.dropped_uniform += sum(len(g.episodes) for g in uniform)
+        return [g for g in groups if not is_uniform(g)]
+
+    # ------------------------------------------------------------ training
+    async def train_on(self, groups: list[Group]) -> dict[str, float]:
+        ids = [ep.episode_id for g in groups for ep in g.episodes]
+        samples = await asyncio.to_thread(self.store.samples_for, ids)
+        batch: list[TrainSample] = []
+        rewards: list[float] = []
+        for g in groups:
+            advs = group_advantages(g, samples, self.settings)
+            for ep in g.episodes:
+                by_agent: dict[str, list[EpisodeSample]] = defaultdict(list)
+                for s in samples[ep.episode_id]:
+                    by_agent[s.agent].append(s)
+                for agent, agent_samples in by_agent.items():
+                    batch.extend(to_train_samples(agent_samples, advs[(ep.episode_id, agent)]))
+                    rewards.append(episode_reward(ep.reward, agent))
+        step = self.counters.train_steps + 1
+        statuses = dict.fromkeys(ids, StoredStatus.TRAINED)
+        if not any(s.num_trained_tokens for s in batch):  # nothing to learn from (no calls made)
+            self.store.mark_consumed(statuses, step=None)
+            return {}
+        metrics = await self.engine.train_step(batch)
+        metrics = {**metrics, "reward_mean": sum(rewards) / max(len(rewards), 1), "groups": float(len(groups)),
+                   "episodes": float(len(ids))}
+        self.store.mark_consumed(statuses, step=step, step_record=(self.engine.policy_version, metrics))
+        self.counters.train_steps = step
+        self.counters.trained_episodes += len(ids)
+        self.counters.trained_samples += len(batch)
+        self.counters.last_metrics = metrics
+        self.counters.step_times.append(time.time())
+        log.info("step %d: policy v%d, %d episodes, reward %.3f, loss %.4f, %.1fs", step,
+                 self.engine.policy_version, len(ids), metrics["reward_mean"], metrics.get("loss", 0.0),
+                 metrics.get("step_seconds", 0.0))
+        if self.settings.checkpoint_every and step % self.settings.checkpoint_every == 0:
+            await asyncio.to_thread(self.save_checkpoint)
+        return metrics
+
+    async def maybe_step(self) -> dict[str, float] | None:
+        """Train once if a full batch of groups is ready."""
+        if self.paused:
+            return None
+        self._drop_stale()
+        groups = self._drop_uniform(self.candidate_groups())
+        if len(groups) < self.settings.batch_groups:
+            return None
+        batch = groups[: self.settings.batch_groups]
+        self._take(batch)
+        try:
+            return await self.train_on(batch)
+        except BaseException:
+            for g in batch:  # not consumed: back into the pool
+                for ep in g.episodes:
+                    self.add(ep)
+            raise
+
+    async def run(self) -> None:
+        while not self._stopping:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=1.0)
+            self._wake.clear()
+            try:
+                while not self._stopping and await self.maybe_step():
+                    pass
+            except Exception:  # a failed step must not kill the loop; the episodes stay pending
+                log.exception("train step failed; its episodes stay in the store")
+                await asyncio.sleep(1.0)
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self.run())
+
+    async def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        if self._task is not None:
+            await self._task
+
+    # ------------------------------------------------------------ checkpoints
+    def save_checkpoint(self) -> Path:
+        step = self.counters.train_steps
+        target = self.checkpoint_dir / f"step-{step:06d}"
+        tmp = self.checkpoint_dir / f".tmp-step-{step:06d}"
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        self.engine.save(tmp)
+        state = {"train_steps": step, "policy_version": self.engine.policy_version,
+                 "dropped_stale": self.counters.dropped_stale, "dropped_uniform": self.counters.dropped_uniform,
+                 "trained_episodes": self.counters.trained_episodes, "saved_at": time.time()}
+        (tmp / CHECKPOINT_STATE).write_text(json.dumps(state, indent=2))
+        if target.exists():
+            shutil.rmtree(target)
+        tmp.rename(target)
+        (self.checkpoint_dir / "latest").write_text(target.name)
+        self._prune_checkpoints()
+        log.info("checkpoint saved: %s", target)
+        return target
+
+    def _prune_checkpoints(self) -> None:
+        ckpts = sorted(p for p in self.checkpoint_dir.glob("step-*") if p.is_dir())
+        for old in ckpts[: -self.settings.keep_checkpoints]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def latest_checkpoint(self) -> Path | None:
+        pointer = self.checkpoint_dir / "latest"
+        if pointer.exists():
+            path = self.checkpoint_dir / pointer.read_text().strip()
+            if (path / CHECKPOINT_STATE).exists():
+                return path
+        return None
+
+    def resume(self) -> int:
+        """Load the latest checkpoint (if any) and rewind the store to it. Returns the restored step."""
+        ckpt = self.latest_checkpoint()
+        step = 0
+        if ckpt is not None:
+            self.engine.load(ckpt)
+            state = json.loads((ckpt / CHECKPOINT_STATE).read_text())
+            step = int(state["train_steps"])
+            self.counters.train_steps = step
+            self.counters.dropped_stale = int(state.get("dropped_stale", 0))
+            self.counters.dropped_uniform = int(state.get("dropped_uniform", 0))
+            self.counters.trained_episodes = int(state.get("trained_episodes", 0))
+        rewound = self.store.rewind_to_step(step)
+        log.info("resumed at step %d (checkpoint %s); %d episodes consumed after it are pending again", step,
+                 ckpt, rewound)
+        return step

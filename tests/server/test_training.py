@@ -1,0 +1,224 @@
+"""Client SDK against real servers: the learning loop on the tiny model, SDKs, streaming, staleness, resume."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from tests.conftest import wait_until
+
+from agentjet import SwarmClient, SwarmError, SyncSwarmClient
+from agentjet.client.runner import Cursor, run_workflow
+
+USER = [{"role": "user", "content": "what is 2 + 2?"}]
+
+
+async def one_episode(client: SwarmClient, task_id: str, reward: float, **chat) -> str:
+    async with client.episode(task_id=task_id) as ep:
+        reply = await ep.openai().chat.completions.create(model="tiny", messages=USER, max_tokens=8, **chat)
+        assert reply.choices[0].message.role == "assistant"
+        ep.reward(reward)
+    assert ep.result is not None and ep.result.acknowledged
+    return ep.episode_id
+
+
+def test_full_loop_bumps_policy_version_on_tiny_model(make_server) -> None:
+    srv = make_server("tiny", training={"group_size": 2, "batch_groups": 1})
+    before = [p.detach().clone() for p in srv.server.engine.model.parameters()]
+
+    async def main() -> list[str]:
+        async with SwarmClient(srv.url) as client:
+            return await asyncio.gather(*[one_episode(client, "t1", r) for r in (1.0, 0.0)])
+
+    ids = asyncio.run(main())
+    wait_until(lambda: srv.server.engine.policy_version == 1)
+    status = httpx.get(f"{srv.url}/swarm/v1/status").json()
+    assert status["train_steps"] == 1 and status["buffer"]["trained_episodes"] == 2
+    assert status["last_train_metrics"]["mean_abs_logprob_diff"] < 1e-3  # exact behaviour logprobs
+    consumed = srv.server.store.consumed_steps()
+    assert {i: consumed[i] for i in ids} == {i: [1] for i in ids}
+    after = list(srv.server.engine.model.parameters())
+    assert any(not (a == b).all() for a, b in zip(before, after, strict=True))
+
+
+def test_exception_in_block_aborts_and_reraises(make_server) -> None:
+    srv = make_server()
+
+    async def main() -> None:
+        async with SwarmClient(srv.url) as client:
+            with pytest.raises(RuntimeError, match="tool crashed"):
+                async with client.episode(task_id="t") as ep:
+                    await ep.openai().chat.completions.create(model="tiny", messages=USER)
+                    raise RuntimeError("tool crashed")
+            with pytest.raises(ValueError, match="without a reward"):
+                async with client.episode(task_id="t"):
+                    pass
+
+    asyncio.run(main())
+    assert srv.server.registry.counts["aborted"] == 2
+    assert srv.server.store.count_by_status()["pending"] == 0
+
+
+def test_client_retries_until_the_server_is_up(make_server, tmp_path: Path) -> None:
+    from agentjet.server.app import free_port
+
+    port = free_port()
+
+    async def main() -> None:
+        async with SwarmClient(f"http://127.0.0.1:{port}", retries=2, join=False) as client:
+            with pytest.raises(SwarmError, match="cannot reach"):
+                await client.join()
+
+    asyncio.run(main())
+
+
+def test_sync_client_and_langchain(make_server) -> None:
+    from langchain_openai import ChatOpenAI
+
+    srv = make_server(reply="four")
+    with SyncSwarmClient(srv.url) as client:
+        with client.episode(task_id="t1") as ep:
+            text = ep.openai().chat.completions.create(model="tiny", messages=USER).choices[0].message.content
+            llm = ChatOpenAI(base_url=ep.base_url, api_key=ep.api_key, model="planner", max_retries=0)
+            lc = llm.invoke("what is 2 + 2?")
+            ep.reward({"default": 1.0 if text == "four" else 0.0, "planner": 1.0 if lc.content == "four" else 0.0})
+        assert client.status().buffer.pending_episodes == 1
+    stored = srv.server.store.pending_episodes()[0]
+    assert stored.reward == {"default": 1.0, "planner": 1.0}
+    assert stored.n_calls == 2
+
+
+def test_streaming_matches_non_streaming(make_server) -> None:
+    srv = make_server("tiny")
+
+    async def main() -> tuple[str, str, list[str]]:
+        async with SwarmClient(srv.url) as client, client.episode(task_id="t") as ep:
+            oa = ep.openai()
+            plain = await oa.chat.completions.create(model="tiny", messages=USER, max_tokens=20, seed=3)
+            stream = await oa.chat.completions.create(model="tiny", messages=USER, max_tokens=20, seed=3,
+                                                      stream=True, stream_options={"include_usage": True})
+            pieces, usage = [], None
+            async for chunk in stream:
+                if chunk.choices and chunk.choices[0].delta.content:
+                    pieces.append(chunk.choices[0].delta.content)
+                usage = chunk.usage or usage
+            assert usage is not None and usage.completion_tokens == plain.usage.completion_tokens
+            ep.reward(0.0)
+            return plain.choices[0].message.content, "".join(pieces), pieces
+
+    plain, streamed, pieces = asyncio.run(main())
+    assert streamed == plain
+    assert len(pieces) > 1  # really incremental
+
+
+def test_staleness_bound_drops_and_counts(make_server) -> None:
+    srv = make_server(training={"group_size": 2, "batch_groups": 1, "max_staleness": 0})
+
+    async def main() -> None:
+        async with SwarmClient(srv.url) as client:
+            old = [await client.episode(task_id="old").begin() for _ in range(2)]
+            for ep in old:  # generated at policy v0
+                await ep.openai().chat.completions.create(model="tiny", messages=USER)
+            await asyncio.gather(*[one_episode(client, "fresh", r) for r in (1.0, 0.0)])
+            await asyncio.to_thread(wait_until, lambda: srv.server.engine.policy_version == 1)
+            for ep, r in zip(old, (1.0, 0.0), strict=True):
+                await ep.end(r)
+
+    asyncio.run(main())
+    wait_until(lambda: srv.server.status().buffer.dropped_stale_episodes == 2)
+    assert srv.server.engine.policy_version == 1  # the stale group was not trained
+
+
+def test_within_staleness_bound_is_trained_with_behaviour_logprobs(make_server) -> None:
+    srv = make_server("tiny", training={"group_size": 2, "batch_groups": 1, "max_staleness": 1})
+
+    async def main() -> None:
+        async with SwarmClient(srv.url) as client:
+            old = [await client.episode(task_id="old").begin() for _ in range(2)]
+            for ep in old:
+                await ep.openai().chat.completions.create(model="tiny", messages=USER, max_tokens=8)
+            await asyncio.gather(*[one_episode(client, "fresh", r) for r in (1.0, 0.0)])
+            await asyncio.to_thread(wait_until, lambda: srv.server.engine.policy_version == 1)
+            for ep, r in zip(old, (1.0, 0.0), strict=True):
+                await ep.end(r)
+
+    asyncio.run(main())
+    wait_until(lambda: srv.server.engine.policy_version == 2)
+    metrics = srv.server.trainer.counters.last_metrics
+    assert metrics["mean_abs_logprob_diff"] > 1e-6  # off-policy by one version: a real importance ratio
+    assert srv.server.status().buffer.dropped_stale_episodes == 0
+
+
+def test_runner_groups_failures_and_cursor(make_server, tmp_path: Path) -> None:
+    srv = make_server(training={"group_size": 2, "batch_groups": 1})
+    tasks = [{"task_id": f"t{i}", "n": i} for i in range(4)]
+
+    async def workflow(task, ep) -> float:
+        if task["n"] == 3:
+            raise RuntimeError("environment failed")
+        reply = await ep.openai().chat.completions.create(model="tiny", messages=USER)
+        return float(len(reply.choices[0].message.content) % 2)
+
+    cursor = Cursor(tmp_path / "cursor.json")
+
+    async def main():
+        async with SwarmClient(srv.url) as client:
+            return await run_workflow(client, workflow, tasks, group_size=2, concurrency=3, cursor=cursor)
+
+    summary = asyncio.run(main())
+    assert summary.episodes == 8 and summary.failed == 2
+    assert summary.failures_by_task == {"t3": 2}
+    assert Cursor(tmp_path / "cursor.json").done == {"t0", "t1", "t2", "t3"}
+    again = asyncio.run(main())  # resumes: nothing left to do
+    assert again.episodes == 0
+
+
+def test_resume_from_checkpoint(make_server, tmp_path: Path) -> None:
+    data = tmp_path / "resumable"
+    srv = make_server("tiny", data_dir=data, training={"group_size": 2, "batch_groups": 1, "checkpoint_every": 1})
+
+    async def phase1() -> None:
+        async with SwarmClient(srv.url) as client:
+            await asyncio.gather(*[one_episode(client, "a", r) for r in (1.0, 0.0)])
+            await asyncio.to_thread(wait_until, lambda: srv.server.engine.policy_version == 1)
+            await one_episode(client, "b", 1.0)  # half a group: stays pending in the store
+
+    asyncio.run(phase1())
+    weights = {k: v.clone() for k, v in srv.server.engine.model.state_dict().items()}
+    srv.stop()
+    assert (data / "checkpoints" / "latest").exists()
+
+    srv2 = make_server("tiny", data_dir=data, resume=True, training={"group_size": 2, "batch_groups": 1})
+    assert srv2.server.engine.policy_version == 1
+    for k, v in srv2.server.engine.model.state_dict().items():
+        assert (v == weights[k]).all()
+    assert srv2.server.status().buffer.pending_episodes == 1
+
+    async def phase2() -> None:
+        async with SwarmClient(srv2.url) as client:
+            await one_episode(client, "b", 0.0)
+
+    asyncio.run(phase2())
+    wait_until(lambda: srv2.server.engine.policy_version == 2)
+    consumed = srv2.server.store.consumed_steps()
+    assert len(consumed) == 4 and all(len(s) == 1 for s in consumed.values())
+
+
+def test_store_rewind_returns_episodes_trained_after_the_checkpoint(tmp_path: Path) -> None:
+    from agentjet.server.store import SampleStore, StoredEpisode, StoredStatus
+
+    store = SampleStore(tmp_path / "s.sqlite")
+    for i in range(3):
+        store.commit_episode(StoredEpisode(f"e{i}", "h", "c", "t", "d", "t", 1.0, StoredStatus.PENDING, 0, 0, 0, 0,
+                                           time.time()), [], {})
+    store.mark_consumed({"e0": StoredStatus.TRAINED}, step=1)
+    store.mark_consumed({"e1": StoredStatus.TRAINED}, step=2)
+    assert [e.episode_id for e in store.pending_episodes()] == ["e2"]
+    assert store.rewind_to_step(1) == 1
+    assert [e.episode_id for e in store.pending_episodes()] == ["e1", "e2"]
+    # idempotent commit
+    assert store.commit_episode(StoredEpisode("e0", "h", "c", "t", "d", "t", 1.0, StoredStatus.PENDING, 0, 0, 0, 0,
+                                              time.time()), [], {}) is False
