@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import ipaddress
+import logging
+import os
 import time
+from pathlib import Path
 
 import typer
 from rich.console import Console
@@ -56,6 +60,168 @@ async def _engine_demo(model: str) -> None:
     console.print(f"train step: {metrics['step_seconds']:.2f}s, policy version {engine.policy_version}, "
                   f"logprob mismatch {metrics['mean_abs_logprob_diff']:.2e}")
     await engine.close()
+
+
+def _secret(value: str | None, env: str) -> str | None:
+    """A token from the option, else from $ENV, else from the file named by $ENV_FILE."""
+    if value:
+        return value
+    if os.environ.get(env):
+        return os.environ[env]
+    path = os.environ.get(f"{env}_FILE")
+    return Path(path).read_text().strip() if path else None
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@app.command()
+def server(
+    model: str = typer.Option(DEFAULT_MODEL, help="model name or local HF directory"),
+    host: str = typer.Option("127.0.0.1", help="bind address (loopback by default)"),
+    port: int = typer.Option(10086),
+    data_dir: Path = typer.Option(Path("runs/server"), help="store and checkpoints"),
+    resume: bool = typer.Option(False, help="continue from the latest checkpoint and the unconsumed samples"),
+    swarm_token: str | None = typer.Option(None, help="gates join/begin (or $AGENTJET_SWARM_TOKEN[_FILE])"),
+    admin_token: str | None = typer.Option(None, help="gates control (or $AGENTJET_ADMIN_TOKEN[_FILE])"),
+    allow_insecure: bool = typer.Option(False, help="allow a non-loopback bind without tokens"),
+    group_size: int = typer.Option(4, help="episodes per GRPO group"),
+    batch_groups: int = typer.Option(2, help="groups per train step"),
+    learning_rate: float = typer.Option(1e-5, "--lr"),
+    max_staleness: int = typer.Option(4, help="max policy versions between generation and training"),
+    lease_seconds: float = typer.Option(60.0),
+    temperature: float = typer.Option(1.0, help="default sampling temperature"),
+    max_tokens: int = typer.Option(256, help="default max_tokens"),
+    checkpoint_every: int = typer.Option(10, help="train steps between checkpoints"),
+    max_batch_size: int = typer.Option(8, help="max concurrent generations batched together"),
+    public_url: str | None = typer.Option(None, help="base URL clients should use, if not http://host:port"),
+    log_level: str = typer.Option("INFO"),
+) -> None:
+    """Run a swarm server: one trainable model behind an OpenAI-compatible API."""
+    from pydantic import ValidationError
+
+    from agentjet.server.app import serve
+    from agentjet.server.config import SamplingDefaults, ServerConfig, TrainingSettings
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    swarm_token = _secret(swarm_token, "AGENTJET_SWARM_TOKEN")
+    admin_token = _secret(admin_token, "AGENTJET_ADMIN_TOKEN")
+    if not _is_loopback(host) and not (swarm_token and admin_token):
+        msg = (f"binding to {host} without both a swarm token and an admin token lets anyone on the network "
+               "run episodes and control training")
+        if not allow_insecure:
+            console.print(f"[red]refusing:[/red] {msg}. Set --swarm-token and --admin-token, or pass --allow-insecure.")
+            raise typer.Exit(2)
+        console.print(f"[bold red]WARNING:[/bold red] {msg}.")
+    try:
+        config = ServerConfig(
+            model=model, host=host, port=port, data_dir=data_dir, swarm_token=swarm_token, admin_token=admin_token,
+            lease_seconds=lease_seconds, max_batch_size=max_batch_size, public_url=public_url,
+            sampling=SamplingDefaults(temperature=temperature, max_tokens=max_tokens),
+            training=TrainingSettings(group_size=group_size, batch_groups=batch_groups, learning_rate=learning_rate,
+                                      max_staleness=max_staleness, checkpoint_every=checkpoint_every),
+        )
+    except ValidationError as exc:
+        console.print(f"[red]invalid settings:[/red]\n{exc}")
+        raise typer.Exit(2) from exc
+    try:
+        resolve_model(model)
+    except ModelNotFoundError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
+    console.print(f"AgentJet server: model [bold]{model}[/bold] on http://{host}:{port}/v1, data in {data_dir}")
+    serve(config, resume=resume)
+
+
+@app.command()
+def run(
+    workflow: str = typer.Argument(..., help="path/to/workflow.py:fn with `async def fn(task, ep) -> reward`"),
+    server_url: str = typer.Option("http://127.0.0.1:10086", "--server", help="swarm server URL"),
+    dataset: Path = typer.Option(..., help="JSONL file, one task object per line"),
+    group_size: int = typer.Option(4, help="episodes per task (GRPO group)"),
+    concurrency: int = typer.Option(8, help="episodes in flight at once"),
+    token: str | None = typer.Option(None, help="swarm token (or $AGENTJET_SWARM_TOKEN[_FILE])"),
+    client_id: str | None = typer.Option(None, help="a stable id: a restarted client releases its old episodes"),
+    eval: bool = typer.Option(False, "--eval", help="run as eval episodes (never trained on)"),
+    epochs: int = typer.Option(1, help="passes over the dataset"),
+    cursor: Path | None = typer.Option(None, help="file recording finished tasks, to resume a run"),
+    limit: int | None = typer.Option(None, help="use only the first N tasks"),
+) -> None:
+    """Drive a workflow over a dataset against a swarm server."""
+    from agentjet.client.runner import Cursor, load_dataset, load_workflow
+
+    try:
+        fn = load_workflow(workflow)
+        tasks = load_dataset(dataset, limit)
+    except (ValueError, OSError) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
+    if epochs > 1 and cursor is not None:
+        console.print("[red]error:[/red] --cursor resumes a single pass; it cannot be combined with --epochs > 1")
+        raise typer.Exit(2)
+    token = _secret(token, "AGENTJET_SWARM_TOKEN")
+    summary = asyncio.run(_run(fn, tasks, server_url, token, client_id, group_size, concurrency, eval, epochs,
+                               Cursor(cursor)))
+    console.print(f"{summary.episodes} episodes, {summary.failed} failed, mean reward {summary.mean_reward:.3f}, "
+                  f"{summary.seconds:.0f}s")
+    if summary.failed:
+        console.print(f"failures by kind: {dict(summary.failure_kinds)}")
+
+
+async def _run(fn, tasks, url, token, client_id, group_size, concurrency, eval, epochs, cursor):  # noqa: ANN001
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from agentjet.client.client import SwarmClient
+    from agentjet.client.runner import RunSummary, run_workflow
+
+    total = len(tasks) * group_size * epochs
+    total_summary = RunSummary()
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("{task.fields[info]}"), console=console) as progress:
+        bar = progress.add_task("episodes", total=total, info="")
+
+        def update(s: RunSummary) -> None:
+            done = total_summary.episodes + s.episodes
+            recent = s.rewards[-64:]
+            mean = sum(recent) / len(recent) if recent else float("nan")
+            progress.update(bar, completed=done,
+                            info=f"reward {mean:.3f}  policy v{s.last_policy_version}  failed {s.failed}")
+
+        async with SwarmClient(url, token=token, client_id=client_id) as client:
+            for _ in range(epochs):
+                s = await run_workflow(client, fn, tasks, group_size=group_size, concurrency=concurrency, eval=eval,
+                                       cursor=cursor, on_progress=update)
+                total_summary.merge(s)
+    return total_summary
+
+
+@app.command()
+def status(
+    server_url: str = typer.Option("http://127.0.0.1:10086", "--server"),
+    token: str | None = typer.Option(None, help="swarm or admin token"),
+) -> None:
+    """Print a server's status."""
+    import json
+
+    import httpx
+
+    token = token or _secret(None, "AGENTJET_ADMIN_TOKEN") or _secret(None, "AGENTJET_SWARM_TOKEN")
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        r = httpx.get(f"{server_url.rstrip('/')}/swarm/v1/status", headers=headers, timeout=10)
+    except httpx.TransportError as exc:
+        console.print(f"[red]error:[/red] cannot reach {server_url}: {exc}")
+        raise typer.Exit(2) from exc
+    if r.status_code != 200:
+        console.print(f"[red]error {r.status_code}:[/red] {r.text}")
+        raise typer.Exit(2)
+    console.print_json(json.dumps(r.json()))
 
 
 def main() -> None:

@@ -39,6 +39,15 @@ class RunSummary:
     last_policy_version: int = 0
     seconds: float = 0.0
 
+    def merge(self, other: RunSummary) -> None:
+        self.episodes += other.episodes
+        self.failed += other.failed
+        self.rewards += other.rewards
+        self.failures_by_task.update(other.failures_by_task)
+        self.failure_kinds.update(other.failure_kinds)
+        self.last_policy_version = max(self.last_policy_version, other.last_policy_version)
+        self.seconds += other.seconds
+
     @property
     def mean_reward(self) -> float:
         return sum(self.rewards) / len(self.rewards) if self.rewards else float("nan")

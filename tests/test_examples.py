@@ -1,0 +1,66 @@
+"""The examples run end to end against a real server (null engine that always answers '7')."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentjet import SwarmClient
+from agentjet.client.runner import load_dataset, load_workflow, run_workflow
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "examples" / "data" / "math.jsonl"
+
+
+@pytest.mark.parametrize("spec", ["examples/math_openai_sdk.py:workflow", "examples/math_langchain.py:workflow"])
+def test_workflow_examples(make_server, spec: str) -> None:
+    srv = make_server(reply="It is 7.")
+    fn = load_workflow(str(ROOT / spec))
+    tasks = load_dataset(DATA, limit=3)
+
+    async def main():
+        async with SwarmClient(srv.url) as client:
+            return await run_workflow(client, fn, tasks, group_size=2, concurrency=4)
+
+    summary = asyncio.run(main())
+    assert summary.episodes == 6 and summary.failed == 0
+    expected = [1.0 if t["answer"] == "7" else 0.0 for t in tasks for _ in range(2)]
+    assert sorted(summary.rewards) == sorted(expected)
+    assert srv.server.store.count_by_status()["pending"] + srv.server.store.count_by_status()["dropped_uniform"] == 6
+
+
+def test_plain_http_example_needs_no_agentjet(make_server) -> None:
+    srv = make_server(reply="7")
+    source = (ROOT / "examples" / "math_plain_http.py").read_text()
+    assert "agentjet" not in source.split('"""')[2]  # no import of ours below the docstring
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / "math_plain_http.py"), "--server", srv.url,
+                          "--limit", "2"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "mean reward" in out.stdout
+    assert srv.server.throughput.ended == 4
+
+
+@pytest.mark.skipif(not (shutil.which("curl") and shutil.which("jq")), reason="needs curl and jq")
+def test_curl_example(make_server) -> None:
+    srv = make_server(reply="7")
+    out = subprocess.run(["bash", str(ROOT / "examples" / "math_curl.sh"), srv.url], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "reward 1" in out.stdout
+
+
+def test_ajet_run_cli(make_server, tmp_path: Path) -> None:
+    srv = make_server(reply="7")
+    out = subprocess.run([sys.executable, "-m", "agentjet.cli", "run", str(ROOT / "examples/math_openai_sdk.py:workflow"),
+                          "--server", srv.url, "--dataset", str(DATA), "--limit", "2", "--group-size", "2",
+                          "--cursor", str(tmp_path / "cursor.json")], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr + out.stdout
+    assert "4 episodes, 0 failed" in out.stdout
+    bad = subprocess.run([sys.executable, "-m", "agentjet.cli", "run", "nope.py:fn", "--dataset", str(DATA)],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "does not exist" in bad.stdout
