@@ -102,6 +102,7 @@ def server(
     max_batch_size: int = typer.Option(8, help="max concurrent generations batched together"),
     public_url: str | None = typer.Option(None, help="base URL clients should use, if not http://host:port"),
     log_level: str = typer.Option("INFO"),
+    engine: str = typer.Option("hf", help="hf (the embedded engine) or null (canned replies; for benchmarks)"),
 ) -> None:
     """Run a swarm server: one trainable model behind an OpenAI-compatible API."""
     from pydantic import ValidationError
@@ -135,8 +136,19 @@ def server(
     except ModelNotFoundError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from exc
+    if engine not in ("hf", "null"):
+        console.print(f"[red]error:[/red] --engine must be 'hf' or 'null', not {engine!r}")
+        raise typer.Exit(2)
     console.print(f"AgentJet server: model [bold]{model}[/bold] on http://{host}:{port}/v1, data in {data_dir}")
-    serve(config, resume=resume)
+    serve(config, engine=_null_engine(model) if engine == "null" else None, resume=resume)
+
+
+def _null_engine(model: str):  # noqa: ANN202
+    from transformers import AutoTokenizer
+
+    from agentjet.engines.null import NullEngine
+
+    return NullEngine(AutoTokenizer.from_pretrained(resolve_model(model)), reply="The answer is 7.")
 
 
 @app.command()

@@ -232,3 +232,21 @@ def test_status_and_eval_episodes(make_server) -> None:
     assert status["buffer"]["pending_episodes"] == 0
     assert status["eval_reward"] == {"0": 0.75}
     assert "admin_token" not in status["config"]
+
+
+def test_oversized_body_is_a_413(make_server) -> None:
+    srv = make_server(max_body_bytes=4096)
+    ep = begin(srv.url)
+    big = {"model": "tiny", "messages": [{"role": "user", "content": "x" * 10_000}]}
+    assert_openai_error(chat(srv.url, ep["api_key"], big), 413, "")
+
+    def chunks():
+        yield b'{"model": "tiny", "messages": [{"role": "user", "content": "'
+        for _ in range(10):
+            yield b"y" * 1000
+        yield b'"}]}'
+
+    r = httpx.post(f"{srv.url}/v1/chat/completions", content=chunks(),
+                   headers={"Authorization": f"Bearer {ep['api_key']}", "Content-Type": "application/json"})
+    assert r.status_code == 413
+    assert chat(srv.url, ep["api_key"]).status_code == 200  # the server is fine afterwards

@@ -8,16 +8,16 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable
 
 import uvicorn
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI
 
 from agentjet.engines.base import Engine
 from agentjet.server import openai_api, swarm_api
 from agentjet.server.config import ServerConfig
 from agentjet.server.core import SwarmServer
-from agentjet.server.errors import error_body, install_error_handlers
+from agentjet.server.errors import BodySizeLimit, install_error_handlers
 
 log = logging.getLogger(__name__)
 
@@ -34,17 +34,7 @@ def create_app(server: SwarmServer) -> FastAPI:
     app = FastAPI(title="AgentJet swarm server", version="0.1.0", lifespan=lifespan)
     app.state.swarm = server
     install_error_handlers(app)
-
-    @app.middleware("http")
-    async def limit_body(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        length = request.headers.get("content-length")
-        if length and length.isdigit() and int(length) > server.config.max_body_bytes:
-            from fastapi.responses import JSONResponse
-
-            return JSONResponse(error_body(f"request body of {length} bytes exceeds the limit of "
-                                           f"{server.config.max_body_bytes} bytes", "invalid_request_error",
-                                           code="body_too_large"), 413)
-        return await call_next(request)
+    app.add_middleware(BodySizeLimit, max_bytes=server.config.max_body_bytes)
 
     @app.get("/health")
     async def health() -> dict[str, str | int]:

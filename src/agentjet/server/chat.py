@@ -120,6 +120,9 @@ class ChatFormatter:
             raise ValueError("the tokenizer has no chat template")
         self.native_tools = "tools" in template
         self.native_tool_calls = "tool_calls" in template
+        # The Rust tokenizer behind a fast tokenizer: encoding through it directly skips the Python layers
+        # of ``apply_chat_template(tokenize=True)`` (the same ids; a test checks this).
+        self._backend = getattr(tokenizer, "backend_tokenizer", None)
 
     def render_messages(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
                         ) -> list[dict[str, Any]]:
@@ -143,11 +146,13 @@ class ChatFormatter:
         rendered = self.render_messages(messages, tools)
         kwargs: dict[str, Any] = {"tools": tools} if tools and self.native_tools else {}
         try:
-            ids = self.tokenizer.apply_chat_template(rendered, add_generation_prompt=True, tokenize=True,
-                                                     return_dict=False, **kwargs)
+            if self._backend is None:
+                return list(self.tokenizer.apply_chat_template(rendered, add_generation_prompt=True, tokenize=True,
+                                                               return_dict=False, **kwargs))
+            text = self.tokenizer.apply_chat_template(rendered, add_generation_prompt=True, tokenize=False, **kwargs)
         except (TemplateError, TypeError, KeyError, IndexError) as exc:
             raise ChatFormatError(f"the model's chat template rejected these messages: {exc}", "messages") from exc
-        return list(ids)
+        return self._backend.encode(text, add_special_tokens=False).ids
 
     @staticmethod
     def parse_assistant(text: str, tools_given: bool) -> tuple[str, list[dict[str, Any]] | None]:

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import logging
 
+import json
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 log = logging.getLogger(__name__)
 
@@ -73,9 +76,48 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         type_ = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        if exc.status_code == 413:
+            return JSONResponse(error_body(str(exc.detail), type_, code="body_too_large"), 413)
         return JSONResponse(error_body(str(exc.detail), type_), exc.status_code)
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
         log.exception("unexpected server error")
         return JSONResponse(error_body(f"internal error: {type(exc).__name__}", "server_error"), 500)
+
+
+class BodySizeLimit:
+    """Bodies over ``max_bytes`` get a 413 in OpenAI's shape: at once when Content-Length declares it, or
+    as soon as a chunked body crosses the limit while it is read."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            declared = dict(scope["headers"]).get(b"content-length", b"")
+            if declared.isdigit() and int(declared) > self.max_bytes:
+                body = json.dumps(error_body(f"request body of {int(declared)} bytes exceeds the limit of "
+                                             f"{self.max_bytes} bytes", "invalid_request_error",
+                                             code="body_too_large")).encode()
+                await send({"type": "http.response.start", "status": 413,
+                            "headers": [(b"content-type", b"application/json"),
+                                        (b"content-length", str(len(body)).encode()), (b"connection", b"close")]})
+                await send({"type": "http.response.body", "body": body})
+                return
+            receive = self._counting(receive)
+        await self.app(scope, receive, send)
+
+    def _counting(self, receive: Receive) -> Receive:
+        seen = 0
+
+        async def wrapped() -> dict:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_bytes:
+                raise StarletteHTTPException(413, f"request body exceeds the limit of {self.max_bytes} bytes")
+            return message
+
+        return wrapped

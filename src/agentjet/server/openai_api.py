@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentjet.engines.base import GenerationResult, SamplingParams
@@ -212,8 +212,9 @@ async def chat_completions(request: Request, body: ChatCompletionRequest) -> Any
         p.record(res, msg, s)
         choices.append({"index": i, "message": msg, "finish_reason": p.finish_reason(res, msg),
                         "logprobs": p.logprobs_json(res) if body.logprobs else None})
-    return {"id": p.id, "object": "chat.completion", "created": p.created, "model": p.server.config.name,
-            "choices": choices, "usage": p.usage(results), "system_fingerprint": f"policy-v{results[0].policy_version}"}
+    return JSONResponse({"id": p.id, "object": "chat.completion", "created": p.created, "model": p.server.config.name,
+                         "choices": choices, "usage": p.usage(results),
+                         "system_fingerprint": f"policy-v{results[0].policy_version}"})
 
 
 def _sse(obj: dict[str, Any]) -> str:

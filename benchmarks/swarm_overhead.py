@@ -1,0 +1,177 @@
+"""Swarm server overhead.
+
+    python benchmarks/swarm_overhead.py [--quick]
+
+1. Throughput of the full server path (HTTP, auth, validation, chat template, recording) with a null
+   engine, at 1, 64 and 256 concurrent episodes. The server runs in its own process (`ajet server
+   --engine null`); the load comes from this process over loopback. Target: >= 1,000 calls/s at 64.
+2. Added latency per call against calling the engine directly, on SmolLM2-135M-Instruct (greedy,
+   fixed length, same tokens both ways, interleaved, medians). Target: <= 5% of generation time.
+
+Prints a table and saves benchmarks/results/swarm_overhead.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+from rich.console import Console
+from rich.table import Table
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+MESSAGES = [{"role": "user", "content": "What is 3 + 4? Answer with a number."}]
+
+
+def start_null_server(port: int, data_dir: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "agentjet.cli", "server", "--engine", "null", "--model", "tiny-random",
+           "--port", str(port), "--data-dir", data_dir, "--log-level", "WARNING", "--group-size", "4",
+           "--lease-seconds", "120"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).json()["status"] == "ready":
+                return proc
+        except (httpx.TransportError, ValueError, KeyError):
+            time.sleep(0.2)
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited: {proc.stderr.read() if proc.stderr else ''}")
+    raise RuntimeError("server did not start")
+
+
+async def load(url: str, episodes: int, seconds: float) -> dict[str, float]:
+    """`episodes` concurrent episodes, each making chat calls back to back for `seconds` (aiohttp client:
+    httpx's pool is itself the bottleneck past a few dozen connections)."""
+    import aiohttp
+
+    connector = aiohttp.TCPConnector(limit=episodes + 8)
+    async with aiohttp.ClientSession(url, connector=connector, timeout=aiohttp.ClientTimeout(total=300)) as http:
+        async def begin(i: int) -> dict:
+            async with http.post("/swarm/v1/episodes", json={"client_id": "bench", "task_id": f"t{i % 16}"}) as r:
+                return await r.json()
+
+        eps = await asyncio.gather(*[begin(i) for i in range(episodes)])
+        latencies: list[float] = []
+        errors = 0
+        stop_at = time.monotonic() + seconds
+
+        async def worker(ep: dict) -> None:
+            nonlocal errors
+            headers = {"Authorization": f"Bearer {ep['api_key']}"}
+            body = {"model": "agent", "messages": MESSAGES, "max_tokens": 16}
+            while time.monotonic() < stop_at:
+                t0 = time.perf_counter()
+                async with http.post("/v1/chat/completions", json=body, headers=headers) as r:
+                    await r.read()
+                    errors += r.status != 200
+                latencies.append(time.perf_counter() - t0)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*[worker(ep) for ep in eps])
+        elapsed = time.perf_counter() - t0
+        for ep in eps:
+            async with http.post(f"/swarm/v1/episodes/{ep['episode_id']}/abort", json={"reason": "benchmark"},
+                                 headers={"Authorization": f"Bearer {ep['api_key']}"}) as r:
+                await r.read()
+    latencies.sort()
+    return {"episodes": episodes, "calls": len(latencies), "errors": errors, "calls_per_s": len(latencies) / elapsed,
+            "p50_ms": 1000 * latencies[len(latencies) // 2],
+            "p99_ms": 1000 * latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]}
+
+
+def throughput(levels: list[int], seconds: float) -> list[dict[str, float]]:
+    from agentjet.models import resolve_model
+    from agentjet.server.app import free_port
+
+    resolve_model("tiny-random")
+    port = free_port()
+    with tempfile.TemporaryDirectory() as tmp:
+        proc = start_null_server(port, tmp)
+        try:
+            asyncio.run(load(f"http://127.0.0.1:{port}", 4, 1.0))  # warm up
+            return [asyncio.run(load(f"http://127.0.0.1:{port}", n, seconds)) for n in levels]
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+
+def added_latency(rounds: int, max_tokens: int) -> dict[str, float]:
+    """Direct engine.generate vs the same generation through the HTTP API, on one server and engine."""
+    from agentjet.engines.base import SamplingParams
+    from agentjet.engines.hf import HFEngine
+    from agentjet.server import ServerConfig, SwarmServer
+    from agentjet.server.app import BackgroundServer, free_port
+
+    engine = HFEngine("smollm2-135m-instruct", max_batch_size=8)
+    engine._stop_ids = set()  # fixed-length generations, so both paths produce the same tokens
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = ServerConfig(model="smollm2-135m-instruct", port=free_port(), data_dir=Path(tmp))
+        with BackgroundServer(SwarmServer(cfg, engine)) as srv:
+            ep = httpx.post(f"{srv.url}/swarm/v1/episodes", json={"client_id": "b", "task_id": "t"}).json()
+            headers = {"Authorization": f"Bearer {ep['api_key']}"}
+            body = {"model": "agent", "messages": MESSAGES, "max_tokens": max_tokens, "temperature": 0}
+            ids = srv.server.formatter.prompt_ids(MESSAGES, None)
+            params = SamplingParams(temperature=0, max_tokens=max_tokens)
+            direct, api = [], []
+            with httpx.Client(timeout=300) as http:
+                for i in range(rounds + 1):
+                    t0 = time.perf_counter()
+                    res = srv.call(engine.generate(ids, params))
+                    t1 = time.perf_counter()
+                    r = http.post(f"{srv.url}/v1/chat/completions", json=body, headers=headers)
+                    t2 = time.perf_counter()
+                    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == len(res.token_ids)
+                    if i:  # the first round warms up
+                        direct.append(t1 - t0)
+                        api.append(t2 - t1)
+                    if i % 4 == 3:  # keep the episode's record small
+                        srv.server.registry.get(ep["episode_id"]).calls.clear()
+    d, a = statistics.median(direct), statistics.median(api)
+    return {"rounds": rounds, "max_tokens": max_tokens, "direct_ms": 1000 * d, "api_ms": 1000 * a,
+            "added_ms": 1000 * (a - d), "added_fraction": (a - d) / d}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="shorter runs")
+    args = p.parse_args()
+    seconds = 3.0 if args.quick else 10.0
+    console = Console()
+    console.print("[bold]1. server path throughput (null engine, separate process)[/bold]")
+    rows = throughput([1, 64, 256], seconds)
+    console.print("[bold]2. added latency vs direct engine calls (SmolLM2)[/bold]")
+    lat = added_latency(rounds=4 if args.quick else 10, max_tokens=32)
+
+    table = Table(title="Swarm server overhead")
+    for col in ("concurrent episodes", "calls/s", "p50 ms", "p99 ms", "errors"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(str(r["episodes"]), f"{r['calls_per_s']:.0f}", f"{r['p50_ms']:.1f}", f"{r['p99_ms']:.1f}",
+                      str(r["errors"]))
+    console.print(table)
+    console.print(f"SmolLM2, {lat['max_tokens']} tokens greedy: direct {lat['direct_ms']:.0f} ms, through the API "
+                  f"{lat['api_ms']:.0f} ms, added {lat['added_ms']:.1f} ms = {100 * lat['added_fraction']:.1f}% "
+                  "(target <= 5%)")
+    at64 = next(r for r in rows if r["episodes"] == 64)["calls_per_s"]
+    console.print(f"calls/s at 64 concurrent episodes: {at64:.0f} (target >= 1000)")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = {"date": time.strftime("%Y-%m-%d"), "machine": f"{os.cpu_count()} CPU cores, {platform.machine()}",
+           "seconds_per_level": seconds, "throughput": rows, "added_latency": lat}
+    (RESULTS / "swarm_overhead.json").write_text(json.dumps(out, indent=2))
+    console.print(f"saved {RESULTS / 'swarm_overhead.json'}")
+
+
+if __name__ == "__main__":
+    main()
