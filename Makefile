@@ -8,7 +8,7 @@ setup:
 
 # The main job: the swarm demo on the embedded SmolLM2-135M-Instruct model.
 demo: setup
-	$(PY) -m agentjet.cli engine-demo
+	$(PY) -m agentjet.cli demo
 
 # The whole test suite (lint + tests, SmolLM2 tests included).
 test: setup

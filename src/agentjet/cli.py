@@ -28,6 +28,32 @@ def model_cmd(name: str = typer.Argument(DEFAULT_MODEL, help="registry name or l
         raise typer.Exit(2) from exc
 
 
+@app.command()
+def demo(
+    model: str = typer.Option(DEFAULT_MODEL, help="model name or local HF directory"),
+    task: str = typer.Option("addition", help="built-in task"),
+    steps: int | None = typer.Option(None, help="train steps (default: the task's recommendation)"),
+    learning_rate: float | None = typer.Option(None, "--lr"),
+    group_size: int | None = typer.Option(None),
+    batch_groups: int | None = typer.Option(None),
+    eval_tasks: int = typer.Option(64, help="held-out eval episodes before and after"),
+    out_dir: Path = typer.Option(Path("runs/demo"), help="where the log, plot and JSON go"),
+    time_budget_s: float = typer.Option(20 * 60, help="stop training after this many seconds"),
+) -> None:
+    """Train SmolLM2 on a built-in task through a real swarm server and client; print eval before/after."""
+    from agentjet.demo import DemoSettings, run_demo
+    from agentjet.tasks import TASKS
+
+    if task not in TASKS:
+        console.print(f"[red]error:[/red] unknown task {task!r}; built-in tasks: {sorted(TASKS)}")
+        raise typer.Exit(2)
+    result = run_demo(DemoSettings(model=model, task=task, steps=steps, learning_rate=learning_rate,
+                                   group_size=group_size, batch_groups=batch_groups, eval_tasks=eval_tasks,
+                                   out_dir=out_dir, time_budget_s=time_budget_s), console)
+    if result.eval_after <= result.eval_before:
+        console.print("[yellow]the eval reward did not improve in this run[/yellow]")
+
+
 @app.command("engine-demo")
 def engine_demo(model: str = typer.Option(DEFAULT_MODEL, help="model name or directory")) -> None:
     """Generate on the embedded engine, then run one train step (a smoke test of the engine)."""
