@@ -222,3 +222,37 @@ def test_store_rewind_returns_episodes_trained_after_the_checkpoint(tmp_path: Pa
     # idempotent commit
     assert store.commit_episode(StoredEpisode("e0", "h", "c", "t", "d", "t", 1.0, StoredStatus.PENDING, 0, 0, 0, 0,
                                               time.time()), [], {}) is False
+
+
+def test_incomplete_group_is_used_after_the_timeout(make_server) -> None:
+    srv = make_server(training={"group_size": 4, "min_group_size": 2, "group_timeout_s": 0.5, "batch_groups": 1})
+
+    async def main() -> None:
+        async with SwarmClient(srv.url) as client:
+            await asyncio.gather(*[one_episode(client, "t", r) for r in (1.0, 0.0)])  # half a group
+
+    asyncio.run(main())
+    wait_until(lambda: srv.server.trainer.counters.train_steps == 1, timeout=15)
+    assert len(srv.server.engine.trained[0]) == 2
+
+
+def test_n_choices_and_stop_through_the_api(make_server) -> None:
+    srv = make_server("tiny")
+
+    async def main() -> None:
+        async with SwarmClient(srv.url) as client, client.episode(task_id="t") as ep:
+            oa = ep.openai()
+            many = await oa.chat.completions.create(model="tiny", messages=USER, n=3, max_tokens=12, seed=5)
+            assert [c.index for c in many.choices] == [0, 1, 2]
+            calls = srv.server.registry.get(ep.episode_id).calls
+            assert len(calls) == 3
+            assert many.usage.completion_tokens == sum(len(c.completion_ids) for c in calls)
+            text = many.choices[0].message.content
+            assert len(text) > 4
+            stop = text[2:4]
+            cut = await oa.chat.completions.create(model="tiny", messages=USER, max_tokens=12, seed=5, stop=[stop])
+            assert cut.choices[0].message.content == text[: text.find(stop)]
+            assert cut.choices[0].finish_reason == "stop"
+            ep.reward(0.0)
+
+    asyncio.run(main())
