@@ -262,6 +262,98 @@ def status(
     console.print_json(json.dumps(r.json()))
 
 
+ctl = typer.Typer(no_args_is_help=True, help="Control a running server (needs the admin token).")
+app.add_typer(ctl, name="ctl")
+
+
+def _ctl_call(method: str, path: str, server_url: str, token: str | None, body: dict | None = None) -> dict:
+    import httpx
+
+    token = token or _secret(None, "AGENTJET_ADMIN_TOKEN")
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        r = httpx.request(method, f"{server_url.rstrip('/')}/swarm/v1/control/{path}", json=body, headers=headers,
+                          timeout=600)
+    except httpx.TransportError as exc:
+        console.print(f"[red]error:[/red] cannot reach {server_url}: {exc}")
+        raise typer.Exit(2) from exc
+    if r.status_code != 200:
+        try:
+            message = r.json()["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            message = r.text
+        console.print(f"[red]error {r.status_code}:[/red] {message}")
+        raise typer.Exit(2)
+    return r.json()
+
+
+_SERVER = typer.Option("http://127.0.0.1:10086", "--server", help="swarm server URL")
+_TOKEN = typer.Option(None, "--token", help="admin token (or $AGENTJET_ADMIN_TOKEN[_FILE])")
+
+
+def _parse_assignment(item: str) -> tuple[str, str, object]:
+    import json
+
+    key, sep, raw = item.partition("=")
+    if not sep or not key:
+        raise typer.BadParameter(f"{item!r} must look like key=value (e.g. learning_rate=3e-5)")
+    section, dot, name = key.partition(".")
+    if not dot:
+        section, name = ("sampling", key) if key in ("temperature", "top_p", "max_tokens") else ("training", key)
+    if section not in ("training", "sampling"):
+        raise typer.BadParameter(f"{key!r}: the section must be training or sampling")
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw
+    return section, name, value
+
+
+@ctl.command("status")
+def ctl_status(server_url: str = _SERVER, token: str | None = _TOKEN) -> None:
+    """Print the live settings and the change log."""
+    import json
+
+    console.print_json(json.dumps(_ctl_call("GET", "config", server_url, token)))
+
+
+@ctl.command("set")
+def ctl_set(assignments: list[str] = typer.Argument(..., help="key=value, e.g. learning_rate=3e-5 group_size=8 "
+                                                             "sampling.temperature=0.7"),
+            server_url: str = _SERVER, token: str | None = _TOKEN) -> None:
+    """Change settings live; they take effect from the next batch, without a restart."""
+    body: dict[str, dict[str, object]] = {"training": {}, "sampling": {}}
+    for item in assignments:
+        section, name, value = _parse_assignment(item)
+        body[section][name] = value
+    rec = _ctl_call("POST", "config", server_url, token, body)
+    console.print(f"applied at policy v{rec['policy_version']} (after step {rec['train_step']}): {rec['changes']}")
+
+
+@ctl.command("pause")
+def ctl_pause(server_url: str = _SERVER, token: str | None = _TOKEN) -> None:
+    """Pause training (episodes and generation continue; acknowledged episodes wait in the store)."""
+    console.print(_ctl_call("POST", "pause", server_url, token))
+
+
+@ctl.command("resume")
+def ctl_resume(server_url: str = _SERVER, token: str | None = _TOKEN) -> None:
+    """Resume training."""
+    console.print(_ctl_call("POST", "resume", server_url, token))
+
+
+@ctl.command("checkpoint")
+def ctl_checkpoint(server_url: str = _SERVER, token: str | None = _TOKEN) -> None:
+    """Save a checkpoint now (between train steps)."""
+    console.print(_ctl_call("POST", "checkpoint", server_url, token))
+
+
+@ctl.command("stop")
+def ctl_stop(server_url: str = _SERVER, token: str | None = _TOKEN) -> None:
+    """Checkpoint and stop the server."""
+    console.print(_ctl_call("POST", "stop", server_url, token))
+
+
 def main() -> None:
     app()
 

@@ -137,3 +137,17 @@ class ErrorBody(BaseModel):
     """OpenAI's error shape."""
 
     error: ErrorDetail
+
+
+class ConfigChange(_Model):
+    """A live settings change: any subset of the training settings and sampling defaults."""
+
+    training: dict[str, Any] = Field(default_factory=dict)
+    sampling: dict[str, Any] = Field(default_factory=dict)
+
+
+class ChangeRecord(_Model):
+    at: float
+    policy_version: int = Field(description="the policy version current when the change took effect")
+    train_step: int
+    changes: dict[str, Any]

@@ -14,7 +14,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from agentjet.engines.base import Engine
-from agentjet.server import openai_api, swarm_api
+from agentjet.server import control, openai_api, swarm_api
 from agentjet.server.config import ServerConfig
 from agentjet.server.core import SwarmServer
 from agentjet.server.errors import BodySizeLimit, install_error_handlers
@@ -42,6 +42,7 @@ def create_app(server: SwarmServer) -> FastAPI:
 
     app.include_router(openai_api.router)
     app.include_router(swarm_api.router)
+    app.include_router(control.router)
     return app
 
 
@@ -56,7 +57,10 @@ def build_engine(config: ServerConfig) -> Engine:
 def serve(config: ServerConfig, engine: Engine | None = None, resume: bool = False) -> None:
     """Run the server in the foreground until interrupted."""
     server = SwarmServer(config, engine or build_engine(config), resume=resume)
-    uvicorn.run(create_app(server), host=config.host, port=config.port, log_level="warning")
+    runner = uvicorn.Server(uvicorn.Config(create_app(server), host=config.host, port=config.port,
+                                           log_level="warning"))
+    server.on_stop = lambda: setattr(runner, "should_exit", True)
+    runner.run()
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -75,6 +79,7 @@ class BackgroundServer:
         self._uvicorn = uvicorn.Server(uvicorn.Config(self.app, host=cfg.host, port=cfg.port, log_level="warning",
                                                       lifespan="on"))
         self._thread = threading.Thread(target=self._uvicorn.run, name="agentjet-server", daemon=True)
+        server.on_stop = lambda: setattr(self._uvicorn, "should_exit", True)
 
     @property
     def url(self) -> str:

@@ -8,6 +8,7 @@ import hmac
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +18,7 @@ from agentjet.protocol import (
     BeginEpisodeRequest,
     BeginEpisodeResponse,
     BufferCounts,
+    ChangeRecord,
     EndEpisodeRequest,
     EndEpisodeResponse,
     EpisodeStatus,
@@ -70,6 +72,8 @@ class SwarmServer:
         self._end_locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._reaper: asyncio.Task[None] | None = None
         self.engine_state = "starting"
+        self.change_log: list[ChangeRecord] = []  # live config changes, with the version they took effect at
+        self.on_stop: Callable[[], None] | None = None  # set by whoever runs the HTTP server
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:

@@ -95,6 +95,7 @@ class Trainer:
         self._pending: dict[str, list[StoredEpisode]] = defaultdict(list)
         self._first_seen: dict[str, float] = {}
         self._wake = asyncio.Event()
+        self.step_lock = asyncio.Lock()  # held by a train step; control actions take it to run between steps
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
 
@@ -109,6 +110,9 @@ class Trainer:
         for ep in eps:
             self.add(ep)
         return len(eps)
+
+    def wake(self) -> None:
+        self._wake.set()
 
     @property
     def pending_count(self) -> int:
@@ -219,7 +223,8 @@ class Trainer:
         batch = groups[: self.settings.batch_groups]
         self._take(batch)
         try:
-            return await self.train_on(batch)
+            async with self.step_lock:
+                return await self.train_on(batch)
         except BaseException:
             for g in batch:  # not consumed: back into the pool
                 for ep in g.episodes:
@@ -248,6 +253,11 @@ class Trainer:
             await self._task
 
     # ------------------------------------------------------------ checkpoints
+    async def checkpoint_now(self) -> Path:
+        """Save a checkpoint between train steps (for the control plane)."""
+        async with self.step_lock:
+            return await asyncio.to_thread(self.save_checkpoint)
+
     def save_checkpoint(self) -> Path:
         step = self.counters.train_steps
         target = self.checkpoint_dir / f"step-{step:06d}"

@@ -1,0 +1,110 @@
+"""The control plane: admin token, live settings applied at the right version, pause/resume, checkpoint, stop."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+
+import httpx
+from tests.conftest import wait_until
+
+from agentjet import SwarmClient
+
+ADMIN = {"Authorization": "Bearer adm1n"}
+USER = [{"role": "user", "content": "hi"}]
+
+
+async def group(client: SwarmClient, task: str, rewards=(1.0, 0.0)) -> None:
+    async def one(r: float) -> None:
+        async with client.episode(task_id=task) as ep:
+            await ep.openai().chat.completions.create(model="x", messages=USER)
+            ep.reward(r)
+
+    await asyncio.gather(*[one(r) for r in rewards])
+
+
+def test_control_needs_the_admin_token(make_server) -> None:
+    srv = make_server(admin_token="adm1n")
+    for method, path in (("GET", "config"), ("POST", "config"), ("POST", "pause"), ("POST", "resume"),
+                         ("POST", "checkpoint"), ("POST", "stop")):
+        for headers in ({}, {"Authorization": "Bearer wrong"}):
+            r = httpx.request(method, f"{srv.url}/swarm/v1/control/{path}", json={}, headers=headers)
+            assert r.status_code == 401, (path, r.text)
+            assert "admin token" in r.json()["error"]["message"]
+    assert srv._thread.is_alive()
+
+
+def test_live_settings_take_effect_from_the_next_batch(make_server) -> None:
+    srv = make_server(admin_token="adm1n", training={"group_size": 2, "batch_groups": 1})
+
+    async def main() -> None:
+        async with SwarmClient(srv.url) as client:
+            await group(client, "a")
+            await asyncio.to_thread(wait_until, lambda: srv.server.trainer.counters.train_steps == 1)
+            r = httpx.post(f"{srv.url}/swarm/v1/control/config", headers=ADMIN, json={
+                "training": {"group_size": 3, "learning_rate": 0.02}, "sampling": {"temperature": 0.5}})
+            assert r.status_code == 200, r.text
+            rec = r.json()
+            assert rec["policy_version"] == 1 and rec["train_step"] == 1
+            assert rec["changes"] == {"training.group_size": 3, "training.learning_rate": 0.02,
+                                      "sampling.temperature": 0.5}
+            await group(client, "b", (1.0, 0.0))  # only 2 of the 3 now needed: no step
+            await asyncio.sleep(1.5)
+            assert srv.server.trainer.counters.train_steps == 1
+            await group(client, "b", (0.5,))
+            await asyncio.to_thread(wait_until, lambda: srv.server.trainer.counters.train_steps == 2)
+
+    asyncio.run(main())
+    assert len(srv.server.engine.trained[1]) == 3
+    log = httpx.get(f"{srv.url}/swarm/v1/control/config", headers=ADMIN).json()
+    assert log["config"]["training"]["group_size"] == 3 and log["changes"][0]["policy_version"] == 1
+
+
+def test_invalid_settings_change_nothing(make_server) -> None:
+    srv = make_server()
+    before = srv.server.config.training.model_dump()
+    for body, fragment in (({"training": {"group_size": 0}}, "group_size"),
+                           ({"training": {"group_size": 8, "learning_rate": -1}}, "learning_rate"),
+                           ({"training": {"warp_speed": 9}}, "warp_speed"),
+                           ({"training": {"min_group_size": 9}}, "min_group_size"),
+                           ({"nonsense": {}}, "nonsense")):
+        r = httpx.post(f"{srv.url}/swarm/v1/control/config", json=body)
+        assert r.status_code == 400, r.text
+        assert fragment in r.json()["error"]["message"]
+    assert srv.server.config.training.model_dump() == before  # all or nothing
+
+
+def test_pause_resume_and_checkpoint(make_server) -> None:
+    srv = make_server(training={"group_size": 2, "batch_groups": 1})
+
+    async def main() -> None:
+        async with SwarmClient(srv.url) as client:
+            assert httpx.post(f"{srv.url}/swarm/v1/control/pause").json()["paused"] is True
+            await group(client, "a")
+            await asyncio.sleep(1.5)
+            assert srv.server.trainer.counters.train_steps == 0  # episodes wait in the store
+            assert srv.server.status().engine_state == "paused"
+            httpx.post(f"{srv.url}/swarm/v1/control/resume")
+            await asyncio.to_thread(wait_until, lambda: srv.server.trainer.counters.train_steps == 1)
+
+    asyncio.run(main())
+    ck = httpx.post(f"{srv.url}/swarm/v1/control/checkpoint").json()
+    assert ck["train_step"] == 1 and (srv.server.config.data_dir / "checkpoints" / "step-000001").is_dir()
+
+
+def test_ajet_ctl_cli(make_server) -> None:
+    srv = make_server(admin_token="adm1n")
+
+    def ctl(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "agentjet.cli", "ctl", *args, "--server", srv.url,
+                               "--token", "adm1n"], capture_output=True, text=True, timeout=60)
+
+    out = ctl("set", "learning_rate=3e-5", "max_staleness=2", "temperature=0.8")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert srv.server.config.training.max_staleness == 2 and srv.server.config.sampling.temperature == 0.8
+    bad = ctl("set", "group_size=-3")
+    assert bad.returncode == 2 and "group_size" in bad.stdout
+    out = ctl("stop")
+    assert out.returncode == 0
+    wait_until(lambda: not srv._thread.is_alive(), timeout=30)
