@@ -250,3 +250,57 @@ def test_oversized_body_is_a_413(make_server) -> None:
                    headers={"Authorization": f"Bearer {ep['api_key']}", "Content-Type": "application/json"})
     assert r.status_code == 413
     assert chat(srv.url, ep["api_key"]).status_code == 200  # the server is fine afterwards
+
+
+def test_per_client_open_episode_cap(make_server) -> None:
+    srv = make_server(max_open_episodes_per_client=2)
+    a, _ = begin(srv.url), begin(srv.url)
+    r = httpx.post(f"{srv.url}/swarm/v1/episodes", json={"client_id": "c1", "task_id": "t"})
+    assert_openai_error(r, 429, "2 open episodes")
+    assert httpx.post(f"{srv.url}/swarm/v1/episodes", json={"client_id": "c2", "task_id": "t"}).status_code == 200
+    chat(srv.url, a["api_key"])
+    end(srv.url, a, 1.0)
+    assert begin(srv.url)["api_key"]  # a slot is free again
+
+
+def test_unwritable_store_refuses_new_episodes_and_keeps_the_open_one(make_server) -> None:
+    import sqlite3
+
+    srv = make_server()
+    ep = begin(srv.url)
+    chat(srv.url, ep["api_key"])
+    store = srv.server.store
+    real_db = store._db
+
+    class FullDisk:
+        def __getattr__(self, name):
+            return getattr(real_db, name)
+
+        def execute(self, sql, *args):
+            if sql.lstrip().upper().startswith(("INSERT", "CREATE")):
+                raise sqlite3.OperationalError("database or disk is full")
+            return real_db.execute(sql, *args)
+
+        def cursor(self):
+            cur = real_db.cursor()
+
+            class Cur:
+                def __getattr__(self, name):
+                    return getattr(cur, name)
+
+                def execute(self, sql, *args):
+                    if sql.lstrip().upper().startswith("INSERT"):
+                        raise sqlite3.OperationalError("database or disk is full")
+                    return cur.execute(sql, *args)
+
+            return Cur()
+
+    store._db = FullDisk()
+    assert_openai_error(end(srv.url, ep, 1.0), 503, "disk is full")
+    r = httpx.post(f"{srv.url}/swarm/v1/episodes", json={"client_id": "c1", "task_id": "t"})
+    assert_openai_error(r, 503, "accepts no new episodes")
+    assert srv.server.registry.get(ep["episode_id"]).is_open  # nothing lost: the end can be retried
+    store._db = real_db  # the disk has room again
+    assert end(srv.url, ep, 1.0).json()["acknowledged"] is True
+    assert begin(srv.url)["api_key"]
+    assert store.count_by_status()["pending"] == 1

@@ -49,6 +49,7 @@ class ServerConfig(BaseModel):
     training: TrainingSettings = Field(default_factory=TrainingSettings)
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
     max_messages: int = Field(2048, ge=1)
+    max_open_episodes_per_client: int = Field(1024, ge=1)
 
     @property
     def name(self) -> str:

@@ -72,6 +72,7 @@ class SwarmServer:
         self._end_locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._reaper: asyncio.Task[None] | None = None
         self.engine_state = "starting"
+        self.store_healthy = True  # False after a failed write, until a probe succeeds
         self.change_log: list[ChangeRecord] = []  # live config changes, with the version they took effect at
         self.on_stop: Callable[[], None] | None = None  # set by whoever runs the HTTP server
 
@@ -151,6 +152,18 @@ class SwarmServer:
     def begin(self, req: BeginEpisodeRequest) -> BeginEpisodeResponse:
         if self.engine_state != "ready":
             raise unavailable(f"the server is {self.engine_state}", "not_ready", retry_after_s=1)
+        if not self.store_healthy:
+            try:
+                self.store.probe()
+            except StoreError as exc:
+                raise unavailable(f"{exc}; the server accepts no new episodes until its store can be written "
+                                  "(disk full or read-only?)", "store_unavailable", retry_after_s=10) from exc
+            self.store_healthy = True
+        cap = self.config.max_open_episodes_per_client
+        if self.registry.open_for_client(req.client_id) >= cap:
+            raise APIError(429, f"client {req.client_id!r} already has {cap} open episodes (the limit); end or "
+                           "abort some first", "rate_limit_error", code="too_many_open_episodes",
+                           headers={"Retry-After": "1"})
         ep, key = self.registry.begin(req, self.engine.policy_version)
         return BeginEpisodeResponse(episode_id=ep.episode_id, api_key=key, base_url=self.config.base_url(),
                                     lease_seconds=self.config.lease_seconds, policy_version=self.engine.policy_version)
@@ -209,6 +222,7 @@ class SwarmServer:
                 await asyncio.to_thread(self.store.commit_episode, stored, samples, req.metadata)
             except StoreError as exc:
                 log.error("%s", exc)
+                self.store_healthy = False  # the episode stays open: the client can retry its end
                 raise unavailable(f"the server could not store the episode durably: {exc}; retry later",
                                   "store_unavailable", retry_after_s=5) from exc
             ep.end_response = EndEpisodeResponse(episode_id=episode_id, status=EpisodeStatus.ENDED, acknowledged=True,

@@ -11,7 +11,7 @@ import hashlib
 import secrets
 import time
 import uuid
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,6 +56,7 @@ class EpisodeRegistry:
         self._closed: OrderedDict[str, Episode] = OrderedDict()  # for idempotent end/abort retries
         self._closed_memory = closed_memory
         self.clients: dict[str, float] = {}  # client id -> last seen (unix time)
+        self._open_by_client: Counter[str] = Counter()
         self.counts = {"begun": 0, "expired": 0, "aborted": 0, "released": 0}
 
     # -------------------------------------------------------------- lifecycle
@@ -74,6 +75,7 @@ class EpisodeRegistry:
             lease_deadline=time.monotonic() + self.lease_seconds,
         )
         self._open[ep.episode_id] = ep
+        self._open_by_client[ep.client_id] += 1
         self._by_key[ep.key_hash] = ep.episode_id
         self.clients[req.client_id] = time.time()
         self.counts["begun"] += 1
@@ -101,6 +103,9 @@ class EpisodeRegistry:
             return
         ep.status = status
         self._open.pop(ep.episode_id, None)
+        self._open_by_client[ep.client_id] -= 1
+        if self._open_by_client[ep.client_id] <= 0:
+            del self._open_by_client[ep.client_id]
         self._closed[ep.episode_id] = ep
         if status is EpisodeStatus.ABORTED:
             self.counts["aborted"] += 1
@@ -134,4 +139,4 @@ class EpisodeRegistry:
         return len(self._open)
 
     def open_for_client(self, client_id: str) -> int:
-        return sum(1 for ep in self._open.values() if ep.client_id == client_id)
+        return self._open_by_client[client_id]

@@ -114,6 +114,21 @@ class SampleStore:
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_SCHEMA)
 
+    def probe(self) -> None:
+        """Raise StoreError unless a durable write works right now (disk full, read-only, ...)."""
+        try:
+            with self._lock:
+                self._db.execute("BEGIN IMMEDIATE")
+                self._db.execute("CREATE TABLE IF NOT EXISTS probe (x INTEGER)")
+                self._db.execute("INSERT INTO probe VALUES (1)")
+                self._db.execute("DELETE FROM probe")
+                self._db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            with self._lock:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+            raise StoreError(f"the sample store cannot write: {exc}") from exc
+
     def close(self) -> None:
         with self._lock:
             self._db.close()
