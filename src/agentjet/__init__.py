@@ -1,6 +1,6 @@
 """AgentJet: decoupled swarm RL training for LLM agents."""
 
-from agentjet.client import Episode, SwarmClient, SwarmError, SyncSwarmClient
+from agentjet.client import Episode, SwarmClient, SwarmError, SyncSwarmClient, Team
 
 __version__ = "0.1.0"
-__all__ = ["Episode", "SwarmClient", "SwarmError", "SyncSwarmClient", "__version__"]
+__all__ = ["Episode", "SwarmClient", "SwarmError", "SyncSwarmClient", "Team", "__version__"]

@@ -21,6 +21,7 @@ class EpisodeStatus(enum.StrEnum):
     ENDED = "ended"  # reward received, samples durable on disk (acknowledged)
     ABORTED = "aborted"  # the client gave up; nothing is trained
     EXPIRED = "expired"  # the lease ran out; nothing is trained
+    PREPARED = "prepared"  # team episode: samples durable, waiting for the team's commit (two-phase)
 
 
 class _Model(BaseModel):
@@ -70,6 +71,8 @@ Reward = float | dict[str, float]
 class EndEpisodeRequest(_Model):
     reward: Reward = Field(description="a scalar for every agent, or one reward per agent name")
     metadata: Metadata
+    ignore_unused_agents: bool = Field(
+        default=False, description="accept (and ignore) per-agent rewards for agents that made no calls here")
 
     @field_validator("reward")
     @classmethod
@@ -151,3 +154,24 @@ class ChangeRecord(_Model):
     policy_version: int = Field(description="the policy version current when the change took effect")
     train_step: int
     changes: dict[str, Any]
+
+
+class TeamDecision(enum.StrEnum):
+    COMMITTED = "committed"
+    ABORTED = "aborted"
+    UNDECIDED = "undecided"
+
+
+class PrepareEpisodeRequest(EndEpisodeRequest):
+    """Phase one of a team episode: make the samples durable, but do not train them until commit."""
+
+    team_id: Identifier
+    team_secret: str = Field(min_length=32, max_length=256, description="shared by the team's members; "
+                             "authorises the participants' decision queries to the coordinator")
+    coordinator_url: str | None = Field(default=None, max_length=2000, description="the coordinator server's URL; "
+                                        "None when this server is the coordinator")
+
+
+class TeamDecisionResponse(_Model):
+    team_id: str
+    decision: TeamDecision

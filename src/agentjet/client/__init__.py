@@ -2,5 +2,6 @@
 
 from agentjet.client.client import Episode, SwarmClient, SwarmError
 from agentjet.client.sync import SyncEpisode, SyncSwarmClient
+from agentjet.client.team import Team, TeamEpisode
 
-__all__ = ["Episode", "SwarmClient", "SwarmError", "SyncEpisode", "SyncSwarmClient"]
+__all__ = ["Episode", "SwarmClient", "SwarmError", "SyncEpisode", "SyncSwarmClient", "Team", "TeamEpisode"]

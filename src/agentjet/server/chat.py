@@ -143,16 +143,26 @@ class ChatFormatter:
         return out
 
     def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
-        rendered = self.render_messages(messages, tools)
         kwargs: dict[str, Any] = {"tools": tools} if tools and self.native_tools else {}
         try:
+            rendered = self.render_messages(messages, tools)
             if self._backend is None:
                 return list(self.tokenizer.apply_chat_template(rendered, add_generation_prompt=True, tokenize=True,
                                                                return_dict=False, **kwargs))
             text = self.tokenizer.apply_chat_template(rendered, add_generation_prompt=True, tokenize=False, **kwargs)
         except (TemplateError, TypeError, KeyError, IndexError) as exc:
             raise ChatFormatError(f"the model's chat template rejected these messages: {exc}", "messages") from exc
-        return self._backend.encode(text, add_special_tokens=False).ids
+        except RecursionError as exc:  # e.g. tool-call arguments nested hundreds of levels deep
+            raise ChatFormatError("the messages or tools are nested too deeply to render", "messages") from exc
+        try:
+            return self._backend.encode(text, add_special_tokens=False).ids
+        except TypeError as exc:  # the Rust tokenizer refuses str that is not valid Unicode (lone surrogates)
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as uexc:
+                raise ChatFormatError("the messages or tools contain text that is not valid Unicode (a lone "
+                                      f"surrogate such as {text[uexc.start]!r})", "messages") from exc
+            raise ChatFormatError(f"the messages cannot be tokenized: {exc}", "messages") from exc
 
     @staticmethod
     def parse_assistant(text: str, tools_given: bool) -> tuple[str, list[dict[str, Any]] | None]:

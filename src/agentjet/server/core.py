@@ -14,6 +14,7 @@ from typing import Any
 
 from agentjet.engines.base import Engine
 from agentjet.protocol import (
+    SWARM_PREFIX,
     AbortEpisodeResponse,
     BeginEpisodeRequest,
     BeginEpisodeResponse,
@@ -25,7 +26,10 @@ from agentjet.protocol import (
     HeartbeatResponse,
     JoinRequest,
     JoinResponse,
+    PrepareEpisodeRequest,
     ServerStatus,
+    TeamDecision,
+    TeamDecisionResponse,
 )
 from agentjet.server.chat import ChatFormatter
 from agentjet.server.config import ServerConfig
@@ -43,6 +47,7 @@ from agentjet.server.trainer import Trainer
 from agentjet.tracking import CallRecord, EpisodeSample, build_samples
 
 log = logging.getLogger(__name__)
+MAX_ABS_REWARD = 1e9  # |reward| above this is refused (400)
 
 
 @dataclass
@@ -72,6 +77,7 @@ class SwarmServer:
         self._end_locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._reaper: asyncio.Task[None] | None = None
         self.engine_state = "starting"
+        self._prepared: dict[str, float] = {}  # prepared team episode id -> resolution deadline (monotonic)
         self.store_healthy = True  # False after a failed write, until a probe succeeds
         self.change_log: list[ChangeRecord] = []  # live config changes, with the version they took effect at
         self.on_stop: Callable[[], None] | None = None  # set by whoever runs the HTTP server
@@ -82,6 +88,8 @@ class SwarmServer:
             self.engine.set_learning_rate(self.config.training.learning_rate)
         if self.resume:
             await asyncio.to_thread(self.trainer.resume)
+        for ep in self.store.prepared_episodes():  # team episodes prepared before a restart
+            self._prepared[ep.episode_id] = time.monotonic() + self.config.lease_seconds
         n = self.trainer.load_pending()
         if n:
             log.info("%d acknowledged episodes waiting in the store", n)
@@ -107,6 +115,8 @@ class SwarmServer:
             await asyncio.sleep(min(1.0, self.config.lease_seconds / 4))
             for ep in self.registry.expire_due():
                 log.info("episode %s (client %s) expired: lease ran out", ep.episode_id, ep.client_id)
+            if self._prepared:
+                await self.resolve_expired_prepared()
 
     # ------------------------------------------------------------------ auth
     @staticmethod
@@ -158,7 +168,8 @@ class SwarmServer:
             except StoreError as exc:
                 raise unavailable(f"{exc}; the server accepts no new episodes until its store can be written "
                                   "(disk full or read-only?)", "store_unavailable", retry_after_s=10) from exc
-            self.store_healthy = True
+            self._prepared: dict[str, float] = {}  # prepared team episode id -> resolution deadline (monotonic)
+        self.store_healthy = True
         cap = self.config.max_open_episodes_per_client
         if self.registry.open_for_client(req.client_id) >= cap:
             raise APIError(429, f"client {req.client_id!r} already has {cap} open episodes (the limit); end or "
@@ -185,12 +196,20 @@ class SwarmServer:
     def build_samples(self, calls: list[CallRecord]) -> list[EpisodeSample]:
         return build_samples(calls)
 
+    @staticmethod
+    def _check_reward_range(req: EndEpisodeRequest) -> None:
+        """Finite is not enough: rewards near the float limit overflow the advantage estimators (NaN
+        advantages, or an OverflowError that fails every later train step on the same group)."""
+        values = req.reward.values() if isinstance(req.reward, dict) else [req.reward]
+        if any(abs(v) > MAX_ABS_REWARD for v in values):
+            raise bad_request(f"reward must be between -{MAX_ABS_REWARD:g} and {MAX_ABS_REWARD:g}", param="reward")
+
     def _check_reward_agents(self, ep: Episode, req: EndEpisodeRequest) -> None:
         if not isinstance(req.reward, dict):
             return
         agents = {c.agent for c in ep.calls}
         missing = agents - set(req.reward)
-        unknown = set(req.reward) - agents
+        unknown = set() if req.ignore_unused_agents else set(req.reward) - agents
         if missing or unknown:
             raise bad_request(
                 f"per-agent reward must name exactly the agents that made calls in this episode: {sorted(agents)}"
@@ -198,11 +217,21 @@ class SwarmServer:
                 param="reward")
 
     async def end(self, key: str | None, episode_id: str, req: EndEpisodeRequest) -> EndEpisodeResponse:
+        """Store the episode durably, then acknowledge. Idempotent."""
+        return await self._finish(key, episode_id, req, None)
+
+    async def prepare(self, key: str | None, episode_id: str, req: PrepareEpisodeRequest) -> EndEpisodeResponse:
+        """Team phase one: store durably as PREPARED (not trainable until commit). Idempotent."""
+        return await self._finish(key, episode_id, req, req)
+
+    async def _finish(self, key: str | None, episode_id: str, req: EndEpisodeRequest,
+                      team: PrepareEpisodeRequest | None) -> EndEpisodeResponse:
+        self._check_reward_range(req)
         ep = self._episode_or_stored(key, episode_id)
         if isinstance(ep, EndEpisodeResponse):
             return ep
         async with self._end_locks[episode_id]:
-            if ep.end_response is not None:  # a retry of an end we already acknowledged
+            if ep.end_response is not None:  # a retry of an end / prepare we already acknowledged
                 return ep.end_response.model_copy(update={"duplicate": True})
             if not ep.is_open:
                 raise conflict(f"episode {episode_id} is {ep.status.value}; its calls were discarded",
@@ -211,29 +240,119 @@ class SwarmServer:
                 raise conflict(f"episode {episode_id} still has {ep.inflight} chat call(s) in flight", "calls_in_flight")
             self._check_reward_agents(ep, req)
             samples = await asyncio.to_thread(self.build_samples, ep.calls)
+            final = StoredStatus.EVAL if ep.is_eval else StoredStatus.PENDING
             stored = StoredEpisode(
                 episode_id=ep.episode_id, key_hash=ep.key_hash, client_id=ep.client_id, task_id=ep.task_id,
                 task_type=ep.task_type, group_key=ep.group_key, reward=req.reward,
-                status=StoredStatus.EVAL if ep.is_eval else StoredStatus.PENDING, n_calls=len(ep.calls),
+                status=StoredStatus.PREPARED if team else final, n_calls=len(ep.calls),
                 n_samples=len(samples), begin_policy_version=ep.begin_policy_version,
                 min_policy_version=min((c.policy_version for c in ep.calls), default=ep.begin_policy_version),
-                ended_at=time.time())
+                ended_at=time.time(), commit_status=final,
+                team_id=team.team_id if team else None, team_coordinator=team.coordinator_url if team else None,
+                team_secret=team.team_secret if team else None)
             try:
                 await asyncio.to_thread(self.store.commit_episode, stored, samples, req.metadata)
             except StoreError as exc:
                 log.error("%s", exc)
-                self.store_healthy = False  # the episode stays open: the client can retry its end
+                self.store_healthy = False  # the episode stays open: the client can retry
                 raise unavailable(f"the server could not store the episode durably: {exc}; retry later",
                                   "store_unavailable", retry_after_s=5) from exc
-            ep.end_response = EndEpisodeResponse(episode_id=episode_id, status=EpisodeStatus.ENDED, acknowledged=True,
+            status = EpisodeStatus.PREPARED if team else EpisodeStatus.ENDED
+            ep.end_response = EndEpisodeResponse(episode_id=episode_id, status=status, acknowledged=True,
                                                  duplicate=False, calls=len(ep.calls), samples=len(samples))
             ep.calls.clear()
-            self.registry.close(ep, EpisodeStatus.ENDED)
-            self.throughput.ended += 1
-            if not ep.is_eval:
-                self.trainer.add(stored)
+            self.registry.close(ep, status)
+            if team:
+                self._prepared[episode_id] = time.monotonic() + self.config.lease_seconds
+            else:
+                self.throughput.ended += 1
+                if not ep.is_eval:
+                    self.trainer.add(stored)
         self._end_locks.pop(episode_id, None)
         return ep.end_response
+
+    async def commit(self, key: str | None, episode_id: str) -> EndEpisodeResponse:
+        """Team phase two: a prepared episode becomes trainable. Idempotent."""
+        self._authorize_stored(key, episode_id)
+        return await self._resolve(episode_id, commit=True)
+
+    async def _resolve(self, episode_id: str, commit: bool) -> EndEpisodeResponse:
+        async with self._end_locks[episode_id]:
+            stored, changed = await asyncio.to_thread(self.store.resolve_prepared, episode_id, commit)
+        self._end_locks.pop(episode_id, None)
+        self._prepared.pop(episode_id, None)
+        committed = stored.status in (StoredStatus.PENDING, StoredStatus.EVAL, StoredStatus.TRAINED,
+                                      StoredStatus.DROPPED_STALE, StoredStatus.DROPPED_UNIFORM)
+        if stored.status is StoredStatus.PREPARED:  # not resolved: should not happen
+            raise conflict(f"episode {episode_id} is still prepared", "episode_prepared")
+        ep = self.registry.get(episode_id)
+        if ep is not None:
+            ep.status = EpisodeStatus.ENDED if committed else EpisodeStatus.ABORTED
+        if changed:
+            log.info("team episode %s (team %s) %s", episode_id, stored.team_id, "committed" if committed else "aborted")
+            if committed:
+                self.throughput.ended += 1
+                if stored.status is StoredStatus.PENDING:
+                    self.trainer.add(stored)
+        if commit and not committed:
+            raise conflict(f"episode {episode_id} was aborted: its team did not commit", "team_aborted")
+        if not commit and committed:
+            raise conflict(f"episode {episode_id} was already committed", "episode_ended")
+        return EndEpisodeResponse(episode_id=episode_id, status=EpisodeStatus.ENDED if committed else
+                                  EpisodeStatus.ABORTED, acknowledged=committed, duplicate=not changed,
+                                  calls=stored.n_calls, samples=stored.n_samples)
+
+    def _authorize_stored(self, key: str | None, episode_id: str) -> None:
+        """The episode key authorises its own episode, also after a restart (the store keeps its hash)."""
+        ep = self.registry.get(episode_id)
+        if ep is not None:
+            self.episode_for_key(key, episode_id)
+            return
+        stored = self.store.get_episode(episode_id)
+        if stored is None or not key or not hmac.compare_digest(stored.key_hash, hash_key(key)):
+            raise unauthorized("unknown or expired episode key")
+
+    def team_decision(self, team_id: str, secret: str | None) -> TeamDecisionResponse:
+        decision = self.store.team_decision(team_id, secret or "")
+        return TeamDecisionResponse(team_id=team_id, decision=TeamDecision(decision) if decision
+                                    else TeamDecision.UNDECIDED)
+
+    async def resolve_expired_prepared(self) -> None:
+        """A prepared team episode whose commit never came (the client died between the phases): the
+        coordinator aborts and records it; a participant follows the coordinator's decision."""
+        now = time.monotonic()
+        for eid, deadline in list(self._prepared.items()):
+            if deadline > now:
+                continue
+            stored = self.store.get_episode(eid)
+            if stored is None or stored.status is not StoredStatus.PREPARED:
+                self._prepared.pop(eid, None)
+                continue
+            if stored.team_coordinator is None:
+                await self._resolve_quietly(eid, commit=False)
+                continue
+            decision = await self._ask_coordinator(stored)
+            if decision is TeamDecision.UNDECIDED:
+                self._prepared[eid] = now + min(5.0, self.config.lease_seconds)  # ask again later
+            else:
+                await self._resolve_quietly(eid, commit=decision is TeamDecision.COMMITTED)
+
+    async def _resolve_quietly(self, episode_id: str, commit: bool) -> None:
+        with contextlib.suppress(APIError):
+            await self._resolve(episode_id, commit)
+
+    async def _ask_coordinator(self, stored: StoredEpisode) -> TeamDecision:
+        import httpx
+
+        url = f"{(stored.team_coordinator or '').rstrip('/')}{SWARM_PREFIX}/teams/{stored.team_id}"
+        try:
+            async with httpx.AsyncClient(timeout=5) as http:
+                r = await http.get(url, headers={"Authorization": f"Bearer {stored.team_secret}"})
+            return TeamDecision(r.json()["decision"]) if r.status_code == 200 else TeamDecision.UNDECIDED
+        except (httpx.HTTPError, ValueError, KeyError):
+            log.warning("team %s: coordinator %s unreachable; episode %s stays prepared", stored.team_id,
+                        stored.team_coordinator, stored.episode_id)
+            return TeamDecision.UNDECIDED
 
     def _episode_or_stored(self, key: str | None, episode_id: str) -> Episode | EndEpisodeResponse:
         """The live episode, or (after a server restart) the acknowledgement of a stored one."""
@@ -246,8 +365,11 @@ class SwarmServer:
                                           duplicate=True, calls=stored.n_calls, samples=stored.n_samples)
             raise
 
-    def abort(self, key: str | None, episode_id: str, reason: str) -> AbortEpisodeResponse:
+    async def abort(self, key: str | None, episode_id: str, reason: str) -> AbortEpisodeResponse:
         ep = self.episode_for_key(key, episode_id)
+        if ep.status is EpisodeStatus.PREPARED:
+            await self._resolve(episode_id, commit=False)
+            return AbortEpisodeResponse(episode_id=episode_id, status=EpisodeStatus.ABORTED)
         if ep.status is EpisodeStatus.ENDED:
             raise conflict(f"episode {episode_id} already ended and was acknowledged", "episode_ended")
         if ep.is_open:

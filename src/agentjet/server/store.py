@@ -27,6 +27,8 @@ class StoredStatus(enum.StrEnum):
     DROPPED_STALE = "dropped_stale"
     DROPPED_UNIFORM = "dropped_uniform"
     EVAL = "eval"
+    PREPARED = "prepared"  # team episode after phase one: durable, not trainable until committed
+    ABORTED = "aborted"  # a prepared team episode whose team aborted
 
 
 _SCHEMA = """
@@ -46,7 +48,11 @@ CREATE TABLE IF NOT EXISTS episodes (
   begin_policy_version INTEGER NOT NULL,
   min_policy_version INTEGER NOT NULL,
   ended_at REAL NOT NULL,
-  consumed_step INTEGER
+  consumed_step INTEGER,
+  commit_status TEXT,
+  team_id TEXT,
+  team_coordinator TEXT,
+  team_secret TEXT
 );
 CREATE INDEX IF NOT EXISTS episodes_status ON episodes(status);
 CREATE TABLE IF NOT EXISTS samples (
@@ -62,6 +68,12 @@ CREATE TABLE IF NOT EXISTS samples (
   stats TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS samples_episode ON samples(episode_id);
+CREATE TABLE IF NOT EXISTS teams (
+  team_id TEXT PRIMARY KEY,
+  secret_hash TEXT NOT NULL,
+  decision TEXT NOT NULL,
+  decided_at REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS steps (
   step INTEGER PRIMARY KEY,
   policy_version INTEGER NOT NULL,
@@ -86,6 +98,16 @@ class StoredEpisode:
     begin_policy_version: int
     min_policy_version: int
     ended_at: float
+    commit_status: StoredStatus | None = None  # for PREPARED: what it becomes on commit (pending or eval)
+    team_id: str | None = None
+    team_coordinator: str | None = None  # None on the coordinator itself
+    team_secret: str | None = None
+
+
+def _hash(secret: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(secret.encode()).hexdigest()
 
 
 def _ints(blob: bytes) -> list[int]:
@@ -138,7 +160,9 @@ class SampleStore:
         """Durably store an ended episode. Returns False if it was already stored (idempotent)."""
         row = (ep.episode_id, ep.key_hash, ep.client_id, ep.task_id, ep.task_type, ep.group_key,
                json.dumps(ep.reward), json.dumps(metadata, default=str), ep.status.value, ep.n_calls,
-               ep.n_samples, ep.begin_policy_version, ep.min_policy_version, ep.ended_at)
+               ep.n_samples, ep.begin_policy_version, ep.min_policy_version, ep.ended_at,
+               ep.commit_status.value if ep.commit_status else None, ep.team_id, ep.team_coordinator,
+               ep.team_secret)
         try:
             with self._lock:
                 cur = self._db.cursor()
@@ -150,7 +174,8 @@ class SampleStore:
                     cur.execute(
                         "INSERT INTO episodes (episode_id, key_hash, client_id, task_id, task_type, group_key, "
                         "reward, metadata, status, n_calls, n_samples, begin_policy_version, min_policy_version, "
-                        "ended_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)", row)
+                        "ended_at, commit_status, team_id, team_coordinator, team_secret) "
+                        "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", row)
                     cur.executemany(
                         "INSERT INTO samples (episode_id, agent, temperature, min_policy_version, input_ids, "
                         "loss_mask, logprobs, call_indices, stats) VALUES (?,?,?,?,?,?,?,?,?)",
@@ -185,6 +210,55 @@ class SampleStore:
                 cur.execute("ROLLBACK")
                 raise
 
+    def resolve_prepared(self, episode_id: str, commit: bool) -> tuple[StoredEpisode, bool]:
+        """Phase two: a prepared episode becomes trainable (commit) or aborted. On the coordinator, the team's
+        decision is recorded in the same transaction. Idempotent: returns (episode, whether this call changed it)."""
+        with self._lock:
+            cur = self._db.cursor()
+            cur.execute("BEGIN IMMEDIATE")
+            try:
+                r = cur.execute(f"SELECT {self._COLS} FROM episodes WHERE episode_id=?", (episode_id,)).fetchone()
+                if r is None:
+                    raise KeyError(episode_id)
+                ep = self._episode(r)
+                if ep.status is StoredStatus.PREPARED:
+                    if ep.team_coordinator is None and ep.team_id:  # the coordinator decides for the team
+                        row = cur.execute("SELECT decision FROM teams WHERE team_id=?", (ep.team_id,)).fetchone()
+                        if row is not None:
+                            commit = row[0] == "committed"  # decided before (e.g. expired): keep it
+                        else:
+                            cur.execute("INSERT INTO teams VALUES (?,?,?,?)", (
+                                ep.team_id, _hash(ep.team_secret or ""), "committed" if commit else "aborted",
+                                time.time()))
+                    new = (ep.commit_status or StoredStatus.PENDING) if commit else StoredStatus.ABORTED
+                    cur.execute("UPDATE episodes SET status=? WHERE episode_id=?", (new.value, episode_id))
+                    ep = self._episode(cur.execute(f"SELECT {self._COLS} FROM episodes WHERE episode_id=?",
+                                                   (episode_id,)).fetchone())
+                    cur.execute("COMMIT")
+                    return ep, True
+                cur.execute("COMMIT")
+                return ep, False
+            except BaseException:
+                cur.execute("ROLLBACK")
+                raise
+
+    def team_decision(self, team_id: str, secret: str) -> str | None:
+        """The coordinator's decision for a team ('committed' / 'aborted'); None while undecided or when the
+        secret does not match."""
+        import hmac
+
+        with self._lock:
+            row = self._db.execute("SELECT secret_hash, decision FROM teams WHERE team_id=?", (team_id,)).fetchone()
+        if row is None or not hmac.compare_digest(row[0], _hash(secret)):
+            return None
+        return row[1]
+
+    def prepared_episodes(self) -> list[StoredEpisode]:
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT {self._COLS} FROM episodes WHERE status='prepared' ORDER BY seq").fetchall()
+        return [self._episode(r) for r in rows]
+
     def rewind_to_step(self, step: int) -> int:
         """Resume support: episodes consumed after ``step`` were not in the checkpointed weights."""
         with self._lock:
@@ -197,10 +271,12 @@ class SampleStore:
     # ----------------------------------------------------------------- reads
     def _episode(self, r: tuple) -> StoredEpisode:
         return StoredEpisode(r[0], r[1], r[2], r[3], r[4], r[5], json.loads(r[6]), StoredStatus(r[7]),
-                             r[8], r[9], r[10], r[11], r[12])
+                             r[8], r[9], r[10], r[11], r[12], StoredStatus(r[13]) if r[13] else None, r[14], r[15],
+                             r[16])
 
     _COLS = ("episode_id, key_hash, client_id, task_id, task_type, group_key, reward, status, n_calls, "
-             "n_samples, begin_policy_version, min_policy_version, ended_at")
+             "n_samples, begin_policy_version, min_policy_version, ended_at, commit_status, team_id, "
+             "team_coordinator, team_secret")
 
     def get_episode(self, episode_id: str) -> StoredEpisode | None:
         with self._lock:

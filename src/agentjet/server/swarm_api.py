@@ -15,7 +15,9 @@ from agentjet.protocol import (
     HeartbeatResponse,
     JoinRequest,
     JoinResponse,
+    PrepareEpisodeRequest,
     ServerStatus,
+    TeamDecisionResponse,
 )
 from agentjet.server.errors import unauthorized
 from agentjet.server.openai_api import bearer, server_of
@@ -50,7 +52,25 @@ async def end_episode(request: Request, episode_id: str, body: EndEpisodeRequest
 @router.post("/episodes/{episode_id}/abort", response_model=AbortEpisodeResponse)
 async def abort_episode(request: Request, episode_id: str, body: AbortEpisodeRequest | None = None
                         ) -> AbortEpisodeResponse:
-    return server_of(request).abort(bearer(request), episode_id, body.reason if body else "")
+    return await server_of(request).abort(bearer(request), episode_id, body.reason if body else "")
+
+
+@router.post("/episodes/{episode_id}/prepare", response_model=EndEpisodeResponse)
+async def prepare_episode(request: Request, episode_id: str, body: PrepareEpisodeRequest) -> EndEpisodeResponse:
+    """Team episodes, phase one: durable but not trainable until commit."""
+    return await server_of(request).prepare(bearer(request), episode_id, body)
+
+
+@router.post("/episodes/{episode_id}/commit", response_model=EndEpisodeResponse)
+async def commit_episode(request: Request, episode_id: str) -> EndEpisodeResponse:
+    """Team episodes, phase two."""
+    return await server_of(request).commit(bearer(request), episode_id)
+
+
+@router.get("/teams/{team_id}", response_model=TeamDecisionResponse)
+async def team_decision(request: Request, team_id: str) -> TeamDecisionResponse:
+    """The coordinator's decision for a team (authorised by the team secret)."""
+    return server_of(request).team_decision(team_id, bearer(request))
 
 
 @router.get("/status", response_model=ServerStatus)

@@ -1,0 +1,111 @@
+"""Multi-model teams on two real servers: per-role samples on the right server, atomic commit and abort,
+and recovery when the client dies between the two phases."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+from tests.conftest import wait_until
+
+from agentjet import Team
+from agentjet.protocol import SWARM_PREFIX
+
+USER = [{"role": "user", "content": "plan it"}]
+
+
+def counts(srv) -> dict[str, int]:
+    return srv.server.store.count_by_status()
+
+
+def test_team_episode_trains_each_model_on_its_own_samples(make_server) -> None:
+    a = make_server(reply="plan", training={"group_size": 2, "batch_groups": 1})
+    b = make_server(reply="done", training={"group_size": 2, "batch_groups": 1})
+
+    async def one(team: Team, rewards: dict) -> None:
+        async with team.episode(task_id="t1") as ep:
+            plan = await ep.openai("planner").chat.completions.create(model="x", messages=USER)
+            assert plan.choices[0].message.content == "plan"
+            act = await ep.openai("executor").chat.completions.create(model="x", messages=USER)
+            assert act.choices[0].message.content == "done"
+            ep.reward(rewards)
+        assert ep.committed
+
+    async def main() -> None:
+        async with Team({"planner": a.url, "executor": b.url}) as team:
+            await asyncio.gather(one(team, {"planner": 1.0, "executor": 0.0}),
+                                 one(team, {"planner": 0.0, "executor": 1.0}))
+
+    asyncio.run(main())
+    wait_until(lambda: a.server.trainer.counters.train_steps == 1 and b.server.trainer.counters.train_steps == 1)
+    # each server trained only its own role's samples
+    assert all(len(batch) == 2 for batch in (a.server.engine.trained[0], b.server.engine.trained[0]))
+    assert counts(a)["trained"] == 2 and counts(b)["trained"] == 2
+
+
+def test_exception_aborts_the_team_everywhere(make_server) -> None:
+    a, b = make_server(), make_server()
+
+    async def main() -> None:
+        async with Team({"planner": a.url, "executor": b.url}) as team:
+            with pytest.raises(RuntimeError, match="tool down"):
+                async with team.episode(task_id="t") as ep:
+                    await ep.openai("planner").chat.completions.create(model="x", messages=USER)
+                    raise RuntimeError("tool down")
+
+    asyncio.run(main())
+    for srv in (a, b):
+        assert srv.server.registry.counts["aborted"] == 1 and counts(srv)["pending"] == 0
+
+
+def test_a_failed_prepare_aborts_the_prepared_members(make_server) -> None:
+    a, b = make_server(), make_server()
+
+    async def main() -> None:
+        async with Team({"planner": a.url, "executor": b.url}) as team:
+            with pytest.raises(ValueError, match="none of the roles served by"):
+                async with team.episode(task_id="t") as ep:
+                    await ep.openai("planner").chat.completions.create(model="x", messages=USER)
+                    await ep.openai("executor").chat.completions.create(model="x", messages=USER)
+                    ep.reward({"planner": 1.0})  # the executor made calls but gets no reward
+
+    asyncio.run(main())
+    assert counts(a)["prepared"] == 0 and counts(a)["aborted"] == 1 and counts(a)["pending"] == 0
+    assert counts(b)["pending"] == 0
+
+
+def _prepare_only(team: Team, commit_coordinator: bool):
+    async def main() -> None:
+        async with team:
+            ep = team.episode(task_id="t")
+            await ep.__aenter__()
+            await ep.openai("planner").chat.completions.create(model="x", messages=USER)
+            await ep.openai("executor").chat.completions.create(model="x", messages=USER)
+            ep.reward(1.0)
+            await ep.prepare()
+            if commit_coordinator:
+                await ep._commit(team.servers[0])
+            # ... and the client "crashes" here: nothing more is sent
+
+    return main()
+
+
+@pytest.mark.parametrize("coordinator_committed", [False, True])
+def test_crash_between_phases_leaves_no_half_committed_team(make_server, coordinator_committed: bool) -> None:
+    a, b = make_server(lease_seconds=0.8), make_server(lease_seconds=0.8)
+    asyncio.run(_prepare_only(Team({"planner": a.url, "executor": b.url}), coordinator_committed))
+    wait_until(lambda: counts(a)["prepared"] == 0 and counts(b)["prepared"] == 0, timeout=20)
+    expected = "pending" if coordinator_committed else "aborted"
+    assert counts(a)[expected] == 1 and counts(b)[expected] == 1  # all or nothing
+
+
+def test_team_decision_needs_the_team_secret(make_server) -> None:
+    a, b = make_server(lease_seconds=30), make_server(lease_seconds=30)
+    team = Team({"planner": a.url, "executor": b.url})
+    asyncio.run(_prepare_only(team, commit_coordinator=True))
+    team_id = a.server.store.prepared_episodes() or None
+    assert team_id is None  # the coordinator committed
+    row = a.server.store._db.execute("SELECT team_id FROM teams").fetchone()
+    r = httpx.get(f"{a.url}{SWARM_PREFIX}/teams/{row[0]}", headers={"Authorization": "Bearer wrong"})
+    assert r.json()["decision"] == "undecided"  # no leak without the secret
