@@ -68,6 +68,13 @@ class HeartbeatResponse(_Model):
 Reward = float | dict[str, float]
 
 
+def reward_mean(reward: Reward) -> float:
+    """A scalar, or the mean of per-agent rewards."""
+    if isinstance(reward, dict):
+        return sum(reward.values()) / len(reward) if reward else 0.0
+    return float(reward)
+
+
 class EndEpisodeRequest(_Model):
     reward: Reward = Field(description="a scalar for every agent, or one reward per agent name")
     metadata: Metadata
@@ -126,6 +133,8 @@ class ServerStatus(_Model):
     throughput: dict[str, float]
     eval_reward: dict[str, float] = Field(description="mean eval reward per policy version")
     last_train_metrics: dict[str, float]
+    task_types: dict[str, dict[str, float]] = Field(default_factory=dict, description="trained episodes and mean "
+                                                    "reward per task type")
     config: dict[str, Any]
 
 

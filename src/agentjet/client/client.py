@@ -56,11 +56,12 @@ def _error_of(resp: httpx.Response) -> SwarmError:
 
 class SwarmClient:
     def __init__(self, url: str, token: str | None = None, client_id: str | None = None, *,
-                 retries: int = 6, timeout: float = 600.0, join: bool = True) -> None:
+                 retries: int = 6, timeout: float = 600.0, join: bool = True, defer_timeout: float = 3600.0) -> None:
         self.url = url.rstrip("/")
         self.token = token
         self.client_id = client_id or f"client-{uuid.uuid4().hex[:12]}"
         self.retries = retries
+        self.defer_timeout = defer_timeout  # how long to wait out "deferred" answers (cocktail quotas)
         self._auto_join = join
         self._joined: JoinResponse | None = None
         self._http = httpx.AsyncClient(base_url=self.url, timeout=timeout)
@@ -83,24 +84,31 @@ class SwarmClient:
         if bearer:
             headers["Authorization"] = f"Bearer {bearer}"
         delay = 0.2
-        for attempt in range(self.retries + 1):
+        attempt = 0
+        deferred_until = asyncio.get_running_loop().time() + self.defer_timeout
+        while True:
             try:
                 resp = await self._http.request(method, path, json=json, headers=headers)
             except httpx.TransportError as exc:
-                if attempt == self.retries:
+                if attempt >= self.retries:
                     raise SwarmError(0, f"cannot reach the swarm server at {self.url}: {exc!r}") from exc
                 log.warning("%s %s failed (%r); retrying in %.1fs", method, path, exc, delay)
             else:
                 if resp.status_code < 400:
                     return resp.json()
-                if resp.status_code not in RETRY_STATUSES or attempt == self.retries:
-                    raise _error_of(resp)
+                error = _error_of(resp)
+                if error.code == "deferred" and asyncio.get_running_loop().time() < deferred_until:
+                    wait_ms = resp.headers.get("retry-after-ms", "500")
+                    await asyncio.sleep(float(wait_ms) / 1000 if wait_ms.isdigit() else 0.5)
+                    continue  # a quota deferral is not a failure: wait for our turn
+                if resp.status_code not in RETRY_STATUSES or attempt >= self.retries:
+                    raise error
                 retry_after = resp.headers.get("retry-after")
                 if retry_after and retry_after.replace(".", "", 1).isdigit():
                     delay = max(delay, float(retry_after))
+            attempt += 1
             await asyncio.sleep(delay * (0.8 + 0.4 * random.random()))
             delay = min(delay * 2, 10.0)
-        raise AssertionError("unreachable")
 
     # ---------------------------------------------------------------- API
     async def join(self) -> JoinResponse:

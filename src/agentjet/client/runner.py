@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from agentjet.client.client import Episode, SwarmClient
-from agentjet.protocol import Reward
+from agentjet.protocol import Reward, reward_mean
 
 log = logging.getLogger(__name__)
 
@@ -95,12 +95,6 @@ def load_dataset(path: Path, limit: int | None = None) -> list[dict[str, Any]]:
     return tasks
 
 
-def reward_scalar(reward: Reward) -> float:
-    if isinstance(reward, dict):
-        return sum(reward.values()) / max(len(reward), 1)
-    return float(reward)
-
-
 class Cursor:
     """Finished task ids, persisted atomically."""
 
@@ -128,7 +122,7 @@ async def run_episode(client: SwarmClient, workflow: Workflow, task: dict[str, A
                 raise ValueError("the workflow returned no reward")
             ep.reward(reward)
             summary.last_policy_version = max(summary.last_policy_version, ep.policy_version)
-        value = reward_scalar(reward)
+        value = reward_mean(reward)
         summary.rewards.append(value)
         return value
     except Exception as exc:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agentjet.algorithms import AdvantageEstimator
+from agentjet.server.quotas import AbsentPolicy, validate_ratios
 
 
 class SamplingDefaults(BaseModel):
@@ -30,6 +31,16 @@ class TrainingSettings(BaseModel):
     learning_rate: float = Field(1e-5, gt=0, lt=1)
     checkpoint_every: int = Field(10, ge=0, description="train steps between checkpoints (0: only on stop)")
     keep_checkpoints: int = Field(2, ge=1)
+    task_ratios: dict[str, float] = Field(default_factory=dict, description="share of each batch per task type "
+                                          "(cocktail training); empty: no quotas")
+    absent_policy: AbsentPolicy = Field(AbsentPolicy.FILL, description="strict: wait for every type; fill: "
+                                        "others fill an absent type's share")
+    absent_after_s: float = Field(30.0, gt=0, description="a type with no begin for this long counts as absent")
+
+    @field_validator("task_ratios")
+    @classmethod
+    def _ratios(cls, v: dict[str, float]) -> dict[str, float]:
+        return validate_ratios(v)
 
 
 class ServerConfig(BaseModel):

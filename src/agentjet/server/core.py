@@ -30,6 +30,7 @@ from agentjet.protocol import (
     ServerStatus,
     TeamDecision,
     TeamDecisionResponse,
+    reward_mean,
 )
 from agentjet.server.chat import ChatFormatter
 from agentjet.server.config import ServerConfig
@@ -175,9 +176,29 @@ class SwarmServer:
             raise APIError(429, f"client {req.client_id!r} already has {cap} open episodes (the limit); end or "
                            "abort some first", "rate_limit_error", code="too_many_open_episodes",
                            headers={"Retry-After": "1"})
+        if not req.eval:
+            self._check_quota(req.task_type)
         ep, key = self.registry.begin(req, self.engine.policy_version)
+        self.trainer.note_begin(req.task_type)
         return BeginEpisodeResponse(episode_id=ep.episode_id, api_key=key, base_url=self.config.base_url(),
                                     lease_seconds=self.config.lease_seconds, policy_version=self.engine.policy_version)
+
+    def _check_quota(self, task_type: str) -> None:
+        """Cocktail training: defer a type that already has two batches' worth of its share in flight."""
+        settings = self.config.training
+        if not settings.task_ratios:
+            return
+        if task_type not in settings.task_ratios:
+            raise bad_request(f"task type {task_type!r} has no ratio; the server trains "
+                              f"{sorted(settings.task_ratios)}", param="task_type")
+        self.trainer.note_begin(task_type)  # a deferred type is present, not absent
+        quota = max(self.trainer.quotas().get(task_type, 0), 1) * settings.group_size
+        outstanding = self.registry.open_by_type[task_type] + self.trainer.pending_by_type().get(task_type, 0)
+        if outstanding >= 2 * quota:
+            retry_ms = 500
+            raise APIError(429, f"task type {task_type!r} is ahead of its share ({settings.task_ratios[task_type]} of "
+                           f"each batch): retry after {retry_ms} ms", "rate_limit_error", param="task_type",
+                           code="deferred", headers={"Retry-After": "1", "Retry-After-Ms": str(retry_ms)})
 
     def heartbeat(self, key: str | None, episode_id: str) -> HeartbeatResponse:
         ep = self.episode_for_key(key, episode_id)
@@ -382,8 +403,7 @@ class SwarmServer:
     def eval_reward_by_version(self) -> dict[str, float]:
         sums: dict[int, list[float]] = defaultdict(list)
         for version, reward in self.store.eval_rewards():
-            r = sum(reward.values()) / len(reward) if isinstance(reward, dict) else reward
-            sums[version].append(float(r))
+            sums[version].append(reward_mean(reward))
         return {str(v): sum(rs) / len(rs) for v, rs in sorted(sums.items())}
 
     def status(self) -> ServerStatus:
@@ -400,6 +420,8 @@ class SwarmServer:
             policy_version=self.engine.policy_version, train_steps=c.train_steps, buffer=buffer,
             clients=sorted(self.registry.clients), throughput=self.throughput.as_dict(),
             eval_reward=self.eval_reward_by_version(), last_train_metrics=c.last_metrics,
+            task_types={t: {"episodes": v["episodes"], "reward_mean": v["reward_sum"] / max(v["episodes"], 1)}
+                        for t, v in c.by_type.items()},
             config=self.public_config())
 
     def public_config(self) -> dict[str, Any]:

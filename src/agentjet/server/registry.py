@@ -57,6 +57,7 @@ class EpisodeRegistry:
         self._closed_memory = closed_memory
         self.clients: dict[str, float] = {}  # client id -> last seen (unix time)
         self._open_by_client: Counter[str] = Counter()
+        self.open_by_type: Counter[str] = Counter()
         self.counts = {"begun": 0, "expired": 0, "aborted": 0, "released": 0}
 
     # -------------------------------------------------------------- lifecycle
@@ -76,6 +77,7 @@ class EpisodeRegistry:
         )
         self._open[ep.episode_id] = ep
         self._open_by_client[ep.client_id] += 1
+        self.open_by_type[ep.task_type] += 1
         self._by_key[ep.key_hash] = ep.episode_id
         self.clients[req.client_id] = time.time()
         self.counts["begun"] += 1
@@ -104,6 +106,7 @@ class EpisodeRegistry:
         ep.status = status
         self._open.pop(ep.episode_id, None)
         self._open_by_client[ep.client_id] -= 1
+        self.open_by_type[ep.task_type] -= 1
         if self._open_by_client[ep.client_id] <= 0:
             del self._open_by_client[ep.client_id]
         self._closed[ep.episode_id] = ep

@@ -22,7 +22,9 @@ from pathlib import Path
 
 from agentjet.algorithms import compute_advantages
 from agentjet.engines.base import Engine, TrainSample
+from agentjet.protocol import reward_mean
 from agentjet.server.config import TrainingSettings
+from agentjet.server.quotas import AbsentPolicy, apportion
 from agentjet.server.store import SampleStore, StoredEpisode, StoredStatus
 from agentjet.tracking import EpisodeSample
 
@@ -36,6 +38,10 @@ class Group:
     key: str
     episodes: list[StoredEpisode]
 
+    @property
+    def task_type(self) -> str:
+        return self.episodes[0].task_type
+
 
 @dataclass
 class TrainerCounters:
@@ -45,6 +51,7 @@ class TrainerCounters:
     dropped_stale: int = 0
     dropped_uniform: int = 0
     last_metrics: dict[str, float] = field(default_factory=dict)
+    by_type: dict[str, dict[str, float]] = field(default_factory=dict)  # task type -> episodes, reward_sum
     step_times: list[float] = field(default_factory=list)
 
 
@@ -95,6 +102,7 @@ class Trainer:
         self._pending: dict[str, list[StoredEpisode]] = defaultdict(list)
         self._first_seen: dict[str, float] = {}
         self._wake = asyncio.Event()
+        self.last_begin: dict[str, float] = {}  # task type -> monotonic time of its latest begin
         self.step_lock = asyncio.Lock()  # held by a train step; control actions take it to run between steps
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
@@ -110,6 +118,49 @@ class Trainer:
         for ep in eps:
             self.add(ep)
         return len(eps)
+
+    def note_begin(self, task_type: str) -> None:
+        self.last_begin[task_type] = time.monotonic()
+
+    def pending_by_type(self) -> dict[str, int]:
+        counts: dict[str, int] = defaultdict(int)
+        for eps in self._pending.values():
+            for ep in eps:
+                counts[ep.task_type] += 1
+        return counts
+
+    def quotas(self) -> dict[str, int]:
+        """Groups per batch for each task type (empty: no quotas)."""
+        return apportion(self.settings.batch_groups, self.settings.task_ratios)
+
+    def _absent(self, task_type: str) -> bool:
+        seen = self.last_begin.get(task_type)
+        return seen is None or time.monotonic() - seen > self.settings.absent_after_s
+
+    def select_batch(self, groups: list[Group]) -> list[Group] | None:
+        """``batch_groups`` groups, composed to the task-type quotas when ratios are set."""
+        n = self.settings.batch_groups
+        quotas = self.quotas()
+        if not quotas:
+            return groups[:n] if len(groups) >= n else None
+        by_type: dict[str, list[Group]] = defaultdict(list)
+        for g in groups:
+            by_type[g.task_type].append(g)
+        batch: list[Group] = []
+        short = 0
+        for t, q in quotas.items():
+            take = by_type[t][:q]
+            batch += take
+            if len(take) < q:
+                if self.settings.absent_policy is AbsentPolicy.STRICT or not self._absent(t):
+                    return None  # wait for this type's share
+                short += q - len(take)
+        if short:
+            spare = [g for g in groups if g not in batch and g.task_type in quotas]
+            if len(spare) < short:
+                return None
+            batch += spare[:short]
+        return batch
 
     def wake(self) -> None:
         self._wake.set()
@@ -198,7 +249,7 @@ class Trainer:
             return {}
         metrics = await self.engine.train_step(batch)
         metrics = {**metrics, "reward_mean": sum(rewards) / max(len(rewards), 1), "groups": float(len(groups)),
-                   "episodes": float(len(ids))}
+                   "episodes": float(len(ids)), **self._type_metrics(groups)}
         self.store.mark_consumed(statuses, step=step, step_record=(self.engine.policy_version, metrics))
         self.counters.train_steps = step
         self.counters.trained_episodes += len(ids)
@@ -212,15 +263,28 @@ class Trainer:
             await asyncio.to_thread(self.save_checkpoint)
         return metrics
 
+    def _type_metrics(self, groups: list[Group]) -> dict[str, float]:
+        """Per task type: share of the batch's episodes and mean reward; accumulated for the status."""
+        eps = [ep for g in groups for ep in g.episodes]
+        out: dict[str, float] = {}
+        for t in sorted({ep.task_type for ep in eps}):
+            mine = [ep for ep in eps if ep.task_type == t]
+            rewards = [reward_mean(ep.reward) for ep in mine]
+            out[f"share/{t}"] = len(mine) / len(eps)
+            out[f"reward/{t}"] = sum(rewards) / len(rewards)
+            acc = self.counters.by_type.setdefault(t, {"episodes": 0.0, "reward_sum": 0.0})
+            acc["episodes"] += len(mine)
+            acc["reward_sum"] += sum(rewards)
+        return out
+
     async def maybe_step(self) -> dict[str, float] | None:
         """Train once if a full batch of groups is ready."""
         if self.paused:
             return None
         self._drop_stale()
-        groups = self._drop_uniform(self.candidate_groups())
-        if len(groups) < self.settings.batch_groups:
+        batch = self.select_batch(self._drop_uniform(self.candidate_groups()))
+        if batch is None:
             return None
-        batch = groups[: self.settings.batch_groups]
         self._take(batch)
         try:
             async with self.step_lock:

@@ -1,0 +1,133 @@
+"""Cocktail training: per-task-type quotas on every batch, deferral of over-represented types, strict/fill."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+import httpx
+import pytest
+from tests.conftest import wait_until
+
+from agentjet import SwarmClient
+from agentjet.server.quotas import apportion
+
+USER = [{"role": "user", "content": "go"}]
+
+
+def test_apportion_sums_and_rounds_fairly() -> None:
+    assert apportion(10, {"math": 0.7, "code": 0.3}) == {"math": 7, "code": 3}
+    assert apportion(10, {"math": 0.4, "code": 0.3, "terminal": 0.3}) == {"math": 4, "code": 3, "terminal": 3}
+    assert sum(apportion(2, {"a": 1, "b": 1, "c": 1}).values()) == 2
+    assert apportion(5, {"a": 0, "b": 1}) == {"a": 0, "b": 5}
+
+
+async def groups_of(client: SwarmClient, task_type: str, n_groups: int, counter: itertools.count) -> None:
+    async def one(task_id: str, r: float) -> None:
+        async with client.episode(task_id=task_id, task_type=task_type) as ep:
+            await ep.openai().chat.completions.create(model="x", messages=USER)
+            ep.reward(r)
+
+    for _ in range(n_groups):
+        tid = f"{task_type}-{next(counter)}"
+        await asyncio.gather(one(tid, 1.0), one(tid, 0.0))
+
+
+def step_shares(srv) -> list[dict[str, float]]:
+    return [{k: v for k, v in m.items() if k.startswith("share/")} for _, _, m, _ in srv.server.store.step_metrics()]
+
+
+def test_batches_follow_the_ratios_and_wait_for_a_missing_type(make_server) -> None:
+    srv = make_server(training={"group_size": 2, "batch_groups": 2, "task_ratios": {"math": 0.5, "code": 0.5},
+                                "absent_policy": "strict"})
+    counter = itertools.count()
+
+    async def main() -> None:
+        async with SwarmClient(srv.url) as client:
+            await groups_of(client, "math", 2, counter)
+            await asyncio.sleep(1.2)
+            assert srv.server.trainer.counters.train_steps == 0  # two math groups, no code: wait
+            await groups_of(client, "code", 1, counter)
+            await asyncio.to_thread(wait_until, lambda: srv.server.trainer.counters.train_steps == 1)
+
+    asyncio.run(main())
+    assert step_shares(srv) == [{"share/code": 0.5, "share/math": 0.5}]
+    assert srv.server.trainer.pending_count == 2  # the second math group waits for the next batch
+    status = httpx.get(f"{srv.url}/swarm/v1/status").json()
+    assert status["task_types"]["math"]["episodes"] == 2 and status["task_types"]["code"]["episodes"] == 2
+
+
+def test_over_represented_type_is_deferred_with_retry_after(make_server) -> None:
+    srv = make_server(training={"group_size": 2, "batch_groups": 2, "task_ratios": {"math": 0.5, "code": 0.5}})
+    begin = lambda t: httpx.post(f"{srv.url}/swarm/v1/episodes",  # noqa: E731
+                                 json={"client_id": "c", "task_id": f"{t}-1", "task_type": t})
+    for _ in range(4):  # two batches' worth of math's share (1 group x 2 episodes x 2)
+        assert begin("math").status_code == 200
+    r = begin("math")
+    assert r.status_code == 429 and r.json()["error"]["code"] == "deferred"
+    assert "retry after 500 ms" in r.json()["error"]["message"] and r.headers["retry-after-ms"] == "500"
+    assert begin("code").status_code == 200
+    bad = begin("poetry")
+    assert bad.status_code == 400 and "no ratio" in bad.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(("policy", "trains"), [("fill", True), ("strict", False)])
+def test_absent_type_policy(make_server, policy: str, trains: bool) -> None:
+    srv = make_server(training={"group_size": 2, "batch_groups": 2, "task_ratios": {"math": 0.5, "code": 0.5},
+                                "absent_policy": policy, "absent_after_s": 0.3})
+    counter = itertools.count()
+
+    async def main() -> None:
+        async with SwarmClient(srv.url) as client:
+            await groups_of(client, "math", 2, counter)
+
+    asyncio.run(main())
+    if trains:
+        wait_until(lambda: srv.server.trainer.counters.train_steps == 1, timeout=10)
+        assert step_shares(srv) == [{"share/math": 1.0}]
+    else:
+        import time
+
+        time.sleep(1.5)
+        assert srv.server.trainer.counters.train_steps == 0
+
+
+def test_two_producers_at_70_30(make_server) -> None:
+    srv = make_server(training={"group_size": 2, "batch_groups": 10, "task_ratios": {"math": 0.7, "code": 0.3},
+                                "absent_policy": "strict"})
+    counter = itertools.count()
+
+    async def producer(task_type: str, n_groups: int) -> None:
+        async with SwarmClient(srv.url, client_id=f"{task_type}-client") as client:
+            await groups_of(client, task_type, n_groups, counter)
+
+    async def main() -> None:  # code produces as fast as math: quotas, not arrival order, set the mix
+        await asyncio.gather(producer("math", 21), producer("code", 12))
+
+    asyncio.run(main())
+    wait_until(lambda: srv.server.trainer.counters.train_steps == 3, timeout=30)
+    shares = step_shares(srv)
+    for s in shares:  # each batch of 20 episodes: 14 math, 6 code (exactly, hence within +-1)
+        assert round(s["share/math"] * 20) == 14 and round(s["share/code"] * 20) == 6
+
+
+def test_ratio_change_takes_effect_from_the_next_batch(make_server) -> None:
+    srv = make_server(training={"group_size": 2, "batch_groups": 2, "task_ratios": {"math": 0.5, "code": 0.5},
+                                "absent_policy": "strict"})
+    counter = itertools.count()
+
+    async def main() -> None:
+        async with SwarmClient(srv.url) as client:
+            await groups_of(client, "math", 1, counter)
+            await groups_of(client, "code", 1, counter)
+            await asyncio.to_thread(wait_until, lambda: srv.server.trainer.counters.train_steps == 1)
+            r = httpx.post(f"{srv.url}/swarm/v1/control/config",
+                           json={"training": {"task_ratios": {"math": 1.0, "code": 0.0}}})
+            assert r.status_code == 200 and r.json()["policy_version"] == 1
+            await groups_of(client, "math", 2, counter)
+            await asyncio.to_thread(wait_until, lambda: srv.server.trainer.counters.train_steps == 2)
+
+    asyncio.run(main())
+    assert step_shares(srv) == [{"share/code": 0.5, "share/math": 0.5}, {"share/math": 1.0}]
+    bad = httpx.post(f"{srv.url}/swarm/v1/control/config", json={"training": {"task_ratios": {"math": -1}}})
+    assert bad.status_code == 400 and "task_ratios" in bad.json()["error"]["message"]
