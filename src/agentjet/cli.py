@@ -262,6 +262,36 @@ def status(
     console.print_json(json.dumps(r.json()))
 
 
+@app.command()
+def up(spec_file: Path = typer.Argument(..., help="swarm YAML: servers (and optionally clients)")) -> None:
+    """Start a set of servers and clients described in one file; Ctrl-C stops them cleanly."""
+    import signal as _signal
+
+    from agentjet.up import Swarm, load_spec
+
+    try:
+        spec = load_spec(spec_file)
+    except ValueError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
+    swarm = Swarm(spec, echo=console.print)
+
+    def on_sigterm(*_: object) -> None:
+        raise KeyboardInterrupt  # stop cleanly on SIGTERM, as on Ctrl-C
+
+    _signal.signal(_signal.SIGTERM, on_sigterm)
+    try:
+        swarm.start()
+        swarm.wait()
+    except KeyboardInterrupt:
+        console.print("stopping ...")
+    except RuntimeError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        swarm.stop()
+        raise typer.Exit(1) from exc
+    swarm.stop()
+
+
 ctl = typer.Typer(no_args_is_help=True, help="Control a running server (needs the admin token).")
 app.add_typer(ctl, name="ctl")
 
