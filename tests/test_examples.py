@@ -64,3 +64,27 @@ def test_ajet_run_cli(make_server, tmp_path: Path) -> None:
     bad = subprocess.run([sys.executable, "-m", "agentjet.cli", "run", "nope.py:fn", "--dataset", str(DATA)],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "does not exist" in bad.stdout
+
+
+def test_team_example_trains_two_servers(make_server) -> None:
+    import importlib.util
+
+    a = make_server(reply="add them: 7", training={"group_size": 2, "batch_groups": 1})
+    b = make_server(reply="7", training={"group_size": 2, "batch_groups": 1})
+    spec = importlib.util.spec_from_file_location("team_example", ROOT / "examples" / "team_two_models.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    asyncio.run(mod.main(a.url, b.url, tasks=3, group_size=2, seed=1))
+    for srv in (a, b):  # every team episode committed on both servers
+        assert srv.server.store.count_by_status()["pending"] + srv.server.store.count_by_status()["trained"] \
+            + srv.server.store.count_by_status()["dropped_uniform"] == 6
+
+
+def test_cocktail_client_resumes_its_cursor(make_server, tmp_path: Path) -> None:
+    srv = make_server(reply="APPLE RIVER", training={"task_ratios": {"words": 1.0}})
+    cmd = [sys.executable, str(ROOT / "examples" / "cocktail_client.py"), "--server", srv.url, "--tasks", "3",
+           "--group-size", "2", "--client-id", "w", "--cursor", str(tmp_path / "c.json")]
+    first = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0 and "done: 6 episodes" in first.stdout, first.stderr
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert "done: 0 episodes" in again.stdout  # the cursor remembers finished tasks

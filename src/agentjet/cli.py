@@ -98,6 +98,22 @@ def _secret(value: str | None, env: str) -> str | None:
     return Path(path).read_text().strip() if path else None
 
 
+def _parse_ratios(text: str | None) -> dict[str, float]:
+    if not text:
+        return {}
+    out: dict[str, float] = {}
+    for item in text.split(","):
+        name, sep, value = item.partition("=")
+        try:
+            out[name.strip()] = float(value)
+        except ValueError:
+            sep = ""
+        if not sep or not name.strip():
+            console.print(f"[red]error:[/red] --task-ratios item {item!r} must look like name=0.5")
+            raise typer.Exit(2)
+    return out
+
+
 def _is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -129,6 +145,8 @@ def server(
     public_url: str | None = typer.Option(None, help="base URL clients should use, if not http://host:port"),
     log_level: str = typer.Option("INFO"),
     engine: str = typer.Option("hf", help="hf (the embedded engine) or null (canned replies; for benchmarks)"),
+    task_ratios: str | None = typer.Option(None, help="cocktail quotas per task type, e.g. math=0.7,code=0.3"),
+    absent_policy: str = typer.Option("fill", help="strict (wait for every type) or fill"),
 ) -> None:
     """Run a swarm server: one trainable model behind an OpenAI-compatible API."""
     from pydantic import ValidationError
@@ -152,7 +170,8 @@ def server(
             lease_seconds=lease_seconds, max_batch_size=max_batch_size, public_url=public_url,
             sampling=SamplingDefaults(temperature=temperature, max_tokens=max_tokens),
             training=TrainingSettings(group_size=group_size, batch_groups=batch_groups, learning_rate=learning_rate,
-                                      max_staleness=max_staleness, checkpoint_every=checkpoint_every),
+                                      max_staleness=max_staleness, checkpoint_every=checkpoint_every,
+                                      task_ratios=_parse_ratios(task_ratios), absent_policy=absent_policy),
         )
     except ValidationError as exc:
         console.print(f"[red]invalid settings:[/red]\n{exc}")
