@@ -1,0 +1,21 @@
+"""Built-in demo tasks. Each task module exposes ``generate_tasks(split, n, seed)``, ``reward(task, text)``,
+``SAMPLING``, ``EVAL_SAMPLING`` and ``RECOMMENDED``. Pure Python: no server imports."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from agentjet.tasks import addition
+
+TASKS: dict[str, ModuleType] = {addition.NAME: addition}
+DEFAULT_TASK = addition.NAME
+
+
+def get_task(name: str) -> ModuleType:
+    try:
+        return TASKS[name]
+    except KeyError:
+        raise KeyError(f"unknown task {name!r}; built-in tasks: {sorted(TASKS)}") from None
+
+
+__all__ = ["DEFAULT_TASK", "TASKS", "addition", "get_task"]
