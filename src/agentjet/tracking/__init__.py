@@ -1,30 +1,39 @@
 """Context tracking: turns an episode's recorded calls into training samples.
 
-``build_samples`` is the one entry point the server uses.
+``build_samples`` is the one entry point the server uses; ``track_episode`` also returns a ``TrackingReport``.
+
+- ``segment``: message spans in the rendered prompt, for any chat template.
+- ``drift``: re-tokenization drift detection and repair (token-in, token-out), ``tito_prompt_ids`` for servers.
+- ``timeline``: timelines, prefix merging (minimum chain cover), samples and the episode report.
+- ``weights``: per-episode loss weights.  ``trace``: a JSON view of a sample.
 """
 
 from __future__ import annotations
 
+from agentjet.tracking.config import CompareLevel, TrackingConfig
+from agentjet.tracking.drift import RepairedPrompt, repair_prompt, tito_prompt_ids
+from agentjet.tracking.keys import message_key
+from agentjet.tracking.segment import MessageSpan, Segmentation, segment_messages
+from agentjet.tracking.timeline import TrackingReport, build_samples, track_episode
+from agentjet.tracking.trace import sample_trace
 from agentjet.tracking.types import CallRecord, EpisodeSample
+from agentjet.tracking.weights import episode_weights
 
-
-def build_samples(calls: list[CallRecord]) -> list[EpisodeSample]:
-    """One sample per call: the exact prompt ids followed by the exact generated ids (no re-tokenization).
-
-    The loss mask covers the generated tokens only."""
-    samples = []
-    for c in calls:
-        n = len(c.prompt_ids)
-        samples.append(EpisodeSample(
-            input_ids=list(c.prompt_ids) + list(c.completion_ids),
-            loss_mask=[0] * n + [1] * len(c.completion_ids),
-            behaviour_logprobs=[0.0] * n + list(c.completion_logprobs),
-            agent=c.agent,
-            temperature=c.temperature,
-            call_indices=[c.call_index],
-            min_policy_version=c.policy_version,
-        ))
-    return samples
-
-
-__all__ = ["CallRecord", "EpisodeSample", "build_samples"]
+__all__ = [
+    "CallRecord",
+    "CompareLevel",
+    "EpisodeSample",
+    "MessageSpan",
+    "RepairedPrompt",
+    "Segmentation",
+    "TrackingConfig",
+    "TrackingReport",
+    "build_samples",
+    "episode_weights",
+    "message_key",
+    "repair_prompt",
+    "sample_trace",
+    "segment_messages",
+    "tito_prompt_ids",
+    "track_episode",
+]

@@ -35,3 +35,4 @@ class EpisodeSample:
     call_indices: list[int]  # the calls this sample covers (merged calls listed in order)
     min_policy_version: int  # the oldest policy that generated any trained token
     stats: dict[str, Any] = field(default_factory=dict)  # merge / drift statistics
+    weight: float = 1.0  # loss weight (agentjet.tracking.weights.episode_weights); feeds TrainSample.weight

@@ -1,0 +1,56 @@
+"""A JSON-ready view of one training sample, for the server's episode trace endpoint and for debugging."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentjet.tracking.types import EpisodeSample
+
+
+def sample_trace(sample: EpisodeSample, tokenizer: Any = None) -> dict[str, Any]:
+    """Token-level trace of a sample: ids, text pieces (one per token; they concatenate to the decoded text
+    except where a character spans several byte-level tokens), loss mask, behaviour logprobs, the owning call
+    of each trained token, call boundaries, message spans and the merge / drift statistics."""
+    ids = list(sample.input_ids)
+    if tokenizer is not None:
+        pieces = [tokenizer.decode([i], skip_special_tokens=False, clean_up_tokenization_spaces=False) for i in ids]
+    else:
+        pieces = [str(i) for i in ids]
+    spans = list(sample.stats.get("call_spans", []))
+    owner: list[int | None] = [None] * len(ids)
+    for sp in spans:
+        for t in range(sp["gen_start"], min(sp["gen_end"], len(ids))):
+            owner[t] = sp["call_index"]
+    calls = []
+    for sp in spans:
+        calls.append({
+            "call_index": sp["call_index"],
+            "prompt": [0, sp["gen_start"]],  # the context this call saw is a prefix of the sample
+            "generated": [sp["gen_start"], sp["gen_end"]],
+            "exact_context": sp.get("exact_context", True),
+            "prompt_repaired": sp.get("prompt_repaired", False),
+            "policy_version": sp.get("policy_version"),
+            "finish_reason": sp.get("finish_reason"),
+        })
+    stats = {k: v for k, v in sample.stats.items() if k not in ("call_spans", "messages")}
+    return {
+        "agent": sample.agent,
+        "temperature": sample.temperature,
+        "call_indices": list(sample.call_indices),
+        "min_policy_version": sample.min_policy_version,
+        "weight": sample.weight,
+        "num_tokens": len(ids),
+        "num_trained_tokens": int(sum(sample.loss_mask)),
+        "token_ids": ids,
+        "pieces": pieces,
+        "loss_mask": list(sample.loss_mask),
+        "logprobs": [float(x) for x in sample.behaviour_logprobs],
+        "token_call": owner,
+        "calls": calls,
+        "messages": list(sample.stats.get("messages", [])),
+        "generation_prompt": sample.stats.get("generation_prompt"),
+        "stats": stats,
+    }
+
+
+__all__ = ["sample_trace"]
