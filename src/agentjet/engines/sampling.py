@@ -43,16 +43,29 @@ def sample_next(
         top_k = torch.tensor([p.top_k for p in params], device=logits.device)
         top_p = torch.tensor([p.top_p for p in params], dtype=logits.dtype, device=logits.device)
         sample_logits = filter_top_k_top_p(scaled, top_k, top_p)
-    probs = sample_logits.softmax(dim=-1)
-    tokens = torch.empty(len(params), dtype=torch.long, device=logits.device)
-    for i, p in enumerate(params):
-        if p.temperature == 0:
-            tokens[i] = int(logits[i].argmax())
-        else:
-            tokens[i] = torch.multinomial(probs[i], 1, generator=generators[i])[0]
+    tokens = _draw(sample_logits, params, generators)
+    greedy = [i for i, p in enumerate(params) if p.temperature == 0]
+    if greedy:
+        tokens[greedy] = logits[greedy].argmax(dim=-1)
     chosen = logp.gather(-1, tokens[:, None]).squeeze(-1)
     top = None
     if top_logprobs > 0:
         values, ids = logp.topk(top_logprobs, dim=-1)
         top = (values, ids)
     return tokens, chosen, top
+
+
+def _draw(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator]) -> torch.Tensor:
+    """One token per row from ``softmax(logits)`` by inverse-CDF sampling: a single uniform per row from
+    that row's generator (so a seed reproduces its tokens whatever the batch), then one batched cumsum and
+    searchsorted. On CPU this is ~10x cheaper than a per-row ``torch.multinomial`` over a 49k vocabulary.
+    Tokens with zero probability (filtered by top-k / top-p) can never be drawn: the CDF is flat there."""
+    u = torch.stack([
+        torch.rand((), generator=g, dtype=torch.float64, device=g.device) if p.temperature > 0
+        else torch.zeros((), dtype=torch.float64, device=g.device)
+        for p, g in zip(params, generators, strict=True)
+    ]).to(logits.device)
+    # a float64 cumsum keeps the CDF exact enough for the last tokens of a large vocabulary
+    cdf = logits.softmax(dim=-1).cumsum(dim=-1, dtype=torch.float64)
+    idx = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).squeeze(-1)
+    return idx.clamp_(max=logits.shape[-1] - 1)
