@@ -67,7 +67,7 @@ def normalize_messages(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if not isinstance(m, dict):
             raise ChatFormatError(f"{where} must be an object", where)
         role = m.get("role")
-        if role not in KNOWN_ROLES:
+        if not isinstance(role, str) or role not in KNOWN_ROLES:  # (a list or dict role is unhashable)
             raise ChatFormatError(f"{where}.role {role!r} is not one of {sorted(KNOWN_ROLES)}", f"{where}.role")
         msg: dict[str, Any] = {"role": "system" if role == "developer" else role,
                                "content": content_text(m.get("content"), where)}

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agentjet.algorithms import AdvantageEstimator
 from agentjet.server.quotas import AbsentPolicy, validate_ratios
+from agentjet.tracking import TrackingConfig
 
 
 class SamplingDefaults(BaseModel):
@@ -43,6 +45,20 @@ class TrainingSettings(BaseModel):
         return validate_ratios(v)
 
 
+class TrackingSettings(BaseModel):
+    """Context tracking (see docs/timeline_merging.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+    merge: bool = Field(True, description="merge calls whose context extends an earlier call into one sample")
+    compare_level: Literal["token", "text"] = "token"
+    ignore_tools: bool = Field(True, description="a changed tool list does not block a merge")
+    fix_drift: bool = Field(True, description="splice the exact generated ids back over re-tokenized replies")
+    weighting: Literal["per_episode", "none", "per_sample"] = "per_episode"
+
+    def to_config(self) -> TrackingConfig:
+        return TrackingConfig(**self.model_dump())
+
+
 class ServerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     model: str = "smollm2-135m-instruct"
@@ -58,6 +74,7 @@ class ServerConfig(BaseModel):
     max_context: int | None = None
     sampling: SamplingDefaults = Field(default_factory=SamplingDefaults)
     training: TrainingSettings = Field(default_factory=TrainingSettings)
+    tracking: TrackingSettings = Field(default_factory=TrackingSettings)
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
     max_messages: int = Field(2048, ge=1)
     max_open_episodes_per_client: int = Field(1024, ge=1)

@@ -39,13 +39,14 @@ from agentjet.server.errors import (
     bad_request,
     conflict,
     forbidden,
+    not_found,
     unauthorized,
     unavailable,
 )
 from agentjet.server.registry import Episode, EpisodeRegistry, hash_key
 from agentjet.server.store import SampleStore, StoredEpisode, StoredStatus, StoreError
 from agentjet.server.trainer import Trainer
-from agentjet.tracking import CallRecord, EpisodeSample, build_samples
+from agentjet.tracking import CallRecord, EpisodeSample, TrackingReport, sample_trace, track_episode
 
 log = logging.getLogger(__name__)
 MAX_ABS_REWARD = 1e9  # |reward| above this is refused (400)
@@ -214,8 +215,30 @@ class SwarmServer:
         self.throughput.calls += 1
         self.throughput.generated_tokens += len(call.completion_ids)
 
-    def build_samples(self, calls: list[CallRecord]) -> list[EpisodeSample]:
-        return build_samples(calls)
+    def build_samples(self, calls: list[CallRecord]) -> tuple[list[EpisodeSample], TrackingReport]:
+        """Context tracking: drift repair and timeline merging (settings in ``config.tracking``). Tracking
+        must never lose an episode: if it fails, fall back to one sample per call from the recorded ids."""
+        cfg = self.config.tracking.to_config()
+        try:
+            return track_episode(calls, self.engine.tokenizer, cfg)
+        except Exception:
+            log.exception("context tracking failed; using one sample per call")
+            return track_episode(calls, None, cfg)
+
+    def trace(self, key: str | None, episode_id: str) -> dict[str, Any]:
+        """Token-level trace of a stored episode: for the admin, or for the episode's own key."""
+        admin = self.config.admin_token is None or self._token_ok(key, self.config.admin_token)
+        if not admin:
+            self._authorize_stored(key, episode_id)
+        stored = self.store.get_episode(episode_id)
+        if stored is None:
+            raise not_found(f"episode {episode_id} has no stored samples (unknown, still open, aborted or expired)")
+        samples = self.store.samples_for([episode_id])[episode_id]
+        tok = self.engine.tokenizer
+        return {"episode_id": episode_id, "task_id": stored.task_id, "task_type": stored.task_type,
+                "status": stored.status.value, "reward": stored.reward, "calls": stored.n_calls,
+                "report": self.store.tracking_report(episode_id),
+                "samples": [sample_trace(smp, tok) for smp in samples]}
 
     @staticmethod
     def _check_reward_range(req: EndEpisodeRequest) -> None:
@@ -260,27 +283,34 @@ class SwarmServer:
             if ep.inflight:
                 raise conflict(f"episode {episode_id} still has {ep.inflight} chat call(s) in flight", "calls_in_flight")
             self._check_reward_agents(ep, req)
-            samples = await asyncio.to_thread(self.build_samples, ep.calls)
-            final = StoredStatus.EVAL if ep.is_eval else StoredStatus.PENDING
-            stored = StoredEpisode(
-                episode_id=ep.episode_id, key_hash=ep.key_hash, client_id=ep.client_id, task_id=ep.task_id,
-                task_type=ep.task_type, group_key=ep.group_key, reward=req.reward,
-                status=StoredStatus.PREPARED if team else final, n_calls=len(ep.calls),
-                n_samples=len(samples), begin_policy_version=ep.begin_policy_version,
-                min_policy_version=min((c.policy_version for c in ep.calls), default=ep.begin_policy_version),
-                ended_at=time.time(), commit_status=final,
-                team_id=team.team_id if team else None, team_coordinator=team.coordinator_url if team else None,
-                team_secret=team.team_secret if team else None)
+            # Pinned while it is stored (like a chat call in flight): otherwise a lease running out during a
+            # slow end let the reaper expire the episode and clear its calls under build_samples, and the
+            # end was acknowledged with no calls and no samples. A snapshot guards against a rejoin, too.
+            calls = list(ep.calls)
+            ep.inflight += 1
             try:
-                await asyncio.to_thread(self.store.commit_episode, stored, samples, req.metadata)
+                samples, report = await asyncio.to_thread(self.build_samples, calls)
+                final = StoredStatus.EVAL if ep.is_eval else StoredStatus.PENDING
+                stored = StoredEpisode(
+                    episode_id=ep.episode_id, key_hash=ep.key_hash, client_id=ep.client_id, task_id=ep.task_id,
+                    task_type=ep.task_type, group_key=ep.group_key, reward=req.reward,
+                    status=StoredStatus.PREPARED if team else final, n_calls=len(calls),
+                    n_samples=len(samples), begin_policy_version=ep.begin_policy_version,
+                    min_policy_version=min((c.policy_version for c in calls), default=ep.begin_policy_version),
+                    ended_at=time.time(), commit_status=final,
+                    team_id=team.team_id if team else None, team_coordinator=team.coordinator_url if team else None,
+                    team_secret=team.team_secret if team else None)
+                await asyncio.to_thread(self.store.commit_episode, stored, samples, req.metadata, report.to_dict())
             except StoreError as exc:
                 log.error("%s", exc)
                 self.store_healthy = False  # the episode stays open: the client can retry
                 raise unavailable(f"the server could not store the episode durably: {exc}; retry later",
                                   "store_unavailable", retry_after_s=5) from exc
+            finally:
+                ep.inflight -= 1
             status = EpisodeStatus.PREPARED if team else EpisodeStatus.ENDED
             ep.end_response = EndEpisodeResponse(episode_id=episode_id, status=status, acknowledged=True,
-                                                 duplicate=False, calls=len(ep.calls), samples=len(samples))
+                                                 duplicate=False, calls=len(calls), samples=len(samples))
             ep.calls.clear()
             self.registry.close(ep, status)
             if team:

@@ -104,6 +104,7 @@ class EpisodeRegistry:
         if not ep.is_open:
             return
         ep.status = status
+        ep.metadata = {}  # client-sized (up to the body limit) and unused once closed: not kept for 100k episodes
         self._open.pop(ep.episode_id, None)
         self._open_by_client[ep.client_id] -= 1
         self.open_by_type[ep.task_type] -= 1

@@ -52,7 +52,8 @@ CREATE TABLE IF NOT EXISTS episodes (
   commit_status TEXT,
   team_id TEXT,
   team_coordinator TEXT,
-  team_secret TEXT
+  team_secret TEXT,
+  tracking TEXT
 );
 CREATE INDEX IF NOT EXISTS episodes_status ON episodes(status);
 CREATE TABLE IF NOT EXISTS samples (
@@ -65,7 +66,8 @@ CREATE TABLE IF NOT EXISTS samples (
   loss_mask BLOB NOT NULL,
   logprobs BLOB NOT NULL,
   call_indices TEXT NOT NULL,
-  stats TEXT NOT NULL
+  stats TEXT NOT NULL,
+  weight REAL NOT NULL DEFAULT 1.0
 );
 CREATE INDEX IF NOT EXISTS samples_episode ON samples(episode_id);
 CREATE TABLE IF NOT EXISTS teams (
@@ -156,13 +158,14 @@ class SampleStore:
             self._db.close()
 
     # ----------------------------------------------------------------- writes
-    def commit_episode(self, ep: StoredEpisode, samples: list[EpisodeSample], metadata: dict[str, Any]) -> bool:
+    def commit_episode(self, ep: StoredEpisode, samples: list[EpisodeSample], metadata: dict[str, Any],
+                       tracking: dict[str, Any] | None = None) -> bool:
         """Durably store an ended episode. Returns False if it was already stored (idempotent)."""
         row = (ep.episode_id, ep.key_hash, ep.client_id, ep.task_id, ep.task_type, ep.group_key,
                json.dumps(ep.reward), json.dumps(metadata, default=str), ep.status.value, ep.n_calls,
                ep.n_samples, ep.begin_policy_version, ep.min_policy_version, ep.ended_at,
                ep.commit_status.value if ep.commit_status else None, ep.team_id, ep.team_coordinator,
-               ep.team_secret)
+               ep.team_secret, json.dumps(tracking, default=str) if tracking is not None else None)
         try:
             with self._lock:
                 cur = self._db.cursor()
@@ -174,15 +177,15 @@ class SampleStore:
                     cur.execute(
                         "INSERT INTO episodes (episode_id, key_hash, client_id, task_id, task_type, group_key, "
                         "reward, metadata, status, n_calls, n_samples, begin_policy_version, min_policy_version, "
-                        "ended_at, commit_status, team_id, team_coordinator, team_secret) "
-                        "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", row)
+                        "ended_at, commit_status, team_id, team_coordinator, team_secret, tracking) "
+                        "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", row)
                     cur.executemany(
                         "INSERT INTO samples (episode_id, agent, temperature, min_policy_version, input_ids, "
-                        "loss_mask, logprobs, call_indices, stats) VALUES (?,?,?,?,?,?,?,?,?)",
+                        "loss_mask, logprobs, call_indices, stats, weight) VALUES (?,?,?,?,?,?,?,?,?,?)",
                         [(ep.episode_id, s.agent, s.temperature, s.min_policy_version,
                           array("q", s.input_ids).tobytes(), array("q", s.loss_mask).tobytes(),
                           array("d", s.behaviour_logprobs).tobytes(), json.dumps(s.call_indices),
-                          json.dumps(s.stats, default=str)) for s in samples])
+                          json.dumps(s.stats, default=str), s.weight) for s in samples])
                     cur.execute("COMMIT")
                 except BaseException:
                     cur.execute("ROLLBACK")
@@ -283,6 +286,11 @@ class SampleStore:
             r = self._db.execute(f"SELECT {self._COLS} FROM episodes WHERE episode_id=?", (episode_id,)).fetchone()
         return self._episode(r) if r else None
 
+    def tracking_report(self, episode_id: str) -> dict[str, Any] | None:
+        with self._lock:
+            row = self._db.execute("SELECT tracking FROM episodes WHERE episode_id=?", (episode_id,)).fetchone()
+        return json.loads(row[0]) if row and row[0] else None
+
     def pending_episodes(self) -> list[StoredEpisode]:
         with self._lock:
             rows = self._db.execute(
@@ -295,11 +303,11 @@ class SampleStore:
             for eid in episode_ids:
                 rows = self._db.execute(
                     "SELECT agent, temperature, min_policy_version, input_ids, loss_mask, logprobs, call_indices, "
-                    "stats FROM samples WHERE episode_id=? ORDER BY id", (eid,)).fetchall()
+                    "stats, weight FROM samples WHERE episode_id=? ORDER BY id", (eid,)).fetchall()
                 out[eid] = [EpisodeSample(
                     input_ids=_ints(r[3]), loss_mask=_ints(r[4]), behaviour_logprobs=_floats(r[5]), agent=r[0],
                     temperature=r[1], call_indices=json.loads(r[6]), min_policy_version=r[2],
-                    stats=json.loads(r[7])) for r in rows]
+                    stats=json.loads(r[7]), weight=r[8]) for r in rows]
         return out
 
     def count_by_status(self) -> dict[str, int]:

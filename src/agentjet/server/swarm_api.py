@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter, Request
 
 from agentjet.protocol import (
@@ -82,3 +84,11 @@ async def status(request: Request) -> ServerStatus:
     if not (swarm_ok or admin_ok):
         raise unauthorized("status needs the swarm token or the admin token")
     return server.status()
+
+
+@router.get("/episodes/{episode_id}/trace")
+async def episode_trace(request: Request, episode_id: str) -> dict:
+    """Every sample's tokens, loss mask, behaviour logprobs, agent and call boundaries, plus merge and drift
+    statistics. Needs the admin token, or the episode's own key."""
+    server = server_of(request)
+    return await asyncio.to_thread(server.trace, bearer(request), episode_id)

@@ -83,11 +83,11 @@ def is_uniform(group: Group) -> bool:
 
 
 def to_train_samples(samples: list[EpisodeSample], advantage: float) -> list[TrainSample]:
-    """An episode's samples for one agent; each weighs 1/k so the episode counts once, not k times."""
-    k = len(samples)
+    """An episode's samples for one agent, with the loss weights context tracking gave them (by default each
+    episode counts once however many samples it yields: see agentjet.tracking.weights)."""
     return [TrainSample(
         input_ids=s.input_ids, loss_mask=s.loss_mask, behaviour_logprobs=s.behaviour_logprobs,
-        advantages=[advantage if m else 0.0 for m in s.loss_mask], temperature=s.temperature, weight=1.0 / k,
+        advantages=[advantage if m else 0.0 for m in s.loss_mask], temperature=s.temperature, weight=s.weight,
     ) for s in samples]
 
 

@@ -1,0 +1,66 @@
+"""Context tracking through the real server: a multi-turn agent's calls merge into one sample, the
+trace endpoint shows tokens, masks and call boundaries, and its access is scoped."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+
+from agentjet import SwarmClient
+
+
+async def multi_turn(client: SwarmClient, turns: int) -> tuple[str, str]:
+    async with client.episode(task_id="chat") as ep:
+        oa = ep.openai()
+        messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "hello"}]
+        for i in range(turns):
+            reply = await oa.chat.completions.create(model="x", messages=messages, max_tokens=6, seed=i)
+            messages += [{"role": "assistant", "content": reply.choices[0].message.content},
+                         {"role": "user", "content": f"and then {i}?"}]
+        ep.reward(1.0)
+    return ep.episode_id, ep.api_key
+
+
+def test_multi_turn_calls_merge_and_trace(make_server) -> None:
+    srv = make_server("tiny", admin_token="adm1n")
+
+    async def main():
+        async with SwarmClient(srv.url) as client:
+            return await multi_turn(client, 4)
+
+    eid, key = asyncio.run(main())
+    trace = httpx.get(f"{srv.url}/swarm/v1/episodes/{eid}/trace", headers={"Authorization": "Bearer adm1n"}).json()
+    assert trace["calls"] == 4
+    assert trace["report"]["merged_calls"] == 3 and len(trace["samples"]) == 1  # one sequence for 4 calls
+    sample = trace["samples"][0]
+    assert sample["call_indices"] == [0, 1, 2, 3]
+    assert len(sample["pieces"]) == len(sample["token_ids"]) == len(sample["loss_mask"]) == sample["num_tokens"]
+    assert len(sample["calls"]) == 4
+    # every trained token belongs to a call's generated span and has a real logprob
+    for t, m in enumerate(sample["loss_mask"]):
+        if m:
+            assert sample["token_call"][t] is not None and sample["logprobs"][t] < 0
+    # the episode's own key may read its trace; another key or none may not
+    assert httpx.get(f"{srv.url}/swarm/v1/episodes/{eid}/trace",
+                     headers={"Authorization": f"Bearer {key}"}).status_code == 200
+    assert httpx.get(f"{srv.url}/swarm/v1/episodes/{eid}/trace").status_code == 401
+    assert httpx.get(f"{srv.url}/swarm/v1/episodes/ep-nope/trace",
+                     headers={"Authorization": "Bearer adm1n"}).status_code == 404
+
+
+def test_merging_off_keeps_one_sample_per_call(make_server) -> None:
+    from agentjet.server.config import TrackingSettings
+
+    srv = make_server("tiny", tracking=TrackingSettings(merge=False))
+
+    async def main():
+        async with SwarmClient(srv.url) as client:
+            return await multi_turn(client, 3)
+
+    eid, _ = asyncio.run(main())
+    samples = srv.server.store.samples_for([eid])[eid]
+    assert len(samples) == 3
+    # per-episode weighting: the episode's trained tokens share a total weight of 1
+    total = sum(s.weight * sum(s.loss_mask) for s in samples)
+    assert abs(total - 1.0) < 1e-9
