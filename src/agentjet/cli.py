@@ -36,7 +36,8 @@ def demo(
     learning_rate: float | None = typer.Option(None, "--lr"),
     group_size: int | None = typer.Option(None),
     batch_groups: int | None = typer.Option(None),
-    eval_tasks: int = typer.Option(64, help="held-out eval episodes before and after"),
+    eval_tasks: int | None = typer.Option(None, help="held-out eval episodes before and after (default: the "
+                                                      "task's recommendation)"),
     out_dir: Path = typer.Option(Path("runs/demo"), help="where the log, plot and JSON go"),
     time_budget_s: float = typer.Option(20 * 60, help="stop training after this many seconds"),
 ) -> None:
@@ -147,12 +148,15 @@ def server(
     engine: str = typer.Option("hf", help="hf (the embedded engine) or null (canned replies; for benchmarks)"),
     task_ratios: str | None = typer.Option(None, help="cocktail quotas per task type, e.g. math=0.7,code=0.3"),
     absent_policy: str = typer.Option("fill", help="strict (wait for every type) or fill"),
+    merge: bool = typer.Option(True, help="timeline merging (context tracking)"),
+    compare_level: str = typer.Option("token", help="merge when contexts extend each other by token or text"),
+    fix_drift: bool = typer.Option(True, help="splice generated ids back over re-tokenized replies"),
 ) -> None:
     """Run a swarm server: one trainable model behind an OpenAI-compatible API."""
     from pydantic import ValidationError
 
     from agentjet.server.app import serve
-    from agentjet.server.config import SamplingDefaults, ServerConfig, TrainingSettings
+    from agentjet.server.config import SamplingDefaults, ServerConfig, TrackingSettings, TrainingSettings
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     swarm_token = _secret(swarm_token, "AGENTJET_SWARM_TOKEN")
@@ -172,6 +176,7 @@ def server(
             training=TrainingSettings(group_size=group_size, batch_groups=batch_groups, learning_rate=learning_rate,
                                       max_staleness=max_staleness, checkpoint_every=checkpoint_every,
                                       task_ratios=_parse_ratios(task_ratios), absent_policy=absent_policy),
+            tracking=TrackingSettings(merge=merge, compare_level=compare_level, fix_drift=fix_drift),
         )
     except ValidationError as exc:
         console.print(f"[red]invalid settings:[/red]\n{exc}")

@@ -39,7 +39,7 @@ class DemoSettings:
     group_size: int | None = None
     batch_groups: int | None = None
     concurrency: int = 8
-    eval_tasks: int = 64
+    eval_tasks: int | None = None  # default: the task's RECOMMENDED['eval_n'] (else 44)
     max_staleness: int = 2
     time_budget_s: float = 20 * 60
     out_dir: Path = Path("runs/demo")
@@ -175,6 +175,7 @@ def run_demo(s: DemoSettings, console: Console | None = None) -> DemoResult:
         if value is not None:
             rec[key] = value
     steps = s.steps or int(rec["steps"])
+    s.eval_tasks = s.eval_tasks or int(rec.get("eval_n", 44))
     s.out_dir.mkdir(parents=True, exist_ok=True)
     port = s.port or free_port()
     url = f"http://127.0.0.1:{port}"
