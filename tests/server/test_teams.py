@@ -109,3 +109,14 @@ def test_team_decision_needs_the_team_secret(make_server) -> None:
     row = a.server.store._db.execute("SELECT team_id FROM teams").fetchone()
     r = httpx.get(f"{a.url}{SWARM_PREFIX}/teams/{row[0]}", headers={"Authorization": "Bearer wrong"})
     assert r.json()["decision"] == "undecided"  # no leak without the secret
+
+
+def test_store_recovery_keeps_prepared_team_episodes(make_server) -> None:
+    """Regression: recovering from an unwritable store must not forget prepared team episodes."""
+    a, b = make_server(lease_seconds=30), make_server(lease_seconds=30)
+    asyncio.run(_prepare_only(Team({"planner": a.url, "executor": b.url}), commit_coordinator=False))
+    assert len(b.server._prepared) == 1
+    b.server.store_healthy = False  # as after a failed write; the next begin probes the store and recovers
+    r = httpx.post(f"{b.url}/swarm/v1/episodes", json={"client_id": "c", "task_id": "t"})
+    assert r.status_code == 200 and b.server.store_healthy
+    assert len(b.server._prepared) == 1

@@ -170,8 +170,7 @@ class SwarmServer:
             except StoreError as exc:
                 raise unavailable(f"{exc}; the server accepts no new episodes until its store can be written "
                                   "(disk full or read-only?)", "store_unavailable", retry_after_s=10) from exc
-            self._prepared: dict[str, float] = {}  # prepared team episode id -> resolution deadline (monotonic)
-        self.store_healthy = True
+            self.store_healthy = True
         cap = self.config.max_open_episodes_per_client
         if self.registry.open_for_client(req.client_id) >= cap:
             raise APIError(429, f"client {req.client_id!r} already has {cap} open episodes (the limit); end or "

@@ -137,6 +137,25 @@ class SampleStore:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_SCHEMA)
+        self._add_missing_columns()
+
+    def _add_missing_columns(self) -> None:
+        """A data dir written by an earlier version lacks the newer columns (CREATE TABLE IF NOT EXISTS keeps the
+        old table): add them, so --resume after an upgrade does not fail every end and every train step."""
+        want = sqlite3.connect(":memory:")
+        try:
+            want.executescript(_SCHEMA)
+            tables = [r[0] for r in want.execute("SELECT name FROM sqlite_master WHERE type='table' "
+                                                 "AND name NOT LIKE 'sqlite_%'")]
+            for table in tables:
+                have = {r[1] for r in self._db.execute(f"PRAGMA table_info({table})")}
+                for _, name, typ, notnull, default, _ in want.execute(f"PRAGMA table_info({table})"):
+                    if name not in have:
+                        self._db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {typ}"
+                                         + (" NOT NULL" if notnull else "")
+                                         + (f" DEFAULT {default}" if default is not None else ""))
+        finally:
+            want.close()
 
     def probe(self) -> None:
         """Raise StoreError unless a durable write works right now (disk full, read-only, ...)."""

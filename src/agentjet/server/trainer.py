@@ -336,7 +336,9 @@ class Trainer:
         if target.exists():
             shutil.rmtree(target)
         tmp.rename(target)
-        (self.checkpoint_dir / "latest").write_text(target.name)
+        pointer = self.checkpoint_dir / ".latest.tmp"  # write-then-rename: a crash never leaves a torn pointer
+        pointer.write_text(target.name)
+        pointer.replace(self.checkpoint_dir / "latest")
         self._prune_checkpoints()
         log.info("checkpoint saved: %s", target)
         return target

@@ -1,0 +1,1 @@
+"""Chaos tests: a real server process and client processes, with SIGKILLs on both sides."""
