@@ -66,6 +66,7 @@ class HeartbeatResponse(_Model):
 
 
 Reward = float | dict[str, float]
+MAX_ABS_REWARD = 1e9
 
 
 def reward_mean(reward: Reward) -> float:
@@ -90,6 +91,8 @@ class EndEpisodeRequest(_Model):
         for x in values:
             if not math.isfinite(x):
                 raise ValueError("reward must be a finite number (no NaN or infinity)")
+            if abs(x) > MAX_ABS_REWARD:  # near the float limit the advantage estimators overflow
+                raise ValueError(f"reward must be between -{MAX_ABS_REWARD:g} and {MAX_ABS_REWARD:g}")
         return v
 
 

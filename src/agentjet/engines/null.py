@@ -4,6 +4,7 @@ protocol tests that do not care about the model."""
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ class NullEngine(Engine):
         self._reply = reply
         self.delay_s = delay_s
         self.policy_version = 0
-        self.trained: list[list[TrainSample]] = []
+        self.trained: deque[list[TrainSample]] = deque(maxlen=1000)  # the latest batches (tests inspect them)
 
     @property
     def tokenizer(self) -> Any:

@@ -49,7 +49,6 @@ from agentjet.server.trainer import Trainer
 from agentjet.tracking import CallRecord, EpisodeSample, TrackingReport, sample_trace, track_episode
 
 log = logging.getLogger(__name__)
-MAX_ABS_REWARD = 1e9  # |reward| above this is refused (400)
 
 
 @dataclass
@@ -239,14 +238,6 @@ class SwarmServer:
                 "report": self.store.tracking_report(episode_id),
                 "samples": [sample_trace(smp, tok) for smp in samples]}
 
-    @staticmethod
-    def _check_reward_range(req: EndEpisodeRequest) -> None:
-        """Finite is not enough: rewards near the float limit overflow the advantage estimators (NaN
-        advantages, or an OverflowError that fails every later train step on the same group)."""
-        values = req.reward.values() if isinstance(req.reward, dict) else [req.reward]
-        if any(abs(v) > MAX_ABS_REWARD for v in values):
-            raise bad_request(f"reward must be between -{MAX_ABS_REWARD:g} and {MAX_ABS_REWARD:g}", param="reward")
-
     def _check_reward_agents(self, ep: Episode, req: EndEpisodeRequest) -> None:
         if not isinstance(req.reward, dict):
             return
@@ -269,7 +260,6 @@ class SwarmServer:
 
     async def _finish(self, key: str | None, episode_id: str, req: EndEpisodeRequest,
                       team: PrepareEpisodeRequest | None) -> EndEpisodeResponse:
-        self._check_reward_range(req)
         ep = self._episode_or_stored(key, episode_id)
         if isinstance(ep, EndEpisodeResponse):
             return ep
