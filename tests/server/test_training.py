@@ -171,7 +171,7 @@ def test_runner_groups_failures_and_cursor(make_server, tmp_path: Path) -> None:
     summary = asyncio.run(main())
     assert summary.episodes == 8 and summary.failed == 2
     assert summary.failures_by_task == {"t3": 2}
-    assert Cursor(tmp_path / "cursor.json").done == {"t0", "t1", "t2", "t3"}
+    assert Cursor(tmp_path / "cursor.json").done == {0, 1, 2, 3}
     again = asyncio.run(main())  # resumes: nothing left to do
     assert again.episodes == 0
 
@@ -256,3 +256,20 @@ def test_n_choices_and_stop_through_the_api(make_server) -> None:
             ep.reward(0.0)
 
     asyncio.run(main())
+
+
+def test_runner_runs_repeated_task_ids_every_time(make_server) -> None:
+    """Regression: a dataset may list a task id twice (e.g. an eval set cycled); each line is its own work."""
+    srv = make_server()
+    tasks = [{"task_id": "same"}, {"task_id": "other"}, {"task_id": "same"}, {"task_id": "same"}]
+
+    async def workflow(task, ep) -> float:
+        await ep.openai().chat.completions.create(model="tiny", messages=USER)
+        return 1.0
+
+    async def main():
+        async with SwarmClient(srv.url) as client:
+            return await run_workflow(client, workflow, tasks, group_size=1, concurrency=1)
+
+    summary = asyncio.run(main())
+    assert summary.episodes == 4 and srv.server.throughput.ended == 4

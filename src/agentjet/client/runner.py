@@ -96,16 +96,16 @@ def load_dataset(path: Path, limit: int | None = None) -> list[dict[str, Any]]:
 
 
 class Cursor:
-    """Finished task ids, persisted atomically."""
+    """Finished tasks, by their position in the dataset (ids may repeat), persisted atomically."""
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
-        self.done: set[str] = set()
+        self.done: set[int] = set()
         if path is not None and path.exists():
-            self.done = set(json.loads(path.read_text()).get("done", []))
+            self.done = {int(i) for i in json.loads(path.read_text()).get("done", [])}
 
-    def mark(self, task_id: str) -> None:
-        self.done.add(task_id)
+    def mark(self, position: int) -> None:
+        self.done.add(position)
         if self.path is not None:
             tmp = self.path.with_suffix(".tmp")
             tmp.write_text(json.dumps({"done": sorted(self.done)}))
@@ -153,27 +153,26 @@ async def run_workflow(
     summary = RunSummary()
     start = time.monotonic()
     queue: asyncio.Queue[tuple[dict[str, Any], int] | None] = asyncio.Queue(maxsize=concurrency)
-    remaining: dict[str, int] = {}
+    remaining: dict[int, int] = {}  # dataset position -> episodes of its group still running
 
     async def worker() -> None:
         while (item := await queue.get()) is not None:
-            task, _ = item
+            task, position = item
             await run_episode(client, workflow, task, summary, eval=eval)
-            tid = str(task["task_id"])
-            remaining[tid] -= 1
-            if remaining[tid] == 0:
-                cursor.mark(tid)
+            remaining[position] -= 1
+            if remaining[position] == 0:
+                del remaining[position]
+                cursor.mark(position)
             if on_progress:
                 on_progress(summary)
 
     workers = [asyncio.create_task(worker()) for _ in range(concurrency)]
-    for task in tasks:
-        tid = str(task["task_id"])
-        if tid in cursor.done:
+    for position, task in enumerate(tasks):
+        if position in cursor.done:
             continue
-        remaining[tid] = remaining.get(tid, 0) + group_size
-        for k in range(group_size):
-            await queue.put((task, k))
+        remaining[position] = group_size
+        for _ in range(group_size):
+            await queue.put((task, position))
     for _ in workers:
         await queue.put(None)
     await asyncio.gather(*workers)
