@@ -64,3 +64,29 @@ def test_merging_off_keeps_one_sample_per_call(make_server) -> None:
     # per-episode weighting: the episode's trained tokens share a total weight of 1
     total = sum(s.weight * sum(s.loss_mask) for s in samples)
     assert abs(total - 1.0) < 1e-9
+
+
+def test_tool_using_agent_merges_on_a_template_without_tool_support(make_server) -> None:
+    """The recorded messages are what the template rendered (tools folded into the system prompt), so the
+    tracker re-renders the recorded prompts exactly and a tool loop merges into one sample."""
+    reply = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
+    srv = make_server(reply=reply)
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+
+    async def main():
+        async with SwarmClient(srv.url) as client, client.episode(task_id="tools") as ep:
+            oa = ep.openai()
+            messages = [{"role": "user", "content": "add 1 and 2"}]
+            for i in range(3):
+                r = await oa.chat.completions.create(model="x", messages=messages, tools=tools)
+                msg = r.choices[0].message
+                assert msg.tool_calls
+                messages += [msg.model_dump(exclude_none=True),
+                             {"role": "tool", "tool_call_id": msg.tool_calls[0].id, "content": str(3 + i)}]
+            ep.reward(1.0)
+            return ep.episode_id
+
+    eid = asyncio.run(main())
+    report = srv.server.store.tracking_report(eid)
+    assert report["retokenize_failures"] == 0
+    assert report["samples"] == 1 and report["merged_calls"] == 2

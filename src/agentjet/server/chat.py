@@ -142,6 +142,12 @@ class ChatFormatter:
                 out.insert(0, {"role": "system", "content": text})
         return out
 
+    def as_rendered(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+                    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+        """The (messages, tools) that render to exactly these prompt ids through the plain chat template:
+        what context tracking must re-render. Tools the template cannot take are already in the messages."""
+        return self.render_messages(messages, tools), (tools if tools and self.native_tools else None)
+
     def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
         kwargs: dict[str, Any] = {"tools": tools} if tools and self.native_tools else {}
         try:

@@ -141,11 +141,16 @@ class Prepared:
         return msg
 
     def record(self, result: GenerationResult, message: dict[str, Any], sampling: SamplingParams) -> None:
+        # Record what the template really rendered (tools folded into messages where the template has no
+        # tool support), so that context tracking re-renders exactly these prompt ids.
+        fmt = self.server.formatter
+        messages, tools = fmt.as_rendered(self.messages, self.tools)
+        reply = fmt.render_messages(normalize_messages([message]), None)[0]
         call = CallRecord(
-            call_index=len(self.episode.calls), agent=self.agent, messages=self.messages, tools=self.tools,
+            call_index=len(self.episode.calls), agent=self.agent, messages=messages, tools=tools,
             prompt_ids=self.prompt_ids, completion_ids=list(result.token_ids),
             completion_logprobs=list(result.logprobs), temperature=sampling.logprob_temperature,
-            policy_version=result.policy_version, response_message=normalize_messages([message])[0],
+            policy_version=result.policy_version, response_message=reply,
             finish_reason=result.finish_reason.value)
         self.server.record_call(self.episode, call)
 
