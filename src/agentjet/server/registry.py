@@ -49,7 +49,7 @@ class Episode:
 
 
 class EpisodeRegistry:
-    def __init__(self, lease_seconds: float, closed_memory: int = 10_000) -> None:
+    def __init__(self, lease_seconds: float, closed_memory: int = 2_000) -> None:
         # Closed episodes are remembered for quick idempotent retries; older ones are answered from the store.
         self.lease_seconds = lease_seconds
         self._open: dict[str, Episode] = {}
