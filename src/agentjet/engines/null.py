@@ -25,7 +25,7 @@ class NullEngine(Engine):
         self._reply = reply
         self.delay_s = delay_s
         self.policy_version = 0
-        self.trained: deque[list[TrainSample]] = deque(maxlen=1000)  # the latest batches (tests inspect them)
+        self.trained: deque[list[TrainSample]] = deque(maxlen=64)  # the latest batches (tests inspect them)
 
     @property
     def tokenizer(self) -> Any:
