@@ -2,8 +2,9 @@
 
 How to run::
 
-    .venv/bin/python benchmarks/engine.py            # full run (SmolLM2-135M-Instruct, ~10 min on 2 CPU cores)
-    .venv/bin/python benchmarks/engine.py --quick    # smaller run, for a smoke test (~2 min)
+    .venv/bin/python benchmarks/engine.py            # full run, SmolLM2-135M-Instruct (~6 min on an idle 2-core CPU)
+    .venv/bin/python benchmarks/engine.py --quick    # smaller run, a smoke test (~1.5 min)
+    .venv/bin/python benchmarks/engine.py --threads 1  # one torch thread: see the note on shared machines
     .venv/bin/python benchmarks/engine.py --model tiny-random --quick
 
 It prints a table and writes ``benchmarks/results/engine.json``.
@@ -31,6 +32,11 @@ What the numbers mean:
   and the next step's peak is measured from a clean baseline instead of being hidden by malloc's cache.
 
 The machine may be shared: compare only the ratios, which are measured against a baseline in the same run.
+On a 2-core CPU, another busy process makes the generation ratio collapse rather than just get noisy: the
+batched decode's matmuls run as 2-thread OpenMP regions that spin-wait on the core the other process holds
+(an [8, 576] x [576, 1536] matmul goes from 0.37 ms to ~16 ms), while batch-1 decode is mostly single-threaded
+GEMV and barely slows down. ``--threads 1`` gives stable ratios on a loaded machine; run it without that
+flag on an idle one for the headline numbers (and expect the full run to take ~30 min under load).
 """
 
 from __future__ import annotations
