@@ -166,12 +166,24 @@ def memory_report(samples: list[tuple[float, float]], load_start: float, load_en
     before = [m for t, m in samples if t <= load_start]
     during = [(t, m) for t, m in samples if load_start <= t <= load_end]
     steady = [(t, m) for t, m in during if t >= load_start + warmup]
+    half = [(t, m) for t, m in during if t >= (load_start + load_end) / 2]
+    # mean RSS per tenth of the run (at least a minute): a leak climbs window after window, a warm-up levels off
+    width = max(60.0, (load_end - load_start) / 10)
+    windows: list[dict[str, float]] = []
+    w0 = load_start
+    while w0 < load_end - 1e-9:
+        ms = [m for t, m in during if w0 <= t < w0 + width]
+        if ms:
+            windows.append({"from_s": round(w0 - load_start), "to_s": round(min(w0 + width, load_end) - load_start),
+                            "mean_mb": round(sum(ms) / len(ms), 1), "max_mb": round(max(ms), 1)})
+        w0 += width
     return {"idle_mb": before[-1] if before else None,
             "start_mb": during[0][1] if during else None, "end_mb": during[-1][1] if during else None,
             "max_mb": max((m for _, m in during), default=None),
             "after_warmup_mb": steady[0][1] if steady else None, "warmup_s": warmup,
             "slope_mb_per_min_after_warmup": slope_mb_per_min(steady),
             "slope_mb_per_min_whole_run": slope_mb_per_min(during),
+            "slope_mb_per_min_second_half": slope_mb_per_min(half), "windows": windows,
             "samples": [(round(t - load_start, 1), round(m, 1)) for t, m in samples]}
 
 
@@ -243,6 +255,8 @@ def main() -> None:
                  f"{mem['max_mb']:.0f} MB", f"{mem['slope_mb_per_min_after_warmup']:+.1f} MB/min",
                  f"{mem['slope_mb_per_min_whole_run']:+.1f} MB/min", f"{per_episode_kb:.2f} KB")
     console.print(mtab)
+    console.print(f"slope over the second half: {mem['slope_mb_per_min_second_half']:+.2f} MB/min; mean RSS per "
+                  "window: " + ", ".join(f"{w['from_s']}-{w['to_s']}s {w['mean_mb']:.1f}" for w in mem["windows"]))
     if res["error_samples"]:
         console.print("[red]errors:[/red]", *res["error_samples"], sep="\n  ")
     RESULTS.mkdir(parents=True, exist_ok=True)

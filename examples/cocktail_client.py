@@ -46,9 +46,11 @@ async def main(args: argparse.Namespace) -> None:
         joined = client._joined
         if joined and joined.released_episodes:
             print(f"released {joined.released_episodes} episodes left open by the previous process", flush=True)
+        cursor = Cursor(args.cursor) if args.cursor else None
+        if cursor is not None and cursor.done:
+            print(f"cursor: {len(cursor.done)} tasks already done; resuming", flush=True)
         summary = await run_workflow(client, workflow, tasks(args.task_type, args.tasks, args.seed),
-                                     group_size=args.group_size, concurrency=args.concurrency,
-                                     cursor=Cursor(args.cursor) if args.cursor else None)
+                                     group_size=args.group_size, concurrency=args.concurrency, cursor=cursor)
     print(f"done: {summary.episodes} episodes, mean reward {summary.mean_reward:.3f}", flush=True)
 
 

@@ -73,7 +73,8 @@ def main() -> None:
                 **common, "batch-groups": 10, "lr": 2e-5, "task-ratios": "math=0.7,words=0.3",
                 "absent-policy": "strict"}),
             "executor": ServerSpec(model=args.executor_model, port=pb, data_dir=str(out / "executor"),
-                                   options={**common, "batch-groups": 2, "lr": 1e-3}),
+                                   options={**common, "batch-groups": 2, "lr": 1e-3},
+                                   env={"OMP_NUM_THREADS": "1"}),  # the tiny model needs one core, not both
         },
         clients={
             "team": ClientSpec(command=[sys.executable, str(HERE / "team_two_models.py"), "--planner", a,
@@ -111,6 +112,13 @@ def main() -> None:
     steps = [(s, v, json.loads(m), t) for s, v, m, t in db.execute(
         "SELECT step, policy_version, metrics, created_at FROM steps ORDER BY step")]
     shares = [{k: round(v, 3) for k, v in m.items() if k.startswith("share/")} for _, _, m, _ in steps]
+    # the words client's tasks before and after its replacement: the cursor resumes, nothing is redone
+    replaced_wall = time.time() - (time.monotonic() - start) + replaced_at if replaced_at is not None else None
+    around = [b[3] - a[3] for a, b in zip(steps, steps[1:], strict=False)
+              if replaced_wall is not None and a[3] <= replaced_wall < b[3]]
+    words = list(db.execute("SELECT task_id, ended_at FROM episodes WHERE task_type = 'words'"))
+    before = sorted({t for t, e in words if replaced_wall is not None and e < replaced_wall})
+    after = sorted({t for t, e in words if replaced_wall is None or e >= replaced_wall})
     gaps = [b[3] - a[3] for a, b in zip(steps, steps[1:], strict=False)]
     step_times = [t for *_, t in steps]
     t0 = step_times[0] if step_times else 0
@@ -119,7 +127,11 @@ def main() -> None:
         "planner_final": timeline[-1] if timeline else {}, "replaced_at_s": replaced_at,
         "planner_batch_shares": shares, "planner_step_times_s": [round(t - t0, 1) for t in step_times],
         "median_step_interval_s": statistics.median(gaps) if gaps else None,
-        "max_step_interval_s": max(gaps) if gaps else None, "timeline": timeline,
+        "max_step_interval_s": max(gaps) if gaps else None,
+        "step_interval_across_replacement_s": around[0] if around else None,
+        "words_tasks": {"before_replacement": len(before), "after_replacement": len(after),
+                        "done_twice": sorted(set(before) & set(after))},
+        "timeline": timeline,
     }
     (out / "showcase.json").write_text(json.dumps(result, indent=2))
     last = timeline[-1] if timeline else {}
@@ -127,7 +139,9 @@ def main() -> None:
           f"executor: {last.get('executor_steps')} steps (policy v{last.get('executor_version')})")
     print(f"planner batch shares (math/words): {[(s.get('share/math'), s.get('share/words')) for s in shares]}")
     print(f"planner step interval: median {result['median_step_interval_s']}, max {result['max_step_interval_s']} "
-          f"(client replaced at {replaced_at}s)")
+          f"(client replaced at {replaced_at}s; the interval across it: {result['step_interval_across_replacement_s']})")
+    print(f"words tasks: {len(before)} before the replacement, {len(after)} after, "
+          f"done twice: {result['words_tasks']['done_twice'] or 'none'}")
     print(f"saved {out / 'showcase.json'}")
 
 

@@ -151,6 +151,8 @@ def server(
     merge: bool = typer.Option(True, help="timeline merging (context tracking)"),
     compare_level: str = typer.Option("token", help="merge when contexts extend each other by token or text"),
     fix_drift: bool = typer.Option(True, help="splice generated ids back over re-tokenized replies"),
+    tito: bool = typer.Option(True, help="token-in, token-out at request time: resent replies keep their "
+                              "generated ids in the prompt"),
 ) -> None:
     """Run a swarm server: one trainable model behind an OpenAI-compatible API."""
     from pydantic import ValidationError
@@ -176,7 +178,7 @@ def server(
             training=TrainingSettings(group_size=group_size, batch_groups=batch_groups, learning_rate=learning_rate,
                                       max_staleness=max_staleness, checkpoint_every=checkpoint_every,
                                       task_ratios=_parse_ratios(task_ratios), absent_policy=absent_policy),
-            tracking=TrackingSettings(merge=merge, compare_level=compare_level, fix_drift=fix_drift),
+            tracking=TrackingSettings(merge=merge, compare_level=compare_level, fix_drift=fix_drift, tito=tito),
         )
     except ValidationError as exc:
         console.print(f"[red]invalid settings:[/red]\n{exc}")

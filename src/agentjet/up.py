@@ -34,6 +34,7 @@ class ServerSpec(BaseModel):
     port: int = Field(ge=1, le=65535)
     data_dir: str | None = None
     options: dict[str, Any] = Field(default_factory=dict, description="more `ajet server` options, e.g. lr: 3e-5")
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment, e.g. OMP_NUM_THREADS: '1'")
 
 
 class ClientSpec(BaseModel):
@@ -88,7 +89,7 @@ class Swarm:
 
     def start(self, timeout: float = 300) -> None:
         for name, spec in self.spec.servers.items():
-            self._spawn(name, server_command(name, spec, self.log_dir))
+            self._spawn(name, server_command(name, spec, self.log_dir), spec.env)
         for name, spec in self.spec.servers.items():
             self._wait_healthy(name, f"http://{spec.host}:{spec.port}", timeout)
         for name, spec in self.spec.clients.items():

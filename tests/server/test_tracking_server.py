@@ -90,3 +90,74 @@ def test_tool_using_agent_merges_on_a_template_without_tool_support(make_server)
     report = srv.server.store.tracking_report(eid)
     assert report["retokenize_failures"] == 0
     assert report["samples"] == 1 and report["merged_calls"] == 2
+
+
+def spelled_reply(tokenizer, word: str = "hello there") -> list[int]:
+    """A non-canonical tokenization: the first word spelled one character per token."""
+    first, rest = word.split(" ", 1)
+    spelled = [t for ch in first for t in tokenizer.encode(ch, add_special_tokens=False)]
+    ids = spelled + tokenizer.encode(" " + rest, add_special_tokens=False)
+    assert ids != tokenizer.encode(word, add_special_tokens=False), "the test needs a word that BPE merges"
+    assert tokenizer.decode(ids) == word
+    return ids
+
+
+def two_turns(srv) -> str:
+    async def main():
+        async with SwarmClient(srv.url) as client, client.episode(task_id="tito") as ep:
+            oa = ep.openai()
+            messages = [{"role": "user", "content": "greet me"}]
+            r = await oa.chat.completions.create(model="x", messages=messages)
+            messages += [{"role": "assistant", "content": r.choices[0].message.content},
+                         {"role": "user", "content": "again"}]
+            await oa.chat.completions.create(model="x", messages=messages)
+            ep.reward(1.0)
+            return ep.episode_id
+
+    return asyncio.run(main())
+
+
+def test_tito_feeds_the_model_its_own_tokens_at_request_time(make_server, tiny_model_path) -> None:
+    """The model generated a non-canonical tokenization; when the agent resends that reply as text, the
+    server's prompt holds the generated ids (not the re-tokenization), so the tracker finds no drift."""
+    from transformers import AutoTokenizer
+
+    from agentjet.engines.null import NullEngine
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_path)
+    ids = spelled_reply(tok)
+    engine = NullEngine(tok, reply_ids=ids)
+    srv = make_server(engine)
+    eid = two_turns(srv)
+    first, second = list(engine.prompts)[-2:]
+    generated = ids + [tok.eos_token_id]
+    assert second[:len(first)] == first
+    window = second[len(first):len(first) + len(generated)]
+    assert window == generated  # the model sees exactly what it produced
+    status = httpx.get(f"{srv.url}/swarm/v1/status").json()
+    assert status["throughput"]["tito_prompts_spliced"] == 1
+    assert status["throughput"]["tito_drift_prevented"] == 1
+    assert status["throughput"]["tito_fallbacks"] == 0
+    report = srv.server.store.tracking_report(eid)
+    assert report["drift_mismatches"] == 0 and report["retokenize_failures"] == 0
+    assert report["samples"] == 1 and report["merged_calls"] == 1
+
+
+def test_tito_off_leaves_drift_to_the_episode_end_repair(make_server, tiny_model_path) -> None:
+    from transformers import AutoTokenizer
+
+    from agentjet.engines.null import NullEngine
+    from agentjet.server.config import TrackingSettings
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_path)
+    ids = spelled_reply(tok)
+    engine = NullEngine(tok, reply_ids=ids)
+    srv = make_server(engine, tracking=TrackingSettings(tito=False))
+    eid = two_turns(srv)
+    first, second = list(engine.prompts)[-2:]
+    assert second[len(first):len(first) + len(ids)] != ids  # the re-tokenization, not what was generated
+    status = httpx.get(f"{srv.url}/swarm/v1/status").json()
+    assert status["throughput"]["tito_prompts_spliced"] == 0
+    report = srv.server.store.tracking_report(eid)
+    assert report["drift_mismatches"] == 1 and report["drift_repaired"] == 1
+    assert report["samples"] == 1  # repaired at episode end, so the calls still merge

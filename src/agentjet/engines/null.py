@@ -19,13 +19,17 @@ from agentjet.engines.base import (
 
 
 class NullEngine(Engine):
-    def __init__(self, tokenizer: Any, reply: str = "ok", delay_s: float = 0.0) -> None:
+    def __init__(self, tokenizer: Any, reply: str = "ok", delay_s: float = 0.0,
+                 reply_ids: list[int] | None = None) -> None:
+        """``reply_ids``: the exact ids to generate instead of ``reply``'s encoding (e.g. a non-canonical
+        tokenization, to exercise drift handling); the end-of-sequence id is appended either way."""
         self._tokenizer = tokenizer
-        self._reply_ids = list(tokenizer.encode(reply, add_special_tokens=False)) + [tokenizer.eos_token_id]
-        self._reply = reply
+        ids = list(reply_ids) if reply_ids is not None else list(tokenizer.encode(reply, add_special_tokens=False))
+        self._reply_ids = ids + [tokenizer.eos_token_id]
         self.delay_s = delay_s
         self.policy_version = 0
         self.trained: deque[list[TrainSample]] = deque(maxlen=64)  # the latest batches (tests inspect them)
+        self.prompts: deque[list[int]] = deque(maxlen=64)  # the latest prompts received
 
     @property
     def tokenizer(self) -> Any:
@@ -33,6 +37,7 @@ class NullEngine(Engine):
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams,
                        on_token: TokenCallback | None = None) -> GenerationResult:
+        self.prompts.append(list(prompt_ids))
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
         ids = self._reply_ids[: sampling.max_tokens]

@@ -53,10 +53,12 @@ class TrackingSettings(BaseModel):
     compare_level: Literal["token", "text"] = "token"
     ignore_tools: bool = Field(True, description="a changed tool list does not block a merge")
     fix_drift: bool = Field(True, description="splice the exact generated ids back over re-tokenized replies")
+    tito: bool = Field(True, description="token-in, token-out at request time: prompts that resend this agent's "
+                       "earlier replies hold the ids it generated, not their re-tokenization")
     weighting: Literal["per_episode", "none", "per_sample"] = "per_episode"
 
     def to_config(self) -> TrackingConfig:
-        return TrackingConfig(**self.model_dump())
+        return TrackingConfig(**self.model_dump(exclude={"tito"}))
 
 
 class ServerConfig(BaseModel):

@@ -43,8 +43,10 @@ from agentjet.server.errors import (
     unauthorized,
     unavailable,
 )
+from agentjet.server.locks import KeyedLocks
 from agentjet.server.registry import Episode, EpisodeRegistry, hash_key
 from agentjet.server.store import SampleStore, StoredEpisode, StoredStatus, StoreError
+from agentjet.server.tito import TitoCounters, request_prompt_ids
 from agentjet.server.trainer import Trainer
 from agentjet.tracking import CallRecord, EpisodeSample, TrackingReport, sample_trace, track_episode
 
@@ -75,7 +77,8 @@ class SwarmServer:
         self.store = SampleStore(config.data_dir / "store.sqlite")
         self.trainer = Trainer(engine, self.store, config.training, config.data_dir / "checkpoints")
         self.throughput = Throughput()
-        self._end_locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self.tito = TitoCounters()
+        self._end_locks = KeyedLocks()  # one end / prepare / commit at a time per episode
         self._reaper: asyncio.Task[None] | None = None
         self.engine_state = "starting"
         self._prepared: dict[str, float] = {}  # prepared team episode id -> resolution deadline (monotonic)
@@ -208,6 +211,14 @@ class SwarmServer:
                                  lease_remaining_seconds=self.registry.lease_remaining(ep),
                                  policy_version=self.engine.policy_version)
 
+    def prompt_ids(self, ep: Episode, agent: str, messages: list[dict[str, Any]],
+                   tools: list[dict[str, Any]] | None) -> list[int]:
+        """The engine's prompt for a chat request (raises ChatFormatError); token-in, token-out when enabled."""
+        ids = self.formatter.prompt_ids(messages, tools)
+        if not self.config.tracking.tito:
+            return ids
+        return request_prompt_ids(self.formatter, ids, ep.calls, agent, messages, tools, self.tito)
+
     def record_call(self, ep: Episode, call: CallRecord) -> None:
         ep.calls.append(call)
         self.throughput.calls += 1
@@ -263,7 +274,7 @@ class SwarmServer:
         ep = self._episode_or_stored(key, episode_id)
         if isinstance(ep, EndEpisodeResponse):
             return ep
-        async with self._end_locks[episode_id]:
+        async with self._end_locks.hold(episode_id):
             if ep.end_response is not None:  # a retry of an end / prepare we already acknowledged
                 return ep.end_response.model_copy(update={"duplicate": True})
             if not ep.is_open:
@@ -308,7 +319,6 @@ class SwarmServer:
                 self.throughput.ended += 1
                 if not ep.is_eval:
                     self.trainer.add(stored)
-        self._end_locks.pop(episode_id, None)
         return ep.end_response
 
     async def commit(self, key: str | None, episode_id: str) -> EndEpisodeResponse:
@@ -317,9 +327,8 @@ class SwarmServer:
         return await self._resolve(episode_id, commit=True)
 
     async def _resolve(self, episode_id: str, commit: bool) -> EndEpisodeResponse:
-        async with self._end_locks[episode_id]:
+        async with self._end_locks.hold(episode_id):
             stored, changed = await asyncio.to_thread(self.store.resolve_prepared, episode_id, commit)
-        self._end_locks.pop(episode_id, None)
         self._prepared.pop(episode_id, None)
         committed = stored.status in (StoredStatus.PENDING, StoredStatus.EVAL, StoredStatus.TRAINED,
                                       StoredStatus.DROPPED_STALE, StoredStatus.DROPPED_UNIFORM)
@@ -437,7 +446,7 @@ class SwarmServer:
             model=self.config.name, engine=type(self.engine).__name__,
             engine_state="paused" if self.trainer.paused else self.engine_state,
             policy_version=self.engine.policy_version, train_steps=c.train_steps, buffer=buffer,
-            clients=sorted(self.registry.clients), throughput=self.throughput.as_dict(),
+            clients=sorted(self.registry.clients), throughput={**self.throughput.as_dict(), **self.tito.as_dict()},
             eval_reward=self.eval_reward_by_version(), last_train_metrics=c.last_metrics,
             task_types={t: {"episodes": v["episodes"], "reward_mean": v["reward_sum"] / max(v["episodes"], 1)}
                         for t, v in c.by_type.items()},

@@ -125,7 +125,7 @@ class Prepared:
         try:
             self.messages = normalize_messages(body.messages)
             self.tools = validate_tools(body.tools)
-            self.prompt_ids = server.formatter.prompt_ids(self.messages, self.tools)
+            self.prompt_ids = server.prompt_ids(self.episode, self.agent, self.messages, self.tools)
         except ChatFormatError as exc:
             raise bad_request(str(exc), param=exc.param) from exc
         self.sampling = [sampling_for(body, server, len(self.prompt_ids), i) for i in range(body.n)]

@@ -52,7 +52,6 @@ class TrainerCounters:
     dropped_uniform: int = 0
     last_metrics: dict[str, float] = field(default_factory=dict)
     by_type: dict[str, dict[str, float]] = field(default_factory=dict)  # task type -> episodes, reward_sum
-    step_times: list[float] = field(default_factory=list)
 
 
 def episode_reward(reward: float | dict[str, float], agent: str) -> float:
@@ -255,7 +254,6 @@ class Trainer:
         self.counters.trained_episodes += len(ids)
         self.counters.trained_samples += len(batch)
         self.counters.last_metrics = metrics
-        self.counters.step_times.append(time.time())
         log.info("step %d: policy v%d, %d episodes, reward %.3f, loss %.4f, %.1fs", step,
                  self.engine.policy_version, len(ids), metrics["reward_mean"], metrics.get("loss", 0.0),
                  metrics.get("step_seconds", 0.0))
