@@ -88,3 +88,4 @@ def test_cocktail_client_resumes_its_cursor(make_server, tmp_path: Path) -> None
     assert first.returncode == 0 and "done: 6 episodes" in first.stdout, first.stderr
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert "done: 0 episodes" in again.stdout  # the cursor remembers finished tasks
+    assert "cursor: 3 tasks already done" in again.stdout
