@@ -46,7 +46,7 @@ from agentjet.server.errors import (
 from agentjet.server.locks import KeyedLocks
 from agentjet.server.registry import Episode, EpisodeRegistry, hash_key
 from agentjet.server.store import SampleStore, StoredEpisode, StoredStatus, StoreError
-from agentjet.server.tito import TitoCounters, request_prompt_ids
+from agentjet.server.tito import TitoCounters, may_splice, request_prompt_ids
 from agentjet.server.trainer import Trainer
 from agentjet.tracking import CallRecord, EpisodeSample, TrackingReport, sample_trace, track_episode
 
@@ -211,13 +211,16 @@ class SwarmServer:
                                  lease_remaining_seconds=self.registry.lease_remaining(ep),
                                  policy_version=self.engine.policy_version)
 
-    def prompt_ids(self, ep: Episode, agent: str, messages: list[dict[str, Any]],
-                   tools: list[dict[str, Any]] | None) -> list[int]:
-        """The engine's prompt for a chat request (raises ChatFormatError); token-in, token-out when enabled."""
-        ids = self.formatter.prompt_ids(messages, tools)
-        if not self.config.tracking.tito:
-            return ids
-        return request_prompt_ids(self.formatter, ids, ep.calls, agent, messages, tools, self.tito)
+    async def tito_prompt_ids(self, ep: Episode, agent: str, messages: list[dict[str, Any]],
+                              tools: list[dict[str, Any]] | None, plain_ids: list[int]) -> list[int]:
+        """Token-in, token-out (``tracking.tito``): the prompt with this agent's earlier generations spliced in
+        as generated. Runs in a worker thread (it re-renders the conversation) on a snapshot of the calls."""
+        if not self.config.tracking.tito or not may_splice(ep.calls, agent, messages):
+            return plain_ids
+        ids, outcome, drift = await asyncio.to_thread(request_prompt_ids, self.formatter, plain_ids, list(ep.calls),
+                                                      agent, messages, tools)
+        self.tito.count(outcome, drift)
+        return ids
 
     def record_call(self, ep: Episode, call: CallRecord) -> None:
         ep.calls.append(call)

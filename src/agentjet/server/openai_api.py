@@ -125,13 +125,24 @@ class Prepared:
         try:
             self.messages = normalize_messages(body.messages)
             self.tools = validate_tools(body.tools)
-            self.prompt_ids = server.prompt_ids(self.episode, self.agent, self.messages, self.tools)
+            self.prompt_ids = server.formatter.prompt_ids(self.messages, self.tools)
         except ChatFormatError as exc:
             raise bad_request(str(exc), param=exc.param) from exc
         self.sampling = [sampling_for(body, server, len(self.prompt_ids), i) for i in range(body.n)]
         self.parse_tools = bool(self.tools) and body.tool_choice != "none"
         self.created = int(time.time())
         self.id = "chatcmpl-" + uuid.uuid4().hex
+
+    @classmethod
+    async def create(cls, request: Request, body: ChatCompletionRequest) -> Prepared:
+        """Validate, then put this agent's earlier generations back into the prompt as generated (token-in,
+        token-out; ``agentjet.server.tito``)."""
+        p = cls(request, body)
+        ids = await p.server.tito_prompt_ids(p.episode, p.agent, p.messages, p.tools, p.prompt_ids)
+        if ids is not p.prompt_ids:
+            p.prompt_ids = ids
+            p.sampling = [sampling_for(body, p.server, len(ids), i) for i in range(body.n)]
+        return p
 
     def assistant_message(self, result: GenerationResult) -> dict[str, Any]:
         content, tool_calls = ChatFormatter.parse_assistant(result.text, self.parse_tools)
@@ -198,7 +209,7 @@ async def list_models(request: Request) -> dict[str, Any]:
 
 @router.post("/chat/completions", response_model=None)
 async def chat_completions(request: Request, body: ChatCompletionRequest) -> Any:
-    p = Prepared(request, body)
+    p = await Prepared.create(request, body)
     if body.stream:
         return StreamingResponse(_stream(p), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

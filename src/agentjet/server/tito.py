@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 from agentjet.server.chat import ChatFormatter
@@ -25,11 +26,24 @@ from agentjet.tracking.drift import decode_exact, tito_prompt_ids
 log = logging.getLogger(__name__)
 
 
+class TitoOutcome(Enum):
+    PLAIN = "plain"  # nothing to splice (or nothing changed): the plain prompt
+    SPLICED = "spliced"  # generated ids put back where re-tokenization would have changed them
+    FALLBACK = "fallback"  # splicing was attempted but failed a check: the plain prompt (see log at DEBUG)
+
+
 @dataclass
 class TitoCounters:
     prompts_spliced: int = 0  # requests whose prompt holds generated ids that re-tokenization would have changed
     drift_prevented: int = 0  # assistant messages whose re-tokenization differed from the generated ids
-    fallbacks: int = 0  # splicing was attempted but the plain prompt was used (see log at DEBUG)
+    fallbacks: int = 0
+
+    def count(self, outcome: TitoOutcome, drift: int) -> None:
+        if outcome is TitoOutcome.SPLICED:
+            self.prompts_spliced += 1
+            self.drift_prevented += drift
+        elif outcome is TitoOutcome.FALLBACK:
+            self.fallbacks += 1
 
     def as_dict(self) -> dict[str, float]:
         return {"tito_prompts_spliced": self.prompts_spliced, "tito_drift_prevented": self.drift_prevented,
@@ -48,26 +62,23 @@ def request_prompt_ids(
     agent: str,
     messages: list[dict[str, Any]],
     tools: list[dict[str, Any]] | None,
-    counters: TitoCounters,
-) -> list[int]:
+) -> tuple[list[int], TitoOutcome, int]:
     """The prompt to feed the engine: ``plain_ids`` (the template applied and tokenized) with the earlier
-    generations of ``agent`` put back as generated, when that changes anything."""
+    generations of ``agent`` put back as generated, when that changes anything. Returns the ids, the outcome
+    and the number of re-tokenizations it prevented. Pure (no shared state): safe to run in a worker thread;
+    it re-renders the conversation once per message, tens of milliseconds for a long one."""
     if not may_splice(calls, agent, messages):
-        return plain_ids
+        return plain_ids, TitoOutcome.PLAIN, 0
     try:
         r_messages, r_tools = formatter.as_rendered(messages, tools)
         ids, rep = tito_prompt_ids(formatter.tokenizer, r_messages, r_tools, agent, calls)
     except Exception as exc:  # a template quirk must never fail the request
         log.debug("token-in/token-out splice failed: %r", exc)
-        counters.fallbacks += 1
-        return plain_ids
+        return plain_ids, TitoOutcome.FALLBACK, 0
     if rep.error is not None or rep.drift_repaired == 0 or ids == plain_ids:
-        return plain_ids
+        return plain_ids, TitoOutcome.PLAIN, 0
     tok = formatter.tokenizer
     if decode_exact(tok, ids) != decode_exact(tok, plain_ids):
         log.debug("token-in/token-out splice changed the prompt text; using the plain prompt")
-        counters.fallbacks += 1
-        return plain_ids
-    counters.prompts_spliced += 1
-    counters.drift_prevented += rep.drift_repaired
-    return ids
+        return plain_ids, TitoOutcome.FALLBACK, 0
+    return ids, TitoOutcome.SPLICED, rep.drift_repaired
