@@ -56,6 +56,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+import agentjet  # noqa: F401  (before torch: sets the process-wide OpenMP defaults, as in the server)
+
+# isort: split
 import torch
 
 RESULTS = Path(__file__).resolve().parent / "results" / "engine.json"

@@ -11,8 +11,9 @@ begin the next one, so the begin / end / durable-store / trainer paths are exerc
 The trainer really runs (null engine: instant steps), so the store's rows are consumed as in a real run.
 
 Reported: errors (target 0), p50 / p99 latency per endpoint, throughput, and the server's RSS memory
-(VmRSS from /proc/<pid>/status every second): start, end, max, and the slope in MB/min after a warm-up
-(target flat). Prints a table and saves benchmarks/results/load.json.
+(VmRSS from /proc/<pid>/status every second): start, end, max, the slope in MiB/min after a warm-up and
+over the second half, and the mean per tenth of the run (target flat). The JSON keys say ``mb``: the values
+are MiB. Prints a table and saves benchmarks/results/load.json (``--out`` to change).
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def rss_mb(pid: int) -> float | None:
 
 
 class RssSampler(threading.Thread):
-    """VmRSS of a process every ``interval`` seconds, as (seconds since start, MB)."""
+    """VmRSS of a process every ``interval`` seconds, as (seconds since start, MiB)."""
 
     def __init__(self, pid: int, interval: float = 1.0) -> None:
         super().__init__(daemon=True)
@@ -251,11 +252,11 @@ def main() -> None:
     for col in ("idle", "load start", "end", "max", f"slope after {warmup:.0f}s warm-up", "slope whole run",
                 "growth per ended episode"):
         mtab.add_column(col, justify="right")
-    mtab.add_row(f"{mem['idle_mb']:.0f} MB", f"{mem['start_mb']:.0f} MB", f"{mem['end_mb']:.0f} MB",
-                 f"{mem['max_mb']:.0f} MB", f"{mem['slope_mb_per_min_after_warmup']:+.1f} MB/min",
-                 f"{mem['slope_mb_per_min_whole_run']:+.1f} MB/min", f"{per_episode_kb:.2f} KB")
+    mtab.add_row(f"{mem['idle_mb']:.0f} MiB", f"{mem['start_mb']:.0f} MiB", f"{mem['end_mb']:.0f} MiB",
+                 f"{mem['max_mb']:.0f} MiB", f"{mem['slope_mb_per_min_after_warmup']:+.1f} MiB/min",
+                 f"{mem['slope_mb_per_min_whole_run']:+.1f} MiB/min", f"{per_episode_kb:.2f} KB")
     console.print(mtab)
-    console.print(f"slope over the second half: {mem['slope_mb_per_min_second_half']:+.2f} MB/min; mean RSS per "
+    console.print(f"slope over the second half: {mem['slope_mb_per_min_second_half']:+.2f} MiB/min; mean RSS (MiB) per "
                   "window: " + ", ".join(f"{w['from_s']}-{w['to_s']}s {w['mean_mb']:.1f}" for w in mem["windows"]))
     if res["error_samples"]:
         console.print("[red]errors:[/red]", *res["error_samples"], sep="\n  ")
