@@ -111,16 +111,27 @@ async def _train(client: SwarmClient, task_mod: ModuleType, s: DemoSettings, rec
 
     async def monitor() -> None:
         last = -1
+        quiet_since = time.monotonic()
         while not done.is_set():
             st = await client.status()
             if st.train_steps != last:
-                last = st.train_steps
+                last, quiet_since = st.train_steps, time.monotonic()
                 m = st.last_train_metrics
                 if m:
                     console.print(f"  step {st.train_steps:3d}/{steps}  policy v{st.policy_version}  "
                                   f"train reward {m.get('reward_mean', float('nan')):.3f}  "
                                   f"loss {m.get('loss', 0):+.4f}  step {m.get('step_seconds', 0):.1f}s")
-            if st.train_steps >= steps or time.monotonic() > deadline:
+            elif time.monotonic() - quiet_since > 60:  # say why nothing happens (a model that solves most tasks)
+                quiet_since = time.monotonic()
+                b = st.buffer
+                console.print(f"  ... collecting: {b.dropped_uniform_episodes} episodes so far in groups where "
+                              f"every reward was equal (no learning signal, skipped), {b.pending_episodes} pending")
+            if st.train_steps >= steps:
+                done.set()
+            elif time.monotonic() > deadline:
+                budget = f"{s.time_budget_s / 60:.0f} min" if s.time_budget_s >= 120 else f"{s.time_budget_s:.0f} s"
+                console.print(f"  training budget of {budget} reached after {st.train_steps} of {steps} steps "
+                              "(--time-budget-s to change)")
                 done.set()
             await asyncio.sleep(1.0)
 
