@@ -114,12 +114,13 @@ def main() -> None:
     shares = [{k: round(v, 3) for k, v in m.items() if k.startswith("share/")} for _, _, m, _ in steps]
     # the words client's tasks before and after its replacement: the cursor resumes, nothing is redone
     replaced_wall = time.time() - (time.monotonic() - start) + replaced_at if replaced_at is not None else None
-    around = [b[3] - a[3] for a, b in zip(steps, steps[1:], strict=False)
-              if replaced_wall is not None and a[3] <= replaced_wall < b[3]]
     words = list(db.execute("SELECT task_id, ended_at FROM episodes WHERE task_type = 'words'"))
     before = sorted({t for t, e in words if replaced_wall is not None and e < replaced_wall})
     after = sorted({t for t, e in words if replaced_wall is None or e >= replaced_wall})
-    gaps = [b[3] - a[3] for a, b in zip(steps, steps[1:], strict=False)]
+    pairs = list(zip(steps, steps[1:], strict=False))
+    gaps = [b[3] - a[3] for a, b in pairs]
+    around = [gap for (a, b), gap in zip(pairs, gaps, strict=True)
+              if replaced_wall is not None and a[3] <= replaced_wall < b[3]]
     step_times = [t for *_, t in steps]
     t0 = step_times[0] if step_times else 0
     result = {

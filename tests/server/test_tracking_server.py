@@ -4,6 +4,7 @@ trace endpoint shows tokens, masks and call boundaries, and its access is scoped
 from __future__ import annotations
 
 import asyncio
+from typing import Any, NamedTuple
 
 import httpx
 
@@ -102,7 +103,27 @@ def spelled_reply(tokenizer, word: str = "hello there") -> list[int]:
     return ids
 
 
-def two_turns(srv) -> str:
+class DriftRun(NamedTuple):
+    srv: Any
+    tok: Any
+    ids: list[int]  # what the engine generated (before its EOS)
+    first: list[int]  # the prompts the engine received
+    second: list[int]
+    episode_id: str
+
+
+def drifted_two_turns(make_server, tiny_model_path, **config) -> DriftRun:
+    """Two turns of one agent against a null engine that generates a non-canonical tokenization; the second turn
+    resends the first reply as text."""
+    from transformers import AutoTokenizer
+
+    from agentjet.engines.null import NullEngine
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_path)
+    ids = spelled_reply(tok)
+    engine = NullEngine(tok, reply_ids=ids)
+    srv = make_server(engine, **config)
+
     async def main():
         async with SwarmClient(srv.url) as client, client.episode(task_id="tito") as ep:
             oa = ep.openai()
@@ -114,50 +135,37 @@ def two_turns(srv) -> str:
             ep.reward(1.0)
             return ep.episode_id
 
-    return asyncio.run(main())
+    eid = asyncio.run(main())
+    first, second = list(engine.prompts)[-2:]
+    return DriftRun(srv, tok, ids, first, second, eid)
 
 
 def test_tito_feeds_the_model_its_own_tokens_at_request_time(make_server, tiny_model_path) -> None:
     """The model generated a non-canonical tokenization; when the agent resends that reply as text, the
     server's prompt holds the generated ids (not the re-tokenization), so the tracker finds no drift."""
-    from transformers import AutoTokenizer
-
-    from agentjet.engines.null import NullEngine
-
-    tok = AutoTokenizer.from_pretrained(tiny_model_path)
-    ids = spelled_reply(tok)
-    engine = NullEngine(tok, reply_ids=ids)
-    srv = make_server(engine)
-    eid = two_turns(srv)
-    first, second = list(engine.prompts)[-2:]
-    generated = ids + [tok.eos_token_id]
+    run = drifted_two_turns(make_server, tiny_model_path)
+    first, second = run.first, run.second
+    generated = run.ids + [run.tok.eos_token_id]
     assert second[:len(first)] == first
     window = second[len(first):len(first) + len(generated)]
     assert window == generated  # the model sees exactly what it produced
-    status = httpx.get(f"{srv.url}/swarm/v1/status").json()
+    status = httpx.get(f"{run.srv.url}/swarm/v1/status").json()
     assert status["throughput"]["tito_prompts_spliced"] == 1
     assert status["throughput"]["tito_drift_prevented"] == 1
     assert status["throughput"]["tito_fallbacks"] == 0
-    report = srv.server.store.tracking_report(eid)
+    report = run.srv.server.store.tracking_report(run.episode_id)
     assert report["drift_mismatches"] == 0 and report["retokenize_failures"] == 0
     assert report["samples"] == 1 and report["merged_calls"] == 1
 
 
 def test_tito_off_leaves_drift_to_the_episode_end_repair(make_server, tiny_model_path) -> None:
-    from transformers import AutoTokenizer
-
-    from agentjet.engines.null import NullEngine
     from agentjet.server.config import TrackingSettings
 
-    tok = AutoTokenizer.from_pretrained(tiny_model_path)
-    ids = spelled_reply(tok)
-    engine = NullEngine(tok, reply_ids=ids)
-    srv = make_server(engine, tracking=TrackingSettings(tito=False))
-    eid = two_turns(srv)
-    first, second = list(engine.prompts)[-2:]
-    assert second[len(first):len(first) + len(ids)] != ids  # the re-tokenization, not what was generated
-    status = httpx.get(f"{srv.url}/swarm/v1/status").json()
+    run = drifted_two_turns(make_server, tiny_model_path, tracking=TrackingSettings(tito=False))
+    first, second = run.first, run.second
+    assert second[len(first):len(first) + len(run.ids)] != run.ids  # the re-tokenization, not what was generated
+    status = httpx.get(f"{run.srv.url}/swarm/v1/status").json()
     assert status["throughput"]["tito_prompts_spliced"] == 0
-    report = srv.server.store.tracking_report(eid)
+    report = run.srv.server.store.tracking_report(run.episode_id)
     assert report["drift_mismatches"] == 1 and report["drift_repaired"] == 1
     assert report["samples"] == 1  # repaired at episode end, so the calls still merge

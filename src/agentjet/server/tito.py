@@ -66,9 +66,8 @@ def request_prompt_ids(
     """The prompt to feed the engine: ``plain_ids`` (the template applied and tokenized) with the earlier
     generations of ``agent`` put back as generated, when that changes anything. Returns the ids, the outcome
     and the number of re-tokenizations it prevented. Pure (no shared state): safe to run in a worker thread;
-    it re-renders the conversation once per message, tens of milliseconds for a long one."""
-    if not may_splice(calls, agent, messages):
-        return plain_ids, TitoOutcome.PLAIN, 0
+    it re-renders the conversation once per message, tens of milliseconds for a long one, so callers on a hot
+    path check ``may_splice`` first (the server does, before handing this to a thread)."""
     try:
         r_messages, r_tools = formatter.as_rendered(messages, tools)
         ids, rep = tito_prompt_ids(formatter.tokenizer, r_messages, r_tools, agent, calls)
