@@ -23,6 +23,6 @@ def test_demo_runs_end_to_end_on_tiny_model(tiny_model_path: Path, tmp_path: Pat
     assert "AgentJet server" in (out / "server.log").read_text()  # the server really ran as its own process
     text = console.export_text()
     if result.train_steps < 1:  # the tiny model rarely earns a reward: the output must say why training stopped
-        assert "training budget of 8 s reached after 0 of 1 steps" in text
+        assert "training budget of 8 s reached after 0 of 1 steps" in text or "stopped early (no_signal)" in text
     else:
         assert "step   1/1" in text
