@@ -44,7 +44,7 @@ class DemoSettings:
     time_budget_s: float = 20 * 60
     out_dir: Path = Path("runs/demo")
     port: int | None = None
-    eval_every_s: float | None = 90.0  # periodic held-out eval (None: only before and after)
+    eval_every_s: float | None = 60.0  # periodic held-out eval (None: only before and after)
     curriculum: bool = True  # draw each group's task by its recent group results (retire solved tasks)
     early_stop: bool = True  # stop on an eval plateau or when the groups stop teaching (agentjet.schedule)
 
