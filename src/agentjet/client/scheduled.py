@@ -22,7 +22,7 @@ import contextlib
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,8 +39,9 @@ class ScheduleSettings:
     group_size: int = 8
     concurrency: int = 32
     max_steps: int | None = None
-    time_budget_s: float = 20 * 60
+    time_budget_s: float = 20 * 60  # of training time (wall time less the pauses for evals)
     eval_every_s: float | None = 90.0  # None: evaluate only at the start and the end
+    eval_at_s: tuple[float, ...] = ()  # pause points at these training times instead of every eval_every_s
     gate_timeout_s: float = 120.0  # longest wait for in-flight training calls before an eval
     poll_s: float = 1.0
 
@@ -48,6 +49,7 @@ class ScheduleSettings:
 @dataclass
 class EvalPoint:
     seconds: float  # wall time since the run started (evals included)
+    train_seconds: float  # training time: wall time less the pauses for evals
     train_steps: int
     policy_version: int
     reward: float
@@ -70,6 +72,7 @@ class ScheduledRun:
     train: RunSummary = field(default_factory=RunSummary)
     train_reward_by_version: dict[int, list[float]] = field(default_factory=lambda: defaultdict(list))
     stop_reason: str = ""
+    train_seconds: float = 0.0
     groups: int = 0
     uniform_groups: int = 0
     seconds: float = 0.0
@@ -119,16 +122,24 @@ async def run_scheduled(
     *,
     curriculum: Curriculum | None = None,
     stopping: StoppingRule | None = None,
+    at_pause: Callable[[float], Awaitable[None]] | None = None,
     on_step: Callable[[StepPoint], None] | None = None,
     on_eval: Callable[[EvalPoint], None] | None = None,
     on_quiet: Callable[[ServerStatus], None] | None = None,
 ) -> ScheduledRun:
-    """Train through ``client`` until a stop condition; see the module docstring."""
+    """Train through ``client`` until a stop condition; see the module docstring. ``at_pause(train_seconds)``
+    runs at every pause during training (training paused), before its eval (a benchmark saves a checkpoint there). With no ``eval_tasks``
+    the pauses run no eval."""
     if not pool:
         raise ValueError("the task pool is empty")
     by_key = {str(t["task_id"]): t for t in pool}
     run = ScheduledRun()
     start = time.monotonic()
+    paused_s = 0.0  # time spent in eval pauses
+
+    def train_clock() -> float:
+        return time.monotonic() - start - paused_s
+
     done = asyncio.Event()
     gate = asyncio.Event()
     gate.set()
@@ -176,27 +187,47 @@ async def run_scheduled(
 
     async def evaluate() -> EvalPoint:
         t0 = time.monotonic()
-        summary = await run_workflow(client, eval_workflow, eval_tasks, group_size=1,
-                                     concurrency=settings.concurrency, eval=True)
+        clock = train_clock()
+        summary = RunSummary()
+        if eval_tasks:
+            summary = await run_workflow(client, eval_workflow, eval_tasks, group_size=1,
+                                         concurrency=settings.concurrency, eval=True)
         st = await client.status()
-        return EvalPoint(seconds=time.monotonic() - start, train_steps=st.train_steps,
-                         policy_version=summary.last_policy_version, reward=summary.mean_reward,
-                         episodes=summary.episodes - summary.failed, eval_seconds=time.monotonic() - t0)
+        return EvalPoint(seconds=time.monotonic() - start, train_seconds=clock, train_steps=st.train_steps,
+                         policy_version=summary.last_policy_version if eval_tasks else st.policy_version,
+                         reward=summary.mean_reward, episodes=summary.episodes - summary.failed,
+                         eval_seconds=time.monotonic() - t0)
 
     async def gated_eval() -> None:
+        nonlocal paused_s
         gate.clear()
         await _control(client, "pause")
         deadline = time.monotonic() + settings.gate_timeout_s
-        while active and time.monotonic() < deadline:
+        while active and time.monotonic() < deadline:  # in-flight calls finish on the training clock
             await asyncio.sleep(0.1)
+        t0 = time.monotonic()
+        if at_pause is not None:
+            await at_pause(train_clock())
         point = await evaluate()
         run.evals.append(point)
-        if stopping is not None:
+        if stopping is not None and eval_tasks:
             stopping.observe_eval(point.reward)
         if on_eval:
             on_eval(point)
         await _control(client, "resume")
         gate.set()
+        paused_s += time.monotonic() - t0
+
+    pause_points = sorted(settings.eval_at_s)
+
+    def pause_due(since_last: float) -> bool:
+        if pause_points:
+            if train_clock() >= pause_points[0]:
+                while pause_points and train_clock() >= pause_points[0]:
+                    pause_points.pop(0)
+                return True
+            return False
+        return settings.eval_every_s is not None and since_last >= settings.eval_every_s
 
     async def monitor() -> None:
         last_steps = -1
@@ -215,10 +246,13 @@ async def run_scheduled(
                 quiet_since = now
                 if on_quiet:
                     on_quiet(st)
+            if pause_due(now - last_eval):  # before the stop checks: a pause point at the budget still runs
+                await gated_eval()
+                last_eval = time.monotonic()
             reason = None
             if settings.max_steps is not None and st.train_steps >= settings.max_steps:
                 reason = "steps"
-            elif now - start > settings.time_budget_s:
+            elif train_clock() > settings.time_budget_s:
                 reason = "time_budget"
             elif stopping is not None and (why := stopping.check(curriculum is not None and curriculum.exhausted)):
                 reason = why.value
@@ -227,17 +261,17 @@ async def run_scheduled(
                 done.set()
                 gate.set()
                 return
-            if settings.eval_every_s is not None and now - last_eval >= settings.eval_every_s:
-                await gated_eval()
-                last_eval = time.monotonic()
             await asyncio.sleep(settings.poll_s)
 
-    first = await evaluate()
-    run.evals.append(first)
-    if stopping is not None:
-        stopping.observe_eval(first.reward)
-    if on_eval:
-        on_eval(first)
+    if eval_tasks:
+        first = await evaluate()
+        first.seconds = first.train_seconds = 0.0
+        run.evals.append(first)
+        if stopping is not None:
+            stopping.observe_eval(first.reward)
+        if on_eval:
+            on_eval(first)
+    start, paused_s = time.monotonic(), 0.0  # the clocks start with training
     watcher = asyncio.create_task(monitor())
     try:
         run.train = await run_workflow(client, train_workflow, tasks(), group_size=settings.group_size,
@@ -247,13 +281,15 @@ async def run_scheduled(
         gate.set()
         with contextlib.suppress(Exception):
             await watcher
-    await _control(client, "pause")
-    final = await evaluate()
-    run.evals.append(final)
-    if on_eval:
-        on_eval(final)
-    await _control(client, "resume")
     run.seconds = time.monotonic() - start
+    run.train_seconds = train_clock()
+    if eval_tasks:
+        await _control(client, "pause")
+        final = await evaluate()
+        run.evals.append(final)
+        if on_eval:
+            on_eval(final)
+        await _control(client, "resume")
     if curriculum is not None:
         run.curriculum = curriculum.counts()
     return run
