@@ -71,3 +71,18 @@ def test_multi_turn_workflow_on_the_tiny_model_produces_merged_samples(make_serv
     assert multi and summary.samples < summary.calls and summary.merge_ratio > 1.5
     st = srv.server.store.count_by_status()
     assert st["pending"] + st["dropped_uniform"] + st["trained"] == 4
+
+
+def test_calculator_example_through_ajet_run(make_server, tmp_path) -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    srv = make_server(reply=TOOL_REPLY)
+    out = subprocess.run([sys.executable, "-m", "agentjet.cli", "run", str(root / "examples/calculator_agent.py:workflow"),
+                          "--server", srv.url, "--dataset", str(root / "examples/data/calculator.jsonl"), "--limit", "2",
+                          "--group-size", "2"], capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr + out.stdout
+    assert "4 episodes, 0 failed" in out.stdout
+    assert f"{4 * calculator.MAX_TURNS} chat calls -> 4 training samples" in out.stdout

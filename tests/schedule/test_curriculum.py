@@ -6,7 +6,14 @@ from collections import Counter
 
 import pytest
 
-from agentjet.schedule import Curriculum, CurriculumSettings, StoppingRule, StopReason, StopSettings, TaskState
+from agentjet.schedule import (
+    Curriculum,
+    CurriculumSettings,
+    StoppingRule,
+    StopReason,
+    StopSettings,
+    TaskState,
+)
 
 
 def test_solved_tasks_are_retired_and_the_mix_shifts_to_the_rest() -> None:
