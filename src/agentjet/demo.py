@@ -44,7 +44,7 @@ class DemoSettings:
     time_budget_s: float = 20 * 60
     out_dir: Path = Path("runs/demo")
     port: int | None = None
-    eval_every_s: float | None = 60.0  # periodic held-out eval (None: only before and after)
+    eval_every_s: float | None = 120.0  # periodic held-out eval (None: only before and after)
     curriculum: bool = True  # draw each group's task by its recent group results (retire solved tasks)
     early_stop: bool = True  # stop on an eval plateau or when the groups stop teaching (agentjet.schedule)
 
@@ -205,7 +205,7 @@ def train_pool(task_mod: ModuleType, n: int = 1024) -> list[dict[str, Any]]:
 async def _client_side(s: DemoSettings, task_mod: ModuleType, rec: dict[str, Any], steps: int, url: str,
                        console: Console) -> DemoResult:
     eval_tasks = [{**t, "index": i} for i, t in enumerate(task_mod.generate_tasks("eval", s.eval_tasks, seed=0))]
-    pool = train_pool(task_mod)
+    pool = train_pool(task_mod, int(rec.get("pool", 1024)))
     curriculum = Curriculum([str(t["task_id"]) for t in pool], seed=0) if s.curriculum else None
     stopping = StoppingRule(StopSettings(**rec.get("stop", {}))) if s.early_stop else None
     settings = ScheduleSettings(group_size=rec["group_size"], concurrency=s.concurrency, max_steps=steps,

@@ -42,7 +42,8 @@ SAMPLING = {"temperature": 0.7, "top_p": 1.0, "max_tokens": 10}
 EVAL_SAMPLING = {"temperature": 0.7, "top_p": 1.0, "max_tokens": 10, "seed": 10_000}
 # lr 2e-5 (5e-5 rose faster but dipped late). ``steps`` is a ceiling: the demo's curriculum retires solved
 # pairs and its stopping rule ends the run on an eval plateau (docs/benchmarks.md has the measurements).
-RECOMMENDED = {"learning_rate": 2e-5, "group_size": 8, "groups_per_batch": 4, "steps": 60, "eval_n": 44}
+RECOMMENDED = {"learning_rate": 2e-5, "group_size": 8, "groups_per_batch": 4, "steps": 60, "eval_n": 44,
+               "stop": {"patience": 2, "min_delta": 0.02, "min_evals": 3}}
 
 _NUM = re.compile(r"-?\d+")
 
