@@ -40,6 +40,10 @@ def demo(
                                                       "task's recommendation)"),
     out_dir: Path = typer.Option(Path("runs/demo"), help="where the log, plot and JSON go"),
     time_budget_s: float = typer.Option(20 * 60, help="stop training after this many seconds"),
+    concurrency: int = typer.Option(32, help="episodes in flight (also the engine's batch size)"),
+    eval_every_s: float = typer.Option(120, help="held-out eval every this many seconds (0: only before/after)"),
+    curriculum: bool = typer.Option(True, help="draw each group's task by its recent results (retire solved)"),
+    early_stop: bool = typer.Option(True, help="stop on an eval plateau or when groups stop teaching"),
 ) -> None:
     """Train SmolLM2 on a built-in task through a real swarm server and client; print eval before/after."""
     from agentjet.demo import DemoSettings, run_demo
@@ -50,7 +54,9 @@ def demo(
         raise typer.Exit(2)
     result = run_demo(DemoSettings(model=model, task=task, steps=steps, learning_rate=learning_rate,
                                    group_size=group_size, batch_groups=batch_groups, eval_tasks=eval_tasks,
-                                   out_dir=out_dir, time_budget_s=time_budget_s), console)
+                                   out_dir=out_dir, time_budget_s=time_budget_s, concurrency=concurrency,
+                                   eval_every_s=eval_every_s or None, curriculum=curriculum,
+                                   early_stop=early_stop), console)
     if result.eval_after <= result.eval_before:
         console.print("[yellow]the eval reward did not improve in this run[/yellow]")
 
