@@ -136,7 +136,7 @@ def save_plot(result: DemoResult, path: Path) -> bool:
     by_step.grid(alpha=0.3)
     steps = [p for p in result.steps if "reward_mean" in p]
     by_time.plot([p["minutes"] for p in steps], [p["reward_mean"] for p in steps], marker=".", alpha=0.7,
-                 label="train reward (batch mean)")
+                 label="train reward (trained batches: mixed groups)")
     by_time.plot([e["minutes"] for e in evals], [e["reward"] for e in evals], marker="s", color="green",
                  label="held-out eval")
     by_time.set_xlabel("wall-clock minutes (evals included)")

@@ -3,7 +3,7 @@
 GRPO learns nothing from a group whose rewards are all equal. Once the model solves a task every time, each
 new group of it is a wasted rollout (the server skips it). The curriculum follows each task's group results:
 
-- a task whose last ``solved_after`` groups all succeeded (every reward >= ``success``) is SOLVED: retired
+- a task whose last ``solved_after`` groups (default 1) all succeeded (every reward >= ``success``) is SOLVED: retired
   from the mix and only revisited with probability ``revisit`` (a failure there brings it back);
 - a task whose last ``hard_after`` groups all failed is HARD: drawn with weight ``hard_weight``;
 - the others (NEW, LEARNING) are drawn with weight 1.
@@ -32,7 +32,7 @@ class TaskState(enum.StrEnum):
 
 class CurriculumSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-    solved_after: int = Field(2, ge=1, description="consecutive all-success groups that retire a task")
+    solved_after: int = Field(1, ge=1, description="consecutive all-success groups that retire a task")
     hard_after: int = Field(2, ge=1, description="consecutive all-failure groups that make a task HARD")
     success: float = Field(1.0, description="a reward at least this counts as a success")
     revisit: float = Field(0.05, ge=0, le=1, description="chance that a draw revisits a SOLVED task")
