@@ -107,6 +107,7 @@ def main() -> None:
     p.add_argument("--n", type=int, default=48)
     p.add_argument("--variants", nargs="+", default=["tool", "tool_checker", "retry"])
     p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--tag", default="", help="a label for this system prompt / setting (results are merged by it)")
     args = p.parse_args()
 
     from agentjet.engines.hf import HFEngine
@@ -122,15 +123,18 @@ def main() -> None:
         with BackgroundServer(SwarmServer(cfg, engine)) as bg:
             for v in args.variants:
                 r = asyncio.run(pilot(bg.url, v, tasks, args.concurrency))
+                r.update(tag=args.tag, system=calculator.SYSTEM)
                 results.append(r)
-                print(f"{v}: success {r['success']:.3f} over {r['episodes']} episodes, {r['calls_per_episode']:.2f} "
+                print(f"{args.tag or '-'} {v}: success {r['success']:.3f} over {r['episodes']} episodes, {r['calls_per_episode']:.2f} "
                       f"calls/episode, tool used in {r['tool_used_share']:.0%}, calls per sample "
                       f"{r['merge_ratio']:.2f}, {r['seconds']:.0f}s", flush=True)
                 for tid, lines in list(r["transcripts"].items())[:3]:
                     print(f"  {tid}: " + " | ".join(x[:90] for x in lines))
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    old = json.loads(OUT.read_text())["results"] if OUT.exists() else []
+    keep = [r for r in old if (r.get("tag", ""), r["variant"]) not in {(x["tag"], x["variant"]) for x in results}]
     OUT.write_text(json.dumps({"machine": platform.machine(), "device": "cpu", "commit": commit, "model": args.model,
-                               "n": args.n, "sampling": calculator.SAMPLING, "results": results}, indent=2))
+                               "n": args.n, "sampling": calculator.SAMPLING, "results": keep + results}, indent=2))
 
 
 if __name__ == "__main__":

@@ -30,7 +30,9 @@ OPS = ("+", "-")
 EVAL_MOD = 5
 MAX_TURNS = 4
 
-SYSTEM = "You are a careful assistant. Use the calculator tool for arithmetic, then reply with only the number."
+SYSTEM = ("You are a careful assistant. Use the calculator tool for arithmetic, then reply with only the number.\n"
+          'Example: for "What is 12 + 30?" reply <tool_call>{"name": "calculator", "arguments": {"expression": '
+          '"12 + 30"}}</tool_call>, read the result 42, then reply 42.')
 PROMPT = "What is {a} {op} {b}?"
 TOOLS = [{"type": "function", "function": {
     "name": "calculator",
