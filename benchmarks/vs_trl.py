@@ -345,7 +345,8 @@ def main() -> None:
             print(f"   {r['steps']} steps, {r['generated_tokens']} tokens generated, {r['trained_tokens']} trained",
                   flush=True)
     summary = summarize(runs, [m for m in (5, 10, 20) if m <= args.budget_min] or minutes)
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    commit = os.environ.get("AGENTJET_COMMIT") or subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
+                                                                   text=True, cwd=ROOT).stdout.strip()
     import torch
     import transformers
     import trl
