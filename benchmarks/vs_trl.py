@@ -285,6 +285,30 @@ def plot(runs: list[dict[str, Any]], base: float, path: Path, title: str) -> Non
     plt.close(fig)
 
 
+def save(args: argparse.Namespace, runs: list[dict[str, Any]], minutes: list[float], base: float,
+         complete: bool) -> dict[str, Any]:
+    """Write the JSON and the figure (after every run, so a cut-short session keeps what finished)."""
+    summary = summarize(runs, [m for m in (5, 10, 20) if m <= args.budget_min] or minutes)
+    commit = os.environ.get("AGENTJET_COMMIT") or subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
+                                                                   text=True, cwd=ROOT).stdout.strip()
+    import torch
+    import transformers
+    import trl
+
+    result = {"machine": platform.machine(), "cpus": os.cpu_count(), "device": "cpu", "commit": commit,
+              "torch_threads": torch.get_num_threads(), "versions": {"torch": torch.__version__,
+              "transformers": transformers.__version__, "trl": trl.__version__},
+              "model": args.model, "budget_min": args.budget_min, "seeds": args.seeds, "eval_n": args.eval_n,
+              "eval_points_min": minutes, "base_eval": base, "target": TARGET, "shared": SHARED,
+              "trl_config": {k: v for k, v in trl_config("-", 0).items() if k not in ("output_dir", "seed")},
+              "runs": runs, "summary": summary, "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    plot(runs, base, args.out.with_suffix(".png"), f"{args.model} on addition: AgentJet vs TRL GRPOTrainer (CPU)")
+    result["complete"] = complete
+    args.out.write_text(json.dumps(result, indent=2, default=str))
+    return summary
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--budget-min", type=float, default=20)
@@ -344,23 +368,8 @@ def main() -> None:
             runs.append(r)
             print(f"   {r['steps']} steps, {r['generated_tokens']} tokens generated, {r['trained_tokens']} trained",
                   flush=True)
-    summary = summarize(runs, [m for m in (5, 10, 20) if m <= args.budget_min] or minutes)
-    commit = os.environ.get("AGENTJET_COMMIT") or subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
-                                                                   text=True, cwd=ROOT).stdout.strip()
-    import torch
-    import transformers
-    import trl
-
-    result = {"machine": platform.machine(), "cpus": os.cpu_count(), "device": "cpu", "commit": commit,
-              "torch_threads": torch.get_num_threads(), "versions": {"torch": torch.__version__,
-              "transformers": transformers.__version__, "trl": trl.__version__},
-              "model": args.model, "budget_min": args.budget_min, "seeds": args.seeds, "eval_n": args.eval_n,
-              "eval_points_min": minutes, "base_eval": base, "target": TARGET, "shared": SHARED,
-              "trl_config": {k: v for k, v in trl_config("-", 0).items() if k not in ("output_dir", "seed")},
-              "runs": runs, "summary": summary, "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2, default=str))
-    plot(runs, base, args.out.with_suffix(".png"), f"{args.model} on addition: AgentJet vs TRL GRPOTrainer (CPU)")
+            save(args, runs, minutes, base, complete=False)
+    summary = save(args, runs, minutes, base, complete=True)
     cols = next(iter(summary[s]["eval_at_min"] for s in ("agentjet", "trl") if s in summary))
     print("\n| | " + " | ".join(f"eval @ {float(m):g} min" for m in cols)
           + f" | min to {TARGET} | steps/min | gen tok/min | trained tok/min |")
