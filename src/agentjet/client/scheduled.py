@@ -272,7 +272,18 @@ async def run_scheduled(
         if on_eval:
             on_eval(first)
     start, paused_s = time.monotonic(), 0.0  # the clocks start with training
-    watcher = asyncio.create_task(monitor())
+    async def watch() -> None:
+        try:
+            await monitor()
+        except Exception:  # a monitor that cannot reach the server must not leave training running forever
+            log.exception("the training monitor failed; stopping the run")
+            run.stop_reason = run.stop_reason or "monitor_error"
+            raise
+        finally:
+            done.set()
+            gate.set()
+
+    watcher = asyncio.create_task(watch())
     try:
         run.train = await run_workflow(client, train_workflow, tasks(), group_size=settings.group_size,
                                        concurrency=settings.concurrency)
