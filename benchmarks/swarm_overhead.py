@@ -19,8 +19,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -29,26 +27,20 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
+from agentjet.launch import ServerProcess
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 MESSAGES = [{"role": "user", "content": "What is 3 + 4? Answer with a number."}]
 
 
-def start_null_server(port: int, data_dir: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "agentjet.cli", "server", "--engine", "null", "--model", "tiny-random",
-           "--port", str(port), "--data-dir", data_dir, "--log-level", "WARNING", "--group-size", "4",
-           "--lease-seconds", "120"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).json()["status"] == "ready":
-                return proc
-        except (httpx.TransportError, ValueError, KeyError):
-            time.sleep(0.2)
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited: {proc.stderr.read() if proc.stderr else ''}")
-    raise RuntimeError("server did not start")
+def start_null_server(port: int, data_dir: str) -> ServerProcess:
+    from agentjet.settings import ServerConfig
+
+    config = ServerConfig.model_validate({
+        "model": "tiny-random", "port": port, "data_dir": data_dir, "log_level": "WARNING", "lease_seconds": 120,
+        "engine": {"kind": "null"}, "training": {"group_size": 4}})
+    return ServerProcess("null", config, Path(data_dir) / "server.log", Path(data_dir) / "server.yaml").start()
 
 
 async def load(url: str, episodes: int, seconds: float) -> dict[str, float]:
@@ -92,30 +84,32 @@ async def load(url: str, episodes: int, seconds: float) -> dict[str, float]:
 
 
 def throughput(levels: list[int], seconds: float) -> list[dict[str, float]]:
+    from agentjet.launch import free_port
     from agentjet.models import resolve_model
-    from agentjet.server.app import free_port
 
     resolve_model("tiny-random")
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         proc = start_null_server(port, tmp)
+        proc.wait_ready(120)
         try:
             asyncio.run(load(f"http://127.0.0.1:{port}", 4, 1.0))  # warm up
             return [asyncio.run(load(f"http://127.0.0.1:{port}", n, seconds)) for n in levels]
         finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+            proc.stop(grace=30)
 
 
 def added_latency(rounds: int, max_tokens: int) -> dict[str, float]:
     """Direct engine.generate vs the same generation through the HTTP API, on one server and engine."""
     from agentjet.engines.base import SamplingParams
     from agentjet.engines.hf import HFEngine
-    from agentjet.server import ServerConfig, SwarmServer
-    from agentjet.server.app import BackgroundServer, free_port
+    from agentjet.launch import free_port
+    from agentjet.server import SwarmServer
+    from agentjet.server.app import BackgroundServer
+    from agentjet.settings import EngineSettings, ServerConfig
 
-    engine = HFEngine("smollm2-135m-instruct", max_batch_size=8)
-    engine._stop_ids = set()  # fixed-length generations, so both paths produce the same tokens
+    engine = HFEngine("smollm2-135m-instruct", EngineSettings(max_batch_size=8))
+    engine.generator.stop_ids = frozenset()  # fixed-length generations, so both paths produce the same tokens
     with tempfile.TemporaryDirectory() as tmp:
         cfg = ServerConfig(model="smollm2-135m-instruct", port=free_port(), data_dir=Path(tmp))
         with BackgroundServer(SwarmServer(cfg, engine)) as srv:

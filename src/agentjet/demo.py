@@ -10,10 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -22,11 +18,12 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import httpx
 from rich.console import Console
 
 from agentjet.client.client import Episode, SwarmClient
 from agentjet.client.runner import RunSummary, run_workflow
+from agentjet.launch import ServerProcess
+from agentjet.settings import EngineSettings, ServerConfig, TrainingSettings
 from agentjet.tasks import get_task
 
 
@@ -73,29 +70,14 @@ def _workflow(task_mod: ModuleType, sampling: dict[str, Any], record: dict[int, 
     return workflow
 
 
-def _start_server(s: DemoSettings, port: int, rec: dict[str, Any], log_path: Path) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "agentjet.cli", "server", "--model", s.model, "--port", str(port),
-           "--data-dir", str(s.out_dir / "server"), "--group-size", str(rec["group_size"]),
-           "--batch-groups", str(rec["groups_per_batch"]), "--lr", str(rec["learning_rate"]),
-           "--max-staleness", str(s.max_staleness), "--checkpoint-every", "0", "--log-level", "INFO",
-           "--max-batch-size", str(s.concurrency)]
-    log = open(log_path, "wb")  # noqa: SIM115 - handed to the child process
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def _wait_ready(url: str, proc: subprocess.Popen[bytes], log_path: Path, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited (code {proc.returncode}); see {log_path}:\n"
-                               + log_path.read_text()[-2000:])
-        try:
-            if httpx.get(f"{url}/health", timeout=2).json().get("status") == "ready":
-                return
-        except (httpx.TransportError, ValueError):
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"the server did not become ready in {timeout:.0f}s; see {log_path}")
+def server_config(s: DemoSettings, port: int, rec: dict[str, Any]) -> ServerConfig:
+    """The demo server's settings (handed to the child ``ajet server`` as a config file)."""
+    return ServerConfig(
+        model=s.model, port=port, data_dir=s.out_dir / "server", log_level="INFO",
+        engine=EngineSettings(max_batch_size=s.concurrency),
+        training=TrainingSettings(group_size=rec["group_size"], batch_groups=rec["groups_per_batch"],
+                                  learning_rate=rec["learning_rate"], max_staleness=s.max_staleness,
+                                  checkpoint_every=0))
 
 
 async def _evaluate(client: SwarmClient, task_mod: ModuleType, tasks: list[dict[str, Any]], concurrency: int
@@ -176,7 +158,7 @@ def save_plot(result: DemoResult, path: Path) -> bool:
 
 
 def run_demo(s: DemoSettings, console: Console | None = None) -> DemoResult:
-    from agentjet.server.app import free_port
+    from agentjet.launch import free_port
 
     console = console or Console()
     task_mod = get_task(s.task)
@@ -191,20 +173,17 @@ def run_demo(s: DemoSettings, console: Console | None = None) -> DemoResult:
     port = s.port or free_port()
     url = f"http://127.0.0.1:{port}"
     log_path = s.out_dir / "server.log"
+    server = ServerProcess("demo", server_config(s, port, rec), log_path, s.out_dir / "server.yaml")
     start = time.monotonic()
     console.print(f"[bold]AgentJet demo[/bold]: {s.model} learns '{s.task}' ({steps} steps, {rec['group_size']} "
                   f"episodes/group, {rec['groups_per_batch']} groups/step, lr {rec['learning_rate']})")
     console.print(f"starting the swarm server on {url} (log: {log_path}) ...")
-    proc = _start_server(s, port, rec, log_path)
+    server.start()
     try:
-        _wait_ready(url, proc, log_path)
+        server.wait_ready()
         result = asyncio.run(_client_side(s, task_mod, rec, steps, url, console))
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        server.stop(grace=120)
     result.seconds = time.monotonic() - start
     result.settings = {**{k: str(v) for k, v in asdict(s).items()}, **rec, "steps": steps}
     (s.out_dir / "demo_result.json").write_text(json.dumps(asdict(result), indent=2, default=str))

@@ -39,6 +39,10 @@ class JoinResponse(_Model):
     policy_version: int
     lease_seconds: float
     released_episodes: int = Field(description="open episodes of an earlier process with this client id, released now")
+    group_size: int | None = Field(default=None, description="the server's GRPO group size: episodes per task id "
+                                   "(a runner uses it unless told otherwise)")
+    sampling: dict[str, Any] = Field(default_factory=dict, description="the server's sampling defaults "
+                                     "(temperature, top_p, max_tokens)")
 
 
 class BeginEpisodeRequest(_Model):
@@ -128,6 +132,8 @@ class BufferCounts(_Model):
 class ServerStatus(_Model):
     model: str
     engine: str
+    engine_info: dict[str, Any] = Field(default_factory=dict, description="what runs where: device, dtype, LoRA, "
+                                        "batch size, context")
     engine_state: str
     policy_version: int
     train_steps: int
@@ -141,24 +147,13 @@ class ServerStatus(_Model):
     config: dict[str, Any]
 
 
-class ErrorDetail(BaseModel):
-    message: str
-    type: str
-    param: str | None = None
-    code: str | None = None
-
-
-class ErrorBody(BaseModel):
-    """OpenAI's error shape."""
-
-    error: ErrorDetail
-
-
 class ConfigChange(_Model):
-    """A live settings change: any subset of the training settings and sampling defaults."""
+    """A live settings change: any subset of the live sections (``agentjet.settings.LIVE_SECTIONS``)."""
 
     training: dict[str, Any] = Field(default_factory=dict)
     sampling: dict[str, Any] = Field(default_factory=dict)
+    loss: dict[str, Any] = Field(default_factory=dict)
+    force: bool = Field(default=False, description="apply a task_ratios change that shuts out running task types")
 
 
 class ChangeRecord(_Model):

@@ -116,6 +116,25 @@ class SwarmClient:
         self._joined = JoinResponse.model_validate(data)
         return self._joined
 
+    @property
+    def joined(self) -> JoinResponse | None:
+        """The server's answer to ``join`` (its group size and sampling defaults), once joined."""
+        return self._joined
+
+    def group_size(self, requested: int | None = None) -> int:
+        """Episodes per task: the server's ``group_size`` unless ``requested`` says otherwise. A mismatch is
+        warned about: the server would wait ``group_timeout_s`` for each group and train partial groups."""
+        server = self._joined.group_size if self._joined is not None else None
+        if requested is None:
+            if server is None:
+                raise RuntimeError("the server did not report its group size: pass group_size explicitly")
+            return server
+        if server is not None and requested != server:
+            log.warning("group_size %d differs from the server's group_size %d: each group would wait for the "
+                        "server's group timeout and be trained partial (or not at all); omit group_size to use the "
+                        "server's", requested, server)
+        return requested
+
     async def status(self) -> ServerStatus:
         return ServerStatus.model_validate(await self.request("GET", f"{SWARM_PREFIX}/status"))
 

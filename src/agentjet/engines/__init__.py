@@ -2,11 +2,13 @@
 
 from agentjet.engines.base import (
     Engine,
+    EngineUnavailable,
     FinishReason,
+    GenerationError,
     GenerationResult,
     SamplingParams,
-    TrainConfig,
     TrainSample,
 )
 
-__all__ = ["Engine", "FinishReason", "GenerationResult", "SamplingParams", "TrainConfig", "TrainSample"]
+__all__ = ["Engine", "EngineUnavailable", "FinishReason", "GenerationError", "GenerationResult", "SamplingParams",
+           "TrainSample"]

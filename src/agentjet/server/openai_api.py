@@ -9,16 +9,29 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from agentjet.engines.base import GenerationResult, SamplingParams
+from agentjet.engines.base import (
+    MAX_SEED,
+    EngineUnavailable,
+    GenerationError,
+    GenerationResult,
+    SamplingParams,
+)
 from agentjet.protocol import AGENT_HEADER, DEFAULT_AGENT
-from agentjet.server.chat import ChatFormatError, ChatFormatter, normalize_messages, validate_tools
-from agentjet.server.core import SwarmServer
-from agentjet.server.errors import bad_request, conflict, error_body
+from agentjet.server.auth import bearer
+from agentjet.server.chat import (
+    ChatFormatError,
+    ChatFormatter,
+    normalize_messages,
+    validate_tool_choice,
+    validate_tools,
+)
+from agentjet.server.errors import APIError, bad_request, conflict, error_body, unavailable
 from agentjet.server.registry import Episode
+from agentjet.server.swarm import SwarmServer, server_of
 from agentjet.tracking import CallRecord
 
 router = APIRouter(prefix="/v1")
@@ -32,11 +45,11 @@ class ChatCompletionRequest(BaseModel):
     tool_choice: Any = None
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
-    top_k: int | None = Field(default=None, ge=0)
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    top_k: int | None = Field(default=None, ge=0, le=2**31 - 1)  # and at most the vocabulary (checked below)
+    max_tokens: int | None = Field(default=None, ge=1, le=2**31 - 1)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=2**31 - 1)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=0, lt=MAX_SEED)
     n: int = Field(default=1, ge=1, le=16)
     logprobs: bool | None = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
@@ -48,14 +61,7 @@ class ChatCompletionRequest(BaseModel):
     response_format: dict[str, Any] | None = None
 
 
-def bearer(request: Request) -> str | None:
-    auth = request.headers.get("authorization", "")
-    scheme, _, token = auth.partition(" ")
-    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
-
-
-def server_of(request: Request) -> SwarmServer:
-    return request.app.state.swarm
+MAX_STOP_CHARS = 1000
 
 
 def agent_name(request: Request, body: ChatCompletionRequest, server: SwarmServer) -> str:
@@ -97,15 +103,19 @@ def sampling_for(body: ChatCompletionRequest, server: SwarmServer, prompt_len: i
                           f"{server.engine.max_context} tokens (at most {room})", param="max_tokens",
                           code="context_length_exceeded")
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
-    if len(stop) > 4 or any(not s for s in stop):
-        raise bad_request("stop must be up to 4 non-empty strings", param="stop")
+    if len(stop) > 4 or any(not s or len(s) > MAX_STOP_CHARS for s in stop):
+        raise bad_request(f"stop must be up to 4 non-empty strings of at most {MAX_STOP_CHARS} characters",
+                          param="stop")
+    vocab = len(server.engine.tokenizer)
+    if body.top_k and body.top_k > vocab:
+        raise bad_request(f"top_k must be at most the vocabulary size {vocab} (got {body.top_k})", param="top_k")
     return SamplingParams(
         temperature=body.temperature if body.temperature is not None else d.temperature,
         top_p=body.top_p if body.top_p is not None else d.top_p,
         top_k=body.top_k or 0,
         max_tokens=asked or min(d.max_tokens, room),
         stop=stop,
-        seed=None if body.seed is None else body.seed + index,
+        seed=None if body.seed is None else (body.seed + index) % MAX_SEED,
         top_logprobs=(body.top_logprobs or 0) if body.logprobs else 0,
     )
 
@@ -113,10 +123,10 @@ def sampling_for(body: ChatCompletionRequest, server: SwarmServer, prompt_len: i
 class Prepared:
     """A validated chat request, ready to generate."""
 
-    def __init__(self, request: Request, body: ChatCompletionRequest) -> None:
+    def __init__(self, request: Request, body: ChatCompletionRequest, key: str | None) -> None:
         server = server_of(request)
         self.server = server
-        self.episode: Episode = server.open_episode_for_key(bearer(request))
+        self.episode: Episode = server.episodes.open_by_key(key)
         _unsupported(body)
         if len(body.messages) > server.config.max_messages:
             raise bad_request(f"at most {server.config.max_messages} messages per request", param="messages")
@@ -125,6 +135,7 @@ class Prepared:
         try:
             self.messages = normalize_messages(body.messages)
             self.tools = validate_tools(body.tools)
+            validate_tool_choice(body.tool_choice, self.tools)
             self.prompt_ids = server.formatter.prompt_ids(self.messages, self.tools)
         except ChatFormatError as exc:
             raise bad_request(str(exc), param=exc.param) from exc
@@ -134,11 +145,11 @@ class Prepared:
         self.id = "chatcmpl-" + uuid.uuid4().hex
 
     @classmethod
-    async def create(cls, request: Request, body: ChatCompletionRequest) -> Prepared:
+    async def create(cls, request: Request, body: ChatCompletionRequest, key: str | None) -> Prepared:
         """Validate, then put this agent's earlier generations back into the prompt as generated (token-in,
         token-out; ``agentjet.server.tito``)."""
-        p = cls(request, body)
-        ids = await p.server.tito_prompt_ids(p.episode, p.agent, p.messages, p.tools, p.prompt_ids)
+        p = cls(request, body, key)
+        ids = await p.server.episodes.tito_prompt_ids(p.episode, p.agent, p.messages, p.tools, p.prompt_ids)
         if ids is not p.prompt_ids:
             p.prompt_ids = ids
             p.sampling = [sampling_for(body, p.server, len(ids), i) for i in range(body.n)]
@@ -163,7 +174,7 @@ class Prepared:
             completion_logprobs=list(result.logprobs), temperature=sampling.logprob_temperature,
             policy_version=result.policy_version, response_message=reply,
             finish_reason=result.finish_reason.value)
-        self.server.record_call(self.episode, call)
+        self.server.episodes.record_call(self.episode, call)
 
     def finish_reason(self, result: GenerationResult, message: dict[str, Any]) -> str:
         return "tool_calls" if message.get("tool_calls") else result.finish_reason.value
@@ -196,8 +207,17 @@ def _end_call(p: Prepared) -> None:
     p.server.registry.touch(p.episode)
 
 
-def _engine_error(exc: ValueError) -> Exception:
-    return bad_request(str(exc), param="messages")
+def engine_error(exc: Exception) -> APIError:
+    """An engine failure as an HTTP error: the request's own fault is a 400 naming its parameter; anything
+    else is the engine's (503, retry later), never a 500."""
+    if isinstance(exc, GenerationError):
+        return bad_request(str(exc), param=exc.param)
+    if isinstance(exc, ValueError):
+        return bad_request(str(exc), param="messages")
+    if isinstance(exc, EngineUnavailable):
+        return unavailable(f"the engine is unavailable: {exc}", "engine_unavailable", retry_after_s=5)
+    return unavailable(f"the engine failed on this request ({type(exc).__name__}); retry later", "engine_error",
+                       retry_after_s=1)
 
 
 @router.get("/models")
@@ -208,16 +228,16 @@ async def list_models(request: Request) -> dict[str, Any]:
 
 
 @router.post("/chat/completions", response_model=None)
-async def chat_completions(request: Request, body: ChatCompletionRequest) -> Any:
-    p = await Prepared.create(request, body)
+async def chat_completions(request: Request, body: ChatCompletionRequest, key: str | None = Depends(bearer)) -> Any:
+    p = await Prepared.create(request, body, key)
     if body.stream:
         return StreamingResponse(_stream(p), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     _begin_call(p)
     try:
         results = await asyncio.gather(*[p.server.engine.generate(p.prompt_ids, s) for s in p.sampling])
-    except ValueError as exc:
-        raise _engine_error(exc) from exc
+    except Exception as exc:
+        raise engine_error(exc) from exc
     finally:
         _end_call(p)
     if not p.episode.is_open:
@@ -255,6 +275,7 @@ async def _stream(p: Prepared) -> AsyncIterator[str]:
     _begin_call(p)
     task = asyncio.ensure_future(p.server.engine.generate(p.prompt_ids, sampling,
                                                           on_token=lambda t, _lp: queue.put_nowait(t)))
+    getter: asyncio.Future[int] | None = None
     try:
         yield chunk({"role": "assistant", "content": ""})
         while not (task.done() and queue.empty()):
@@ -262,6 +283,7 @@ async def _stream(p: Prepared) -> AsyncIterator[str]:
             done, _ = await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
             if getter not in done:
                 getter.cancel()
+                getter = None
                 continue
             ids.append(getter.result())
             if p.parse_tools:
@@ -278,8 +300,9 @@ async def _stream(p: Prepared) -> AsyncIterator[str]:
                 sent = safe
         try:
             result = task.result()
-        except ValueError as exc:
-            yield _sse(error_body(str(exc), "invalid_request_error"))
+        except Exception as exc:
+            err = engine_error(exc)
+            yield _sse(error_body(err.message, err.type, err.param, err.code))
             return
         msg = p.assistant_message(result)
         rest = (msg["content"] or "")[len(sent):] if (msg["content"] or "").startswith(sent) else ""
@@ -295,7 +318,8 @@ async def _stream(p: Prepared) -> AsyncIterator[str]:
             yield _sse({"id": p.id, "object": "chat.completion.chunk", "created": p.created,
                         "model": p.server.config.name, "choices": [], "usage": p.usage([result])})
         yield "data: [DONE]\n\n"
-    finally:
+    finally:  # also when the client went away mid-stream: leave no task pending
         _end_call(p)
-        if not task.done():
-            task.cancel()
+        for pending in (getter, task):
+            if pending is not None and not pending.done():
+                pending.cancel()

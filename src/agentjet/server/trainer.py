@@ -15,17 +15,17 @@ import contextlib
 import json
 import logging
 import shutil
-import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agentjet.algorithms import compute_advantages
+from agentjet.algorithms import AdvantageEstimator, compute_advantages
 from agentjet.engines.base import Engine, TrainSample
 from agentjet.protocol import reward_mean
-from agentjet.server.config import TrainingSettings
-from agentjet.server.quotas import AbsentPolicy, apportion
+from agentjet.server.clock import Clock, SystemClock
+from agentjet.server.quotas import apportion
 from agentjet.server.store import SampleStore, StoredEpisode, StoredStatus
+from agentjet.settings import AbsentPolicy, ServerConfig, TrainingSettings
 from agentjet.tracking import EpisodeSample
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ def episode_reward(reward: float | dict[str, float], agent: str) -> float:
 
 
 def group_advantages(
-    group: Group, samples: dict[str, list[EpisodeSample]], settings: TrainingSettings
+    group: Group, samples: dict[str, list[EpisodeSample]], estimator: AdvantageEstimator
 ) -> dict[tuple[str, str], float]:
     """(episode id, agent) -> advantage, computed among the group's episodes that have that agent."""
     by_agent: dict[str, list[tuple[str, float]]] = defaultdict(list)
@@ -70,7 +70,7 @@ def group_advantages(
             by_agent[agent].append((ep.episode_id, episode_reward(ep.reward, agent)))
     out: dict[tuple[str, str], float] = {}
     for agent, pairs in by_agent.items():
-        advs = compute_advantages([r for _, r in pairs], settings.estimator)
+        advs = compute_advantages([r for _, r in pairs], estimator)
         for (eid, _), a in zip(pairs, advs, strict=True):
             out[(eid, agent)] = a
     return out
@@ -91,11 +91,16 @@ def to_train_samples(samples: list[EpisodeSample], advantage: float) -> list[Tra
 
 
 class Trainer:
-    def __init__(self, engine: Engine, store: SampleStore, settings: TrainingSettings, checkpoint_dir: Path) -> None:
+    """Reads ``config.training`` and ``config.loss`` afresh for every batch, so a live change (the control
+    plane swaps those sections between steps) takes effect from the next batch."""
+
+    def __init__(self, engine: Engine, store: SampleStore, config: ServerConfig, checkpoint_dir: Path,
+                 clock: Clock | None = None) -> None:
         self.engine = engine
         self.store = store
-        self.settings = settings
+        self.config = config
         self.checkpoint_dir = checkpoint_dir
+        self.clock = clock or SystemClock()
         self.counters = TrainerCounters()
         self.paused = False
         self._pending: dict[str, list[StoredEpisode]] = defaultdict(list)
@@ -106,10 +111,14 @@ class Trainer:
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
 
+    @property
+    def settings(self) -> TrainingSettings:
+        return self.config.training
+
     # ------------------------------------------------------------ intake
     def add(self, ep: StoredEpisode) -> None:
         self._pending[ep.group_key].append(ep)
-        self._first_seen.setdefault(ep.group_key, time.monotonic())
+        self._first_seen.setdefault(ep.group_key, self.clock.monotonic())
         self._wake.set()
 
     def load_pending(self) -> int:
@@ -119,7 +128,7 @@ class Trainer:
         return len(eps)
 
     def note_begin(self, task_type: str) -> None:
-        self.last_begin[task_type] = time.monotonic()
+        self.last_begin[task_type] = self.clock.monotonic()
 
     def pending_by_type(self) -> dict[str, int]:
         counts: dict[str, int] = defaultdict(int)
@@ -134,7 +143,7 @@ class Trainer:
 
     def _absent(self, task_type: str) -> bool:
         seen = self.last_begin.get(task_type)
-        return seen is None or time.monotonic() - seen > self.settings.absent_after_s
+        return seen is None or self.clock.monotonic() - seen > self.settings.absent_after_s
 
     def select_batch(self, groups: list[Group]) -> list[Group] | None:
         """``batch_groups`` groups, composed to the task-type quotas when ratios are set."""
@@ -195,7 +204,7 @@ class Trainer:
     def candidate_groups(self) -> list[Group]:
         """Groups that could be trained now, oldest first (nothing is taken out of the pool)."""
         s = self.settings
-        now = time.monotonic()
+        now = self.clock.monotonic()
         groups: list[Group] = []
         for key, eps in self._pending.items():
             full = len(eps) // s.group_size
@@ -212,7 +221,7 @@ class Trainer:
             left = [ep for ep in self._pending.get(key, []) if ep.episode_id not in taken]
             self._set_group(key, left)
             if left:
-                self._first_seen[key] = time.monotonic()
+                self._first_seen[key] = self.clock.monotonic()
 
     def _drop_uniform(self, groups: list[Group]) -> list[Group]:
         """Consume groups whose rewards are all equal (no learning signal); return the others."""
@@ -233,7 +242,7 @@ class Trainer:
         batch: list[TrainSample] = []
         rewards: list[float] = []
         for g in groups:
-            advs = group_advantages(g, samples, self.settings)
+            advs = group_advantages(g, samples, self.config.loss.estimator)
             for ep in g.episodes:
                 by_agent: dict[str, list[EpisodeSample]] = defaultdict(list)
                 for s in samples[ep.episode_id]:
@@ -329,7 +338,7 @@ class Trainer:
         self.engine.save(tmp)
         state = {"train_steps": step, "policy_version": self.engine.policy_version,
                  "dropped_stale": self.counters.dropped_stale, "dropped_uniform": self.counters.dropped_uniform,
-                 "trained_episodes": self.counters.trained_episodes, "saved_at": time.time()}
+                 "trained_episodes": self.counters.trained_episodes, "saved_at": self.clock.time()}
         (tmp / CHECKPOINT_STATE).write_text(json.dumps(state, indent=2))
         if target.exists():
             shutil.rmtree(target)

@@ -1,0 +1,152 @@
+"""The embedded engine's training half: PPO-clip on precomputed per-token advantages, memory-bounded.
+
+``train_step`` runs the decoder over micro-batches of at most ``micro_batch_tokens`` padded tokens, gathers
+only the trained positions and computes their logprobs a chunk of rows at a time
+(``agentjet.engines.logprobs``), so full-vocabulary logits never exist for the whole batch; then PPO-clip
+(+ optional k3 KL to a frozen reference), gradient clipping and AdamW. The weights are updated in place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agentjet.algorithms.loss import ppo_clip_loss
+from agentjet.engines.base import TrainSample
+from agentjet.engines.logprobs import chunked_token_logprobs
+from agentjet.settings import EngineSettings, LossSettings
+
+OPTIMIZER_FILE = "optimizer.pt"
+
+
+def micro_batches(batch: list[TrainSample], max_tokens: int) -> list[list[TrainSample]]:
+    """Length-sorted groups whose padded size (rows x longest row) stays within ``max_tokens``."""
+    order = sorted(batch, key=lambda s: len(s.input_ids))
+    groups: list[list[TrainSample]] = [[]]
+    for s in order:
+        width = max([len(s.input_ids)] + [len(x.input_ids) for x in groups[-1]])
+        if groups[-1] and width * (len(groups[-1]) + 1) > max_tokens:
+            groups.append([])
+        groups[-1].append(s)
+    return groups
+
+
+class PolicyTrainer:
+    """Owns the optimizer; trains ``model`` (the engine's one copy of the weights) in place."""
+
+    def __init__(self, model: torch.nn.Module, causal_lm: Any, pad_id: int, device: torch.device,
+                 settings: EngineSettings, loss: LossSettings, learning_rate: float) -> None:
+        self.model = model  # what is trained (a PEFT wrapper under LoRA)
+        self.causal_lm = causal_lm  # the underlying *ForCausalLM: its decoder and output head
+        self.pad_id = pad_id
+        self.device = device
+        self.settings = settings
+        self.loss = loss
+        self._reference: torch.nn.Module | None = None
+        self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=learning_rate,
+                                           weight_decay=settings.weight_decay)
+
+    @property
+    def learning_rate(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def set_learning_rate(self, lr: float) -> None:
+        if not lr > 0:
+            raise ValueError("learning rate must be > 0")
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    def _reference_model(self) -> torch.nn.Module:
+        if self._reference is None:
+            self._reference = copy.deepcopy(self.causal_lm).eval().requires_grad_(False)
+        return self._reference
+
+    def forward_trained_logprobs(self, samples: list[TrainSample], model: Any | None = None) -> torch.Tensor:
+        """Logprobs of every trained token (loss_mask == 1) in ``samples``, flattened in row-major order."""
+        lm = model if model is not None else self.causal_lm
+        decoder, head = lm.base_model, lm.get_output_embeddings().weight
+        width = max(len(s.input_ids) for s in samples)
+        ids = torch.full((len(samples), width), self.pad_id, dtype=torch.long)
+        attn = torch.zeros((len(samples), width), dtype=torch.long)
+        mask = torch.zeros((len(samples), width), dtype=torch.bool)
+        temps = torch.zeros((len(samples), width))
+        for i, s in enumerate(samples):
+            n = len(s.input_ids)
+            ids[i, :n] = torch.tensor(s.input_ids)
+            attn[i, :n] = 1
+            mask[i, :n] = torch.tensor(s.loss_mask, dtype=torch.bool)
+            temps[i, :n] = s.temperature
+        ids, attn, mask, temps = (t.to(self.device) for t in (ids, attn, mask, temps))
+        autocast = (torch.autocast(self.device.type, dtype=torch.bfloat16) if self.settings.autocast_bf16
+                    else contextlib.nullcontext())
+        with autocast:
+            hidden = decoder(input_ids=ids, attention_mask=attn).last_hidden_state
+        pred_mask = mask[:, 1:]  # token t is predicted from the hidden state at t - 1
+        h = hidden[:, :-1][pred_mask]
+        targets = ids[:, 1:][pred_mask]
+        return chunked_token_logprobs(h, head, targets, temps[:, 1:][pred_mask], self.settings.logprob_chunk_tokens)
+
+    def train_step(self, batch: list[TrainSample]) -> dict[str, float]:
+        start = time.perf_counter()
+        loss_cfg = self.loss
+        total_weight = sum(s.weight * s.num_trained_tokens for s in batch)
+        if total_weight <= 0:
+            raise ValueError("train_step: the batch has no trained tokens (all loss masks are 0)")
+        self.model.train()
+        sums = {"loss": 0.0, "pg": 0.0, "kl": 0.0, "clipped": 0.0, "absdiff": 0.0, "ratio_max": 0.0}
+        n_tokens = 0
+        for mb in micro_batches(batch, self.settings.micro_batch_tokens):
+            lp = self.forward_trained_logprobs(mb)
+            flat = [(s, j) for s in mb for j, m in enumerate(s.loss_mask) if m]
+            old = torch.tensor([s.behaviour_logprobs[j] for s, j in flat], device=self.device)
+            adv = torch.tensor([s.advantages[j] for s, j in flat], device=self.device)
+            w = torch.tensor([s.weight for s, _ in flat], device=self.device)
+            ref = None
+            if loss_cfg.kl_coef > 0:
+                with torch.no_grad():
+                    ref = self.forward_trained_logprobs(mb, model=self._reference_model())
+            res = ppo_clip_loss(lp, old, adv, w, loss_cfg.clip_eps_low, loss_cfg.clip_eps_high, ref, loss_cfg.kl_coef)
+            (res.loss_sum / total_weight).backward()
+            sums["loss"] += float(res.loss_sum.detach())
+            sums["pg"] += res.pg_sum
+            sums["kl"] += res.kl_sum
+            sums["clipped"] += res.clipped
+            sums["absdiff"] += res.abs_logprob_diff_sum
+            sums["ratio_max"] = max(sums["ratio_max"], res.ratio_max)
+            n_tokens += len(flat)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.settings.max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.model.eval()
+        return {
+            "loss": sums["loss"] / total_weight,
+            "pg_loss": sums["pg"] / total_weight,
+            "kl": sums["kl"] / total_weight,
+            "clip_frac": sums["clipped"] / max(n_tokens, 1),
+            "ratio_max": sums["ratio_max"],
+            "mean_abs_logprob_diff": sums["absdiff"] / max(n_tokens, 1),
+            "grad_norm": float(grad_norm),
+            "trained_tokens": float(n_tokens),
+            "samples": float(len(batch)),
+            "step_seconds": time.perf_counter() - start,
+        }
+
+    @torch.no_grad()
+    def score(self, samples: list[TrainSample]) -> list[list[float]]:
+        """Current-policy logprobs of each sample's trained tokens (teacher forcing)."""
+        self.model.eval()
+        return [self.forward_trained_logprobs([s]).tolist() for s in samples]
+
+    def save_optimizer(self, path: Path) -> None:
+        torch.save(self.optimizer.state_dict(), path / OPTIMIZER_FILE)
+
+    def load_optimizer(self, path: Path) -> None:
+        opt_file = path / OPTIMIZER_FILE
+        if opt_file.exists():
+            self.optimizer.load_state_dict(torch.load(opt_file, map_location=self.device, weights_only=True))
