@@ -114,6 +114,28 @@ def test_streaming_matches_non_streaming(make_server) -> None:
     assert len(pieces) > 1  # really incremental
 
 
+def test_a_client_leaving_mid_stream_leaves_no_pending_task(make_server, caplog) -> None:
+    import gc
+    import logging
+
+    import httpx
+
+    srv = make_server("tiny")
+    ep = httpx.post(f"{srv.url}/swarm/v1/episodes", json={"client_id": "c", "task_id": "t"}).json()
+    body = {"model": "tiny", "messages": USER, "max_tokens": 400, "stream": True, "stop": ["never-appears"]}
+    caplog.set_level(logging.ERROR, logger="asyncio")
+    with httpx.stream("POST", f"{srv.url}/v1/chat/completions", json=body,
+                      headers={"Authorization": f"Bearer {ep['api_key']}"}) as r:
+        lines = r.iter_lines()
+        assert next(lines).startswith("data:")  # the role chunk: the stream is live
+    episode = srv.server.registry.get(ep["episode_id"])
+    wait_until(lambda: episode.inflight == 0, timeout=60)
+    srv.call(asyncio.sleep(0.5))
+    gc.collect()
+    assert "Task was destroyed" not in caplog.text
+    assert httpx.get(f"{srv.url}/health").json()["status"] == "ready"
+
+
 def test_staleness_bound_drops_and_counts(make_server) -> None:
     srv = make_server(training={"group_size": 2, "batch_groups": 1, "max_staleness": 0})
 

@@ -11,6 +11,11 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionMessage
+from openai.types.chat.chat_completion import Choice, ChoiceLogprobs
+from openai.types.chat.chat_completion_chunk import Choice as ChunkChoice
+from openai.types.chat.chat_completion_chunk import ChoiceDelta
+from openai.types.completion_usage import CompletionUsage
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentjet.engines.base import (
@@ -179,22 +184,33 @@ class Prepared:
     def finish_reason(self, result: GenerationResult, message: dict[str, Any]) -> str:
         return "tool_calls" if message.get("tool_calls") else result.finish_reason.value
 
-    def logprobs_json(self, result: GenerationResult) -> dict[str, Any]:
+    def logprobs(self, result: GenerationResult) -> ChoiceLogprobs | None:
+        if not self.body.logprobs:
+            return None
         tok = self.server.engine.tokenizer
-        content = []
-        for i, (t, lp) in enumerate(zip(result.token_ids, result.logprobs, strict=True)):
-            piece = tok.decode([t])
-            entry: dict[str, Any] = {"token": piece, "logprob": lp, "bytes": list(piece.encode()), "top_logprobs": []}
-            if result.top_logprobs:
-                entry["top_logprobs"] = [{"token": tok.decode([a]), "logprob": alp, "bytes": list(tok.decode([a]).encode())}
-                                         for a, alp in result.top_logprobs[i]]
-            content.append(entry)
-        return {"content": content}
 
-    def usage(self, results: list[GenerationResult]) -> dict[str, int]:
+        def entry(token: int, logprob: float) -> dict[str, Any]:
+            piece = tok.decode([token])
+            return {"token": piece, "logprob": logprob, "bytes": list(piece.encode())}
+
+        tops = result.top_logprobs or [[] for _ in result.token_ids]
+        content = [{**entry(t, lp), "top_logprobs": [entry(a, alp) for a, alp in top]}
+                   for t, lp, top in zip(result.token_ids, result.logprobs, tops, strict=True)]
+        return ChoiceLogprobs.model_validate({"content": content})
+
+    def usage(self, results: list[GenerationResult]) -> CompletionUsage:
         completion = sum(len(r.token_ids) for r in results)
-        return {"prompt_tokens": len(self.prompt_ids), "completion_tokens": completion,
-                "total_tokens": len(self.prompt_ids) + completion}
+        return CompletionUsage(prompt_tokens=len(self.prompt_ids), completion_tokens=completion,
+                               total_tokens=len(self.prompt_ids) + completion)
+
+    def chunk(self, delta: dict[str, Any] | None, finish: str | None = None, logprobs: ChoiceLogprobs | None = None,
+              usage: CompletionUsage | None = None) -> str:
+        """One server-sent event of the stream (``delta=None``: the final usage-only chunk)."""
+        choices = [] if delta is None else [ChunkChoice(index=0, delta=ChoiceDelta.model_validate(delta),
+                                                        finish_reason=finish, logprobs=logprobs)]  # type: ignore[arg-type]
+        event = ChatCompletionChunk(id=self.id, object="chat.completion.chunk", created=self.created,
+                                    model=self.server.config.name, choices=choices, usage=usage)
+        return _sse(event.model_dump(mode="json", exclude_unset=True))
 
 
 def _begin_call(p: Prepared) -> None:
@@ -246,11 +262,12 @@ async def chat_completions(request: Request, body: ChatCompletionRequest, key: s
     for i, (res, s) in enumerate(zip(results, p.sampling, strict=True)):
         msg = p.assistant_message(res)
         p.record(res, msg, s)
-        choices.append({"index": i, "message": msg, "finish_reason": p.finish_reason(res, msg),
-                        "logprobs": p.logprobs_json(res) if body.logprobs else None})
-    return JSONResponse({"id": p.id, "object": "chat.completion", "created": p.created, "model": p.server.config.name,
-                         "choices": choices, "usage": p.usage(results),
-                         "system_fingerprint": f"policy-v{results[0].policy_version}"})
+        choices.append(Choice(index=i, message=ChatCompletionMessage.model_validate(msg),
+                              finish_reason=p.finish_reason(res, msg), logprobs=p.logprobs(res)))  # type: ignore[arg-type]
+    completion = ChatCompletion(id=p.id, object="chat.completion", created=p.created, model=p.server.config.name,
+                                choices=choices, usage=p.usage(results),
+                                system_fingerprint=f"policy-v{results[0].policy_version}")
+    return JSONResponse(completion.model_dump(mode="json", exclude_unset=True))
 
 
 def _sse(obj: dict[str, Any]) -> str:
@@ -266,11 +283,7 @@ async def _stream(p: Prepared) -> AsyncIterator[str]:
     ids: list[int] = []
     sent = ""
     hold = max((len(s) for s in sampling.stop), default=1) - 1
-
-    def chunk(delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> str:
-        return _sse({"id": p.id, "object": "chat.completion.chunk", "created": p.created,
-                     "model": p.server.config.name,
-                     "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}]})
+    chunk = p.chunk
 
     _begin_call(p)
     task = asyncio.ensure_future(p.server.engine.generate(p.prompt_ids, sampling,
@@ -313,10 +326,9 @@ async def _stream(p: Prepared) -> AsyncIterator[str]:
             delta["tool_calls"] = [{**tc, "index": i} for i, tc in enumerate(msg["tool_calls"])]
         if p.episode.is_open:
             p.record(result, msg, sampling)
-        yield chunk(delta, p.finish_reason(result, msg), p.logprobs_json(result) if p.body.logprobs else None)
+        yield chunk(delta, p.finish_reason(result, msg), p.logprobs(result))
         if (p.body.stream_options or {}).get("include_usage"):
-            yield _sse({"id": p.id, "object": "chat.completion.chunk", "created": p.created,
-                        "model": p.server.config.name, "choices": [], "usage": p.usage([result])})
+            yield chunk(None, usage=p.usage([result]))
         yield "data: [DONE]\n\n"
     finally:  # also when the client went away mid-stream: leave no task pending
         _end_call(p)
