@@ -295,3 +295,36 @@ def test_runner_runs_repeated_task_ids_every_time(make_server) -> None:
 
     summary = asyncio.run(main())
     assert summary.episodes == 4 and srv.server.throughput.ended == 4
+
+
+def test_client_backoff_honours_retry_after_and_gives_up(monkeypatch) -> None:
+    """A 503 with Retry-After is retried no sooner than asked; after `retries` attempts the error surfaces."""
+    from agentjet.client import client as client_mod
+
+    calls: list[float] = []
+    sleeps: list[float] = []
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(time.monotonic())
+        return httpx.Response(503, headers={"Retry-After": "3"},
+                              json={"error": {"message": "busy", "type": "service_unavailable", "code": "x"}})
+
+    async def fake_sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+
+    monkeypatch.setattr(client_mod.asyncio, "sleep", fake_sleep)
+
+    async def main() -> SwarmError:
+        c = SwarmClient("http://swarm.test", join=False, retries=2)
+        c._http = httpx.AsyncClient(base_url="http://swarm.test", transport=httpx.MockTransport(handler))
+        try:
+            await c.status()
+        except SwarmError as exc:
+            return exc
+        finally:
+            await c.close()
+        raise AssertionError("no error")
+
+    exc = asyncio.run(main())
+    assert exc.status == 503 and len(calls) == 3
+    assert len(sleeps) == 2 and all(s >= 3.0 for s in sleeps)
