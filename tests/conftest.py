@@ -5,6 +5,22 @@ from pathlib import Path
 
 import pytest
 
+SERVER_FIXTURES = {"make_server", "fuzz_server_factory", "api", "control_api", "engine_api"}
+TINY_FIXTURES = {"tiny_model_path", "tiny_engine"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Levels, by what a test needs: ``server`` (a real HTTP server), ``tiny`` (the tiny model, no server), or
+    neither (pure logic). ``-m "not server"`` runs the fast levels only."""
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        if item.get_closest_marker("server") is not None:
+            continue
+        if names & SERVER_FIXTURES:
+            item.add_marker(pytest.mark.server)
+        elif names & TINY_FIXTURES:
+            item.add_marker(pytest.mark.tiny)
+
 
 @pytest.fixture(scope="session", autouse=True)
 def agentjet_home() -> Path:

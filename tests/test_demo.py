@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from agentjet.demo import DemoSettings, run_demo
 
 
+@pytest.mark.server
 def test_demo_runs_end_to_end_on_tiny_model(tiny_model_path: Path, tmp_path: Path) -> None:
     out = tmp_path / "demo"
     console = Console(record=True, width=200)

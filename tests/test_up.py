@@ -48,6 +48,7 @@ def _write(tmp_path: Path, text: str) -> Path:
     return p
 
 
+@pytest.mark.server
 def test_up_starts_servers_and_client_then_stops(tmp_path: Path, tiny_model_path: Path) -> None:
     pa, pb = free_port(), free_port()
     marker = tmp_path / "client-ran"

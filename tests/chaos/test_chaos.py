@@ -21,6 +21,7 @@ USER = [{"role": "user", "content": "what is 2 + 2?"}]
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.server
 def test_chaos_acknowledged_episodes_are_trained_once_or_still_stored(tmp_path: Path, tiny_model_path: Path) -> None:
     cfg = config_from_env(timeout_s=800.0)
     report = run_chaos(cfg, tmp_path / "chaos", say=lambda msg: print(msg, flush=True))
