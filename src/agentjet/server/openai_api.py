@@ -125,8 +125,9 @@ def sampling_for(body: ChatCompletionRequest, server: SwarmServer, prompt_len: i
     )
 
 
-class Prepared:
-    """A validated chat request, ready to generate."""
+class ChatCall:
+    """One chat completion request, validated against its episode and rendered to prompt ids (with token-in,
+    token-out applied: ``ChatCall.create``), plus what it needs to record each reply and shape the answer."""
 
     def __init__(self, request: Request, body: ChatCompletionRequest, key: str | None) -> None:
         server = server_of(request)
@@ -150,7 +151,7 @@ class Prepared:
         self.id = "chatcmpl-" + uuid.uuid4().hex
 
     @classmethod
-    async def create(cls, request: Request, body: ChatCompletionRequest, key: str | None) -> Prepared:
+    async def create(cls, request: Request, body: ChatCompletionRequest, key: str | None) -> ChatCall:
         """Validate, then put this agent's earlier generations back into the prompt as generated (token-in,
         token-out; ``agentjet.server.tito``)."""
         p = cls(request, body, key)
@@ -213,12 +214,12 @@ class Prepared:
         return _sse(event.model_dump(mode="json", exclude_unset=True))
 
 
-def _begin_call(p: Prepared) -> None:
+def _begin_call(p: ChatCall) -> None:
     p.episode.inflight += 1
     p.server.registry.touch(p.episode)
 
 
-def _end_call(p: Prepared) -> None:
+def _end_call(p: ChatCall) -> None:
     p.episode.inflight -= 1
     p.server.registry.touch(p.episode)
 
@@ -245,7 +246,7 @@ async def list_models(request: Request) -> dict[str, Any]:
 
 @router.post("/chat/completions", response_model=None)
 async def chat_completions(request: Request, body: ChatCompletionRequest, key: str | None = Depends(bearer)) -> Any:
-    p = await Prepared.create(request, body, key)
+    p = await ChatCall.create(request, body, key)
     if body.stream:
         return StreamingResponse(_stream(p), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -274,7 +275,7 @@ def _sse(obj: dict[str, Any]) -> str:
     return f"data: {json.dumps(obj)}\n\n"
 
 
-async def _stream(p: Prepared) -> AsyncIterator[str]:
+async def _stream(p: ChatCall) -> AsyncIterator[str]:
     """Token-by-token SSE. Text is held back while it could still be the start of a stop string, and
     entirely when tools are given (tool calls are parsed from the whole output)."""
     tok = p.server.engine.tokenizer
