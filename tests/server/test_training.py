@@ -328,3 +328,30 @@ def test_client_backoff_honours_retry_after_and_gives_up(monkeypatch) -> None:
     exc = asyncio.run(main())
     assert exc.status == 503 and len(calls) == 3
     assert len(sleeps) == 2 and all(s >= 3.0 for s in sleeps)
+
+
+def test_runner_uses_the_servers_group_size_and_warns_on_a_mismatch(make_server, caplog) -> None:
+    import logging
+
+    srv = make_server(training={"group_size": 3, "batch_groups": 1})
+    seen: list[str] = []
+    ended = iter(range(100))
+
+    async def workflow(task: dict, ep) -> float:  # noqa: ANN001
+        seen.append(task["task_id"])
+        await ep.openai().chat.completions.create(model="tiny", messages=USER)
+        return float(next(ended) % 2)  # mixed rewards: the group is trained, not skipped
+
+    async def main() -> None:
+        async with SwarmClient(srv.url) as client:
+            assert client.joined is not None and client.joined.group_size == 3
+            assert client.joined.sampling["max_tokens"] == srv.server.config.sampling.max_tokens
+            with caplog.at_level(logging.WARNING, logger="agentjet.client.client"):
+                await run_workflow(client, workflow, [{"task_id": "a"}], concurrency=4)
+                assert "differs" not in caplog.text
+                await run_workflow(client, workflow, [{"task_id": "b"}], group_size=2, concurrency=4)
+                assert "group_size 2 differs from the server's group_size 3" in caplog.text
+
+    asyncio.run(main())
+    assert seen.count("a") == 3 and seen.count("b") == 2
+    wait_until(lambda: srv.server.trainer.counters.train_steps == 1)  # the full group of 3 trained
