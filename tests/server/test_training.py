@@ -137,7 +137,8 @@ def test_a_client_leaving_mid_stream_leaves_no_pending_task(make_server, caplog)
 
 
 def test_staleness_bound_drops_and_counts(make_server) -> None:
-    srv = make_server(training={"group_size": 2, "batch_groups": 1, "max_staleness": 0})
+    # admission off: the test makes stale episodes on purpose, which admission would not let begin
+    srv = make_server(training={"group_size": 2, "batch_groups": 1, "max_staleness": 0, "admission": False})
 
     async def main() -> None:
         async with SwarmClient(srv.url) as client:

@@ -38,6 +38,9 @@ from agentjet.protocol import (
 log = logging.getLogger(__name__)
 
 RETRY_STATUSES = {429, 502, 503, 504}
+# 429s that mean "not yet", not "failed": a cocktail quota ahead of its share, or the swarm at capacity (admission
+# within the staleness bound). Waited out for up to ``defer_timeout`` seconds.
+DEFER_CODES = {"deferred", "at_capacity"}
 
 
 class SwarmError(RuntimeError):
@@ -139,7 +142,7 @@ class SwarmClient:
         if resp.status_code < 400:
             return resp.json()
         error = _error_of(resp)
-        if error.code == "deferred":
+        if error.code in DEFER_CODES:
             wait_ms = resp.headers.get("retry-after-ms", "500")
             raise _Deferred(error, float(wait_ms) / 1000 if wait_ms.isdigit() else 0.5)
         if resp.status_code in RETRY_STATUSES:

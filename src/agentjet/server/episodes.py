@@ -26,6 +26,7 @@ from agentjet.protocol import (
     JoinResponse,
     PrepareEpisodeRequest,
 )
+from agentjet.server.admission import admits, capacity
 from agentjet.server.chat import ChatFormatter
 from agentjet.server.clock import Clock
 from agentjet.server.digest import matches
@@ -52,6 +53,7 @@ from agentjet.tracking import CallRecord, EpisodeSample, TrackingReport, sample_
 log = logging.getLogger(__name__)
 
 QUOTA_RETRY_MS = 500
+CAPACITY_RETRY_MS = 250
 
 
 class Episodes:
@@ -71,6 +73,7 @@ class Episodes:
         self.clock = clock
         self.state = state
         self.store_healthy = True  # False after a failed write, until a probe succeeds
+        self.admission_refusals = 0  # begins refused at capacity (admission within the staleness bound)
 
     # ------------------------------------------------------------------ keys
     def by_key(self, key: str | None, episode_id: str | None = None) -> Episode:
@@ -131,6 +134,7 @@ class Episodes:
                            headers={"Retry-After": "1"})
         if not req.eval:
             self._check_quota(req.task_type)
+            self._check_capacity(req.group_id or req.task_id)
         ep, key = self.registry.begin(req, self.engine.policy_version)
         self.trainer.note_begin(req.task_type)
         return BeginEpisodeResponse(episode_id=ep.episode_id, api_key=key, base_url=self.config.base_url(),
@@ -151,6 +155,24 @@ class Episodes:
             raise APIError(429, f"task type {task_type!r} is ahead of its share ({settings.task_ratios[task_type]} of "
                            f"each batch): retry after {QUOTA_RETRY_MS} ms", "rate_limit_error", param="task_type",
                            code="deferred", headers={"Retry-After": "1", "Retry-After-Ms": str(QUOTA_RETRY_MS)})
+
+    def capacity(self) -> int:
+        """Training episodes that may begin now without going past the staleness bound (``admission.py``)."""
+        t = self.config.training
+        return capacity(version=self.engine.policy_version, batch_episodes=t.batch_groups * t.group_size,
+                        max_staleness=t.max_staleness, accepted=self.trainer.accepted_count,
+                        running=self.registry.open_training, max_concurrent=t.max_concurrent)
+
+    def _check_capacity(self, group_key: str) -> None:
+        t = self.config.training
+        begun = self.registry.open_by_group[group_key] + self.trainer.pending_in_group(group_key)
+        if not t.admission or admits(capacity_now=self.capacity(), group_size=t.group_size, begun_in_group=begun):
+            return
+        self.admission_refusals += 1
+        raise APIError(429, f"the swarm is at capacity for policy v{self.engine.policy_version}: an episode begun now "
+                       f"would be more than max_staleness={self.config.training.max_staleness} versions old when "
+                       f"trained; retry after {CAPACITY_RETRY_MS} ms", "rate_limit_error", code="at_capacity",
+                       headers={"Retry-After": "1", "Retry-After-Ms": str(CAPACITY_RETRY_MS)})
 
     def heartbeat(self, key: str | None, episode_id: str) -> HeartbeatResponse:
         ep = self.by_key(key, episode_id)

@@ -56,6 +56,8 @@ class EpisodeRegistry:
         self.clients: dict[str, float] = {}  # client id -> last seen (unix time)
         self._open_by_client: Counter[str] = Counter()
         self.open_by_type: Counter[str] = Counter()
+        self.open_training = 0  # open episodes that are not eval episodes (admission counts them)
+        self.open_by_group: Counter[str] = Counter()  # open training episodes per GRPO group key
         self.counts = {"begun": 0, "expired": 0, "aborted": 0, "released": 0}
 
     # -------------------------------------------------------------- lifecycle
@@ -77,6 +79,9 @@ class EpisodeRegistry:
         self._open[ep.episode_id] = ep
         self._open_by_client[ep.client_id] += 1
         self.open_by_type[ep.task_type] += 1
+        self.open_training += not ep.is_eval
+        if not ep.is_eval:
+            self.open_by_group[ep.group_key] += 1
         self._by_key[ep.key_hash] = ep.episode_id
         self.clients[req.client_id] = self.clock.time()
         self.counts["begun"] += 1
@@ -107,6 +112,11 @@ class EpisodeRegistry:
         self._open.pop(ep.episode_id, None)
         self._open_by_client[ep.client_id] -= 1
         self.open_by_type[ep.task_type] -= 1
+        self.open_training -= not ep.is_eval
+        if not ep.is_eval:
+            self.open_by_group[ep.group_key] -= 1
+            if self.open_by_group[ep.group_key] <= 0:
+                del self.open_by_group[ep.group_key]
         if self._open_by_client[ep.client_id] <= 0:
             del self._open_by_client[ep.client_id]
         self._closed[ep.episode_id] = ep

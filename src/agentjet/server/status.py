@@ -54,7 +54,9 @@ def build_status(server: SwarmServer) -> ServerStatus:
         model=server.config.name, engine=type(server.engine).__name__, engine_info=engine, engine_state=state,
         policy_version=server.engine.policy_version, train_steps=c.train_steps, buffer=buffer,
         clients=sorted(server.registry.clients),
-        throughput={**server.throughput.as_dict(), **server.tito.as_dict()},
+        throughput={**server.throughput.as_dict(), **server.tito.as_dict(),
+                    "admission_capacity": server.episodes.capacity(),
+                    "admission_refusals": server.episodes.admission_refusals},
         eval_reward=eval_reward_by_version(server), last_train_metrics=c.last_metrics,
         task_types={t: {"episodes": v["episodes"], "reward_mean": v["reward_sum"] / max(v["episodes"], 1)}
                     for t, v in c.by_type.items()},

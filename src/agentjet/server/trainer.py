@@ -177,6 +177,15 @@ class Trainer:
     def pending_count(self) -> int:
         return sum(len(v) for v in self._pending.values())
 
+    def pending_in_group(self, group_key: str) -> int:
+        eps = self._pending.get(group_key)
+        return len(eps) if eps else 0
+
+    @property
+    def accepted_count(self) -> int:
+        """Acknowledged training episodes kept so far: trained or still pending (admission control)."""
+        return self.counters.trained_episodes + self.pending_count
+
     # ------------------------------------------------------------ batching
     def _drop_stale(self) -> None:
         version = self.engine.policy_version

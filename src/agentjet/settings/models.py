@@ -99,6 +99,10 @@ class TrainingSettings(_Section):
     drop_uniform_groups: bool = Field(True, description="skip groups whose rewards are all equal (no signal)")
     max_staleness: int = Field(4, ge=0, le=1000, description="max policy versions between generation and "
                                "training; older episodes are dropped and counted")
+    admission: bool = Field(True, description="admit new training episodes only within the staleness bound "
+                            "(AReaL's capacity rule): beyond it, begin answers 429 and clients wait")
+    max_concurrent: int | None = Field(None, ge=1, le=10_000_000, description="most open training episodes "
+                                       "at once (admission; default: no limit but the staleness bound)")
     learning_rate: float = Field(1e-5, gt=0, lt=1, description="AdamW learning rate",
                                  json_schema_extra={"aliases": ["lr"]})
     checkpoint_every: int = Field(10, ge=0, le=1_000_000, description="train steps between checkpoints "
