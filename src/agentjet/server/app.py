@@ -54,7 +54,8 @@ def build_engine(config: ServerConfig) -> Engine:
         from agentjet.engines.null import NullEngine
         from agentjet.models import resolve_model
 
-        return NullEngine(AutoTokenizer.from_pretrained(resolve_model(config.model)), reply=config.engine.null_reply)
+        return NullEngine(AutoTokenizer.from_pretrained(resolve_model(config.model)), reply=config.engine.null_reply,
+                          delay_s=config.engine.null_delay_ms / 1000)
     from agentjet.engines.hf import HFEngine
 
     return HFEngine(config.model, config.engine, config.loss, config.training.learning_rate)

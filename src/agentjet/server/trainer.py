@@ -110,6 +110,7 @@ class Trainer:
         self.step_lock = asyncio.Lock()  # held by a train step; control actions take it to run between steps
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
+        self.in_step = 0  # episodes taken by the train step that is running (no longer pending, not yet trained)
 
     @property
     def settings(self) -> TrainingSettings:
@@ -183,8 +184,8 @@ class Trainer:
 
     @property
     def accepted_count(self) -> int:
-        """Acknowledged training episodes kept so far: trained or still pending (admission control)."""
-        return self.counters.trained_episodes + self.pending_count
+        """Acknowledged training episodes kept so far: trained, in the step running now, or pending (admission)."""
+        return self.counters.trained_episodes + self.in_step + self.pending_count
 
     # ------------------------------------------------------------ batching
     def _drop_stale(self) -> None:
@@ -302,6 +303,7 @@ class Trainer:
         if batch is None:
             return None
         self._take(batch)
+        self.in_step = sum(len(g.episodes) for g in batch)
         try:
             async with self.step_lock:
                 return await self.train_on(batch)
@@ -310,6 +312,8 @@ class Trainer:
                 for ep in g.episodes:
                     self.add(ep)
             raise
+        finally:
+            self.in_step = 0
 
     async def run(self) -> None:
         while not self._stopping:

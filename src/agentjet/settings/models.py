@@ -200,6 +200,8 @@ class EngineSettings(_Section):
     max_grad_norm: float = Field(1.0, gt=0, le=1e6, description="gradient clipping norm")
     seed: int = Field(0, ge=0, lt=2**63, description="seed of the engine's own random draws")
     null_reply: str = Field("The answer is 7.", max_length=10_000, description="the null engine's canned reply")
+    null_delay_ms: float = Field(0.0, ge=0, le=60_000, description="the null engine's time per generation "
+                                 "(to simulate a model in benchmarks)")
     lora: LoraSettings = Field(default_factory=LoraSettings)
 
 
