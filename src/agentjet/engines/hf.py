@@ -342,6 +342,8 @@ class HFEngine(Engine):
         for mb in self._micro_batches(batch):
             lp, _ = self._forward_trained_logprobs(mb)
             flat = [(s, j) for s in mb for j, m in enumerate(s.loss_mask) if m]
+            for s, part in zip(mb, lp.detach().float().split([s.num_trained_tokens for s in mb]), strict=True):
+                s.trainer_logprobs = part.tolist()  # for the trace viewer
             # the boolean-mask order is row-major, the same as this flat order
             old = torch.tensor([s.behaviour_logprobs[j] for s, j in flat], device=self.device)
             adv = torch.tensor([s.advantages[j] for s, j in flat], device=self.device)

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agentjet.algorithms import AdvantageEstimator
+from agentjet.observe.settings import ObserveSettings
 from agentjet.server.quotas import AbsentPolicy, validate_ratios
 from agentjet.tracking import TrackingConfig
 
@@ -77,6 +78,7 @@ class ServerConfig(BaseModel):
     sampling: SamplingDefaults = Field(default_factory=SamplingDefaults)
     training: TrainingSettings = Field(default_factory=TrainingSettings)
     tracking: TrackingSettings = Field(default_factory=TrackingSettings)
+    observe: ObserveSettings = Field(default_factory=ObserveSettings)  # dashboard, metrics, read token
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
     max_messages: int = Field(2048, ge=1)
     max_open_episodes_per_client: int = Field(1024, ge=1)

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentjet.engines.base import Engine
+from agentjet.observe.events import TrackingTotals
+from agentjet.observe.metrics import MetricsHub
 from agentjet.protocol import (
     SWARM_PREFIX,
     AbortEpisodeResponse,
@@ -44,6 +46,7 @@ from agentjet.server.errors import (
     unavailable,
 )
 from agentjet.server.locks import KeyedLocks
+from agentjet.server.observe_source import ServerSource
 from agentjet.server.registry import Episode, EpisodeRegistry, hash_key
 from agentjet.server.store import SampleStore, StoredEpisode, StoredStatus, StoreError
 from agentjet.server.tito import TitoCounters, may_splice, request_prompt_ids
@@ -85,6 +88,11 @@ class SwarmServer:
         self.store_healthy = True  # False after a failed write, until a probe succeeds
         self.change_log: list[ChangeRecord] = []  # live config changes, with the version they took effect at
         self.on_stop: Callable[[], None] | None = None  # set by whoever runs the HTTP server
+        # observe: the dashboard's read side and the metrics (Prometheus, metrics.jsonl, TensorBoard / W&B)
+        self.tracking_totals = TrackingTotals()
+        self.observe = ServerSource(self)
+        self.metrics = MetricsHub(config.observe, config.data_dir, self.observe.snapshot, self.public_config())
+        self.trainer.observer = self.metrics
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -111,6 +119,8 @@ class SwarmServer:
         if checkpoint and self.trainer.counters.train_steps:
             await asyncio.to_thread(self.trainer.save_checkpoint)
         await self.engine.close()
+        self.metrics.close()
+        self.observe.close()
         self.store.close()
         self.engine_state = "stopped"
 
@@ -304,6 +314,7 @@ class SwarmServer:
                     team_id=team.team_id if team else None, team_coordinator=team.coordinator_url if team else None,
                     team_secret=team.team_secret if team else None)
                 await asyncio.to_thread(self.store.commit_episode, stored, samples, req.metadata, report.to_dict())
+                self.tracking_totals.add(report.to_dict())  # observe: merge ratio and drift repairs
             except StoreError as exc:
                 log.error("%s", exc)
                 self.store_healthy = False  # the episode stays open: the client can retry
@@ -456,5 +467,6 @@ class SwarmServer:
             config=self.public_config())
 
     def public_config(self) -> dict[str, Any]:
-        cfg = self.config.model_dump(mode="json", exclude={"swarm_token", "admin_token"})
+        cfg = self.config.model_dump(mode="json", exclude={"swarm_token": True, "admin_token": True,
+                                                            "observe": {"read_token"}})
         return cfg

@@ -11,7 +11,7 @@ import hashlib
 import secrets
 import time
 import uuid
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +60,7 @@ class EpisodeRegistry:
         self._open_by_client: Counter[str] = Counter()
         self.open_by_type: Counter[str] = Counter()
         self.counts = {"begun": 0, "expired": 0, "aborted": 0, "released": 0}
+        self.closed_by_client: defaultdict[str, Counter[str]] = defaultdict(Counter)  # client -> final status -> n
 
     # -------------------------------------------------------------- lifecycle
     def begin(self, req: BeginEpisodeRequest, policy_version: int) -> tuple[Episode, str]:
@@ -112,6 +113,7 @@ class EpisodeRegistry:
         if self._open_by_client[ep.client_id] <= 0:
             del self._open_by_client[ep.client_id]
         self._closed[ep.episode_id] = ep
+        self.closed_by_client[ep.client_id][status.value] += 1
         if status is EpisodeStatus.ABORTED:
             self.counts["aborted"] += 1
         elif status is EpisodeStatus.EXPIRED:
@@ -138,6 +140,10 @@ class EpisodeRegistry:
         self.counts["released"] += len(mine)
         self.clients[client_id] = time.time()
         return len(mine)
+
+    def episodes(self) -> list[Episode]:
+        """The open episodes and the recently closed ones still remembered (newest last)."""
+        return [*self._closed.values(), *self._open.values()]
 
     @property
     def open_count(self) -> int:
