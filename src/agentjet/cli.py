@@ -153,6 +153,11 @@ def server(
     fix_drift: bool = typer.Option(True, help="splice generated ids back over re-tokenized replies"),
     tito: bool = typer.Option(True, help="token-in, token-out at request time: resent replies keep their "
                               "generated ids in the prompt"),
+    read_token: str | None = typer.Option(None, help="read-only access to /dashboard and /metrics (or "
+                                          "$AGENTJET_READ_TOKEN[_FILE])"),
+    log_to: str | None = typer.Option(None, help="extra metric sinks besides metrics.jsonl: tensorboard,wandb"),
+    metrics_open: bool = typer.Option(False, help="serve /metrics without a token (a loopback Prometheus)"),
+    bench_history: Path | None = typer.Option(None, help="the `ajet bench` history the dashboard's Bench page shows"),
 ) -> None:
     """Run a swarm server: one trainable model behind an OpenAI-compatible API."""
     from pydantic import ValidationError
@@ -179,6 +184,7 @@ def server(
                                       max_staleness=max_staleness, checkpoint_every=checkpoint_every,
                                       task_ratios=_parse_ratios(task_ratios), absent_policy=absent_policy),
             tracking=TrackingSettings(merge=merge, compare_level=compare_level, fix_drift=fix_drift, tito=tito),
+            observe=_observe_settings(read_token, log_to, metrics_open, bench_history),
         )
     except ValidationError as exc:
         console.print(f"[red]invalid settings:[/red]\n{exc}")
@@ -193,6 +199,21 @@ def server(
         raise typer.Exit(2)
     console.print(f"AgentJet server: model [bold]{model}[/bold] on http://{host}:{port}/v1, data in {data_dir}")
     serve(config, engine=_null_engine(model) if engine == "null" else None, resume=resume)
+
+
+def _observe_settings(read_token: str | None, log_to: str | None, metrics_open: bool, bench_history: Path | None):  # noqa: ANN202
+    from agentjet.observe import ObserveSettings
+    from agentjet.observe.metrics import MissingExtra, check_sinks_available
+
+    settings = ObserveSettings(read_token=_secret(read_token, "AGENTJET_READ_TOKEN"),
+                               log_to=[x.strip() for x in (log_to or "").split(",") if x.strip()],
+                               metrics_open=metrics_open, bench_history=bench_history)
+    try:
+        check_sinks_available(settings.log_to)
+    except MissingExtra as exc:
+        console.print(f"[red]error:[/red] --log-to: {exc}")
+        raise typer.Exit(2) from exc
+    return settings
 
 
 def _null_engine(model: str):  # noqa: ANN202
@@ -263,6 +284,43 @@ async def _run(fn, tasks, url, token, client_id, group_size, concurrency, eval, 
                                        cursor=cursor, on_progress=update)
                 total_summary.merge(s)
     return total_summary
+
+
+@app.command()
+def bench(
+    quick: bool = typer.Option(False, "--quick", help="the tiny model, short measurements (under a minute)"),
+    history: Path = typer.Option(Path("benchmarks/bench_history.jsonl"), help="history file (JSON lines)"),
+    baseline: Path = typer.Option(Path("benchmarks/bench_baseline.json"), help="baseline file"),
+    threshold: float | None = typer.Option(None, help="regression threshold (default: the baseline's, 0.05)"),
+    set_baseline: bool = typer.Option(False, help="make this run the baseline for its mode"),
+    record: bool = typer.Option(True, help="append this run to the history"),
+    compare_only: bool = typer.Option(False, help="re-check the latest history run of this mode; run nothing"),
+    inject_regression: list[str] = typer.Option([], help="metric=factor: scale a measured value before the "
+                                                "comparison (to test the gate; the run is not recorded)"),
+    report_dir: Path | None = typer.Option(Path("runs/bench"), help="where bench_history.html/.png go"),
+    model: str | None = typer.Option(None, help="model for the engine and learning parts"),
+) -> None:
+    """Run the benchmark suite, record it by commit, compare with the baseline; exit 1 on a regression."""
+    from agentjet.bench_suite import BenchOptions, SuiteSettings, run_bench
+
+    inject: dict[str, float] = {}
+    for item in inject_regression:
+        name, sep, factor = item.partition("=")
+        try:
+            inject[name] = float(factor)
+        except ValueError:
+            sep = ""
+        if not sep:
+            console.print(f"[red]error:[/red] --inject-regression {item!r} must look like metric=0.5")
+            raise typer.Exit(2)
+    if threshold is not None and not 0 < threshold < 1:
+        console.print("[red]error:[/red] --threshold must be between 0 and 1 (e.g. 0.05)")
+        raise typer.Exit(2)
+    code = run_bench(BenchOptions(quick=quick, history=history, baseline=baseline, threshold=threshold,
+                                  set_baseline=set_baseline, record=record, compare_only=compare_only,
+                                  inject=inject or None, report_dir=report_dir,
+                                  suite=SuiteSettings(quick=quick, model=model)), console)
+    raise typer.Exit(code)
 
 
 @app.command()
