@@ -33,7 +33,7 @@ def test_without_a_token_everything_is_refused(server) -> None:
         wrong = httpx.get(server.url + path, headers={"Authorization": "Bearer nope"})
         assert wrong.status_code == 401
     page = httpx.get(server.url + "/dashboard/run")
-    assert page.status_code == 303 and page.headers["location"] == "/dashboard/login?next=/dashboard/run"
+    assert page.status_code == 303 and page.headers["location"] == "/dashboard/login?next=%2Fdashboard%2Frun"
     assert httpx.get(server.url + "/dashboard/login").status_code == 200
     assert httpx.get(server.url + "/dashboard/static/common.js").status_code == 200  # code, no data
 

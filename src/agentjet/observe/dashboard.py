@@ -13,7 +13,7 @@ import asyncio
 import json
 from pathlib import Path
 from typing import Annotated, Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlencode
 
 from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.responses import FileResponse, JSONResponse, RedirectResponse, Response
@@ -132,7 +132,8 @@ class Dashboard:
                 return _error(404, f"no dashboard page {page!r}; pages: {', '.join(PAGES)}", "not_found_error",
                               "not_found")
             if not self.allowed(request):
-                return RedirectResponse(f"/dashboard/login?next=/dashboard/{page}", 303)
+                target = f"/dashboard/{page}" + (f"?{request.url.query}" if request.url.query else "")
+                return RedirectResponse(f"/dashboard/login?{urlencode({'next': target})}", 303)
             return self._page(page)
 
         # ---------------------------------------------------------------- JSON APIs (polled by the pages)
