@@ -48,6 +48,7 @@ class SuiteSettings:
     quick: bool = True
     model: str | None = None  # default: tiny-random (quick) or smollm2-135m-instruct (full)
     learn_steps: int | None = None  # default: 3 (quick) or 6 (full)
+    commit: str | None = None  # default: git HEAD of the working directory
 
     @property
     def model_name(self) -> str:
@@ -315,7 +316,7 @@ def run_suite(s: SuiteSettings, console: Console | None = None,
     say(f"4/4 learning curve on the demo task ({s.model_name})")
     learn, curves = learning_metrics(model, s.learn_steps or (3 if s.quick else 6), s.quick)
     metrics |= learn
-    return BenchRecord(commit=git_commit(), date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    return BenchRecord(commit=s.commit or git_commit(), date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                        machine=machine(), device=device(), mode="quick" if s.quick else "full",
                        seconds=time.perf_counter() - start, metrics=metrics,
                        notes=f"model {s.model_name}; curves: " + ", ".join(

@@ -299,6 +299,7 @@ def bench(
                                                 "comparison (to test the gate; the run is not recorded)"),
     report_dir: Path | None = typer.Option(Path("runs/bench"), help="where bench_history.html/.png go"),
     model: str | None = typer.Option(None, help="model for the engine and learning parts"),
+    commit: str | None = typer.Option(None, help="record under this commit (default: git HEAD of the cwd)"),
 ) -> None:
     """Run the benchmark suite, record it by commit, compare with the baseline; exit 1 on a regression."""
     from agentjet.bench_suite import BenchOptions, SuiteSettings, run_bench
@@ -319,7 +320,7 @@ def bench(
     code = run_bench(BenchOptions(quick=quick, history=history, baseline=baseline, threshold=threshold,
                                   set_baseline=set_baseline, record=record, compare_only=compare_only,
                                   inject=inject or None, report_dir=report_dir,
-                                  suite=SuiteSettings(quick=quick, model=model)), console)
+                                  suite=SuiteSettings(quick=quick, model=model, commit=commit)), console)
     raise typer.Exit(code)
 
 
