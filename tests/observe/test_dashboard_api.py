@@ -43,6 +43,8 @@ def test_read_and_admin_tokens_read_the_apis(server) -> None:
     assert httpx.get(server.url + "/dashboard/api/run", headers={"Authorization": f"Bearer {ADMIN}"}).status_code == 200
     # the read token is no admin token: control stays closed to it
     assert httpx.post(server.url + "/swarm/v1/control/pause", headers=BEARER).status_code == 401
+    status = httpx.get(server.url + "/swarm/v1/status", headers={"Authorization": f"Bearer {ADMIN}"})
+    assert READ not in status.text and "read_token" not in status.json()["config"]["observe"]
 
 
 def test_login_sets_an_httponly_strict_session_cookie(server) -> None:
@@ -223,3 +225,15 @@ def test_team_episode_trace_links_the_other_server(make_server) -> None:
     assert trace["team"]["team_id"] == team_id
     assert trace["team"]["roles"] == {"planner": a.url, "executor": b.url}
     assert on_a != on_b
+
+
+def test_wandb_sink_logs_offline(make_server, monkeypatch) -> None:
+    pytest.importorskip("wandb", reason="wandb is an optional extra (pip install 'agentjet[tracking]')")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    srv = make_server(observe=ObserveSettings(log_to=["wandb"]))
+    play_group(srv.url, "t1", [1.0, 0.0])
+    _trained(srv, 1)
+    srv.stop()  # finishes the run
+    runs = list((srv.server.config.data_dir / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(runs) == 1 and runs[0].stat().st_size > 0
