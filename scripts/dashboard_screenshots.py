@@ -74,35 +74,35 @@ async def drive(srv: BackgroundServer, steps: int, budget_s: float) -> None:
         await ep.begin()
 
 
-def shoot(url: str, merged_episode: str) -> None:
+def shoot(url: str, merged_episode: str, out: Path) -> None:
     from playwright.sync_api import sync_playwright
 
-    OUT.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
         page = browser.new_context(viewport={"width": 1440, "height": 1000}).new_page()
         page.goto(url + "/dashboard/login")
-        page.screenshot(path=str(OUT / "login.png"))
+        page.screenshot(path=str(out / "login.png"))
         page.fill("#token", TOKEN)
         page.click("button[type=submit]")
         page.wait_for_url(lambda u: u.endswith("/dashboard/run"))
         page.wait_for_function("() => [...document.querySelectorAll('.chart')].every(c => c.dataset.points !== '0' "
                                "|| c.dataset.title.includes('Drift'))", timeout=20000)
-        page.screenshot(path=str(OUT / "run.png"), full_page=True)
+        page.screenshot(path=str(out / "run.png"), full_page=True)
         for name, path, sel in (("clients", "/dashboard/clients", "#clients td a"),
                                 ("episodes", "/dashboard/episodes", "#episodes tr[data-status]"),
-                                ("bench", "/dashboard/bench", ".chart canvas")):
+                                ("bench", "/dashboard/bench", ".chart canvas, main p")):
             page.goto(url + path)
             page.wait_for_selector(sel, timeout=20000)
             page.wait_for_timeout(500)
-            page.screenshot(path=str(OUT / f"{name}.png"), full_page=name != "episodes")
+            page.screenshot(path=str(out / f"{name}.png"), full_page=name != "episodes")
         page.goto(f"{url}/dashboard/trace?episode={merged_episode}")
         page.wait_for_selector(".tokens", timeout=20000)
         page.locator(".tok.t").nth(3).hover()
-        page.screenshot(path=str(OUT / "trace.png"), full_page=True)
+        page.screenshot(path=str(out / "trace.png"), full_page=True)
         page.select_option("#color-mode", "trainer")
         page.locator(".tok.t").nth(3).hover()
-        page.screenshot(path=str(OUT / "trace_trainer_logprob.png"))
+        page.screenshot(path=str(out / "trace_trainer_logprob.png"))
         browser.close()
 
 
@@ -110,17 +110,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--budget-s", type=float, default=900)
+    ap.add_argument("--model", default="smollm2-135m-instruct", help="tiny-random: a quick check of the script")
+    ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
     if chromium_path() is None:
         sys.exit("needs chromium: apt-get install -y chromium")
     with tempfile.TemporaryDirectory() as tmp:
         rec = task.RECOMMENDED
-        cfg = ServerConfig(model="smollm2-135m-instruct", port=free_port(), data_dir=Path(tmp), lease_seconds=300,
+        cfg = ServerConfig(model=args.model, port=free_port(), data_dir=Path(tmp), lease_seconds=300,
                            observe=ObserveSettings(read_token=TOKEN, bench_history=ROOT / "benchmarks" /
                                                    "bench_history.jsonl"),
                            training=TrainingSettings(group_size=4, batch_groups=2, learning_rate=rec["learning_rate"],
                                                      checkpoint_every=0, max_staleness=2))
-        engine = HFEngine("smollm2-135m-instruct", max_batch_size=16,
+        engine = HFEngine(args.model, max_batch_size=16,
                           train_config=TrainConfig(learning_rate=rec["learning_rate"]))
         srv = BackgroundServer(SwarmServer(cfg, engine)).start()
         try:
@@ -129,10 +131,10 @@ def main() -> None:
             print(f"trained {srv.server.trainer.counters.train_steps} steps in {time.monotonic() - t0:.0f} s")
             rows = srv.server.observe.episodes(EpisodeFilter(status="trained", task_type="add-check"))
             merged = next(r.episode_id for r in rows if srv.server.metrics.trainlog.for_episode(r.episode_id))
-            shoot(srv.url, merged)
+            shoot(srv.url, merged, args.out)
         finally:
             srv.stop()
-    print(f"screenshots in {OUT}")
+    print(f"screenshots in {args.out}")
 
 
 if __name__ == "__main__":

@@ -99,7 +99,8 @@ const AJ = (() => {
       this.plot = new uPlot({
         width, height: this.opts.height || 200,
         scales: { x: { time: false } },
-        axes: [{ label: this.opts.xLabel || "step", size: 34 }, { size: 50 }],
+        axes: [{ label: this.opts.xLabel || "step", size: 34, incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000] },
+          { size: 56, values: (u, vals) => vals.map((v) => fmt(v, 2)) }],
         series: [{ label: this.opts.xLabel || "step" }, ...names.map((k, i) => ({
           label: k, stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: true,
           points: { show: true, size: 4 } }))],

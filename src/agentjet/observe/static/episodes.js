@@ -37,7 +37,7 @@
       const reward = e.reward === null ? "–" : (typeof e.reward === "object" ? JSON.stringify(e.reward) : fmt(e.reward));
       return el("tr", { "data-status": e.status }, el("td", { class: "mono" }, id), el("td", { text: e.client_id }),
         el("td", { text: e.task_id }), el("td", { text: e.task_type }),
-        el("td", { text: e.status + (e.eval ? " (eval)" : "") + (e.team_id ? " · team" : "") }),
+        el("td", { text: e.status + (e.eval && e.status !== "eval" ? " (eval)" : "") + (e.team_id ? " · team" : "") }),
         el("td", { class: "num", text: reward }), el("td", { class: "num", text: e.begin_policy_version }),
         el("td", { class: "num", text: e.consumed_step ?? "–" }), el("td", { class: "num", text: e.calls }),
         el("td", { class: "num", text: e.samples }), el("td", { text: e.ended_at ? ago(e.ended_at) : "–" }));
