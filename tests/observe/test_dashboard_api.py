@@ -237,3 +237,17 @@ def test_wandb_sink_logs_offline(make_server, monkeypatch) -> None:
     srv.stop()  # finishes the run
     runs = list((srv.server.config.data_dir / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(runs) == 1 and runs[0].stat().st_size > 0
+
+
+def test_trace_marks_the_drift_repair(make_server, tiny_model_path) -> None:
+    from agentjet.server.config import TrackingSettings
+    from tests.server.test_tracking_server import drifted_two_turns
+
+    run = drifted_two_turns(make_server, tiny_model_path, tracking=TrackingSettings(tito=False),
+                            observe=ObserveSettings(read_token=READ))
+    trace = httpx.get(f"{run.srv.url}/dashboard/api/episodes/{run.episode_id}/trace", headers=BEARER).json()
+    [sample] = trace["samples"]
+    [region] = sample["drift_regions"]
+    assert region["status"] == "repaired" and region["call_index"] == 0
+    assert sample["token_ids"][region["start"]:region["end"]][:len(run.ids)] == run.ids  # the generated ids, spliced
+    assert run.srv.server.tracking_totals.drift_repaired == 1
