@@ -240,8 +240,9 @@ def test_wandb_sink_logs_offline(make_server, monkeypatch) -> None:
 
 
 def test_trace_marks_the_drift_repair(make_server, tiny_model_path) -> None:
-    from agentjet.server.config import TrackingSettings
     from tests.server.test_tracking_server import drifted_two_turns
+
+    from agentjet.server.config import TrackingSettings
 
     run = drifted_two_turns(make_server, tiny_model_path, tracking=TrackingSettings(tito=False),
                             observe=ObserveSettings(read_token=READ))
