@@ -212,10 +212,12 @@ def merging_metrics(turns: int = 8, episodes: int = 4) -> dict[str, BenchMetric]
     """Agent-style episodes (each call resends the whole history) through the real server path and tracker."""
     with tempfile.TemporaryDirectory() as tmp:
         srv = _null_server(Path(tmp), 0.0)
+        ids = []
         try:
             with httpx.Client(base_url=srv.url, timeout=60) as http:
                 for e in range(episodes):
                     ep = http.post("/swarm/v1/episodes", json={"client_id": "bench", "task_id": f"m{e}"}).json()
+                    ids.append(ep["episode_id"])
                     headers = {"Authorization": f"Bearer {ep['api_key']}"}
                     messages: list[dict[str, Any]] = [
                         {"role": "system", "content": "You are an agent. Check each item, then answer."},
@@ -228,13 +230,14 @@ def merging_metrics(turns: int = 8, episodes: int = 4) -> dict[str, BenchMetric]
                                      {"role": "user", "content": f"Item {t + 1}: ok, value {7 * t + e}."}]
                     http.post(f"/swarm/v1/episodes/{ep['episode_id']}/end", headers=headers,
                               json={"reward": 1.0}).raise_for_status()
-            totals = srv.server.tracking_totals
+            reports = [srv.server.store.tracking_report(eid) or {} for eid in ids]
         finally:
             srv.stop()
+    total = {k: sum(r.get(k, 0) for r in reports) for k in ("tokens_unmerged", "tokens_merged", "merged_calls", "calls")}
     return {
-        "merge/token_ratio": M(value=totals.tokens_unmerged / max(totals.tokens_merged, 1), unit="x",
+        "merge/token_ratio": M(value=total["tokens_unmerged"] / max(total["tokens_merged"], 1), unit="x",
                                note=f"tokens one-sample-per-call / merged, {turns}-turn agent episodes"),
-        "merge/merged_call_ratio": M(value=totals.merged_calls / max(totals.calls, 1), unit="",
+        "merge/merged_call_ratio": M(value=total["merged_calls"] / max(total["calls"], 1), unit="",
                                      note="calls absorbed into a longer call's sample"),
     }
 
