@@ -1,8 +1,8 @@
 """The ``ajet bench`` suite: a fixed set of measurements, recorded version by version.
 
 1. engine: generation tok/s serial and 8 concurrent (their ratio is gated), train tok/s;
-2. swarm overhead: chat calls/s through the server's HTTP path against the same null engine called directly
-   (16 concurrent episodes, in one process; the ratio is gated);
+2. swarm overhead: chat calls/s through the server's HTTP path against the same null engine (100 ms per call)
+   called directly, 8 concurrent episodes, in one process (the ratio is gated);
 3. timeline merging: 8-turn agent episodes through the real server and tracker (null engine, fixed replies):
    tokens without merging / with merging and merged calls / calls (deterministic; gated);
 4. a short learning curve on the demo task (addition) through a real server and client: reward per step and
@@ -147,12 +147,15 @@ def _null_server(tmp: Path, delay_s: float) -> Any:
 
 
 def swarm_metrics(quick: bool) -> dict[str, BenchMetric]:
-    """The same null engine (50 ms per generation) at 16 concurrent requests: called directly on the server's
-    event loop, then through the HTTP API with 16 concurrent episodes (the load generator runs in this process,
-    so its own HTTP cost counts as overhead too); calls/s each way."""
+    """The same null engine (100 ms per generation) at 8 concurrent requests: called directly on the server's
+    event loop, then through the HTTP API with 8 concurrent episodes; calls/s each way. The load stays well below
+    the server's capacity, so the ratio is the time a call adds on its way through the server (HTTP, auth,
+    template, recording) relative to a 100 ms generation; the load generator runs in this process, so its own
+    HTTP cost counts too. (A saturated server's calls/s depend on what else the machine runs: see
+    benchmarks/swarm_overhead.py.)"""
     from agentjet.engines.base import SamplingParams
 
-    seconds, conc, delay = (3.0 if quick else 8.0), 16, 0.05
+    seconds, conc, delay = (4.0 if quick else 10.0), 8, 0.1
     messages = [{"role": "user", "content": "What is 3 + 4? Answer with a number."}]
     with tempfile.TemporaryDirectory() as tmp:
         srv = _null_server(Path(tmp), delay)
@@ -178,7 +181,8 @@ def swarm_metrics(quick: bool) -> dict[str, BenchMetric]:
         finally:
             srv.stop()
     return {
-        "swarm/api_vs_direct": M(value=api_rate / direct_rate, unit="x", note=f"{conc} concurrent, {delay * 1000:.0f} ms null engine"),
+        "swarm/overhead_ratio": M(value=api_rate / direct_rate, unit="x",
+                                  note=f"calls/s through the API / direct, {conc} concurrent, {delay * 1000:.0f} ms engine"),
         "swarm/api_calls_per_s": M(value=api_rate, unit="calls/s", gated=False),
         "swarm/api_p50_ms": M(value=p50, unit="ms", higher_is_better=False, gated=False),
     }
