@@ -142,8 +142,8 @@ class ServerSource:
     def _live_episodes(self, q: EpisodeFilter) -> list[EpisodeRow]:
         if q.min_reward is not None or q.max_reward is not None:
             return []  # no reward yet
-        want = _LIVE_STATUSES.get(q.status, tuple(_LIVE_STATUSES[EpisodeStatusFilter.OPEN])  # type: ignore[arg-type]
-                                  + _LIVE_STATUSES[EpisodeStatusFilter.FAILED])
+        want = (_LIVE_STATUSES[q.status] if q.status is not None
+                else _LIVE_STATUSES[EpisodeStatusFilter.OPEN] + _LIVE_STATUSES[EpisodeStatusFilter.FAILED])
         out = []
         for ep in reversed(self.server.registry.episodes()):
             if ep.status not in want or not _live_match(ep, q):
