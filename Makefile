@@ -1,4 +1,4 @@
-.PHONY: demo test test-fast lint bench setup
+.PHONY: demo test test-fast lint bench bench-quick screenshots setup
 
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -10,10 +10,17 @@ setup:
 demo: setup
 	$(PY) -m agentjet.cli demo
 
-# The whole test suite (lint + tests, SmolLM2 tests included).
+# The whole test suite (lint + tests, SmolLM2 tests included). The dashboard's browser tests run when a
+# chromium is installed (apt-get install -y chromium; .ci/run installs it) and are skipped, with the reason
+# printed, when none is.
 test: setup
-	$(PY) -m ruff check src tests benchmarks examples
-	$(PY) -m pytest -q --timeout=600
+	$(PY) -m ruff check src tests benchmarks examples scripts
+	@if [ -n "$$AGENTJET_CHROMIUM" ] || [ -x /usr/bin/chromium ] || command -v chromium >/dev/null 2>&1; then \
+	  echo "==> dashboard browser tests: ON (chromium found)"; \
+	else \
+	  echo "==> dashboard browser tests: SKIPPED: no chromium (apt-get install -y chromium)"; \
+	fi
+	$(PY) -m pytest -q --timeout=600 -rs
 
 # Only the fast tests (tiny model).
 test-fast: setup
@@ -21,3 +28,11 @@ test-fast: setup
 
 bench: setup
 	$(PY) benchmarks/engine.py
+
+# Version-by-version tracking: the quick suite, appended to benchmarks/bench_history.jsonl, gated by the baseline.
+bench-quick: setup
+	$(PY) -m agentjet.cli bench --quick
+
+# Dashboard screenshots for docs/dashboard/ from a short SmolLM2 run (needs chromium; heavy: use the CPU lock).
+screenshots: setup
+	$(PY) scripts/dashboard_screenshots.py

@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from agentjet.cli import app
 from agentjet.settings import (
+    LogSink,
     ServerConfig,
     SettingField,
     SettingsError,
@@ -35,7 +36,8 @@ def sample_value(f: SettingField) -> tuple[str, Any]:
                "min_group_size": ("3", 3), "task_ratios": ("a=0.7,b=0.3", {"a": 0.7, "b": 0.3}),
                "targets": ("q_proj,v_proj", ["q_proj", "v_proj"]), "data_dir": ("/tmp/aj-x", Path("/tmp/aj-x")),
                "log_level": ("debug", "DEBUG"), "compare_level": ("text", "text"), "dtype": ("bfloat16", "bfloat16"),
-               "public_url": ("http://h:1", "http://h:1"), "seed": ("7", 7), "max_context": ("512", 512)}
+               "public_url": ("http://h:1", "http://h:1"), "seed": ("7", 7), "max_context": ("512", 512),
+               "log_to": ("tensorboard", [LogSink.TENSORBOARD]), "bench_history": ("/tmp/h.jsonl", Path("/tmp/h.jsonl"))}
     if f.path[-1] in special:
         return special[f.path[-1]]
     inner = _strip_optional(f.annotation)
@@ -95,15 +97,14 @@ def test_every_setting_reaches_the_cli(field: SettingField, captured: list[Serve
 @pytest.mark.parametrize("field", FIELDS, ids=[f.dotted for f in FIELDS])
 def test_every_setting_reaches_the_file_and_the_environment(field: SettingField, tmp_path: Path) -> None:
     typed, want = sample_value(field)
-    raw: Any = want.value if isinstance(want, enum.Enum) else want
-    raw = str(raw) if isinstance(raw, Path) else raw
+    raw: Any = json.loads(json.dumps(want, default=lambda v: v.value if isinstance(v, enum.Enum) else str(v)))
     file_data = options_values({field.dotted: raw})
     path = tmp_path / "server.yaml"
     path.write_text(yaml.safe_dump(file_data))
     assert got(load_server_config(config_file=path), field) == want
     env_text = typed if not field.is_bool else str(want).lower()
-    if field.path[-1] == "targets":
-        env_text = "q_proj,v_proj"
+    if field.path[-1] in ("targets", "log_to"):
+        env_text = typed
     assert got(load_server_config(environ={field.env: env_text}), field) == want
 
 
@@ -196,3 +197,12 @@ def test_config_file_written_for_a_child_reads_back(tmp_path: Path) -> None:
     assert path.stat().st_mode & 0o777 == 0o600  # it holds the token
     again = load_server_config(config_file=path)
     assert again == cfg
+
+
+def test_a_nested_secret_from_a_file_named_in_the_environment(tmp_path: Path) -> None:
+    token_file = tmp_path / "read"
+    token_file.write_text("r34d\n")
+    env = {"AGENTJET_OBSERVE__READ_TOKEN_FILE": str(token_file)}
+    assert load_server_config(environ=env).observe.read_token == SecretStr("r34d")
+    both = {**env, "AGENTJET_OBSERVE__READ_TOKEN": "direct"}  # the variable wins; the _FILE one is not "unknown"
+    assert load_server_config(environ=both).observe.read_token == SecretStr("direct")

@@ -172,7 +172,8 @@ def fuzz_server_factory(tmp_path_factory: pytest.TempPathFactory, tiny_model_pat
         cfg = ServerConfig(model=str(tiny_model_path), served_model_name="tiny", port=free_port(),
                            data_dir=tmp_path_factory.mktemp("fuzz-server"), swarm_token=SWARM_TOKEN,
                            admin_token=ADMIN_TOKEN,
-                           training=TrainingSettings(group_size=2, batch_groups=1, checkpoint_every=0), **config)
+                           training=TrainingSettings(group_size=2, batch_groups=1, checkpoint_every=0,
+                                                     admission=False), **config)  # episodes held open on purpose
         bg = BackgroundServer(SwarmServer(cfg, engine or NullEngine(tokenizer, reply=reply))).start()
         api = Api(bg, fuzz_counts, fuzz_statuses)
         started.append((bg, api))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from agentjet.cli import client, ctl, swarm
+from agentjet.cli import bench, client, ctl, swarm
 from agentjet.cli.server import EPILOG, make_server_command
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
@@ -16,6 +16,7 @@ app.command("status")(client.status)
 app.command("up")(swarm.up)
 app.command("demo")(swarm.demo)
 app.command("model")(swarm.model)
+app.command("bench")(bench.bench)
 app.add_typer(ctl.app, name="ctl")
 
 

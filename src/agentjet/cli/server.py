@@ -93,6 +93,12 @@ def server(**kwargs: Any) -> None:
     except SettingsError as exc:
         fail(f"invalid settings:\n{exc}")
     check_bind(config)
+    from agentjet.observe.metrics import MissingExtra, check_sinks_available
+
+    try:
+        check_sinks_available(config.observe.log_to)
+    except MissingExtra as exc:
+        fail(f"--log-to: {exc}")
     from agentjet.runtime import prefer_passive_openmp
 
     prefer_passive_openmp()  # before torch loads

@@ -5,7 +5,7 @@ from __future__ import annotations
 import abc
 import enum
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +85,9 @@ class TrainSample:
     advantages: list[float]
     temperature: float = 1.0
     weight: float = 1.0  # multiplies every token's loss (per-episode normalisation uses 1/k)
+    # Output, filled by engines that can: the logprob the update used for each trained token, in order (the trace
+    # viewer shows it next to the behaviour logprob).
+    trainer_logprobs: list[float] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         n = len(self.input_ids)

@@ -13,6 +13,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from agentjet.engines.base import Engine
+from agentjet.observe import dashboard
 from agentjet.server import control, openai_api, swarm_api
 from agentjet.server.errors import BodySizeLimit, install_error_handlers
 from agentjet.server.swarm import SwarmServer
@@ -43,6 +44,8 @@ def create_app(server: SwarmServer) -> FastAPI:
     app.include_router(openai_api.router)
     app.include_router(swarm_api.router)
     app.include_router(control.router)
+    dashboard.install(app, server.observe, server.metrics, server.config.observe,
+                      cookie_name=f"ajet_dash_{server.config.port}")  # /dashboard, its APIs and /metrics
     return app
 
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from agentjet.engines.base import Engine
+from agentjet.observe.events import TrackingTotals
 from agentjet.protocol import (
     AbortEpisodeResponse,
     BeginEpisodeRequest,
@@ -59,7 +60,8 @@ CAPACITY_RETRY_MS = 250
 class Episodes:
     def __init__(self, config: ServerConfig, engine: Engine, formatter: ChatFormatter, registry: EpisodeRegistry,
                  store: SampleStore, trainer: Trainer, teams: Teams, throughput: Throughput, tito: TitoCounters,
-                 end_locks: KeyedLocks, clock: Clock, state: Callable[[], ServerState]) -> None:
+                 end_locks: KeyedLocks, clock: Clock, state: Callable[[], ServerState],
+                 tracking_totals: TrackingTotals) -> None:
         self.config = config
         self.engine = engine
         self.formatter = formatter
@@ -72,6 +74,7 @@ class Episodes:
         self.end_locks = end_locks  # one end / prepare / commit at a time per episode
         self.clock = clock
         self.state = state
+        self.tracking_totals = tracking_totals
         self.store_healthy = True  # False after a failed write, until a probe succeeds
         self.admission_refusals = 0  # begins refused at capacity (admission within the staleness bound)
 
@@ -283,6 +286,7 @@ class Episodes:
                 samples, report = await asyncio.to_thread(self.build_samples, calls)
                 stored = self._stored_episode(ep, req, calls, len(samples), team)
                 await asyncio.to_thread(self.store.commit_episode, stored, samples, req.metadata, report.to_dict())
+                self.tracking_totals.add(report.to_dict())  # observe: merge ratio and drift repairs
             except StoreError as exc:
                 log.error("%s", exc)
                 self.store_healthy = False  # the episode stays open: the client can retry

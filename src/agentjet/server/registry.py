@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import secrets
 import uuid
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,6 +59,7 @@ class EpisodeRegistry:
         self.open_training = 0  # open episodes that are not eval episodes (admission counts them)
         self.open_by_group: Counter[str] = Counter()  # open training episodes per GRPO group key
         self.counts = {"begun": 0, "expired": 0, "aborted": 0, "released": 0}
+        self.closed_by_client: defaultdict[str, Counter[str]] = defaultdict(Counter)  # client -> final status -> n
 
     # -------------------------------------------------------------- lifecycle
     def begin(self, req: BeginEpisodeRequest, policy_version: int) -> tuple[Episode, str]:
@@ -120,6 +121,7 @@ class EpisodeRegistry:
         if self._open_by_client[ep.client_id] <= 0:
             del self._open_by_client[ep.client_id]
         self._closed[ep.episode_id] = ep
+        self.closed_by_client[ep.client_id][status.value] += 1
         if status is EpisodeStatus.ABORTED:
             self.counts["aborted"] += 1
         elif status is EpisodeStatus.EXPIRED:
@@ -146,6 +148,10 @@ class EpisodeRegistry:
         self.counts["released"] += len(mine)
         self.clients[client_id] = self.clock.time()
         return len(mine)
+
+    def episodes(self) -> list[Episode]:
+        """The open episodes and the recently closed ones still remembered (newest last)."""
+        return [*self._closed.values(), *self._open.values()]
 
     @property
     def open_count(self) -> int:

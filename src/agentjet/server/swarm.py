@@ -17,12 +17,15 @@ from fastapi import Request
 
 from agentjet.engines.base import Engine
 from agentjet.models import agentjet_home
+from agentjet.observe.events import TrackingTotals
+from agentjet.observe.metrics import MetricsHub
 from agentjet.protocol import ChangeRecord, ServerStatus
 from agentjet.server.auth import Auth, ensure_admin_token
 from agentjet.server.chat import ChatFormatter
 from agentjet.server.clock import Clock, SystemClock
 from agentjet.server.episodes import Episodes
 from agentjet.server.locks import KeyedLocks
+from agentjet.server.observe_source import ServerSource
 from agentjet.server.registry import EpisodeRegistry
 from agentjet.server.state import ServerState
 from agentjet.server.status import Throughput, build_status
@@ -50,15 +53,21 @@ class SwarmServer:
         self.trainer = Trainer(engine, self.store, config, config.data_dir / "checkpoints", clock=self.clock)
         self.throughput = Throughput(clock=self.clock)
         self.tito = TitoCounters()
+        self.tracking_totals = TrackingTotals()  # merge ratio and drift repairs over every stored episode
         locks = KeyedLocks()
         self.teams = Teams(self.store, self.registry, locks, self.clock, lambda: self.config.lease_seconds,
                            on_committed=lambda stored: self.episodes.acknowledged(stored))
         self.episodes = Episodes(config, engine, self.formatter, self.registry, self.store, self.trainer, self.teams,
-                                 self.throughput, self.tito, locks, self.clock, lambda: self.state)
+                                 self.throughput, self.tito, locks, self.clock, lambda: self.state,
+                                 self.tracking_totals)
         self.state = ServerState.STARTING
         self.change_log: list[ChangeRecord] = []  # live config changes, with the version they took effect at
         self.on_stop: Callable[[], None] | None = None  # set by whoever runs the HTTP server
         self._reaper: asyncio.Task[None] | None = None
+        # observe: the dashboard's read side and the metrics (Prometheus, metrics.jsonl, TensorBoard / W&B)
+        self.observe = ServerSource(self)
+        self.metrics = MetricsHub(config.observe, config.data_dir, self.observe.snapshot, self.public_config())
+        self.trainer.observer = self.metrics
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -84,6 +93,8 @@ class SwarmServer:
         if checkpoint and self.trainer.counters.train_steps:
             await asyncio.to_thread(self.trainer.save_checkpoint)
         await self.engine.close()
+        self.metrics.close()
+        self.observe.close()
         self.store.close()
         self.state = ServerState.STOPPED
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from agentjet.algorithms import AdvantageEstimator, compute_advantages
 from agentjet.engines.base import Engine, TrainSample
+from agentjet.observe.events import StepObserver, StepRecord, TrainedSample, staleness_metrics
 from agentjet.protocol import reward_mean
 from agentjet.server.clock import Clock, SystemClock
 from agentjet.server.quotas import apportion
@@ -50,6 +51,7 @@ class TrainerCounters:
     trained_samples: int = 0
     dropped_stale: int = 0
     dropped_uniform: int = 0
+    trained_tokens: int = 0
     last_metrics: dict[str, float] = field(default_factory=dict)
     by_type: dict[str, dict[str, float]] = field(default_factory=dict)  # task type -> episodes, reward_sum
 
@@ -111,6 +113,10 @@ class Trainer:
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self.in_step = 0  # episodes taken by the train step that is running (no longer pending, not yet trained)
+        # observe hooks: the step's waiting time (from the end of the previous step to its batch), and an observer
+        self.observer: StepObserver | None = None
+        self._idle_since = self.clock.monotonic()
+        self._waited_s = 0.0
 
     @property
     def settings(self) -> TrainingSettings:
@@ -247,38 +253,65 @@ class Trainer:
 
     # ------------------------------------------------------------ training
     async def train_on(self, groups: list[Group]) -> dict[str, float]:
+        t0 = self.clock.monotonic()
         ids = [ep.episode_id for g in groups for ep in g.episodes]
         samples = await asyncio.to_thread(self.store.samples_for, ids)
         batch: list[TrainSample] = []
         rewards: list[float] = []
+        refs: list[tuple[str, int, str, float]] = []  # observe: (episode, sample index, agent, advantage) per sample
+        agent_rewards: dict[str, list[float]] = defaultdict(list)
         for g in groups:
             advs = group_advantages(g, samples, self.config.loss.estimator)
             for ep in g.episodes:
-                by_agent: dict[str, list[EpisodeSample]] = defaultdict(list)
-                for s in samples[ep.episode_id]:
-                    by_agent[s.agent].append(s)
+                by_agent: dict[str, list[tuple[int, EpisodeSample]]] = defaultdict(list)
+                for i, s in enumerate(samples[ep.episode_id]):
+                    by_agent[s.agent].append((i, s))
                 for agent, agent_samples in by_agent.items():
-                    batch.extend(to_train_samples(agent_samples, advs[(ep.episode_id, agent)]))
+                    adv = advs[(ep.episode_id, agent)]
+                    batch.extend(to_train_samples([s for _, s in agent_samples], adv))
+                    refs.extend((ep.episode_id, i, agent, adv) for i, _ in agent_samples)
                     rewards.append(episode_reward(ep.reward, agent))
+                    agent_rewards[agent].append(rewards[-1])
         step = self.counters.train_steps + 1
         statuses = dict.fromkeys(ids, StoredStatus.TRAINED)
         if not any(s.num_trained_tokens for s in batch):  # nothing to learn from (no calls made)
             self.store.mark_consumed(statuses, step=None)
             return {}
+        version_before = self.engine.policy_version
+        t1 = self.clock.monotonic()
         metrics = await self.engine.train_step(batch)
+        t2 = self.clock.monotonic()
+        staleness = [version_before - ep.min_policy_version for g in groups for ep in g.episodes]
         metrics = {**metrics, "reward_mean": sum(rewards) / max(len(rewards), 1), "groups": float(len(groups)),
-                   "episodes": float(len(ids)), **self._type_metrics(groups)}
+                   "episodes": float(len(ids)), **self._type_metrics(groups),
+                   **{f"reward_agent/{a}": sum(r) / len(r) for a, r in sorted(agent_rewards.items())},
+                   **self._timing(t0, t1, t2, metrics), **staleness_metrics(staleness)}
+        if self.observer is not None:
+            metrics.update(self.observer.step_context(metrics))
         self.store.mark_consumed(statuses, step=step, step_record=(self.engine.policy_version, metrics))
         self.counters.train_steps = step
         self.counters.trained_episodes += len(ids)
         self.counters.trained_samples += len(batch)
+        self.counters.trained_tokens += sum(s.num_trained_tokens for s in batch)
         self.counters.last_metrics = metrics
         log.info("step %d: policy v%d, %d episodes, reward %.3f, loss %.4f, %.1fs", step,
                  self.engine.policy_version, len(ids), metrics["reward_mean"], metrics.get("loss", 0.0),
                  metrics.get("step_seconds", 0.0))
+        if self.observer is not None:
+            record = StepRecord(step=step, policy_version=self.engine.policy_version, time=self.clock.time(),
+                                metrics=metrics, staleness=staleness,
+                                samples=[TrainedSample(eid, i, agent, adv, ts.trainer_logprobs)
+                                         for (eid, i, agent, adv), ts in zip(refs, batch, strict=True)])
+            await asyncio.to_thread(self.observer.on_step, record)
         if self.settings.checkpoint_every and step % self.settings.checkpoint_every == 0:
             await asyncio.to_thread(self.save_checkpoint)
         return metrics
+
+    def _timing(self, t0: float, t1: float, t2: float, metrics: dict[str, float]) -> dict[str, float]:
+        """The step's wall time split: waiting for a batch, preparing it, training, weight sync (engine-reported)."""
+        sync = float(metrics.get("sync_seconds", 0.0))
+        return {"time/waiting_s": self._waited_s, "time/prepare_s": t1 - t0,
+                "time/training_s": max(t2 - t1 - sync, 0.0), "time/sync_s": sync}
 
     def _type_metrics(self, groups: list[Group]) -> dict[str, float]:
         """Per task type: share of the batch's episodes and mean reward; accumulated for the status."""
@@ -304,6 +337,7 @@ class Trainer:
             return None
         self._take(batch)
         self.in_step = sum(len(g.episodes) for g in batch)
+        self._waited_s = self.clock.monotonic() - self._idle_since
         try:
             async with self.step_lock:
                 return await self.train_on(batch)
@@ -314,6 +348,7 @@ class Trainer:
             raise
         finally:
             self.in_step = 0
+            self._idle_since = self.clock.monotonic()
 
     async def run(self) -> None:
         while not self._stopping:

@@ -70,11 +70,10 @@ def env_values(environ: Mapping[str, str]) -> dict[str, Any]:
     flat: dict[tuple[str, ...], Any] = {}
     known = set()
     for f in server_fields():
-        known.add(f.env)
+        known.update((f.env, f.env + SECRET_FILE_SUFFIX) if f.is_secret else (f.env,))
         if f.env in environ:
             flat[f.path] = environ[f.env]
         elif f.is_secret and environ.get(f.env + SECRET_FILE_SUFFIX):
-            known.add(f.env + SECRET_FILE_SUFFIX)
             flat[f.path] = read_secret_file(environ[f.env + SECRET_FILE_SUFFIX], f.env + SECRET_FILE_SUFFIX)
     unknown = sorted(k for k in environ if k.startswith(ENV_PREFIX) and ENV_NESTED in k and k not in known)
     if unknown:

@@ -205,6 +205,29 @@ class EngineSettings(_Section):
     lora: LoraSettings = Field(default_factory=LoraSettings)
 
 
+class LogSink(enum.StrEnum):
+    """Optional metric sinks next to the JSONL file (which is always written)."""
+
+    TENSORBOARD = "tensorboard"  # needs the `tracking` extra (tensorboard)
+    WANDB = "wandb"  # needs the `tracking` extra (wandb)
+
+
+class ObserveSettings(_Section):
+    """The dashboard, metrics export and the bench history page (restart to change)."""
+
+    read_token: SecretStr | None = Field(None, description="read-only access to the dashboard and /metrics (the "
+                                         "admin token works too); never accepted in a URL")
+    log_to: Annotated[list[LogSink], BeforeValidator(_split_list)] = Field(
+        default_factory=list, description="extra metric sinks besides metrics.jsonl: tensorboard, wandb")
+    metrics_open: bool = Field(False, description="serve /metrics without a token (a Prometheus scraping over "
+                               "loopback); by default it needs the read or admin token")
+    wandb_project: str = Field("agentjet", min_length=1, max_length=200, description="the W&B project (log_to wandb)")
+    bench_history: Path | None = Field(None, description="the `ajet bench` history file the dashboard's Bench "
+                                       "page shows")
+    session_ttl_s: float = Field(12 * 3600, gt=0, le=30 * 86_400, description="how long a dashboard login lasts")
+    max_sessions: int = Field(256, ge=1, le=100_000, description="dashboard logins kept at once (oldest go first)")
+
+
 _NAME_RE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
@@ -236,6 +259,7 @@ class ServerConfig(_Section):
     training: TrainingSettings = Field(default_factory=TrainingSettings)
     loss: LossSettings = Field(default_factory=LossSettings)
     tracking: TrackingSettings = Field(default_factory=TrackingSettings)
+    observe: ObserveSettings = Field(default_factory=ObserveSettings)
 
     @field_validator("log_level", mode="before")
     @classmethod
@@ -258,7 +282,8 @@ class ServerConfig(_Section):
 
     def public_dict(self) -> dict[str, Any]:
         """The settings as JSON, secrets left out (status, control, dashboards)."""
-        return self.model_dump(mode="json", exclude={"swarm_token", "admin_token"})
+        return self.model_dump(mode="json", exclude={"swarm_token": True, "admin_token": True,
+                                                     "observe": {"read_token"}})
 
     @staticmethod
     def secret(value: SecretStr | None) -> str | None:

@@ -102,6 +102,8 @@ class PolicyTrainer:
         n_tokens = 0
         for mb in micro_batches(batch, self.settings.micro_batch_tokens):
             lp = self.forward_trained_logprobs(mb)
+            for s, part in zip(mb, lp.detach().float().split([s.num_trained_tokens for s in mb]), strict=True):
+                s.trainer_logprobs = part.tolist()  # for the trace viewer
             flat = [(s, j) for s in mb for j, m in enumerate(s.loss_mask) if m]
             old = torch.tensor([s.behaviour_logprobs[j] for s, j in flat], device=self.device)
             adv = torch.tensor([s.advantages[j] for s, j in flat], device=self.device)
