@@ -453,7 +453,7 @@ class SwarmServer:
             eval_reward=self.eval_reward_by_version(), last_train_metrics=c.last_metrics,
             task_types={t: {"episodes": v["episodes"], "reward_mean": v["reward_sum"] / max(v["episodes"], 1)}
                         for t, v in c.by_type.items()},
-            config=self.public_config())
+            config=self.public_config(), training_halted=c.halted_reason)
 
     def public_config(self) -> dict[str, Any]:
         cfg = self.config.model_dump(mode="json", exclude={"swarm_token", "admin_token"})

@@ -14,10 +14,11 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentjet.engines.base import GenerationResult, SamplingParams
+from agentjet.engines.errors import EngineUnavailableError
 from agentjet.protocol import AGENT_HEADER, DEFAULT_AGENT
 from agentjet.server.chat import ChatFormatError, ChatFormatter, normalize_messages, validate_tools
 from agentjet.server.core import SwarmServer
-from agentjet.server.errors import bad_request, conflict, error_body
+from agentjet.server.errors import bad_request, conflict, error_body, unavailable
 from agentjet.server.registry import Episode
 from agentjet.tracking import CallRecord
 
@@ -196,7 +197,9 @@ def _end_call(p: Prepared) -> None:
     p.server.registry.touch(p.episode)
 
 
-def _engine_error(exc: ValueError) -> Exception:
+def _engine_error(exc: ValueError | EngineUnavailableError) -> Exception:
+    if isinstance(exc, EngineUnavailableError):  # e.g. the vLLM subprocess crashed and is restarting
+        return unavailable(str(exc), "engine_unavailable", exc.retry_after_s)
     return bad_request(str(exc), param="messages")
 
 
@@ -216,7 +219,7 @@ async def chat_completions(request: Request, body: ChatCompletionRequest) -> Any
     _begin_call(p)
     try:
         results = await asyncio.gather(*[p.server.engine.generate(p.prompt_ids, s) for s in p.sampling])
-    except ValueError as exc:
+    except (ValueError, EngineUnavailableError) as exc:
         raise _engine_error(exc) from exc
     finally:
         _end_call(p)
@@ -280,6 +283,9 @@ async def _stream(p: Prepared) -> AsyncIterator[str]:
             result = task.result()
         except ValueError as exc:
             yield _sse(error_body(str(exc), "invalid_request_error"))
+            return
+        except EngineUnavailableError as exc:
+            yield _sse(error_body(str(exc), "service_unavailable", code="engine_unavailable"))
             return
         msg = p.assistant_message(result)
         rest = (msg["content"] or "")[len(sent):] if (msg["content"] or "").startswith(sent) else ""
