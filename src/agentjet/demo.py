@@ -44,6 +44,7 @@ class DemoSettings:
     time_budget_s: float = 20 * 60
     out_dir: Path = Path("runs/demo")
     port: int | None = None
+    engine: str = "hf"  # or "vllm": the server rolls out on a managed vLLM subprocess
 
 
 @dataclass
@@ -78,7 +79,7 @@ def _start_server(s: DemoSettings, port: int, rec: dict[str, Any], log_path: Pat
            "--data-dir", str(s.out_dir / "server"), "--group-size", str(rec["group_size"]),
            "--batch-groups", str(rec["groups_per_batch"]), "--lr", str(rec["learning_rate"]),
            "--max-staleness", str(s.max_staleness), "--checkpoint-every", "0", "--log-level", "INFO",
-           "--max-batch-size", str(s.concurrency)]
+           "--max-batch-size", str(s.concurrency), "--engine", s.engine]
     log = open(log_path, "wb")  # noqa: SIM115 - handed to the child process
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 

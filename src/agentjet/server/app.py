@@ -50,6 +50,12 @@ def build_engine(config: ServerConfig) -> Engine:
     from agentjet.engines.base import TrainConfig
     from agentjet.engines.hf import HFEngine
 
+    if config.vllm is not None:  # --engine vllm: vLLM generates, the embedded engine's training half trains
+        from agentjet.engines.vllm import VLLMEngine
+
+        return VLLMEngine(config.model, settings=config.vllm, work_dir=config.data_dir / "vllm",
+                          max_context=config.max_context,
+                          train_config=TrainConfig(learning_rate=config.training.learning_rate))
     return HFEngine(config.model, max_batch_size=config.max_batch_size, max_context=config.max_context,
                     train_config=TrainConfig(learning_rate=config.training.learning_rate))
 

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agentjet.algorithms import AdvantageEstimator
+from agentjet.engines.vllm.settings import VLLMSettings
 from agentjet.server.quotas import AbsentPolicy, validate_ratios
 from agentjet.tracking import TrackingConfig
 
@@ -80,6 +81,8 @@ class ServerConfig(BaseModel):
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
     max_messages: int = Field(2048, ge=1)
     max_open_episodes_per_client: int = Field(1024, ge=1)
+    # --engine vllm (issue 13): generation on a managed vLLM subprocess; None = the embedded engine
+    vllm: VLLMSettings | None = Field(None, description="set to roll out on vLLM (see docs/vllm.md)")
 
     @property
     def name(self) -> str:

@@ -67,7 +67,7 @@ class VLLMSettings(BaseModel):
     # ---------------------------------------------------------------- staleness and mismatch
     probe_threshold: float = Field(0.15, gt=0, description="mean |logprob(vLLM) - logprob(trainer)| on the "
                                    "probe above which training stops (stale or wrong weights)")
-    probe_tokens: int = Field(8, ge=1, le=256, description="tokens vLLM samples after the probe prompt "
+    probe_tokens: int = Field(32, ge=1, le=256, description="tokens vLLM samples after the probe prompt "
                               "(scored through its prefix cache)")
     tis_cap: float | None = Field(2.0, gt=0, description="truncated importance sampling: per-token weight "
                                   "min(p_trainer / p_vLLM, cap) on the trainer's recomputed logprobs; "
