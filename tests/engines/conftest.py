@@ -18,17 +18,29 @@ def fake_settings(**overrides):
     return VLLMSettings(**{**base, **overrides})
 
 
-@pytest.fixture
-def make_vllm_engine(tmp_path: Path, tiny_model_path: Path):
-    """Build VLLMEngines on the tiny model, served by the fake vLLM subprocess; all stopped at teardown."""
+def _build(work_dir: Path, model: Path, lora=None, lr: float = 1e-3, **settings):
     from agentjet.engines.base import TrainConfig
     from agentjet.engines.vllm import VLLMEngine
 
+    return VLLMEngine(model, settings=fake_settings(**settings), work_dir=work_dir,
+                      train_config=TrainConfig(learning_rate=lr), lora=lora)
+
+
+@pytest.fixture(scope="module")
+def shared_vllm_engine(tmp_path_factory, tiny_model_path: Path):
+    """One engine on the fake vLLM for the tests that change nothing (one start instead of several)."""
+    engine = _build(tmp_path_factory.mktemp("vllm-shared"), tiny_model_path)
+    yield engine
+    engine.close_sync()
+
+
+@pytest.fixture
+def make_vllm_engine(tmp_path: Path, tiny_model_path: Path):
+    """Build VLLMEngines on the tiny model, served by the fake vLLM subprocess; all stopped at teardown."""
     made = []
 
     def make(lora=None, lr: float = 1e-3, **settings):
-        engine = VLLMEngine(tiny_model_path, settings=fake_settings(**settings), work_dir=tmp_path / f"vllm{len(made)}",
-                            train_config=TrainConfig(learning_rate=lr), lora=lora)
+        engine = _build(tmp_path / f"vllm{len(made)}", tiny_model_path, lora, lr, **settings)
         made.append(engine)
         return engine
 

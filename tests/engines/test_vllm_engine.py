@@ -8,11 +8,13 @@ import asyncio
 import json
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
 import httpx
 import pytest
+from tests.conftest import wait_until
 
 from agentjet.engines.base import SamplingParams, TrainSample
 from agentjet.engines.errors import EngineUnavailableError, TrainingHaltedError
@@ -47,8 +49,8 @@ async def rollout_batch(engine, n: int = 2) -> list[TrainSample]:
     return out
 
 
-def test_generate_gives_vllm_ids_and_true_logprobs(make_vllm_engine):
-    engine = make_vllm_engine()
+def test_generate_gives_vllm_ids_and_true_logprobs(shared_vllm_engine):
+    engine = shared_vllm_engine
     ids = prompt(engine)
 
     async def go():
@@ -73,8 +75,8 @@ def test_generate_gives_vllm_ids_and_true_logprobs(make_vllm_engine):
     assert a.text == engine.tokenizer.decode(a.token_ids, skip_special_tokens=True)
 
 
-def test_request_body_asks_for_ids_logprobs_and_our_stop_rule(make_vllm_engine):
-    engine = make_vllm_engine()
+def test_request_body_asks_for_ids_logprobs_and_our_stop_rule(shared_vllm_engine):
+    engine = shared_vllm_engine
     body = engine.request_body([1, 2, 3], SamplingParams(temperature=0.5, max_tokens=5000, top_k=7, seed=3,
                                                          stop=("\n",), stop_token_ids=(9,)), "policy")
     assert body["return_token_ids"] and body["return_tokens_as_token_ids"] and body["logprobs"] == 1
@@ -83,8 +85,8 @@ def test_request_body_asks_for_ids_logprobs_and_our_stop_rule(make_vllm_engine):
     assert (body["top_k"], body["seed"], body["stop"]) == (7, 3, ["\n"])
 
 
-def test_bad_prompts_are_value_errors(make_vllm_engine):
-    engine = make_vllm_engine()
+def test_bad_prompts_are_value_errors(shared_vllm_engine):
+    engine = shared_vllm_engine
     with pytest.raises(ValueError, match="token ids"):
         asyncio.run(engine.generate([len(engine.tokenizer) + 5], SamplingParams()))
     with pytest.raises(ValueError, match="context"):
@@ -251,3 +253,27 @@ def test_load_restarts_vllm_on_the_checkpoint(make_vllm_engine, tmp_path):
     assert other.policy_version == 1 and other.process.pid != pid
     probe = asyncio.run(other.probe())
     assert probe.diff < 1e-3  # the restarted vLLM serves the checkpoint's weights
+
+
+def begin(url: str) -> str:
+    r = httpx.post(f"{url}/swarm/v1/episodes", json={"client_id": "c", "task_id": "t"})
+    r.raise_for_status()
+    return r.json()["api_key"]
+
+
+def test_fake_vllm_crash_mid_request_through_the_server(make_server, make_vllm_engine):
+    engine = make_vllm_engine()
+    srv = make_server(engine)
+    httpx.post(f"{engine.url}/fault", json={"token_delay_s": 0.05}).raise_for_status()
+    headers = {"Authorization": f"Bearer {begin(srv.url)}"}
+    pid = engine.process.pid
+    threading.Timer(1.0, lambda: os.kill(pid, signal.SIGKILL)).start()
+    r = httpx.post(f"{srv.url}/v1/chat/completions", headers=headers, timeout=60,
+                   json={"model": "tiny", "messages": [{"role": "user", "content": "what is 2 + 2?"}], "max_tokens": 200})
+    assert r.status_code == 503 and r.json()["error"]["code"] == "engine_unavailable", r.text
+    assert httpx.get(f"{srv.url}/health").status_code == 200
+    wait_until(lambda: engine.process.counters.restarts == 1, timeout=60)
+    assert engine.process.wait_ready(60)
+    r = httpx.post(f"{srv.url}/v1/chat/completions", headers=headers, timeout=60,
+                   json={"model": "tiny", "messages": [{"role": "user", "content": "what is 2 + 2?"}], "max_tokens": 3})
+    assert r.status_code == 200, r.text
