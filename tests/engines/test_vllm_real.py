@@ -121,7 +121,7 @@ def test_crash_mid_episode_gives_503_and_the_server_stays_up(engine, tmp_path):
                     "max_tokens": 1500, "temperature": 1.0}
             headers = {"Authorization": f"Bearer {key}"}
             pid = engine.process.pid
-            threading.Timer(1.5, lambda: os.kill(pid, signal.SIGKILL)).start()  # mid-generation
+            threading.Timer(0.5, lambda: os.kill(pid, signal.SIGKILL)).start()  # mid-generation
             resp = http.post("/v1/chat/completions", json=body, headers=headers)
             assert resp.status_code == 503, resp.text
             assert resp.json()["error"]["code"] == "engine_unavailable"
