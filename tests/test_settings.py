@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from agentjet.cli import app
 from agentjet.settings import (
+    EngineKind,
     LogSink,
     ServerConfig,
     SettingField,
@@ -37,7 +38,9 @@ def sample_value(f: SettingField) -> tuple[str, Any]:
                "targets": ("q_proj,v_proj", ["q_proj", "v_proj"]), "data_dir": ("/tmp/aj-x", Path("/tmp/aj-x")),
                "log_level": ("debug", "DEBUG"), "compare_level": ("text", "text"), "dtype": ("bfloat16", "bfloat16"),
                "public_url": ("http://h:1", "http://h:1"), "seed": ("7", 7), "max_context": ("512", 512),
-               "log_to": ("tensorboard", [LogSink.TENSORBOARD]), "bench_history": ("/tmp/h.jsonl", Path("/tmp/h.jsonl"))}
+               "log_to": ("tensorboard", [LogSink.TENSORBOARD]), "kind": ("null", EngineKind.NULL),
+               "python": ("/usr/bin/python3", Path("/usr/bin/python3")),
+               "extra_args": ("--seed 3", ["--seed", "3"]), "extra_env": ("A=1,B=x", {"A": "1", "B": "x"}), "bench_history": ("/tmp/h.jsonl", Path("/tmp/h.jsonl"))}
     if f.path[-1] in special:
         return special[f.path[-1]]
     inner = _strip_optional(f.annotation)
@@ -103,7 +106,7 @@ def test_every_setting_reaches_the_file_and_the_environment(field: SettingField,
     path.write_text(yaml.safe_dump(file_data))
     assert got(load_server_config(config_file=path), field) == want
     env_text = typed if not field.is_bool else str(want).lower()
-    if field.path[-1] in ("targets", "log_to"):
+    if field.path[-1] in ("targets", "log_to", "extra_args", "extra_env"):
         env_text = typed
     assert got(load_server_config(environ={field.env: env_text}), field) == want
 

@@ -41,6 +41,7 @@ class DemoSettings:
     time_budget_s: float = 20 * 60
     out_dir: Path = Path("runs/demo")
     port: int | None = None
+    engine: str = "hf"  # or "vllm": the server rolls out on a managed vLLM subprocess
 
 
 @dataclass
@@ -74,7 +75,7 @@ def server_config(s: DemoSettings, port: int, rec: dict[str, Any]) -> ServerConf
     """The demo server's settings (handed to the child ``ajet server`` as a config file)."""
     return ServerConfig(
         model=s.model, port=port, data_dir=s.out_dir / "server", log_level="INFO",
-        engine=EngineSettings(max_batch_size=s.concurrency),
+        engine=EngineSettings(kind=s.engine, max_batch_size=s.concurrency),
         training=TrainingSettings(group_size=rec["group_size"], batch_groups=rec["groups_per_batch"],
                                   learning_rate=rec["learning_rate"], max_staleness=s.max_staleness,
                                   checkpoint_every=0))

@@ -145,6 +145,8 @@ class ServerStatus(_Model):
     task_types: dict[str, dict[str, float]] = Field(default_factory=dict, description="trained episodes and mean "
                                                     "reward per task type")
     config: dict[str, Any]
+    training_halted: str | None = Field(None, description="why training stopped by itself (e.g. the rollout "
+                                        "engine does not serve the trained weights); null while it runs")
 
 
 class ConfigChange(_Model):

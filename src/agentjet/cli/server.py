@@ -109,6 +109,10 @@ def server(**kwargs: Any) -> None:
         resolve_model(config.model)
     except ModelNotFoundError as exc:
         fail(str(exc))
+    vllm_python = config.engine.vllm.python_path()
+    if config.engine.kind == "vllm" and not vllm_python.exists():
+        fail(f"--vllm-python {vllm_python} does not exist: run `make setup-vllm` (or point --vllm-python at a "
+             "Python with vLLM installed)")
     config.data_dir = config.resolved_data_dir(agentjet_home())
     from agentjet.server.app import serve
 

@@ -1,14 +1,7 @@
 """Engines own the weights: ``generate`` (dynamically batched) and ``train_step``."""
 
-from agentjet.engines.base import (
-    Engine,
-    EngineUnavailable,
-    FinishReason,
-    GenerationError,
-    GenerationResult,
-    SamplingParams,
-    TrainSample,
-)
+from agentjet.engines.base import Engine, FinishReason, GenerationResult, SamplingParams, TrainSample
+from agentjet.engines.errors import EngineUnavailableError, GenerationError, TrainingHaltedError
 
-__all__ = ["Engine", "EngineUnavailable", "FinishReason", "GenerationError", "GenerationResult", "SamplingParams",
-           "TrainSample"]
+__all__ = ["Engine", "EngineUnavailableError", "FinishReason", "GenerationError", "GenerationResult",
+           "SamplingParams", "TrainSample", "TrainingHaltedError"]

@@ -9,20 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentjet.engines.errors import GenerationError
+
 TokenCallback = Callable[[int, float], None]
 MAX_SEED = 2**63  # seeds are in [0, 2**63): what a torch generator takes on every device
-
-
-class GenerationError(ValueError):
-    """A request the engine cannot serve because of its own input (a 4xx): names the offending parameter."""
-
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
-
-
-class EngineUnavailable(RuntimeError):
-    """The engine failed for a reason of its own (a crashed subprocess, a device error): retry later (a 503)."""
 
 
 class FinishReason(enum.StrEnum):

@@ -61,6 +61,11 @@ def build_engine(config: ServerConfig) -> Engine:
                           delay_s=config.engine.null_delay_ms / 1000)
     from agentjet.engines.hf import HFEngine
 
+    if config.engine.kind is EngineKind.VLLM:  # vLLM generates, the embedded engine's training half trains
+        from agentjet.engines.vllm import VLLMEngine
+
+        return VLLMEngine(config.model, config.engine, config.loss, config.training.learning_rate,
+                          work_dir=config.data_dir / "vllm")
     return HFEngine(config.model, config.engine, config.loss, config.training.learning_rate)
 
 

@@ -18,13 +18,8 @@ from openai.types.chat.chat_completion_chunk import ChoiceDelta
 from openai.types.completion_usage import CompletionUsage
 from pydantic import BaseModel, ConfigDict, Field
 
-from agentjet.engines.base import (
-    MAX_SEED,
-    EngineUnavailable,
-    GenerationError,
-    GenerationResult,
-    SamplingParams,
-)
+from agentjet.engines.base import MAX_SEED, GenerationResult, SamplingParams
+from agentjet.engines.errors import EngineUnavailableError, GenerationError
 from agentjet.protocol import AGENT_HEADER, DEFAULT_AGENT
 from agentjet.server.auth import bearer
 from agentjet.server.chat import (
@@ -231,8 +226,9 @@ def engine_error(exc: Exception) -> APIError:
         return bad_request(str(exc), param=exc.param)
     if isinstance(exc, ValueError):
         return bad_request(str(exc), param="messages")
-    if isinstance(exc, EngineUnavailable):
-        return unavailable(f"the engine is unavailable: {exc}", "engine_unavailable", retry_after_s=5)
+    if isinstance(exc, EngineUnavailableError):  # e.g. the vLLM subprocess crashed and is restarting
+        return unavailable(f"the engine is unavailable: {exc}", "engine_unavailable",
+                           retry_after_s=exc.retry_after_s if exc.retry_after_s is not None else 5)
     return unavailable(f"the engine failed on this request ({type(exc).__name__}); retry later", "engine_error",
                        retry_after_s=1)
 
@@ -317,6 +313,9 @@ async def _stream(p: ChatCall) -> AsyncIterator[str]:
         except Exception as exc:
             err = engine_error(exc)
             yield _sse(error_body(err.message, err.type, err.param, err.code))
+            return
+        except EngineUnavailableError as exc:
+            yield _sse(error_body(str(exc), "service_unavailable", code="engine_unavailable"))
             return
         msg = p.assistant_message(result)
         rest = (msg["content"] or "")[len(sent):] if (msg["content"] or "").startswith(sent) else ""

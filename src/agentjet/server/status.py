@@ -60,4 +60,4 @@ def build_status(server: SwarmServer) -> ServerStatus:
         eval_reward=eval_reward_by_version(server), last_train_metrics=c.last_metrics,
         task_types={t: {"episodes": v["episodes"], "reward_mean": v["reward_sum"] / max(v["episodes"], 1)}
                     for t, v in c.by_type.items()},
-        config=server.config.public_dict())
+        config=server.config.public_dict(), training_halted=c.halted_reason)

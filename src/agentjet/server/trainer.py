@@ -21,6 +21,7 @@ from pathlib import Path
 
 from agentjet.algorithms import AdvantageEstimator, compute_advantages
 from agentjet.engines.base import Engine, TrainSample
+from agentjet.engines.errors import TrainingHaltedError
 from agentjet.observe.events import StepObserver, StepRecord, TrainedSample, staleness_metrics
 from agentjet.protocol import reward_mean
 from agentjet.server.clock import Clock, SystemClock
@@ -53,6 +54,7 @@ class TrainerCounters:
     dropped_uniform: int = 0
     trained_tokens: int = 0
     last_metrics: dict[str, float] = field(default_factory=dict)
+    halted_reason: str | None = None  # set when the engine said training must stop (training is paused)
     by_type: dict[str, dict[str, float]] = field(default_factory=dict)  # task type -> episodes, reward_sum
 
 
@@ -358,6 +360,11 @@ class Trainer:
             try:
                 while not self._stopping and await self.maybe_step():
                     pass
+            except TrainingHaltedError as exc:  # going on would train on wrong data: pause, say why, once
+                if self.counters.halted_reason != str(exc):
+                    log.error("training halted (paused): %s", exc)
+                self.counters.halted_reason = str(exc)
+                self.paused = True
             except Exception:  # a failed step must not kill the loop; the episodes stay pending
                 log.exception("train step failed; its episodes stay in the store")
                 await asyncio.sleep(1.0)

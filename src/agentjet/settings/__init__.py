@@ -23,6 +23,7 @@ from agentjet.settings.models import (
     ServerConfig,
     TrackingSettings,
     TrainingSettings,
+    VLLMSettings,
     validate_ratios,
 )
 
@@ -41,6 +42,7 @@ __all__ = [
     "SettingsError",
     "TrackingSettings",
     "TrainingSettings",
+    "VLLMSettings",
     "deep_merge",
     "find_field",
     "load_server_config",

@@ -113,6 +113,11 @@ class HFEngine(Engine):
         return self._max_context
 
     @property
+    def lora(self) -> LoraSettings | None:
+        """The LoRA settings when adapters are trained, else None (full fine-tuning)."""
+        return self.settings.lora if self.settings.lora.enabled else None
+
+    @property
     def stats(self) -> dict[str, Any]:
         return {**self.generator.stats, **self.batcher.stats}
 
