@@ -228,10 +228,15 @@ def make_plots(spec: StudySpec, state: StudyState, root: Path) -> list[str]:
             if r["mean"] is not None:
                 ax.errorbar([x_of(r["params"][name])], [r["mean"]], yerr=[r["sd"] or 0], fmt="_", color="black",
                             markersize=16, capsize=4)
-        if p.log:
+        numeric = [float(c) for c in p.choices or [] if isinstance(c, int | float) and not isinstance(c, bool)]
+        if p.log or (numeric and min(numeric) > 0 and max(numeric) / min(numeric) >= 4):
             ax.set_xscale("log")
         if positions:
             ax.set_xticks(list(positions.values()), list(positions))
+        elif p.type is ParamType.CHOICE and numeric:
+            ax.set_xticks(numeric, [_fmt(c) for c in p.choices or []])
+            ax.minorticks_off()
+        ax.margins(x=0.15)
         ax.set_xlabel(name)
         ax.set_ylabel(spec.metric.source.value)
         ax.set_title(f"metric vs {name} (o: run, x: pruned, bar: mean ± sd)", fontsize=9)
