@@ -3,6 +3,7 @@ restart, the run state machine and the results table."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from agentjet.research.spec import StudySpec
 from agentjet.research.state import (
     Attempt,
     IllegalTransition,
+    StudyBusy,
     StudyState,
     StudyStore,
     TrialState,
@@ -132,3 +134,13 @@ def test_results_table_and_mean_spread_over_seeds(tmp_path: Path) -> None:
     lines = (tmp_path / "results.tsv").read_text().splitlines()
     assert lines[0].split("\t")[:6] == ["run", "config", "seed", "state", "server.lr", "server.group-size"]
     assert lines[1].split("\t")[3] == "done" and lines[1].split("\t")[6] == "0.5000"
+
+
+def test_one_runner_per_study_directory(tmp_path: Path) -> None:
+    first, second = StudyStore(tmp_path), StudyStore(tmp_path)
+    first.acquire()
+    with pytest.raises(StudyBusy, match=f"pid {os.getpid()}"):
+        second.acquire()
+    first.release()
+    second.acquire()
+    second.release()

@@ -19,7 +19,7 @@ from agentjet.research.spec import (
     spec_from_args,
     validate_spec,
 )
-from agentjet.research.state import StudyStore
+from agentjet.research.state import StudyBusy, StudyStore
 
 
 def default_out_dir(spec: StudySpec) -> Path:
@@ -114,7 +114,7 @@ def main(study: str, base: Path | None, space: list[str], client: list[str], ove
             console.print(f"report: {report_only(spec, out_dir)}")
         else:
             run_study(spec, out_dir, console)
-    except (StudySpecError, FileNotFoundError) as exc:
+    except (StudySpecError, StudyBusy, FileNotFoundError) as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 2
     except StudyAborted as exc:

@@ -108,17 +108,22 @@ class StudyRunner:
 
     # ------------------------------------------------------------------ study lifecycle
     def _open(self) -> StudyState:
-        if self.store.exists():
-            state = self.store.load()
-            if state.digest != self.spec.digest():
-                raise StudySpecError(f"{self.store.root} holds a different study (its question, metric, base, client, "
-                                     "space or seeds differ); give another output directory")
-        else:
-            state = StudyState(digest=self.spec.digest(), created_at=time.time())
-        state.sessions += 1
-        state.finished = False
-        self.store.save_spec(self.spec)
-        self.store.save(state)
+        self.store.acquire()
+        try:
+            if self.store.exists():
+                state = self.store.load()
+                if state.digest != self.spec.digest():
+                    raise StudySpecError(f"{self.store.root} holds a different study (its question, metric, base, "
+                                         "client, space or seeds differ); give another output directory")
+            else:
+                state = StudyState(digest=self.spec.digest(), created_at=time.time())
+            state.sessions += 1
+            state.finished = False
+            self.store.save_spec(self.spec)
+            self.store.save(state)
+        except BaseException:
+            self.store.release()
+            raise
         return state
 
     def elapsed(self) -> float:
@@ -161,6 +166,7 @@ class StudyRunner:
                 self._save()
                 self.store.write_results(self.state, self.spec)
                 self._http.close()
+                self.store.release()
         return self.state
 
     # ------------------------------------------------------------------ budget and planning

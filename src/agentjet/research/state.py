@@ -12,6 +12,7 @@ is never started again, whatever happens to the process that runs the study.
 from __future__ import annotations
 
 import enum
+import fcntl
 import json
 import math
 import os
@@ -162,11 +163,38 @@ class StudyState(_Model):
         return [t for t in self.trials if t.config_id == trial.config_id and t.id != trial.id]
 
 
+class StudyBusy(RuntimeError):
+    """Another ``ajet research`` is running this study."""
+
+
 class StudyStore:
     """Reads and writes a study directory. Every write is write-then-rename: a kill never tears a file."""
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
+        self._lock: Any = None
+
+    def acquire(self) -> None:
+        """Hold the study for this process (released on exit, also by a kill): one runner per study."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        handle = open(self.root / ".lock", "a+")  # noqa: SIM115 - held for the whole session
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "?"
+            handle.close()
+            raise StudyBusy(f"{self.root} is in use by another `ajet research` (pid {holder})") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+        self._lock = handle
+
+    def release(self) -> None:
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
 
     @property
     def state_path(self) -> Path:
