@@ -3,7 +3,16 @@
 from __future__ import annotations
 
 from agentjet.protocol import BufferCounts, ServerStatus
-from agentjet.research.monitor import Health, Limits, TrialResult, Watch, eval_points, judge, result_points
+from agentjet.research.monitor import (
+    Health,
+    Limits,
+    TrialResult,
+    Watch,
+    eval_points,
+    judge,
+    parse_status,
+    result_points,
+)
 from agentjet.research.spec import MetricSource
 
 LIMITS = Limits(start_timeout_s=60, stall_s=120, run_timeout_s=1000)
@@ -60,3 +69,12 @@ def test_finished_crashed_and_nan_loss() -> None:
     assert judge(w, True, None, 4.0, LIMITS) is Health.NAN_LOSS
     assert Health.STALLED.retryable and Health.CRASHED.retryable and not Health.NAN_LOSS.retryable
 
+
+
+def test_a_nan_loss_sent_as_null_is_read_as_nan_and_wins_over_a_crash() -> None:
+    data = status(version=1, steps=1, trained=8, loss=0.1).model_dump(mode="json")
+    data["last_train_metrics"]["loss"] = None  # how the server writes NaN: JSON has no NaN
+    st = parse_status(data)
+    w = Watch(started=0.0)
+    w.observe(st, 1.0)
+    assert judge(w, False, None, 2.0, LIMITS) is Health.NAN_LOSS  # the client died of it; the cause is NaN

@@ -61,6 +61,14 @@ class TrialResult(BaseModel):
     seconds: float = 0.0
 
 
+def parse_status(data: Any) -> ServerStatus:
+    """A status answer; a NaN or infinite train metric comes as null (JSON has no NaN) and is read as NaN."""
+    if isinstance(data, dict) and isinstance(data.get("last_train_metrics"), dict):
+        metrics = {k: float("nan") if v is None else v for k, v in data["last_train_metrics"].items()}
+        data = {**data, "last_train_metrics": metrics}
+    return ServerStatus.model_validate(data)
+
+
 def read_result(attempt_dir: Path) -> TrialResult | None:
     path = attempt_dir / RESULT_FILE
     try:
@@ -87,7 +95,7 @@ def eval_points(status: ServerStatus, source: MetricSource, final: bool = False)
 def result_points(result: TrialResult, source: MetricSource) -> dict[int, float]:
     """All eval points of a finished run: the server's final status, else the client's own records."""
     try:
-        status = ServerStatus.model_validate(result.final_status)
+        status = parse_status(result.final_status)
     except ValidationError:
         status = None
     if status is not None:
@@ -136,15 +144,15 @@ class Limits:
 
 def judge(watch: Watch, alive: bool, result: TrialResult | None, now: float, limits: Limits) -> Health:
     """The attempt's health from what was observed; the first matching rule wins."""
-    if result is not None and result.ok:
-        return Health.FINISHED
-    if not alive:
-        return Health.CRASHED
     status = watch.last_status
     if status is not None:
         loss = status.last_train_metrics.get("loss")
         if loss is not None and not math.isfinite(loss):
             return Health.NAN_LOSS
+    if result is not None and result.ok:
+        return Health.FINISHED
+    if not alive:
+        return Health.CRASHED
     if now - watch.started > limits.run_timeout_s:
         return Health.TIMED_OUT
     if not watch.ready:

@@ -25,7 +25,16 @@ from pydantic import ValidationError
 
 from agentjet.protocol import SWARM_PREFIX, ServerStatus
 from agentjet.research.display import Display, RunView
-from agentjet.research.monitor import Health, Limits, Watch, eval_points, judge, read_result, result_points
+from agentjet.research.monitor import (
+    Health,
+    Limits,
+    Watch,
+    eval_points,
+    judge,
+    parse_status,
+    read_result,
+    result_points,
+)
 from agentjet.research.planner import OptunaPlanner, Planner
 from agentjet.research.process import TrialProcess
 from agentjet.research.spec import StudySpec, StudySpecError, split_params
@@ -235,7 +244,7 @@ class StudyRunner:
     def _status(self, url: str) -> ServerStatus | None:
         try:
             r = self._http.get(f"{url}{SWARM_PREFIX}/status")
-            return ServerStatus.model_validate(r.json()) if r.status_code == 200 else None
+            return parse_status(r.json()) if r.status_code == 200 else None
         except (httpx.HTTPError, ValueError, ValidationError):
             return None
 

@@ -28,7 +28,7 @@ from typing import Any
 from agentjet.client.client import Episode, SwarmClient
 from agentjet.client.runner import RunSummary, Workflow, run_workflow
 from agentjet.protocol import SWARM_PREFIX, ServerStatus
-from agentjet.research.monitor import RESULT_FILE, EvalRecord, TrialResult
+from agentjet.research.monitor import RESULT_FILE, EvalRecord, TrialResult, parse_status
 from agentjet.research.spec import TrialClientSettings
 from agentjet.tasks import get_task
 
@@ -101,6 +101,10 @@ class TrialClient:
     async def _control(self, action: str, body: dict[str, Any] | None = None) -> None:
         await self.client.request("POST", f"{SWARM_PREFIX}/control/{action}", json=body)
 
+    async def status(self) -> ServerStatus:
+        """The server's status (a NaN train metric is read as NaN: the study runner judges it)."""
+        return parse_status(await self.client.request("GET", f"{SWARM_PREFIX}/status"))
+
     async def pause(self) -> None:
         """Pause training and wait for a step in progress (an empty change runs between train steps)."""
         await self._control("pause")
@@ -108,7 +112,7 @@ class TrialClient:
 
     async def evaluate(self) -> EvalRecord:
         await self.pause()
-        status = await self.client.status()
+        status = await self.status()
         tasks = [{**t, "index": i} for i, t in enumerate(self.task.generate_tasks("eval", self.eval_n, seed=0))]
         t0 = time.monotonic()
         summary = await run_workflow(self.client, make_workflow(self.task, self.eval_sampling), tasks, group_size=1,
@@ -143,7 +147,7 @@ class TrialClient:
 
         async def watch() -> None:
             while not done.is_set():
-                st = await self.client.status()
+                st = await self.status()
                 if st.train_steps >= target_steps or time.monotonic() >= deadline:
                     await self._control("pause")
                     done.set()
@@ -163,7 +167,7 @@ class TrialClient:
     async def run(self) -> TrialResult:
         t0 = time.monotonic()
         deadline = t0 + self.s.time_budget_s
-        status = await self.client.status()
+        status = await self.status()
         group_size = group_size_of(status)
         await self.evaluate()
         steps = status.train_steps
@@ -175,7 +179,7 @@ class TrialClient:
             await self.train_until(min(steps + self.s.eval_every, self.s.steps), deadline, group_size)
             record = await self.evaluate()
             steps = record.train_steps
-        final = await self.client.status()
+        final = await self.status()
         return TrialResult(ok=True, stop_reason=stop_reason, evals=self.evals, final_status=final.model_dump(),
                            train_episodes=self.train.episodes, failed_episodes=self.train.failed,
                            seconds=time.monotonic() - t0)
