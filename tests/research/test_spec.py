@@ -78,6 +78,10 @@ def test_study_errors_name_the_field(tmp_path: Path) -> None:
                    "space:\n  server.lr: {type: float, low: 0.1, high: 1}\n")
     with pytest.raises(StudySpecError, match="budget"):
         load_study(bad)
+    bad.write_text("question: q\nbase: {servers: {a: {}}}\nseeds: 3\nbudget: {trials: 2}\n"
+                   "space:\n  server.lr: {type: float, low: 0.1, high: 1}\n")
+    with pytest.raises(StudySpecError, match=r"budget.trials \(2\) is below seeds \(3\)"):
+        load_study(bad)
     with pytest.raises(StudySpecError, match="cannot read"):
         load_study(tmp_path / "missing.yaml")
 
@@ -145,3 +149,25 @@ def test_trial_swarm_fills_placeholders_of_custom_clients(tmp_path: Path) -> Non
     assert client.command == ["python", "agent.py", "--url", "http://127.0.0.1:1234", "--dir", str(tmp_path),
                               "--seed=1"]
     assert client.env["AJET_TRIAL_PARAMS"] == '{"temperature": 0.5}' and client.env["AJET_TRIAL_SEED"] == "1"
+
+
+def test_command_line_overrides_apply_to_a_question_and_to_a_study_file(tmp_path: Path) -> None:
+    from agentjet.research.app import resolve_spec
+
+    swarm = tmp_path / "swarm.yaml"
+    swarm.write_text("servers:\n  policy: {model: tiny-random, port: 10086}\n")
+    spec = resolve_spec("Is 3e-5 better?", swarm, ["server.lr=1e-5..1e-4:log"], ["steps=3", "task=addition"],
+                        {"seeds": 2, "budget.minutes": 30, "planner.kind": "random"})
+    assert (spec.seeds, spec.budget.minutes, spec.budget.trials, spec.planner.kind.value) == (2, 30, 8, "random")
+    assert spec.client.steps == 3 and spec.question == "Is 3e-5 better?"
+    study = tmp_path / "study.yaml"
+    study.write_text(f"question: q\nbase: {swarm.name}\nbudget: {{trials: 4}}\n"
+                     "space:\n  server.lr: {type: float, low: 1.0e-5, high: 1.0e-4}\n")
+    spec = resolve_spec(str(study), None, [], [], {"budget.minutes": 10, "parallel": 2})
+    assert (spec.budget.trials, spec.budget.minutes, spec.parallel) == (4, 10, 2)
+    with pytest.raises(StudySpecError, match="--base"):
+        resolve_spec("a question without a base", None, ["server.lr=1..2"], [], {})
+    with pytest.raises(StudySpecError, match="does not exist"):
+        resolve_spec(str(tmp_path / "nope.yaml"), None, [], [], {})
+    with pytest.raises(StudySpecError, match="client.steps"):
+        resolve_spec(str(study), None, [], ["steps=0"], {})

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agentjet.research.spec import Direction, ParamType, StudySpec
+from agentjet.research.spec import Direction, Param, ParamType, StudySpec
 from agentjet.research.state import StudyState, TrialState, config_summaries, mean_spread
 
 STEP_PLOT = "metric_vs_step.png"
@@ -46,22 +46,23 @@ def _eval_se(value: float, n: int) -> float:
     return math.sqrt(p * (1 - p) / n) if n > 0 else float("nan")
 
 
-def compare(best: dict[str, Any], default: dict[str, Any], direction: Direction, eval_n: int) -> str:
-    """How much the best configuration beats the default, and whether that exceeds the noise."""
+def compare(best: dict[str, Any], default: dict[str, Any], direction: Direction, eval_n: int,
+            against: str = "the default") -> str:
+    """How much one configuration beats another (the default), and whether that exceeds the noise."""
     delta = best["mean"] - default["mean"]
     if direction is Direction.MINIMIZE:
         delta = -delta
     rel = f" ({delta / abs(default['mean']) * 100:+.0f}%)" if default["mean"] else ""
-    # noise: the seed spread where there are two or more seeds, else one eval's sampling error
+    # noise per run: the seed spread, but never less than one eval's sampling error (two seeds say little)
     var = 0.0
     for r in (best, default):
-        sd = r["sd"] if r["sd"] is not None else _eval_se(r["mean"], eval_n)
+        sd = max(r["sd"] or 0.0, _eval_se(r["mean"], eval_n))
         var += sd**2 / max(r["n_done"], 1)
     se = math.sqrt(var)
     verdict = ("more than twice its standard error" if delta > 2 * se
                else "within two standard errors: not distinguishable from noise at this many seeds")
-    return (f"It beats the default by {delta:+.3f}{rel}; the standard error of that difference is about "
-            f"{se:.3f}, so the gap is {verdict}.")
+    return (f"It beats {against} by {delta:+.3f}{rel}; the standard error of that difference (from the seed "
+            f"spread, and at least one eval's sampling error) is about {se:.3f}, so the gap is {verdict}.")
 
 
 def _eval_n(spec: StudySpec) -> int:
@@ -105,14 +106,17 @@ def write_report(spec: StudySpec, state: StudyState, root: Path) -> Path:
     lines += ["", "## Results", "",
               "Mean ± standard deviation of the metric over the finished seeds of each configuration, best first. "
               "Pruned runs were stopped early; their value at that point is listed apart.", "",
-              "| config | " + " | ".join(f"`{n}`" for n in spec.space) + " | metric | per seed | pruned at | runs |",
-              "|---|" + "---|" * len(spec.space) + "---|---|---|---|"]
+              "| config | " + " | ".join(f"`{n}`" for n in spec.space) + " | metric | per seed | pruned at | runs | "
+              "min/run |",
+              "|---|" + "---|" * len(spec.space) + "---|---|---|---|---|"]
     order = ranked + [r for r in rows if r["mean"] is None]
+    minutes = minutes_per_run(state)
     for r in order:
         states = ", ".join(f"{n} {s}" for s, n in r["states"].items() if n)
         lines.append(f"| {r['config']} | " + " | ".join(_fmt(r["params"].get(n)) for n in spec.space) +
                      f" | {_mean_sd(r)} | {', '.join(f'{v:.3f}' for v in r['values']) or '–'} | "
-                     f"{', '.join(f'{v:.3f}' for v in r['pruned_values']) or '–'} | {states} |")
+                     f"{', '.join(f'{v:.3f}' for v in r['pruned_values']) or '–'} | {states} | "
+                     f"{_fmt(minutes.get(r['config']), 1)} |")
     lines += ["", "### Every run", "", "| run | config | seed | state | metric | eval points (step: value) | "
               "attempts | minutes | note |", "|---|---|---|---|---|---|---|---|---|"]
     for t in state.trials:
@@ -135,6 +139,12 @@ def write_report(spec: StudySpec, state: StudyState, root: Path) -> Path:
             lines.append("\nThere is no finished default configuration to compare it with.")
         elif default is best:
             lines.append("\nThe default configuration is the best one found.")
+            if len(ranked) > 1:
+                second = ranked[1]
+                gap = compare(default, second, spec.metric.direction, eval_n, against="the runner-up")
+                lines.append(f"\nThe runner-up, {second['config']} (" + ", ".join(
+                    f"`{n}` = {_fmt(v)}" for n, v in second["params"].items()) + f"), scored {_mean_sd(second)}. "
+                    + gap)
         else:
             lines.append(f"\nThe default ({default['config']}) scored {_mean_sd(default)}. "
                          + compare(best, default, spec.metric.direction, eval_n))
@@ -142,6 +152,16 @@ def write_report(spec: StudySpec, state: StudyState, root: Path) -> Path:
     path = root / "report.md"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def minutes_per_run(state: StudyState) -> dict[str, float]:
+    """Mean wall minutes of each configuration's finished (done) runs."""
+    out = {}
+    for c in state.configs:
+        done = [t.seconds / 60 for t in state.trials if t.config_id == c.id and t.state is TrialState.DONE]
+        if done:
+            out[c.id] = sum(done) / len(done)
+    return out
 
 
 def caveats(spec: StudySpec, state: StudyState, rows: list[dict[str, Any]], eval_n: int) -> list[str]:
@@ -153,6 +173,8 @@ def caveats(spec: StudySpec, state: StudyState, rows: list[dict[str, Any]], eval
         assert mean is not None
         out.append(f"Each eval point averages {eval_n} held-out episodes; at a reward near {mean:.2f} one point's "
                    f"sampling error alone is about ±{_eval_se(mean, eval_n):.3f}.")
+    out.append("Runs are compared at equal train steps, not at equal time or equal episodes: a larger group or "
+               "batch sees more episodes per step and takes longer per step (min/run in the results table).")
     out.append(f"{spec.seeds} seed(s) per configuration. A seed sets the order of the training tasks; generation "
                "is not seeded, so seeds are replicates, and a spread from two seeds is itself rough.")
     if state.by_state(TrialState.PRUNED):
@@ -209,41 +231,61 @@ def make_plots(spec: StudySpec, state: StudyState, root: Path) -> list[str]:
     fig.savefig(root / STEP_PLOT, dpi=110)
     plt.close(fig)
     for name, p in spec.space.items():
-        fig, ax = plt.subplots(figsize=(6, 4))
-        positions: dict[str, int] = {}
-
-        def x_of(value: Any, _p=p, _pos=positions) -> float:  # noqa: ANN001
-            if _p.type is ParamType.CHOICE and not all(isinstance(c, int | float) for c in _p.choices or []):
-                return float(_pos.setdefault(str(value), len(_pos)))
-            return float(value)
-
-        for t in state.trials:
-            v = t.value(spec.metric) if t.state is TrialState.DONE else (t.points[-1].value if t.points and
-                                                                          t.state is TrialState.PRUNED else None)
-            if v is None:
-                continue
-            marker = "o" if t.state is TrialState.DONE else "x"
-            ax.scatter([x_of(t.params[name])], [v], marker=marker, color=colour[t.config_id], alpha=0.8)
-        for r in config_summaries(state, spec):
-            if r["mean"] is not None:
-                ax.errorbar([x_of(r["params"][name])], [r["mean"]], yerr=[r["sd"] or 0], fmt="_", color="black",
-                            markersize=16, capsize=4)
-        numeric = [float(c) for c in p.choices or [] if isinstance(c, int | float) and not isinstance(c, bool)]
-        if p.log or (numeric and min(numeric) > 0 and max(numeric) / min(numeric) >= 4):
-            ax.set_xscale("log")
-        if positions:
-            ax.set_xticks(list(positions.values()), list(positions))
-        elif p.type is ParamType.CHOICE and numeric:
-            ax.set_xticks(numeric, [_fmt(c) for c in p.choices or []])
-            ax.minorticks_off()
-        ax.margins(x=0.15)
-        ax.set_xlabel(name)
-        ax.set_ylabel(spec.metric.source.value)
-        ax.set_title(f"metric vs {name} (o: run, x: pruned, bar: mean ± sd)", fontsize=9)
-        ax.grid(alpha=0.3)
-        fig.tight_layout()
         fname = param_plot_name(name)
-        fig.savefig(root / fname, dpi=110)
-        plt.close(fig)
+        _param_plot(plt, spec, state, name, p, colour, root / fname)
         names.append(fname)
     return names
+
+
+class _XAxis:
+    """Where a parameter value goes on the x axis: numeric (log or linear) or categorical, nudged per
+    configuration so configurations that share a value do not hide each other."""
+
+    def __init__(self, p: Param, values: list[Any], n_configs: int) -> None:
+        self.numeric = [float(c) for c in p.choices or [] if isinstance(c, int | float) and not isinstance(c, bool)]
+        self.categorical = p.type is ParamType.CHOICE and len(self.numeric) != len(p.choices or [])
+        nums = [float(v) for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
+        self.log = p.log or bool(self.numeric and min(self.numeric) > 0 and max(self.numeric) / min(self.numeric) >= 4)
+        self.span = (max(nums) - min(nums)) if len(nums) > 1 and max(nums) > min(nums) else 1.0
+        self.n = n_configs
+        self.positions: dict[str, int] = {}
+
+    def x(self, value: Any, config_index: int) -> float:
+        shift = (config_index - (self.n - 1) / 2) * 0.04
+        if self.categorical:
+            return self.positions.setdefault(str(value), len(self.positions)) + shift
+        if self.log:
+            return float(value) * 10 ** (shift / 2)
+        return float(value) + shift * self.span
+
+
+def _param_plot(plt: Any, spec: StudySpec, state: StudyState, name: str, p: Param, colour: dict[str, Any],
+                path: Path) -> None:
+    order = {c.id: i for i, c in enumerate(state.configs)}
+    axis = _XAxis(p, [c.params[name] for c in state.configs], len(order))
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for t in state.trials:
+        v = t.value(spec.metric) if t.state is TrialState.DONE else (
+            t.points[-1].value if t.points and t.state is TrialState.PRUNED else None)
+        if v is not None:
+            ax.scatter([axis.x(t.params[name], order[t.config_id])], [v], color=colour[t.config_id], alpha=0.8,
+                       marker="o" if t.state is TrialState.DONE else "x")
+    for r in config_summaries(state, spec):
+        if r["mean"] is not None:
+            ax.errorbar([axis.x(r["params"][name], order[r["config"]])], [r["mean"]], yerr=[r["sd"] or 0], fmt="_",
+                        color="black", markersize=16, capsize=4)
+    if axis.log:
+        ax.set_xscale("log")
+    if axis.positions:
+        ax.set_xticks(list(axis.positions.values()), list(axis.positions))
+    elif p.type is ParamType.CHOICE and axis.numeric:
+        ax.set_xticks(axis.numeric, [_fmt(c) for c in p.choices or []])
+        ax.minorticks_off()
+    ax.margins(x=0.15)
+    ax.set_xlabel(name)
+    ax.set_ylabel(spec.metric.source.value)
+    ax.set_title(f"metric vs {name} (o: run, x: pruned, bar: mean ± sd)", fontsize=9)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

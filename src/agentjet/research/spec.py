@@ -283,6 +283,9 @@ class StudySpec(_Strict):
             self.server = next(iter(self.base.servers))
         elif self.server not in self.base.servers:
             raise ValueError(f"server {self.server!r} is not in base.servers ({sorted(self.base.servers)})")
+        if self.budget.trials is not None and self.budget.trials < self.seeds:
+            raise ValueError(f"budget.trials ({self.budget.trials}) is below seeds ({self.seeds}): no configuration "
+                             "could run all its seeds")
         client_fields = set(TrialClientSettings.model_fields)
         for name in self.space:
             target, _, key = name.partition(".")
