@@ -28,6 +28,7 @@ from agentjet.research.display import Display, RunView
 from agentjet.research.monitor import (
     Health,
     Limits,
+    TrialResult,
     Watch,
     eval_points,
     judge,
@@ -288,7 +289,7 @@ class StudyRunner:
                                                 f"step {step}")
         self._save()
 
-    def _finish(self, a: ActiveRun, result) -> None:  # noqa: ANN001 - TrialResult
+    def _finish(self, a: ActiveRun, result: TrialResult) -> None:
         self._stop(a, "finished")
         for step, value in sorted(result_points(result, self.spec.metric.source).items()):
             if a.run.add_point(step, value):
