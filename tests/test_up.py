@@ -89,3 +89,17 @@ def test_bad_swarm_file_is_a_clear_error(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-m", "agentjet.cli", "up", str(p)], capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 2 and "not a valid swarm file" in out.stdout and "port" in out.stdout
+
+
+@pytest.mark.server
+def test_up_exits_non_zero_when_a_client_fails(tmp_path: Path, tiny_model_path: Path) -> None:
+    spec = _write(tmp_path, f"""
+servers:
+  a: {{model: {tiny_model_path}, port: {free_port()}, options: {{engine: "null"}}}}
+clients:
+  bad: {{command: ["{sys.executable}", "-c", "raise SystemExit(3)"]}}
+log_dir: {tmp_path / "logs"}
+""")
+    out = subprocess.run([sys.executable, "-m", "agentjet.cli", "up", str(spec)], capture_output=True, text=True,
+                         timeout=180, env={**os.environ, "COLUMNS": "200"})
+    assert out.returncode == 1 and "client bad exited with code 3" in out.stdout and "failed" in out.stdout

@@ -141,7 +141,7 @@ class ServerStatus(_Model):
     clients: list[str]
     throughput: dict[str, float]
     eval_reward: dict[str, float] = Field(description="mean eval reward per policy version")
-    last_train_metrics: dict[str, float]
+    last_train_metrics: dict[str, float | None] = Field(description="the latest step's metrics (a NaN is null)")
     task_types: dict[str, dict[str, float]] = Field(default_factory=dict, description="trained episodes and mean "
                                                     "reward per task type")
     config: dict[str, Any]

@@ -121,17 +121,19 @@ class Swarm:
                                                       start_new_session=True, env={**os.environ, **spec.env})
             self.echo(f"started {name} (pid {self.clients[name].pid}), log {self._log(name)}")
 
-    def wait(self) -> None:
-        """Until every client has exited (or forever, with no clients), reporting exits."""
+    def wait(self) -> dict[str, int]:
+        """Until every client has exited (or forever, with no clients), reporting exits. Returns the exit codes."""
         running = set(self.clients)
+        codes: dict[str, int] = {}
         while True:
             for name in list(running):
                 code = self.clients[name].poll()
                 if code is not None:
                     self.echo(f"client {name} exited with code {code}")
+                    codes[name] = code
                     running.discard(name)
             if self.clients and not running:
-                return
+                return codes
             dead = [n for n, p in self.servers.items() if p.poll() is not None]
             if dead:
                 raise RuntimeError(f"server(s) {dead} exited unexpectedly; see their logs in {self.log_dir}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from agentjet.cli import bench, client, ctl, swarm
+from agentjet.cli import bench, client, ctl, research, swarm
 from agentjet.cli.server import EPILOG, make_server_command
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
@@ -17,6 +17,7 @@ app.command("up")(swarm.up)
 app.command("demo")(swarm.demo)
 app.command("model")(swarm.model)
 app.command("bench")(bench.bench)
+app.command("research")(research.research)
 app.add_typer(ctl.app, name="ctl")
 
 

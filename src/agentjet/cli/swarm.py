@@ -62,9 +62,10 @@ def up(spec_file: Path = typer.Argument(..., help="swarm YAML: servers (and opti
         raise KeyboardInterrupt  # stop cleanly on SIGTERM, as on Ctrl-C
 
     signal.signal(signal.SIGTERM, on_sigterm)
+    failed: list[str] = []
     try:
         swarm.start()
-        swarm.wait()
+        failed = [name for name, code in swarm.wait().items() if code != 0]
     except KeyboardInterrupt:
         console.print("stopping ...")
     except (RuntimeError, ServerExited, TimeoutError) as exc:
@@ -72,3 +73,6 @@ def up(spec_file: Path = typer.Argument(..., help="swarm YAML: servers (and opti
         swarm.stop()
         raise typer.Exit(1) from exc
     swarm.stop()
+    if failed:
+        console.print(f"[red]error:[/red] client(s) {failed} failed; see their logs in {spec.log_dir}")
+        raise typer.Exit(1)
