@@ -20,7 +20,6 @@ from typing import Any
 
 import torch
 
-from agentjet.algorithms.loss import ppo_clip_loss
 from agentjet.engines.base import (
     Engine,
     FinishReason,
@@ -30,7 +29,14 @@ from agentjet.engines.base import (
     TrainConfig,
     TrainSample,
 )
-from agentjet.engines.logprobs import chunked_token_logprobs
+from agentjet.engines.policy_step import (
+    StepSums,
+    collate,
+    micro_batch_loss,
+    micro_batches,
+    total_loss_weight,
+    trained_token_logprobs,
+)
 from agentjet.engines.sampling import sample_next
 from agentjet.models import resolve_model
 
@@ -282,45 +288,19 @@ class HFEngine(Engine):
         return base.base_model, base.get_output_embeddings().weight
 
     def _micro_batches(self, batch: list[TrainSample]) -> list[list[TrainSample]]:
-        order = sorted(batch, key=lambda s: len(s.input_ids))
-        groups: list[list[TrainSample]] = [[]]
-        for s in order:
-            width = max([len(s.input_ids)] + [len(x.input_ids) for x in groups[-1]])
-            if groups[-1] and width * (len(groups[-1]) + 1) > self.config.micro_batch_tokens:
-                groups.append([])
-            groups[-1].append(s)
-        return groups
+        return micro_batches(batch, self.config.micro_batch_tokens)
 
     def _forward_trained_logprobs(
         self, samples: list[TrainSample], model: torch.nn.Module | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Logprobs of every trained token (loss_mask == 1) in ``samples``, flattened in order.
-        Returns (logprobs [N], flat index of each trained token into [sum of lengths])."""
+        Returns (logprobs [N], the trained-position mask over ``[:, 1:]`` of the padded batch)."""
         decoder, head = self._decoder_and_head()
         if model is not None:
             decoder, head = model.base_model, model.get_output_embeddings().weight
-        pad_id = self._tokenizer.pad_token_id or 0
-        width = max(len(s.input_ids) for s in samples)
-        ids = torch.full((len(samples), width), pad_id, dtype=torch.long)
-        attn = torch.zeros((len(samples), width), dtype=torch.long)
-        mask = torch.zeros((len(samples), width), dtype=torch.bool)
-        temps = torch.zeros((len(samples), width))
-        for i, s in enumerate(samples):
-            n = len(s.input_ids)
-            ids[i, :n] = torch.tensor(s.input_ids)
-            attn[i, :n] = 1
-            mask[i, :n] = torch.tensor(s.loss_mask, dtype=torch.bool)
-            temps[i, :n] = s.temperature
-        ids, attn, mask, temps = (t.to(self.device) for t in (ids, attn, mask, temps))
-        autocast = torch.autocast(self.device.type, dtype=torch.bfloat16) if self.config.bf16 else contextlib.nullcontext()
-        with autocast:
-            hidden = decoder(input_ids=ids, attention_mask=attn).last_hidden_state
-        # token t is predicted from the hidden state at t - 1
-        pred_mask = mask[:, 1:]
-        h = hidden[:, :-1][pred_mask]
-        targets = ids[:, 1:][pred_mask]
-        lp = chunked_token_logprobs(h, head, targets, temps[:, 1:][pred_mask], self.config.logprob_chunk_tokens)
-        return lp, pred_mask
+        padded = collate(samples, self._tokenizer.pad_token_id or 0, self.device)
+        lp = trained_token_logprobs(decoder, head, padded, self.config.logprob_chunk_tokens, self.config.bf16)
+        return lp, padded.predicted_mask
 
     def _reference_model(self) -> torch.nn.Module:
         if self._reference is None:
@@ -333,32 +313,20 @@ class HFEngine(Engine):
         """Synchronous train step (on the caller's thread). Prefer ``await train_step``."""
         start = time.perf_counter()
         cfg = self.config
-        total_weight = sum(s.weight * s.num_trained_tokens for s in batch)
+        total_weight = total_loss_weight(batch)
         if total_weight <= 0:
             raise ValueError("train_step: the batch has no trained tokens (all loss masks are 0)")
         self.model.train()
-        sums = {"loss": 0.0, "pg": 0.0, "kl": 0.0, "clipped": 0.0, "absdiff": 0.0, "ratio_max": 0.0}
-        n_tokens = 0
+        sums = StepSums()
         for mb in self._micro_batches(batch):
             lp, _ = self._forward_trained_logprobs(mb)
-            flat = [(s, j) for s in mb for j, m in enumerate(s.loss_mask) if m]
-            # the boolean-mask order is row-major, the same as this flat order
-            old = torch.tensor([s.behaviour_logprobs[j] for s, j in flat], device=self.device)
-            adv = torch.tensor([s.advantages[j] for s, j in flat], device=self.device)
-            w = torch.tensor([s.weight for s, _ in flat], device=self.device)
             ref = None
             if cfg.kl_coef > 0:
                 with torch.no_grad():
                     ref = self._forward_trained_logprobs(mb, model=self._reference_model())[0]
-            res = ppo_clip_loss(lp, old, adv, w, cfg.clip_eps_low, cfg.clip_eps_high, ref, cfg.kl_coef)
+            res = micro_batch_loss(lp, mb, cfg, ref)
             (res.loss_sum / total_weight).backward()
-            sums["loss"] += float(res.loss_sum.detach())
-            sums["pg"] += res.pg_sum
-            sums["kl"] += res.kl_sum
-            sums["clipped"] += res.clipped
-            sums["absdiff"] += res.abs_logprob_diff_sum
-            sums["ratio_max"] = max(sums["ratio_max"], res.ratio_max)
-            n_tokens += len(flat)
+            sums.add(res, lp.numel())
         params = [p for p in self.model.parameters() if p.requires_grad]
         grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
         self.optimizer.step()
@@ -367,14 +335,8 @@ class HFEngine(Engine):
         self.policy_version += 1
         self.stats["train_steps"] += 1
         return {
-            "loss": sums["loss"] / total_weight,
-            "pg_loss": sums["pg"] / total_weight,
-            "kl": sums["kl"] / total_weight,
-            "clip_frac": sums["clipped"] / max(n_tokens, 1),
-            "ratio_max": sums["ratio_max"],
-            "mean_abs_logprob_diff": sums["absdiff"] / max(n_tokens, 1),
+            **sums.metrics(total_weight),
             "grad_norm": float(grad_norm),
-            "trained_tokens": float(n_tokens),
             "samples": float(len(batch)),
             "step_seconds": time.perf_counter() - start,
             "policy_version": float(self.policy_version),
