@@ -13,10 +13,11 @@ import json
 import logging
 import random
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -41,6 +42,8 @@ from agentjet.engines.sampling import sample_next
 from agentjet.models import resolve_model
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 STATE_FILE = "agentjet_state.json"
 OPTIMIZER_FILE = "optimizer.pt"
@@ -351,6 +354,11 @@ class HFEngine(Engine):
             lp, _ = self._forward_trained_logprobs([s])
             out.append(lp.tolist())
         return out
+
+    async def run_exclusive(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` on the engine's torch thread: between generation batches and train steps, never during
+        one (used to swap in weights trained elsewhere: ``agentjet.distributed``)."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
 
     def set_learning_rate(self, lr: float) -> None:
         if not lr > 0:
