@@ -258,7 +258,11 @@ class Trainer:
                  self.engine.policy_version, len(ids), metrics["reward_mean"], metrics.get("loss", 0.0),
                  metrics.get("step_seconds", 0.0))
         if self.settings.checkpoint_every and step % self.settings.checkpoint_every == 0:
-            await asyncio.to_thread(self.save_checkpoint)
+            try:
+                await asyncio.to_thread(self.save_checkpoint)
+            except Exception:  # the step is committed: its episodes must not go back into the pool
+                log.exception("checkpoint after step %d failed; training goes on, the next is tried on schedule",
+                              step)
         return metrics
 
     def _type_metrics(self, groups: list[Group]) -> dict[str, float]:
