@@ -153,6 +153,14 @@ def server(
     fix_drift: bool = typer.Option(True, help="splice generated ids back over re-tokenized replies"),
     tito: bool = typer.Option(True, help="token-in, token-out at request time: resent replies keep their "
                               "generated ids in the prompt"),
+    # the trainer group (issue 14; docs/distributed.md)
+    train_procs: int = typer.Option(0, help="train with an FSDP2 group of N ranks on this node under torchrun "
+                                    "(0: train in the server process)"),
+    train_nnodes: int = typer.Option(1, help="nodes in the trainer group"),
+    train_node_rank: int = typer.Option(0, help="this node's rank in the trainer group"),
+    rdzv_endpoint: str | None = typer.Option(None, help="HOST:PORT of the torchrun rendezvous (several nodes)"),
+    train_control: str | None = typer.Option(None, help="HOST:PORT where ranks reach this server (several nodes;"
+                                             " the secret comes from $AGENTJET_TRAINER_TOKEN[_FILE])"),
 ) -> None:
     """Run a swarm server: one trainable model behind an OpenAI-compatible API."""
     from pydantic import ValidationError
@@ -192,7 +200,40 @@ def server(
         console.print(f"[red]error:[/red] --engine must be 'hf' or 'null', not {engine!r}")
         raise typer.Exit(2)
     console.print(f"AgentJet server: model [bold]{model}[/bold] on http://{host}:{port}/v1, data in {data_dir}")
-    serve(config, engine=_null_engine(model) if engine == "null" else None, resume=resume)
+    built = _null_engine(model) if engine == "null" else None
+    if train_procs and engine != "hf":
+        console.print("[red]error:[/red] --train-procs trains the embedded engine's model; it needs --engine hf")
+        raise typer.Exit(2)
+    if train_procs:
+        built = _group_engine(config, train_procs, train_nnodes, train_node_rank, rdzv_endpoint, train_control)
+    serve(config, engine=built, resume=resume)
+
+
+def _group_engine(config, procs: int, nnodes: int, node_rank: int, rdzv: str | None,  # noqa: ANN001, ANN202
+                  control: str | None):
+    """The embedded engine for rollouts plus a trainer group of ``procs`` ranks per node."""
+    from pydantic import ValidationError
+
+    from agentjet.distributed import TrainerGroupError, TrainerGroupSettings
+    from agentjet.distributed.engine import build_group_engine
+    from agentjet.engines.base import TrainConfig
+
+    host, _, port = (control or "127.0.0.1:0").rpartition(":")
+    try:
+        settings = TrainerGroupSettings(procs=procs, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv,
+                                        control_host=host or "127.0.0.1", control_port=int(port or 0),
+                                        auth_token=_secret(None, "AGENTJET_TRAINER_TOKEN"))
+    except (ValidationError, ValueError) as exc:
+        console.print(f"[red]invalid trainer group settings:[/red]\n{exc}")
+        raise typer.Exit(2) from exc
+    console.print(f"starting a trainer group: {settings.world_size} ranks ({procs} on this node)")
+    try:
+        return build_group_engine(config.model, settings, TrainConfig(learning_rate=config.training.learning_rate),
+                                  data_dir=config.data_dir, max_batch_size=config.max_batch_size,
+                                  max_context=config.max_context)
+    except TrainerGroupError as exc:
+        console.print(f"[red]the trainer group did not start:[/red] {exc}")
+        raise typer.Exit(2) from exc
 
 
 def _null_engine(model: str):  # noqa: ANN202

@@ -19,8 +19,9 @@ LOSS_RTOL = 1e-4
 
 
 def train_config() -> TrainConfig:
-    # small micro-batches: each rank runs several passes, and ranks get different numbers of them
-    return TrainConfig(learning_rate=LR, micro_batch_tokens=48)
+    # small micro-batches: each rank runs several passes, and ranks get different numbers of them; the KL term
+    # on, so the frozen reference takes part too (both sides take it from the initial weights)
+    return TrainConfig(learning_rate=LR, micro_batch_tokens=48, kl_coef=0.05)
 
 
 def make_batch(engine, seed: int, n: int = 6) -> list[TrainSample]:
