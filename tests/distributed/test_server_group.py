@@ -54,7 +54,9 @@ def test_server_trains_through_a_group_survives_a_dead_rank_and_resumes(make_ser
     before = {k: v.clone() for k, v in rollout.model.state_dict().items()}
 
     first = run_group(srv, "a")
-    wait_until(lambda: engine.policy_version == 1 and rollout.policy_version == 1, timeout=120)
+    latest = data / "checkpoints" / "latest"
+    wait_until(lambda: latest.exists() and latest.read_text().strip() == "step-000001", timeout=120)
+    assert engine.policy_version == 1 and rollout.policy_version == 1
     metrics = httpx.get(f"{srv.url}/swarm/v1/status").json()["last_train_metrics"]
     # the group trained on exactly the logprobs the rollout engine sampled with: same model, same weights
     assert metrics["mean_abs_logprob_diff"] < 1e-3 and metrics["ranks"] == 1
@@ -66,8 +68,7 @@ def test_server_trains_through_a_group_survives_a_dead_rank_and_resumes(make_ser
     second = run_group(srv, "b")
     wait_until(lambda: engine.policy_version == 2, timeout=200)
     assert engine.group.counters["faults"] == 1 and engine.group.counters["restarts"] == 1
-    wait_until(lambda: (data / "checkpoints" / "latest").exists() and
-               (data / "checkpoints" / "latest").read_text().strip() == "step-000002", timeout=60)
+    wait_until(lambda: latest.read_text().strip() == "step-000002", timeout=60)
     consumed = srv.server.store.consumed_steps()
     assert {i: consumed[i] for i in first} == {i: [1] for i in first}
     assert {i: consumed[i] for i in second} == {i: [2] for i in second}  # trained once, by step 2
