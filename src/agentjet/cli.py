@@ -161,6 +161,7 @@ def server(
     rdzv_endpoint: str | None = typer.Option(None, help="HOST:PORT of the torchrun rendezvous (several nodes)"),
     train_control: str | None = typer.Option(None, help="HOST:PORT where ranks reach this server (several nodes;"
                                              " the secret comes from $AGENTJET_TRAINER_TOKEN[_FILE])"),
+    train_devices: str | None = typer.Option(None, help="GPUs of this node for the trainer ranks, e.g. 1,2,3"),
 ) -> None:
     """Run a swarm server: one trainable model behind an OpenAI-compatible API."""
     from pydantic import ValidationError
@@ -205,12 +206,13 @@ def server(
         console.print("[red]error:[/red] --train-procs trains the embedded engine's model; it needs --engine hf")
         raise typer.Exit(2)
     if train_procs:
-        built = _group_engine(config, train_procs, train_nnodes, train_node_rank, rdzv_endpoint, train_control)
+        built = _group_engine(config, train_procs, train_nnodes, train_node_rank, rdzv_endpoint, train_control,
+                              train_devices)
     serve(config, engine=built, resume=resume)
 
 
 def _group_engine(config, procs: int, nnodes: int, node_rank: int, rdzv: str | None,  # noqa: ANN001, ANN202
-                  control: str | None):
+                  control: str | None, devices: str | None):
     """The embedded engine for rollouts plus a trainer group of ``procs`` ranks per node."""
     from pydantic import ValidationError
 
@@ -222,7 +224,8 @@ def _group_engine(config, procs: int, nnodes: int, node_rank: int, rdzv: str | N
     try:
         settings = TrainerGroupSettings(procs=procs, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv,
                                         control_host=host or "127.0.0.1", control_port=int(port or 0),
-                                        auth_token=_secret(None, "AGENTJET_TRAINER_TOKEN"))
+                                        auth_token=_secret(None, "AGENTJET_TRAINER_TOKEN"),
+                                        cuda_visible_devices=devices)
     except (ValidationError, ValueError) as exc:
         console.print(f"[red]invalid trainer group settings:[/red]\n{exc}")
         raise typer.Exit(2) from exc

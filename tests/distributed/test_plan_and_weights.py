@@ -71,6 +71,13 @@ def test_settings_validate_several_nodes() -> None:
         TrainerGroupSettings(rdzv_endpoint="node0")
     s = TrainerGroupSettings(procs=8, nnodes=2, rdzv_endpoint="node0:29400", control_port=29500, auth_token="x")
     assert s.world_size == 16
+    with pytest.raises(ValidationError, match="export_dir"):
+        TrainerGroupSettings(procs=8, nnodes=2, node_rank=1, rdzv_endpoint="n0:1", control_port=2, auth_token="x")
+    with pytest.raises(ValidationError, match="fewer GPUs"):
+        TrainerGroupSettings(procs=4, cuda_visible_devices="2,3")
+    assert TrainerGroupSettings(procs=2, cuda_visible_devices="2,3").cuda_visible_devices == "2,3"
+    with pytest.raises(ValidationError):
+        TrainerGroupSettings(cuda_visible_devices="gpu0")
     with pytest.raises(ValidationError):
         TrainerGroupSettings(procs=0)
     with pytest.raises(ValidationError):
@@ -78,16 +85,16 @@ def test_settings_validate_several_nodes() -> None:
 
 
 def test_torchrun_commands() -> None:
-    one = torchrun_command(procs=2, nnodes=1, node_rank=0, rdzv_endpoint=None, rdzv_id="x", control="h:1", python="py")
+    one = torchrun_command(procs=2, nnodes=1, node_rank=0, rdzv_endpoint=None, control="h:1", python="py")
     assert one[:3] == ["py", "-m", "torch.distributed.run"] and "--standalone" in one and "--nproc-per-node=2" in one
     assert one[-4:] == ["-m", "agentjet.distributed.worker", "--control", "h:1"]
-    two = torchrun_command(procs=8, nnodes=2, node_rank=1, rdzv_endpoint="n0:29400", rdzv_id="run7", control="n0:5",
-                           python="py")
-    assert {"--nnodes=2", "--node-rank=1", "--rdzv-backend=c10d", "--rdzv-endpoint=n0:29400",
-            "--rdzv-id=run7", "--max-restarts=0"} <= set(two)
+    two = torchrun_command(procs=8, nnodes=2, node_rank=1, rdzv_endpoint="n0:29400", control="n0:5", python="py")
+    # static rendezvous: ranks follow node ranks, so rank 0 (the weight writer) is on node 0
+    assert {"--nnodes=2", "--node-rank=1", "--rdzv-backend=static", "--rdzv-endpoint=n0:29400",
+            "--max-restarts=0"} <= set(two)
     assert "--standalone" not in two
     with pytest.raises(ValueError):
-        torchrun_command(procs=1, nnodes=2, node_rank=0, rdzv_endpoint=None, rdzv_id="x", control="h:1")
+        torchrun_command(procs=1, nnodes=2, node_rank=0, rdzv_endpoint=None, control="h:1")
 
 
 class Tiny(torch.nn.Module):

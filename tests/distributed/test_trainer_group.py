@@ -13,9 +13,15 @@ import threading
 from pathlib import Path
 
 import pytest
-
-from agentjet.distributed import GroupState, RankFailure, TrainerGroup, TrainerGroupError, TrainerGroupSettings
 from tests.distributed.conftest import LOSS_RTOL, WEIGHT_ATOL, max_weight_diff, train_config
+
+from agentjet.distributed import (
+    GroupState,
+    RankFailure,
+    TrainerGroup,
+    TrainerGroupError,
+    TrainerGroupSettings,
+)
 
 pytestmark = pytest.mark.timeout(300)
 

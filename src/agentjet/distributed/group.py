@@ -178,6 +178,8 @@ class TrainerGroup:
                 committed = self._gather("committed", trained_at + self.settings.push_timeout_s)
             except TrainerGroupError as exc:
                 self._fault(exc)
+                shutil.rmtree(snapshot, ignore_errors=True)  # what the failed step may have half written
+                export.unlink(missing_ok=True)
                 raise
             self.state = GroupState.READY
             self._advance(version, snapshot, export)
@@ -279,8 +281,10 @@ class TrainerGroup:
         env = {**os.environ, TOKEN_ENV: self._token}
         if s.threads_per_rank:
             env["OMP_NUM_THREADS"] = str(s.threads_per_rank)
+        if s.cuda_visible_devices is not None:
+            env["CUDA_VISIBLE_DEVICES"] = s.cuda_visible_devices
         cmd = torchrun_command(procs=s.procs, nnodes=s.nnodes, node_rank=s.node_rank, rdzv_endpoint=s.rdzv_endpoint,
-                               rdzv_id=s.rdzv_id, control=f"{address[0]}:{address[1]}")
+                               control=f"{address[0]}:{address[1]}")
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in _kill
         self._proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=self._log,
                                       stderr=subprocess.STDOUT, start_new_session=True)

@@ -16,10 +16,8 @@ class TrainerGroupSettings(BaseModel):
     procs: int = Field(1, ge=1, le=1024, description="trainer ranks on this node (torchrun --nproc-per-node)")
     nnodes: int = Field(1, ge=1, le=1024, description="nodes in the group (torchrun --nnodes)")
     node_rank: int = Field(0, ge=0, description="this node's rank in the group (torchrun --node-rank)")
-    rdzv_endpoint: str | None = Field(None, description="host:port of the torchrun rendezvous; needed with "
-                                      "nnodes > 1 (one node alone uses a standalone rendezvous on a free port)")
-    rdzv_id: str = Field("agentjet", min_length=1, max_length=128, description="torchrun --rdzv-id (the same on "
-                         "every node)")
+    rdzv_endpoint: str | None = Field(None, description="host:port on node 0 for the torchrun rendezvous; needed "
+                                      "with nnodes > 1 (one node alone uses a standalone rendezvous on a free port)")
     control_host: str = Field("127.0.0.1", description="where the server listens for its ranks (0.0.0.0 when "
                               "ranks on other nodes must reach it)")
     control_port: int = Field(0, ge=0, le=65535, description="port the ranks connect to (0: any free port; "
@@ -29,6 +27,9 @@ class TrainerGroupSettings(BaseModel):
                                          "from AGENTJET_TRAINER_TOKEN)")
     backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="collectives: gloo on CPU, NCCL on CUDA")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA when the ranks see a GPU")
+    cuda_visible_devices: str | None = Field(None, pattern=r"^\d+(,\d+)*$", description="the GPUs of this node "
+                                             "the ranks use, e.g. '2,3,4,5,6,7' when the rollout engine holds 0-1 "
+                                             "(one rank per GPU; None: inherit CUDA_VISIBLE_DEVICES)")
     mixed_precision: bool = Field(True, description="on CUDA, bf16 parameters and fp32 gradient reduction "
                                   "(FSDP2 MixedPrecisionPolicy); ignored on CPU")
     gradient_checkpointing: bool = Field(False, description="recompute decoder activations in backward")
@@ -60,6 +61,11 @@ class TrainerGroupSettings(BaseModel):
                                                 ("auth_token", self.auth_token is None)) if unset]
             if missing:
                 raise ValueError(f"a group of several nodes needs {', '.join(missing)} set")
+        if self.node_rank > 0 and self.export_dir is None:
+            raise ValueError("rank 0 (which exports the weights) runs on node 0: a server on another node needs "
+                             "export_dir on storage both nodes share")
+        if self.cuda_visible_devices is not None and len(self.cuda_visible_devices.split(",")) < self.procs:
+            raise ValueError(f"cuda_visible_devices lists fewer GPUs than procs ({self.procs})")
         if self.rdzv_endpoint is not None:
             host, sep, port = self.rdzv_endpoint.rpartition(":")
             if not (sep and host and port.isdigit()):
