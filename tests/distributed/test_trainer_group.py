@@ -165,3 +165,23 @@ def test_bad_batches_are_refused_before_reaching_the_ranks(group2, batches) -> N
     with pytest.raises(ValueError, match="no trained tokens"):
         group2.train_step(empty)
     assert group2.state is GroupState.READY
+
+
+def test_a_single_process_checkpoint_starts_a_group_with_fresh_optimizer(tiny_model_path, batches, tmp_path) -> None:
+    from tests.distributed.conftest import train_config as cfg
+
+    from agentjet.engines.hf import HFEngine
+
+    plain = HFEngine(tiny_model_path, train_config=cfg())
+    plain.train_step_sync(batches[0])
+    plain.save(tmp_path / "plain")  # Hugging Face weights + optimizer.pt + policy version
+    with TrainerGroup(tiny_model_path, settings(1, tmp_path / "one"), train_config()) as group:
+        group.load_hf_weights(tmp_path / "plain", policy_version=1)
+        m = group.train_step(batches[1])
+        assert group.policy_version == 2
+        # the reference: the saved weights, a fresh optimizer, and the KL reference taken from those weights
+        again = HFEngine(tmp_path / "plain", train_config=cfg())
+        r = again.train_step_sync(batches[1])
+        assert m["loss"] == pytest.approx(r["loss"], rel=LOSS_RTOL)
+        state = {k: v.detach() for k, v in again.model.state_dict().items()}
+        assert max_weight_diff(group.latest_weights, state) < WEIGHT_ATOL
