@@ -487,7 +487,7 @@ class TrainerGroup:
                     continue
                 if isinstance(msg, Failed):
                     reported.add(r.rank)
-                    problems.append(f"rank {msg.rank} failed: {msg.error}")
+                    problems.append(f"rank {msg.rank} failed ({msg.kind}): {msg.error}")
                 elif not (isinstance(msg, Done) and msg.kind == kind):
                     problems.append(f"rank {r.rank} answered {msg!r}")
                 else:

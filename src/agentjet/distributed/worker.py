@@ -3,7 +3,7 @@
 It connects to the parent (the server) with the shared secret from ``AGENTJET_TRAINER_TOKEN``, receives
 :class:`~agentjet.distributed.messages.Init`, builds its FSDP2 shard of the model, and then runs the parent's
 commands until :class:`~agentjet.distributed.messages.Shutdown` or until the parent goes away. Every exit
-ends with ``os._exit`` (after ``destroy_process_group`` when clean): see docs/distributed.md.
+ends with ``os._exit`` (after ``destroy_process_group`` when clean): see docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -243,25 +243,19 @@ def _parse_endpoint(value: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def serve(conn: Connection, trainer: RankTrainer, rank: int) -> list[str]:
-    """Run commands until Shutdown. Returns the command kinds run (for logs)."""
-    done: list[str] = []
-    while True:
-        cmd = conn.recv()
-        if isinstance(cmd, Shutdown):
-            return done
-        if isinstance(cmd, Step):
-            conn.send(Done(rank, "trained", trainer.train(cmd)))
-            conn.send(Done(rank, "committed", trainer.commit(cmd)))
-        elif isinstance(cmd, Save):
-            trainer.save(cmd.path)
-            conn.send(Done(rank, "saved"))
-        elif isinstance(cmd, Load):
-            trainer.load(cmd.path)
-            conn.send(Done(rank, "loaded"))
-        else:
-            raise TypeError(f"unexpected command {type(cmd).__name__}")
-        done.append(type(cmd).__name__)
+def run_command(conn: Connection, trainer: RankTrainer, rank: int, cmd: object) -> None:
+    """Run one command and answer it (a step answers twice: trained, then committed)."""
+    if isinstance(cmd, Step):
+        conn.send(Done(rank, "trained", trainer.train(cmd)))
+        conn.send(Done(rank, "committed", trainer.commit(cmd)))
+    elif isinstance(cmd, Save):
+        trainer.save(cmd.path)
+        conn.send(Done(rank, "saved"))
+    elif isinstance(cmd, Load):
+        trainer.load(cmd.path)
+        conn.send(Done(rank, "loaded"))
+    else:
+        raise TypeError(f"unexpected command {type(cmd).__name__}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -286,8 +280,13 @@ def main(argv: list[str] | None = None) -> None:
             raise TypeError(f"expected Init, got {type(init).__name__}")
         trainer = RankTrainer(init, rank, world, local_rank)
         conn.send(Done(rank, "ready"))
-        kind = "serve"
-        serve(conn, trainer, rank)
+        while True:
+            kind = "wait"
+            cmd = conn.recv()
+            kind = type(cmd).__name__.lower()
+            if isinstance(cmd, Shutdown):
+                break
+            run_command(conn, trainer, rank, cmd)
         code = 0
     except (EOFError, ConnectionError):
         print(f"rank {rank}: the parent closed the connection during {kind}; exiting", file=sys.stderr)
@@ -301,7 +300,7 @@ def main(argv: list[str] | None = None) -> None:
             dist.destroy_process_group()
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(code)  # see docs/distributed.md: ranks can abort at interpreter exit otherwise
+        os._exit(code)  # see docs/architecture.md (Trainer group): ranks can abort at interpreter exit otherwise
 
 
 if __name__ == "__main__":
