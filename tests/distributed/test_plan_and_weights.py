@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -130,3 +131,21 @@ def test_weights_that_do_not_fit_leave_the_model_untouched(tmp_path: Path) -> No
         copy_weights_into(dst, write_weights(extra, tmp_path / "extra.safetensors"))
     for k, v in dst.state_dict().items():
         assert torch.equal(v, before[k])
+
+
+def test_stale_shm_dirs_of_dead_servers_are_swept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import subprocess
+
+    from agentjet.distributed import group
+
+    monkeypatch.setattr(group, "SHM", tmp_path)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = tmp_path / f"{group.SHM_PREFIX}recovery-{dead.pid}-abc"
+    live = tmp_path / f"{group.SHM_PREFIX}weights-{os.getpid()}-def"
+    other = tmp_path / "someone-else-123-x"
+    for d in (stale, live, other):
+        d.mkdir()
+    fresh = group._shm_dir("weights", 1)
+    assert fresh is not None and fresh.parent == tmp_path and f"-{os.getpid()}-" in fresh.name
+    assert not stale.exists() and live.exists() and other.exists()

@@ -102,6 +102,34 @@ def _dir_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.glob("*.safetensors"))
 
 
+SHM = Path("/dev/shm")
+SHM_PREFIX = "agentjet-group-"  # + "<kind>-<pid of the owning server>-<random>"
+
+
+def _shm_dir(kind: str, need_bytes: int) -> Path | None:
+    """A fresh directory in /dev/shm (RAM) if it has twice ``need_bytes`` free, else None. Directories left by
+    servers that died without closing their group are removed first (they would hold RAM until reboot)."""
+    if not (SHM.is_dir() and os.access(SHM, os.W_OK)):
+        return None
+    _sweep_stale_shm()
+    if shutil.disk_usage(SHM).free > 2 * need_bytes + (64 << 20):
+        return Path(tempfile.mkdtemp(prefix=f"{SHM_PREFIX}{kind}-{os.getpid()}-", dir=SHM))
+    return None
+
+
+def _sweep_stale_shm() -> None:
+    for d in SHM.glob(f"{SHM_PREFIX}*"):
+        parts = d.name[len(SHM_PREFIX):].split("-")
+        if len(parts) < 3 or not parts[1].isdigit():
+            continue
+        try:
+            os.kill(int(parts[1]), 0)
+        except ProcessLookupError:
+            shutil.rmtree(d, ignore_errors=True)
+        except PermissionError:  # alive, someone else's
+            continue
+
+
 class TrainerGroup:
     """``settings.world_size`` FSDP2 ranks training ``model``; :meth:`train_step` is a blocking call (run it off
     the event loop). Thread-safe: calls are serialised."""
@@ -121,9 +149,15 @@ class TrainerGroup:
         self._own_work_dir = self.settings.work_dir is None
         self.work_dir = Path(self.settings.work_dir or tempfile.mkdtemp(prefix="agentjet-trainer-"))
         self.work_dir.mkdir(parents=True, exist_ok=True)
+        weights = _dir_bytes(Path(self.model))  # as stored (fp32 or half): fp32 copies are 2-4x that
         self._own_export_dir = self.settings.export_dir is None
-        self.export_dir = Path(self.settings.export_dir or self._default_export_dir())
+        self.export_dir = Path(self.settings.export_dir or _shm_dir("weights", 4 * weights)
+                               or self.work_dir / "export")
         self.export_dir.mkdir(parents=True, exist_ok=True)
+        self._own_recovery_dir = self.settings.recovery_dir is None
+        shm_recovery = _shm_dir("recovery", 12 * weights) if self.settings.nnodes == 1 else None
+        self.recovery_dir = Path(self.settings.recovery_dir or shm_recovery or self.work_dir / "recovery")
+        self.recovery_dir.mkdir(parents=True, exist_ok=True)
         self._restore: Path | None = None  # the sharded state a (re)start loads; None: the model's own weights
         token = self.settings.auth_token
         self._token = token.get_secret_value() if token is not None else secrets.token_hex(32)
@@ -164,7 +198,7 @@ class TrainerGroup:
             self._ensure_started()
             version = self.policy_version + 1
             export = self.export_dir / f"weights-v{version:06d}.safetensors"
-            snapshot = self.work_dir / "recovery" / f"v{version:06d}-g{self._generation}"
+            snapshot = self.recovery_dir / f"v{version:06d}-g{self._generation}"
             if snapshot.exists():
                 shutil.rmtree(snapshot)
             self.state = GroupState.BUSY
@@ -246,6 +280,8 @@ class TrainerGroup:
             self.state = GroupState.CLOSED
             if self._own_export_dir:
                 shutil.rmtree(self.export_dir, ignore_errors=True)
+            if self._own_recovery_dir:
+                shutil.rmtree(self.recovery_dir, ignore_errors=True)
             if self._own_work_dir:
                 shutil.rmtree(self.work_dir, ignore_errors=True)
 
@@ -256,13 +292,6 @@ class TrainerGroup:
         self.close()
 
     # ------------------------------------------------------------ lifecycle
-    def _default_export_dir(self) -> Path:
-        shm = Path("/dev/shm")
-        need = 4 * _dir_bytes(Path(self.model)) + (64 << 20)  # fp32 weights, one old and one new file
-        if shm.is_dir() and os.access(shm, os.W_OK) and shutil.disk_usage(shm).free > need:
-            return Path(tempfile.mkdtemp(prefix="agentjet-weights-", dir=shm))
-        return self.work_dir / "export"
-
     def _ensure_started(self) -> None:
         if self.state is GroupState.CLOSED:
             raise TrainerGroupError("the trainer group is closed")
@@ -328,8 +357,7 @@ class TrainerGroup:
         self.policy_version = version
         self.latest_weights = export
         self.counters["steps"] += 1
-        recovery = self.work_dir / "recovery"
-        if previous is not None and previous.parent == recovery:
+        if previous is not None and previous.parent == self.recovery_dir:
             shutil.rmtree(previous, ignore_errors=True)
         for old in self.export_dir.glob("weights-v*.safetensors"):
             if old != export:

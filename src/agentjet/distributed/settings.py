@@ -46,6 +46,10 @@ class TrainerGroupSettings(BaseModel):
                                   "on shared storage with nnodes > 1")
     export_dir: Path | None = Field(None, description="where rank 0 writes the weights after each step "
                                     "(default: /dev/shm when it has room, else work_dir)")
+    recovery_dir: Path | None = Field(None, description="where the ranks write the recovery snapshot after each "
+                                      "step (default: /dev/shm on one node when it has room, else "
+                                      "work_dir/recovery). It only has to outlive a rank, not the server: a "
+                                      "restarted server resumes from its checkpoints")
 
     @property
     def world_size(self) -> int:
