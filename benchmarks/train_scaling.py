@@ -185,7 +185,7 @@ def main() -> None:
     print()
     print(f"{args.model} on {args.device}: {args.batch} x {args.length} tokens ({tokens} trained) per step, "
           f"{args.rounds} rounds, {args.threads} threads per configuration")
-    print(f"{'':10} {'step s':>8} {'ms/token':>9} {'vs plain':>9} {'push s':>8} {'gathered MB/rank':>17}")
+    print(f"{'':10} {'step s':>8} {'ms/token':>9} {'vs plain':>9} {'push s':>8} {'gathered MiB/rank':>17}")
     for name, row in rows.items():
         gathered = row.get("traffic", {}).get("all_gather_bytes_per_rank")
         print(f"{name:10} {row['step_seconds']:8.2f} {row['ms_per_token']:9.2f} {row['ratio_vs_plain']:8.2f}x "
