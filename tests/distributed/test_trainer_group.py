@@ -91,7 +91,9 @@ def test_resume_reshards_two_ranks_to_one_and_back(group2, batches, reference, t
 
     group.load(ckpt1)  # a running group loads (and reshards) in place
     assert group.policy_version == 3
+    assert not any(group.recovery_dir.iterdir())  # the checkpoint is the recovery point now
     m = group.train_step(batches[3])
+    assert len(list(group.recovery_dir.iterdir())) == 1
     ref_metrics, ref_state = reference(batches[:4])
     assert m["loss"] == pytest.approx(ref_metrics[3]["loss"], rel=LOSS_RTOL)
     assert group.policy_version == 4

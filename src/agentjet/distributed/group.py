@@ -253,7 +253,7 @@ class TrainerGroup:
         version = int(json.loads((path / GROUP_STATE).read_text())["policy_version"]) \
             if (path / GROUP_STATE).exists() else self.policy_version
         with self._lock:
-            self._restore = target  # also the recovery point if the load itself fails
+            self._set_restore(target)  # also the recovery point if the load itself fails
             self.policy_version = version
             if self.state in (GroupState.READY, GroupState.BUSY):
                 self._command(lambda _: Load(str(target)), "loaded")
@@ -265,7 +265,8 @@ class TrainerGroup:
         if not ((path / "config.json").exists() and any(path.glob("*.safetensors"))):
             raise FileNotFoundError(f"{path} is not a Hugging Face model directory (config.json, *.safetensors)")
         with self._lock:
-            self.model, self._restore, self.policy_version = str(path), None, policy_version
+            self._set_restore(None)
+            self.model, self.policy_version = str(path), policy_version
             if self.state in (GroupState.READY, GroupState.BUSY, GroupState.FAILED):
                 self._shutdown()
                 self._start()
@@ -352,16 +353,19 @@ class TrainerGroup:
 
     def _advance(self, version: int, snapshot: Path, export: Path) -> None:
         """The step is committed: its snapshot becomes the recovery point; older snapshots and exports go."""
-        previous = self._restore
-        self._restore = snapshot
+        self._set_restore(snapshot)
         self.policy_version = version
         self.latest_weights = export
         self.counters["steps"] += 1
-        if previous is not None and previous.parent == self.recovery_dir:
-            shutil.rmtree(previous, ignore_errors=True)
         for old in self.export_dir.glob("weights-v*.safetensors"):
             if old != export:
                 old.unlink(missing_ok=True)
+
+    def _set_restore(self, target: Path | None) -> None:
+        """A new recovery point; the previous one goes if it is one of this group's snapshots."""
+        previous, self._restore = self._restore, target
+        if previous is not None and previous != target and previous.parent == self.recovery_dir:
+            shutil.rmtree(previous, ignore_errors=True)
 
     def _shutdown(self) -> None:
         proc = self._proc
