@@ -200,11 +200,11 @@ def server(
     if engine not in ("hf", "null"):
         console.print(f"[red]error:[/red] --engine must be 'hf' or 'null', not {engine!r}")
         raise typer.Exit(2)
-    console.print(f"AgentJet server: model [bold]{model}[/bold] on http://{host}:{port}/v1, data in {data_dir}")
-    built = _null_engine(model) if engine == "null" else None
     if train_procs and engine != "hf":
         console.print("[red]error:[/red] --train-procs trains the embedded engine's model; it needs --engine hf")
         raise typer.Exit(2)
+    console.print(f"AgentJet server: model [bold]{model}[/bold] on http://{host}:{port}/v1, data in {data_dir}")
+    built = _null_engine(model) if engine == "null" else None
     if train_procs:
         built = _group_engine(config, train_procs, train_nnodes, train_node_rank, rdzv_endpoint, train_control,
                               train_devices)
