@@ -40,7 +40,10 @@ def sample_value(f: SettingField) -> tuple[str, Any]:
                "public_url": ("http://h:1", "http://h:1"), "seed": ("7", 7), "max_context": ("512", 512),
                "log_to": ("tensorboard", [LogSink.TENSORBOARD]), "kind": ("null", EngineKind.NULL),
                "python": ("/usr/bin/python3", Path("/usr/bin/python3")),
-               "extra_args": ("--seed 3", ["--seed", "3"]), "extra_env": ("A=1,B=x", {"A": "1", "B": "x"}), "bench_history": ("/tmp/h.jsonl", Path("/tmp/h.jsonl"))}
+               "extra_args": ("--seed 3", ["--seed", "3"]), "extra_env": ("A=1,B=x", {"A": "1", "B": "x"}), "bench_history": ("/tmp/h.jsonl", Path("/tmp/h.jsonl")),
+               "rdzv_endpoint": ("node0:29400", "node0:29400"), "cuda_visible_devices": ("0,1", "0,1"),
+               "control_host": ("0.0.0.0", "0.0.0.0"), "work_dir": ("/tmp/aj-w", Path("/tmp/aj-w")),
+               "export_dir": ("/tmp/aj-e", Path("/tmp/aj-e")), "recovery_dir": ("/tmp/aj-r", Path("/tmp/aj-r"))}
     if f.path[-1] in special:
         return special[f.path[-1]]
     inner = _strip_optional(f.annotation)
@@ -63,6 +66,19 @@ def sample_value(f: SettingField) -> tuple[str, Any]:
     if inner is str:
         return ("custom", "custom")
     raise AssertionError(f"no sample value for {f.dotted} ({f.annotation})")
+
+
+# Settings that are only valid together with others (cross-field rules): the companions, as typed on a command line.
+_MULTI_NODE = {"trainer.rdzv_endpoint": "node0:29400", "trainer.control_port": "29500", "trainer.auth_token": "t0k"}
+COMPANIONS: dict[str, dict[str, str]] = {
+    "training.min_group_size": {"training.group_size": "4"},
+    "trainer.nnodes": _MULTI_NODE,
+    "trainer.node_rank": {**_MULTI_NODE, "trainer.nnodes": "8", "trainer.export_dir": "/tmp/aj-e"},
+}
+
+
+def companion_args(f: SettingField) -> list[str]:
+    return [a for dotted, typed in COMPANIONS.get(f.dotted, {}).items() for a in (f"--{find_field(dotted).flag}", typed)]
 
 
 def got(config: ServerConfig, f: SettingField) -> Any:
@@ -91,8 +107,7 @@ def test_every_setting_reaches_the_cli(field: SettingField, captured: list[Serve
     typed, want = sample_value(field)
     args = [f"--{field.flag}" if field.info.default is False else f"--no-{field.flag}"] if field.is_bool \
         else [f"--{field.flag}", typed]
-    extra = ["--group-size", "4"] if field.path[-1] == "min_group_size" else []
-    result = CliRunner().invoke(app, ["server", "--model", "tiny-random", *extra, *args])
+    result = CliRunner().invoke(app, ["server", "--model", "tiny-random", *companion_args(field), *args])
     assert result.exit_code == 0, result.output
     assert got(captured[-1], field) == want
 
@@ -101,14 +116,16 @@ def test_every_setting_reaches_the_cli(field: SettingField, captured: list[Serve
 def test_every_setting_reaches_the_file_and_the_environment(field: SettingField, tmp_path: Path) -> None:
     typed, want = sample_value(field)
     raw: Any = json.loads(json.dumps(want, default=lambda v: v.value if isinstance(v, enum.Enum) else str(v)))
-    file_data = options_values({field.dotted: raw})
+    companions = COMPANIONS.get(field.dotted, {})
+    file_data = options_values({**companions, field.dotted: raw})
     path = tmp_path / "server.yaml"
     path.write_text(yaml.safe_dump(file_data))
     assert got(load_server_config(config_file=path), field) == want
     env_text = typed if not field.is_bool else str(want).lower()
     if field.path[-1] in ("targets", "log_to", "extra_args", "extra_env"):
         env_text = typed
-    assert got(load_server_config(environ={field.env: env_text}), field) == want
+    environ = {find_field(dotted).env: typed for dotted, typed in companions.items()}
+    assert got(load_server_config(environ={**environ, field.env: env_text}), field) == want
 
 
 def test_help_lists_every_setting_with_its_description_and_bounds() -> None:

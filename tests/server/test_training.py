@@ -356,3 +356,27 @@ def test_runner_uses_the_servers_group_size_and_warns_on_a_mismatch(make_server,
     asyncio.run(main())
     assert seen.count("a") == 3 and seen.count("b") == 2
     wait_until(lambda: srv.server.trainer.counters.train_steps == 1)  # the full group of 3 trained
+
+
+def test_a_failed_checkpoint_does_not_hand_trained_episodes_back(make_server) -> None:
+    """The step is committed in the store before the checkpoint; a checkpoint that fails (disk full, a trainer
+    group that lost a rank while saving) must not put its episodes back into the pool to be trained twice."""
+    srv = make_server("null", training={"group_size": 2, "batch_groups": 1, "checkpoint_every": 1})
+    engine = srv.server.engine
+
+    def broken_save(path: Path) -> None:
+        raise OSError("no space left on device")
+
+    engine.save = broken_save
+
+    async def main() -> list[str]:
+        async with SwarmClient(srv.url) as client:
+            return await asyncio.gather(*[one_episode(client, "t", r) for r in (1.0, 0.0)])
+
+    ids = asyncio.run(main())
+    wait_until(lambda: engine.policy_version == 1)
+    time.sleep(1.5)  # the trainer loop's retry interval after a failure: nothing may train again
+    assert engine.policy_version == 1 and len(engine.trained) == 1
+    consumed = srv.server.store.consumed_steps()
+    assert {i: consumed[i] for i in ids} == {i: [1] for i in ids}
+    assert srv.server.trainer.pending_count == 0

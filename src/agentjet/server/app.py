@@ -61,6 +61,10 @@ def build_engine(config: ServerConfig) -> Engine:
                           delay_s=config.engine.null_delay_ms / 1000)
     from agentjet.engines.hf import HFEngine
 
+    if config.trainer.procs:  # the embedded engine generates, an FSDP2 trainer group trains
+        from agentjet.distributed.engine import build_group_engine
+
+        return build_group_engine(config)
     if config.engine.kind is EngineKind.VLLM:  # vLLM generates, the embedded engine's training half trains
         from agentjet.engines.vllm import VLLMEngine
 

@@ -306,7 +306,11 @@ class Trainer:
                                          for (eid, i, agent, adv), ts in zip(refs, batch, strict=True)])
             await asyncio.to_thread(self.observer.on_step, record)
         if self.settings.checkpoint_every and step % self.settings.checkpoint_every == 0:
-            await asyncio.to_thread(self.save_checkpoint)
+            try:
+                await asyncio.to_thread(self.save_checkpoint)
+            except Exception:  # the step is committed: its episodes must not go back into the pool
+                log.exception("checkpoint after step %d failed; training goes on, the next is tried on schedule",
+                              step)
         return metrics
 
     def _timing(self, t0: float, t1: float, t2: float, metrics: dict[str, float]) -> dict[str, float]:

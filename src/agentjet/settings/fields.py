@@ -123,6 +123,7 @@ def _submodel(annotation: Any) -> type[BaseModel] | None:
 
 def _walk(model: type[BaseModel], prefix: tuple[str, ...]) -> list[SettingField]:
     out: list[SettingField] = []
+    flag_prefix = getattr(model, "FLAG_PREFIX", None)  # a section whose flags carry a prefix ("--train-procs")
     for name, info in model.model_fields.items():
         path = (*prefix, name)
         sub = _submodel(info.annotation)
@@ -131,7 +132,8 @@ def _walk(model: type[BaseModel], prefix: tuple[str, ...]) -> list[SettingField]
             continue
         extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
         # the section name is dropped ("--group-size"); a nested block's name is kept ("--lora-rank")
-        default_flag = "-".join(path[1:] if len(path) > 1 else path).replace("_", "-")
+        parts = path[1:] if len(path) > 1 else path
+        default_flag = "-".join((flag_prefix, *parts) if flag_prefix else parts).replace("_", "-")
         flag = str(extra.get("flag", default_flag))
         aliases = tuple(str(a) for a in extra.get("aliases", ()))  # type: ignore[union-attr]
         out.append(SettingField(path, info, flag, aliases))

@@ -14,9 +14,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -36,6 +37,7 @@ from agentjet.settings import EngineSettings, LoraSettings, LossSettings
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
 STATE_FILE = "agentjet_state.json"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -166,6 +168,11 @@ class HFEngine(Engine):
         metrics = self.trainer.train_step(batch)
         self.policy_version += 1
         return {**metrics, "policy_version": float(self.policy_version)}
+
+    async def run_exclusive(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` on the engine's torch thread: between generation batches and train steps, never during one
+        (to swap in weights trained elsewhere: ``agentjet.distributed``)."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
 
     def score(self, samples: list[TrainSample]) -> list[list[float]]:
         return self.trainer.score(samples)

@@ -1,4 +1,5 @@
-"""The embedded engine's training half: PPO-clip on precomputed per-token advantages, memory-bounded.
+"""The embedded engine's training half: PPO-clip on precomputed per-token advantages, memory-bounded. The step is
+built from ``engines/policy_step.py``, the pieces an FSDP2 trainer group's ranks use too.
 
 ``train_step`` runs the decoder over micro-batches of at most ``micro_batch_tokens`` padded tokens, gathers
 only the trained positions and computes their logprobs a chunk of rows at a time
@@ -8,7 +9,6 @@ only the trained positions and computes their logprobs a chunk of rows at a time
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import time
 from pathlib import Path
@@ -16,24 +16,19 @@ from typing import Any
 
 import torch
 
-from agentjet.algorithms.loss import ppo_clip_loss
 from agentjet.engines.base import TrainSample
-from agentjet.engines.logprobs import chunked_token_logprobs
+from agentjet.engines.policy_step import (
+    StepConfig,
+    StepSums,
+    collate,
+    micro_batch_loss,
+    micro_batches,
+    total_loss_weight,
+    trained_token_logprobs,
+)
 from agentjet.settings import EngineSettings, LossSettings
 
 OPTIMIZER_FILE = "optimizer.pt"
-
-
-def micro_batches(batch: list[TrainSample], max_tokens: int) -> list[list[TrainSample]]:
-    """Length-sorted groups whose padded size (rows x longest row) stays within ``max_tokens``."""
-    order = sorted(batch, key=lambda s: len(s.input_ids))
-    groups: list[list[TrainSample]] = [[]]
-    for s in order:
-        width = max([len(s.input_ids)] + [len(x.input_ids) for x in groups[-1]])
-        if groups[-1] and width * (len(groups[-1]) + 1) > max_tokens:
-            groups.append([])
-        groups[-1].append(s)
-    return groups
 
 
 class PolicyTrainer:
@@ -66,78 +61,43 @@ class PolicyTrainer:
             self._reference = copy.deepcopy(self.causal_lm).eval().requires_grad_(False)
         return self._reference
 
+    def step_config(self) -> StepConfig:
+        return StepConfig.from_settings(self.settings, self.loss, self.learning_rate)
+
     def forward_trained_logprobs(self, samples: list[TrainSample], model: Any | None = None) -> torch.Tensor:
         """Logprobs of every trained token (loss_mask == 1) in ``samples``, flattened in row-major order."""
         lm = model if model is not None else self.causal_lm
-        decoder, head = lm.base_model, lm.get_output_embeddings().weight
-        width = max(len(s.input_ids) for s in samples)
-        ids = torch.full((len(samples), width), self.pad_id, dtype=torch.long)
-        attn = torch.zeros((len(samples), width), dtype=torch.long)
-        mask = torch.zeros((len(samples), width), dtype=torch.bool)
-        temps = torch.zeros((len(samples), width))
-        for i, s in enumerate(samples):
-            n = len(s.input_ids)
-            ids[i, :n] = torch.tensor(s.input_ids)
-            attn[i, :n] = 1
-            mask[i, :n] = torch.tensor(s.loss_mask, dtype=torch.bool)
-            temps[i, :n] = s.temperature
-        ids, attn, mask, temps = (t.to(self.device) for t in (ids, attn, mask, temps))
-        autocast = (torch.autocast(self.device.type, dtype=torch.bfloat16) if self.settings.autocast_bf16
-                    else contextlib.nullcontext())
-        with autocast:
-            hidden = decoder(input_ids=ids, attention_mask=attn).last_hidden_state
-        pred_mask = mask[:, 1:]  # token t is predicted from the hidden state at t - 1
-        h = hidden[:, :-1][pred_mask]
-        targets = ids[:, 1:][pred_mask]
-        return chunked_token_logprobs(h, head, targets, temps[:, 1:][pred_mask], self.settings.logprob_chunk_tokens)
+        batch = collate(samples, self.pad_id, self.device)
+        return trained_token_logprobs(lm.base_model, lm.get_output_embeddings().weight, batch,
+                                      self.settings.logprob_chunk_tokens, self.settings.autocast_bf16)
 
     def train_step(self, batch: list[TrainSample]) -> dict[str, float]:
+        """One step: the same pieces as a trainer group's ranks (``engines/policy_step.py``)."""
         start = time.perf_counter()
-        loss_cfg = self.loss
-        total_weight = sum(s.weight * s.num_trained_tokens for s in batch)
+        cfg = self.step_config()
+        total_weight = total_loss_weight(batch)
         if total_weight <= 0:
             raise ValueError("train_step: the batch has no trained tokens (all loss masks are 0)")
         self.model.train()
-        sums = {"loss": 0.0, "pg": 0.0, "kl": 0.0, "clipped": 0.0, "absdiff": 0.0, "ratio_max": 0.0}
-        n_tokens = 0
-        for mb in micro_batches(batch, self.settings.micro_batch_tokens):
+        sums = StepSums()
+        for mb in micro_batches(batch, cfg.micro_batch_tokens):
             lp = self.forward_trained_logprobs(mb)
             for s, part in zip(mb, lp.detach().float().split([s.num_trained_tokens for s in mb]), strict=True):
                 s.trainer_logprobs = part.tolist()  # for the trace viewer
-            flat = [(s, j) for s in mb for j, m in enumerate(s.loss_mask) if m]
-            old = torch.tensor([s.behaviour_logprobs[j] for s, j in flat], device=self.device)
-            adv = torch.tensor([s.advantages[j] for s, j in flat], device=self.device)
-            w = torch.tensor([s.weight for s, _ in flat], device=self.device)
             ref = None
-            if loss_cfg.kl_coef > 0:
+            if cfg.kl_coef > 0:
                 with torch.no_grad():
                     ref = self.forward_trained_logprobs(mb, model=self._reference_model())
-            res = ppo_clip_loss(lp, old, adv, w, loss_cfg.clip_eps_low, loss_cfg.clip_eps_high, ref, loss_cfg.kl_coef)
+            res = micro_batch_loss(lp, mb, cfg, ref)
             (res.loss_sum / total_weight).backward()
-            sums["loss"] += float(res.loss_sum.detach())
-            sums["pg"] += res.pg_sum
-            sums["kl"] += res.kl_sum
-            sums["clipped"] += res.clipped
-            sums["absdiff"] += res.abs_logprob_diff_sum
-            sums["ratio_max"] = max(sums["ratio_max"], res.ratio_max)
-            n_tokens += len(flat)
+            sums.add(res, lp.numel())
         params = [p for p in self.model.parameters() if p.requires_grad]
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.settings.max_grad_norm)
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.model.eval()
-        return {
-            "loss": sums["loss"] / total_weight,
-            "pg_loss": sums["pg"] / total_weight,
-            "kl": sums["kl"] / total_weight,
-            "clip_frac": sums["clipped"] / max(n_tokens, 1),
-            "ratio_max": sums["ratio_max"],
-            "mean_abs_logprob_diff": sums["absdiff"] / max(n_tokens, 1),
-            "grad_norm": float(grad_norm),
-            "trained_tokens": float(n_tokens),
-            "samples": float(len(batch)),
-            "step_seconds": time.perf_counter() - start,
-        }
+        return {**sums.metrics(total_weight), "grad_norm": float(grad_norm), "samples": float(len(batch)),
+                "step_seconds": time.perf_counter() - start}
 
     @torch.no_grad()
     def score(self, samples: list[TrainSample]) -> list[list[float]]:
