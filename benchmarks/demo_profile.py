@@ -38,7 +38,7 @@ class EngineTimer:
         self.train_s = 0.0
         self.batches: list[int] = []
         self.steps = 0
-        gen, train = engine._generate_batch, engine.train_step_sync
+        gen, train = engine._run_batch_sync, engine.train_step_sync
 
         def timed_gen(reqs: list[Any]) -> Any:
             t = time.perf_counter()
@@ -56,7 +56,7 @@ class EngineTimer:
                 self.train_s += time.perf_counter() - t
                 self.steps += 1
 
-        engine._generate_batch = timed_gen
+        engine._run_batch_sync = timed_gen
         engine.train_step_sync = timed_train
 
 
@@ -94,15 +94,18 @@ async def _drive(url: str, task: str, seconds: float, group_size: int, concurren
 
 def profile(args: argparse.Namespace) -> dict[str, Any]:
     from agentjet.engines.hf import HFEngine
-    from agentjet.server import ServerConfig, SwarmServer, TrainingSettings
-    from agentjet.server.app import BackgroundServer, free_port
+    from agentjet.launch import free_port
+    from agentjet.server import SwarmServer
+    from agentjet.server.app import BackgroundServer
+    from agentjet.settings import EngineSettings, ServerConfig, TrainingSettings
     from agentjet.tasks import get_task
 
     rec = get_task(args.task).RECOMMENDED
-    engine = HFEngine(args.model, max_batch_size=args.max_batch)
+    engine = HFEngine(args.model, EngineSettings(max_batch_size=args.max_batch), learning_rate=rec["learning_rate"])
     timer = EngineTimer(engine)
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = ServerConfig(model=args.model, port=free_port(), data_dir=Path(tmp), max_batch_size=args.max_batch,
+        cfg = ServerConfig(model=args.model, port=free_port(), data_dir=Path(tmp),
+                           engine=EngineSettings(max_batch_size=args.max_batch),
                            training=TrainingSettings(group_size=rec["group_size"], batch_groups=rec["groups_per_batch"],
                                                      learning_rate=rec["learning_rate"], checkpoint_every=0,
                                                      max_staleness=args.max_staleness))

@@ -56,10 +56,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import agentjet  # noqa: F401  (before torch: sets the process-wide OpenMP defaults, as in the server)
+from agentjet.runtime import prefer_passive_openmp
+
+prefer_passive_openmp()  # before torch loads: the process-wide OpenMP default, as in the server
 
 # isort: split
-import torch
+import torch  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "engine.json"
 
@@ -227,8 +229,9 @@ def _engine_step(path: Path, device: torch.device, ids: torch.Tensor, seed: int)
     """Ours: ``HFEngine.train_step_sync`` on the same tokens, every position but the first trained."""
     from agentjet.engines.base import TrainSample
     from agentjet.engines.hf import HFEngine
+    from agentjet.settings import EngineSettings
 
-    engine = HFEngine(path, device=str(device), max_batch_size=8)
+    engine = HFEngine(path, EngineSettings(device=str(device), max_batch_size=8))
     g = torch.Generator().manual_seed(seed + 1)
     samples = []
     for row in ids.tolist():
@@ -385,11 +388,12 @@ def main() -> None:
     }
     if not args.skip_generation:
         from agentjet.engines.hf import HFEngine
+        from agentjet.settings import EngineSettings
 
-        engine = HFEngine(args.model, device=args.device, max_batch_size=8)
+        engine = HFEngine(args.model, EngineSettings(device=args.device, max_batch_size=8))
         # Benchmark choice: no stop ids at all (not even the model's EOS, which the engine always adds), so
         # every request generates exactly --gen-tokens tokens and early EOS cannot skew tokens/s.
-        engine._stop_ids = set()
+        engine.generator.stop_ids = frozenset()
         result["generation"] = asyncio.run(bench_generation(engine, [1, 4, 8], args.gen_tokens, args.repeats))
         engine._executor.shutdown(wait=True)
         del engine

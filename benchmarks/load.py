@@ -200,8 +200,8 @@ def main() -> None:
     seconds = 20.0 if args.quick else args.seconds
     warmup = args.warmup if args.warmup is not None else 0.25 * seconds
 
+    from agentjet.launch import free_port
     from agentjet.models import resolve_model
-    from agentjet.server.app import free_port
 
     console = Console()
     resolve_model("tiny-random")
@@ -209,6 +209,7 @@ def main() -> None:
     url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory() as tmp:
         proc = start_null_server(port, tmp)
+        proc.wait_ready(120)
         sampler = RssSampler(proc.pid)
         sampler.start()
         try:
@@ -224,8 +225,7 @@ def main() -> None:
             alive = proc.poll() is None
         finally:
             sampler.stop()
-            proc.terminate()
-            proc.wait(timeout=60)
+            proc.stop(grace=60)
     mem = memory_report(sampler.samples, load_start, load_end, warmup)
     buf = status["buffer"]
     server_side = {"open_episodes_after": buf["open_episodes"], "pending_episodes": buf["pending_episodes"],

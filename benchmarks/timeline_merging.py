@@ -394,7 +394,7 @@ def main() -> None:
     import torch
     from transformers import AutoTokenizer
 
-    from agentjet.engines.base import TrainConfig, TrainSample
+    from agentjet.engines.base import TrainSample
     from agentjet.engines.hf import HFEngine
     from agentjet.models import resolve_model
 
@@ -403,7 +403,7 @@ def main() -> None:
     tok.chat_template = chatml_tools_template()
     # a learning rate too small to move the weights: every step sees the same model, so the losses of the
     # merged and unmerged batches can be compared directly
-    engine = HFEngine("smollm2-135m-instruct", train_config=TrainConfig(learning_rate=1e-12))
+    engine = HFEngine("smollm2-135m-instruct", learning_rate=1e-12)
     engine.train_step_sync(to_train(track_episode(EpisodeMaker(tok, 999).linear(1), tok)[0]))  # warm-up
     # the per-step fixed cost (optimizer step, gradient allocation, ...): steps on a 4-token sample
     tiny = [TrainSample([1, 2, 3, 4], [0, 0, 1, 1], [-1.0] * 4, [0.0, 0.0, 1.0, 1.0])]
@@ -429,7 +429,7 @@ def main() -> None:
         "episodes_per_t": args.episodes, "machine": f"{os.cpu_count()} CPU cores "
         f"({platform.processor() or platform.machine()})", "torch_threads": torch.get_num_threads(),
         "load_avg": " ".join(f"{x:.1f}" for x in os.getloadavg()), "micro_batch_tokens":
-        engine.config.micro_batch_tokens, "wall_s": time.perf_counter() - t_start,
+        engine.settings.micro_batch_tokens, "wall_s": time.perf_counter() - t_start,
         "processed_tokens": "sum of the sample sequence lengths per episode",
         "fixed_step_cost": fixed,
     }

@@ -32,7 +32,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import agentjet  # noqa: F401  (OpenMP wait policy before torch loads)
+from agentjet.runtime import prefer_passive_openmp
+
+prefer_passive_openmp()  # before torch loads, for both sides (the server does the same)
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -64,9 +66,10 @@ def evaluate_checkpoint(path: str, tasks: list[dict[str, Any]]) -> float:
     """Mean reward of the weights in ``path`` on ``tasks`` with the task's EVAL_SAMPLING (seed + index)."""
     from agentjet.engines.base import SamplingParams
     from agentjet.engines.hf import HFEngine
+    from agentjet.settings import EngineSettings
     from agentjet.tasks import addition
 
-    engine = HFEngine(path, max_batch_size=len(tasks))
+    engine = HFEngine(path, EngineSettings(max_batch_size=len(tasks)))
     tok = engine.tokenizer
     ev = addition.EVAL_SAMPLING
 
@@ -88,15 +91,15 @@ def evaluate_checkpoint(path: str, tasks: list[dict[str, Any]]) -> float:
 
 # ---------------------------------------------------------------------------- AgentJet side
 def run_agentjet(model: str, seed: int, budget_s: float, points_s: list[float], ckpt_dir: Path) -> dict[str, Any]:
-    import signal
+    import secrets
     import sqlite3
 
     from agentjet.client.client import SwarmClient
     from agentjet.client.scheduled import ScheduleSettings, run_scheduled
-    from agentjet.demo import DemoSettings, _start_server, _wait_ready, _workflow, train_pool
+    from agentjet.demo import DemoSettings, _workflow, server_config, train_pool
+    from agentjet.launch import ServerProcess, free_port
     from agentjet.protocol import SWARM_PREFIX
     from agentjet.schedule import Curriculum
-    from agentjet.server.app import free_port
     from agentjet.tasks import addition
 
     work = Path(tempfile.mkdtemp(prefix="vs-trl-aj-"))
@@ -105,15 +108,17 @@ def run_agentjet(model: str, seed: int, budget_s: float, points_s: list[float], 
            "groups_per_batch": SHARED["prompts_per_step"]}
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = _start_server(s, port, rec, work / "server.log")
+    token = secrets.token_urlsafe(32)  # the client pauses training and saves checkpoints (control API)
+    server = ServerProcess("vs-trl", server_config(s, port, rec, token), work / "server.log",
+                           work / "server.yaml").start()
     points: list[dict[str, Any]] = []
     try:
-        _wait_ready(url, proc, work / "server.log")
+        server.wait_ready()
         sampling = dict(addition.SAMPLING)
 
         async def main() -> Any:
             pool = train_pool(addition)
-            async with SwarmClient(url, client_id="vs-trl") as client:
+            async with SwarmClient(url, token=token, client_id="vs-trl") as client:
                 async def checkpoint(train_s: float) -> None:
                     r = await client.request("POST", f"{SWARM_PREFIX}/control/checkpoint")
                     dest = ckpt_dir / f"agentjet-{len(points):02d}"
@@ -134,11 +139,7 @@ def run_agentjet(model: str, seed: int, budget_s: float, points_s: list[float], 
         run, st = asyncio.run(main())
         wall = time.monotonic() - t0
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        server.stop(grace=120)
     db = sqlite3.connect(work / "server" / "store.sqlite")
     trained = sum(json.loads(m).get("trained_tokens", 0) for (m,) in db.execute("SELECT metrics FROM steps"))
     db.close()

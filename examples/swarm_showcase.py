@@ -28,8 +28,8 @@ from pathlib import Path
 
 import httpx
 
-from agentjet.server.app import free_port
-from agentjet.up import ClientSpec, ServerSpec, Swarm, SwarmSpec
+from agentjet.launch import free_port
+from agentjet.up import ClientSpec, Swarm, SwarmSpec, server_spec
 
 HERE = Path(__file__).resolve().parent
 WORDS_V2 = '''"""Reward code for the 'words' task, version 2: edited while training runs (whole word first)."""
@@ -67,21 +67,24 @@ def main() -> None:
     pa, pb = free_port(), free_port()
     a, b = f"http://127.0.0.1:{pa}", f"http://127.0.0.1:{pb}"
     common = {"group-size": 4, "checkpoint-every": 0, "max-staleness": 4, "log-level": "INFO"}
+    logs = out / "logs"
     spec = SwarmSpec(
         servers={
-            "planner": ServerSpec(model=args.planner_model, port=pa, data_dir=str(out / "planner"), options={
-                **common, "batch-groups": 10, "lr": 2e-5, "task-ratios": "math=0.7,words=0.3",
-                "absent-policy": "strict"}),
-            "executor": ServerSpec(model=args.executor_model, port=pb, data_dir=str(out / "executor"),
-                                   options={**common, "batch-groups": 2, "lr": 1e-3},
-                                   env={"OMP_NUM_THREADS": "1"}),  # the tiny model needs one core, not both
+            "planner": server_spec("planner", {"model": args.planner_model, "port": pa, "data_dir": str(out / "planner"),
+                                               "options": {**common, "batch-groups": 10, "lr": 2e-5,
+                                                           "task-ratios": "math=0.7,words=0.3",
+                                                           "absent-policy": "strict"}}, logs),
+            "executor": server_spec("executor", {
+                "model": args.executor_model, "port": pb, "data_dir": str(out / "executor"),
+                "options": {**common, "batch-groups": 2, "lr": 1e-3},
+                "env": {"OMP_NUM_THREADS": "1"}}, logs),  # the tiny model needs one core, not both
         },
         clients={
             "team": ClientSpec(command=[sys.executable, str(HERE / "team_two_models.py"), "--planner", a,
                                         "--executor", b, "--tasks", "100000"]),
             "words": ClientSpec(command=words_client(a, out, HERE / "rewards" / "words_v1.py")),
         },
-        log_dir=str(out / "logs"))
+        log_dir=logs)
     swarm = Swarm(spec)
     timeline: list[dict] = []
     replaced_at = None

@@ -5,6 +5,22 @@ from pathlib import Path
 
 import pytest
 
+SERVER_FIXTURES = {"make_server", "fuzz_server_factory", "api", "control_api", "engine_api"}
+TINY_FIXTURES = {"tiny_model_path", "tiny_engine"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Levels, by what a test needs: ``server`` (a real HTTP server), ``tiny`` (the tiny model, no server), or
+    neither (pure logic). ``-m "not server"`` runs the fast levels only."""
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        if item.get_closest_marker("server") is not None:
+            continue
+        if names & SERVER_FIXTURES:
+            item.add_marker(pytest.mark.server)
+        elif names & TINY_FIXTURES:
+            item.add_marker(pytest.mark.tiny)
+
 
 @pytest.fixture(scope="session", autouse=True)
 def agentjet_home() -> Path:
@@ -27,8 +43,9 @@ def tiny_model_path(agentjet_home: Path) -> Path:
 @pytest.fixture
 def tiny_engine(tiny_model_path: Path):
     from agentjet.engines.hf import HFEngine
+    from agentjet.settings import EngineSettings
 
-    engine = HFEngine(tiny_model_path, max_batch_size=8)
+    engine = HFEngine(tiny_model_path, EngineSettings(max_batch_size=8))
     yield engine
     engine._executor.shutdown(wait=False)
 
@@ -47,15 +64,17 @@ def make_server(tmp_path: Path, tiny_model_path: Path):
     """Start real swarm servers (uvicorn on a free loopback port). ``engine``: "tiny", "null" or an Engine."""
     from agentjet.engines.hf import HFEngine
     from agentjet.engines.null import NullEngine
-    from agentjet.server import ServerConfig, SwarmServer, TrainingSettings
-    from agentjet.server.app import BackgroundServer, free_port
+    from agentjet.launch import free_port
+    from agentjet.server import SwarmServer
+    from agentjet.server.app import BackgroundServer
+    from agentjet.settings import EngineSettings, ServerConfig, TrainingSettings
 
     started: list[BackgroundServer] = []
 
     def make(engine="null", data_dir: Path | None = None, resume: bool = False, reply: str = "ok",
              training: dict | None = None, **config):
         if engine == "tiny":
-            engine = HFEngine(tiny_model_path, max_batch_size=8)
+            engine = HFEngine(tiny_model_path, EngineSettings(max_batch_size=8))
         elif engine == "null":
             from transformers import AutoTokenizer
 
@@ -64,8 +83,8 @@ def make_server(tmp_path: Path, tiny_model_path: Path):
                     **(training or {})}
         cfg = ServerConfig(model=str(tiny_model_path), served_model_name="tiny", port=free_port(),
                            data_dir=data_dir or tmp_path / f"server{len(started)}",
-                           training=TrainingSettings(**training), **config)
-        bg = BackgroundServer(SwarmServer(cfg, engine, resume=resume)).start()
+                           training=TrainingSettings(**training), resume=resume, **config)
+        bg = BackgroundServer(SwarmServer(cfg, engine)).start()
         started.append(bg)
         return bg
 

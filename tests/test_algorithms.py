@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from agentjet.algorithms import AdvantageEstimator, compute_advantages, ppo_clip_loss
+from agentjet.algorithms import AdvantageEstimator, compute_advantages
+from agentjet.algorithms.loss import ppo_clip_loss
 
 
 def test_grpo_normalises_within_group() -> None:

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from agentjet.engines.base import FinishReason, SamplingParams, TrainSample
-from agentjet.engines.hf import HFEngine, LoraSettings
+from agentjet.engines.hf import HFEngine
+from agentjet.settings import EngineSettings, LoraSettings, LossSettings
 
 
 def gen(engine: HFEngine, ids: list[int], **kw) -> object:
@@ -174,9 +175,7 @@ def test_masked_tokens_do_not_affect_the_update(tiny_model_path: Path, chat_ids)
 
 
 def test_kl_and_bf16_options_run(tiny_model_path: Path, chat_ids) -> None:
-    from agentjet.engines.base import TrainConfig
-
-    engine = HFEngine(tiny_model_path, train_config=TrainConfig(kl_coef=0.1, bf16=True, learning_rate=1e-3))
+    engine = HFEngine(tiny_model_path, EngineSettings(autocast_bf16=True), LossSettings(kl_coef=0.1), 1e-3)
     ids = chat_ids("hi", engine)
     batch = [_sample(engine, ids, 1, 1.0)]
     first = asyncio.run(engine.train_step(batch))
@@ -186,7 +185,7 @@ def test_kl_and_bf16_options_run(tiny_model_path: Path, chat_ids) -> None:
 
 
 def test_lora_trains_only_adapters(tiny_model_path: Path, chat_ids, tmp_path: Path) -> None:
-    engine = HFEngine(tiny_model_path, lora=LoraSettings(r=4, alpha=8))
+    engine = HFEngine(tiny_model_path, EngineSettings(lora=LoraSettings(rank=4, alpha=8)))
     engine.set_learning_rate(1e-2)
     frozen = {n: p.clone() for n, p in engine.model.named_parameters() if not p.requires_grad}
     lora = {n: p.clone() for n, p in engine.model.named_parameters() if p.requires_grad}
@@ -197,7 +196,7 @@ def test_lora_trains_only_adapters(tiny_model_path: Path, chat_ids, tmp_path: Pa
     assert all(torch.equal(named[n], p) for n, p in frozen.items())
     assert any(not torch.equal(named[n], p) for n, p in lora.items())
     engine.save(tmp_path / "ckpt")
-    other = HFEngine(tiny_model_path, lora=LoraSettings(r=4, alpha=8))
+    other = HFEngine(tiny_model_path, EngineSettings(lora=LoraSettings(rank=4, alpha=8)))
     other.load(tmp_path / "ckpt")
     other_named = dict(other.model.named_parameters())
     assert all(torch.equal(other_named[n], named[n]) for n in lora)

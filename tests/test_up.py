@@ -10,17 +10,36 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
-from agentjet.server.app import free_port
-from agentjet.up import load_spec, server_command
+from agentjet.launch import free_port
+from agentjet.up import load_spec
 
 
-def test_server_command_maps_options(tmp_path: Path) -> None:
+def test_server_entries_are_validated_settings(tmp_path: Path) -> None:
     spec = load_spec(_write(tmp_path, "servers:\n  a: {model: tiny-random, port: 1234, options: {lr: 3.0e-5, "
-                                      "group_size: 8, resume: true}}\n"))
-    cmd = server_command("a", spec.servers["a"], tmp_path)
-    assert cmd[cmd.index("--port") + 1] == "1234" and cmd[cmd.index("--lr") + 1] == "3e-05"
-    assert "--group-size" in cmd and "--resume" in cmd
+                                      "group_size: 8, resume: true}, loss: {kl_coef: 0.1}, env: {X: 1}}\n"
+                                      "log_dir: logs\n"))
+    a = spec.servers["a"]
+    assert a.config.port == 1234 and a.config.training.learning_rate == 3e-5 and a.config.training.group_size == 8
+    assert a.config.resume and a.config.loss.kl_coef == 0.1 and a.env == {"X": "1"}
+    assert a.config.data_dir == Path("logs/a")
+
+
+@pytest.mark.parametrize(("entry", "message"), [
+    ("{port: 1234, options: {group-siz: 8}}", "unknown setting 'group-siz'; did you mean group-size"),
+    ("{port: 1234, options: {lr: 5}}", "training.learning_rate (--learning-rate): Input should be less than 1"),
+    ("{port: 1234, training: {batch_groupz: 2}}", "training.batch_groupz"),
+    ("{port: 1234, engine: {device: tpu}}", "engine.device (--device)"),
+    ("{options: {lr: 1.0e-5}}", "needs its own port"),
+])
+def test_bad_server_entry_fails_before_anything_starts(tmp_path: Path, entry: str, message: str) -> None:
+    p = _write(tmp_path, f"servers:\n  planner: {entry}\nlog_dir: {tmp_path / 'logs'}\n")
+    out = subprocess.run([sys.executable, "-m", "agentjet.cli", "up", str(p)], capture_output=True, text=True,
+                         timeout=60, env={**os.environ, "COLUMNS": "250"})
+    text = " ".join(out.stdout.split())
+    assert out.returncode == 2 and "server 'planner'" in text and message in text, out.stdout + out.stderr
+    assert not (tmp_path / "logs").exists()  # nothing was spawned
 
 
 def _write(tmp_path: Path, text: str) -> Path:
@@ -29,6 +48,7 @@ def _write(tmp_path: Path, text: str) -> Path:
     return p
 
 
+@pytest.mark.server
 def test_up_starts_servers_and_client_then_stops(tmp_path: Path, tiny_model_path: Path) -> None:
     pa, pb = free_port(), free_port()
     marker = tmp_path / "client-ran"
@@ -69,3 +89,17 @@ def test_bad_swarm_file_is_a_clear_error(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-m", "agentjet.cli", "up", str(p)], capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 2 and "not a valid swarm file" in out.stdout and "port" in out.stdout
+
+
+@pytest.mark.server
+def test_up_exits_non_zero_when_a_client_fails(tmp_path: Path, tiny_model_path: Path) -> None:
+    spec = _write(tmp_path, f"""
+servers:
+  a: {{model: {tiny_model_path}, port: {free_port()}, options: {{engine: "null"}}}}
+clients:
+  bad: {{command: ["{sys.executable}", "-c", "raise SystemExit(3)"]}}
+log_dir: {tmp_path / "logs"}
+""")
+    out = subprocess.run([sys.executable, "-m", "agentjet.cli", "up", str(spec)], capture_output=True, text=True,
+                         timeout=180, env={**os.environ, "COLUMNS": "200"})
+    assert out.returncode == 1 and "client bad exited with code 3" in out.stdout and "failed" in out.stdout

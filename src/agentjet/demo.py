@@ -11,22 +11,20 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
-import subprocess
-import sys
+import secrets
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import httpx
 from rich.console import Console
 
 from agentjet.client.client import Episode, SwarmClient
 from agentjet.client.scheduled import EvalPoint, ScheduleSettings, StepPoint, run_scheduled
+from agentjet.launch import ServerProcess
 from agentjet.schedule import Curriculum, StoppingRule, StopSettings
+from agentjet.settings import EngineSettings, ServerConfig, TrainingSettings
 from agentjet.tasks import get_task
 
 
@@ -44,6 +42,7 @@ class DemoSettings:
     time_budget_s: float = 20 * 60
     out_dir: Path = Path("runs/demo")
     port: int | None = None
+    engine: str = "hf"  # or "vllm": the server rolls out on a managed vLLM subprocess
     eval_every_s: float | None = 120.0  # periodic held-out eval (None: only before and after)
     curriculum: bool = True  # draw each group's task by its recent group results (retire solved tasks)
     early_stop: bool = True  # stop on an eval plateau or when the groups stop teaching (agentjet.schedule)
@@ -90,29 +89,15 @@ def _workflow(task_mod: ModuleType, sampling: dict[str, Any], record: dict[int, 
     return workflow
 
 
-def _start_server(s: DemoSettings, port: int, rec: dict[str, Any], log_path: Path) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "agentjet.cli", "server", "--model", s.model, "--port", str(port),
-           "--data-dir", str(s.out_dir / "server"), "--group-size", str(rec["group_size"]),
-           "--batch-groups", str(rec["groups_per_batch"]), "--lr", str(rec["learning_rate"]),
-           "--max-staleness", str(s.max_staleness), "--checkpoint-every", "0", "--log-level", "INFO",
-           "--max-batch-size", str(s.concurrency)]
-    log = open(log_path, "wb")  # noqa: SIM115 - handed to the child process
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def _wait_ready(url: str, proc: subprocess.Popen[bytes], log_path: Path, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited (code {proc.returncode}); see {log_path}:\n"
-                               + log_path.read_text()[-2000:])
-        try:
-            if httpx.get(f"{url}/health", timeout=2).json().get("status") == "ready":
-                return
-        except (httpx.TransportError, ValueError):
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"the server did not become ready in {timeout:.0f}s; see {log_path}")
+def server_config(s: DemoSettings, port: int, rec: dict[str, Any], admin_token: str | None = None) -> ServerConfig:
+    """The demo server's settings (handed to the child ``ajet server`` as a config file). The client pauses
+    training for its periodic evals, so it holds the admin token."""
+    return ServerConfig(
+        model=s.model, port=port, data_dir=s.out_dir / "server", log_level="INFO", admin_token=admin_token,
+        engine=EngineSettings(kind=s.engine, max_batch_size=s.concurrency),
+        training=TrainingSettings(group_size=rec["group_size"], batch_groups=rec["groups_per_batch"],
+                                  learning_rate=rec["learning_rate"], max_staleness=s.max_staleness,
+                                  checkpoint_every=0))
 
 
 def save_plot(result: DemoResult, path: Path) -> bool:
@@ -151,7 +136,7 @@ def save_plot(result: DemoResult, path: Path) -> bool:
 
 
 def run_demo(s: DemoSettings, console: Console | None = None) -> DemoResult:
-    from agentjet.server.app import free_port
+    from agentjet.launch import free_port
 
     console = console or Console()
     task_mod = get_task(s.task)
@@ -166,20 +151,18 @@ def run_demo(s: DemoSettings, console: Console | None = None) -> DemoResult:
     port = s.port or free_port()
     url = f"http://127.0.0.1:{port}"
     log_path = s.out_dir / "server.log"
+    admin_token = secrets.token_urlsafe(32)
+    server = ServerProcess("demo", server_config(s, port, rec, admin_token), log_path, s.out_dir / "server.yaml")
     start = time.monotonic()
     console.print(f"[bold]AgentJet demo[/bold]: {s.model} learns '{s.task}' ({steps} steps, {rec['group_size']} "
                   f"episodes/group, {rec['groups_per_batch']} groups/step, lr {rec['learning_rate']})")
     console.print(f"starting the swarm server on {url} (log: {log_path}) ...")
-    proc = _start_server(s, port, rec, log_path)
+    server.start()
     try:
-        _wait_ready(url, proc, log_path)
-        result = asyncio.run(_client_side(s, task_mod, rec, steps, url, console))
+        server.wait_ready()
+        result = asyncio.run(_client_side(s, task_mod, rec, steps, url, admin_token, console))
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        server.stop(grace=120)
     result.seconds = time.monotonic() - start
     result.settings = {**{k: str(v) for k, v in asdict(s).items()}, **rec, "steps": steps}
     (s.out_dir / "demo_result.json").write_text(json.dumps(asdict(result), indent=2, default=str))
@@ -203,7 +186,7 @@ def train_pool(task_mod: ModuleType, n: int = 1024) -> list[dict[str, Any]]:
 
 
 async def _client_side(s: DemoSettings, task_mod: ModuleType, rec: dict[str, Any], steps: int, url: str,
-                       console: Console) -> DemoResult:
+                       token: str, console: Console) -> DemoResult:
     eval_tasks = [{**t, "index": i} for i, t in enumerate(task_mod.generate_tasks("eval", s.eval_tasks, seed=0))]
     pool = train_pool(task_mod, int(rec.get("pool", 1024)))
     curriculum = Curriculum([str(t["task_id"]) for t in pool], seed=0) if s.curriculum else None
@@ -226,7 +209,7 @@ async def _client_side(s: DemoSettings, task_mod: ModuleType, rec: dict[str, Any
         console.print(f"  ... collecting: {b.dropped_uniform_episodes} episodes so far in groups where every reward "
                       f"was equal (no learning signal, skipped), {b.pending_episodes} pending")
 
-    async with SwarmClient(url, client_id="demo-client") as client:
+    async with SwarmClient(url, token=token, client_id="demo-client") as client:
         console.print(f"evaluating the base model on {len(eval_tasks)} held-out tasks, then training "
                       f"({len(pool)} train tasks" + (", curriculum" if curriculum else "") + ") ...")
         run = await run_scheduled(client, _workflow(task_mod, task_mod.SAMPLING), _workflow(task_mod,

@@ -39,6 +39,10 @@ class JoinResponse(_Model):
     policy_version: int
     lease_seconds: float
     released_episodes: int = Field(description="open episodes of an earlier process with this client id, released now")
+    group_size: int | None = Field(default=None, description="the server's GRPO group size: episodes per task id "
+                                   "(a runner uses it unless told otherwise)")
+    sampling: dict[str, Any] = Field(default_factory=dict, description="the server's sampling defaults "
+                                     "(temperature, top_p, max_tokens)")
 
 
 class BeginEpisodeRequest(_Model):
@@ -128,6 +132,8 @@ class BufferCounts(_Model):
 class ServerStatus(_Model):
     model: str
     engine: str
+    engine_info: dict[str, Any] = Field(default_factory=dict, description="what runs where: device, dtype, LoRA, "
+                                        "batch size, context")
     engine_state: str
     policy_version: int
     train_steps: int
@@ -135,30 +141,21 @@ class ServerStatus(_Model):
     clients: list[str]
     throughput: dict[str, float]
     eval_reward: dict[str, float] = Field(description="mean eval reward per policy version")
-    last_train_metrics: dict[str, float]
+    last_train_metrics: dict[str, float | None] = Field(description="the latest step's metrics (a NaN is null)")
     task_types: dict[str, dict[str, float]] = Field(default_factory=dict, description="trained episodes and mean "
                                                     "reward per task type")
     config: dict[str, Any]
-
-
-class ErrorDetail(BaseModel):
-    message: str
-    type: str
-    param: str | None = None
-    code: str | None = None
-
-
-class ErrorBody(BaseModel):
-    """OpenAI's error shape."""
-
-    error: ErrorDetail
+    training_halted: str | None = Field(None, description="why training stopped by itself (e.g. the rollout "
+                                        "engine does not serve the trained weights); null while it runs")
 
 
 class ConfigChange(_Model):
-    """A live settings change: any subset of the training settings and sampling defaults."""
+    """A live settings change: any subset of the live sections (``agentjet.settings.LIVE_SECTIONS``)."""
 
     training: dict[str, Any] = Field(default_factory=dict)
     sampling: dict[str, Any] = Field(default_factory=dict)
+    loss: dict[str, Any] = Field(default_factory=dict)
+    force: bool = Field(default=False, description="apply a task_ratios change that shuts out running task types")
 
 
 class ChangeRecord(_Model):

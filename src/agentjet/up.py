@@ -2,14 +2,17 @@
 
     servers:
       planner:  {model: smollm2-135m-instruct, port: 10086, options: {group-size: 4, lr: 3e-5}}
-      executor: {model: tiny-random, port: 10087}
+      executor: {model: tiny-random, port: 10087, training: {batch_groups: 2}, env: {OMP_NUM_THREADS: "1"}}
     clients:
       team: {command: ["python", "examples/team_workflow.py", "--planner", "http://127.0.0.1:10086"]}
     log_dir: runs/up
 
-Each process logs to ``<log_dir>/<name>.log``; servers are started first and waited for (``/health``).
-Ctrl-C or SIGTERM stops the clients, then the servers (SIGTERM: they checkpoint), then SIGKILL after
-a grace period.
+A server entry is a ``ServerConfig`` (any setting, nested by section), plus ``options`` (settings by their
+``ajet server`` flag, alias or dotted path) and ``env`` (extra environment). Every server is validated before
+anything starts: a misspelt or out-of-range setting fails at once, naming the server and the field. Each
+server gets its settings as a config file; each process logs to ``<log_dir>/<name>.log``. Servers start
+first and are waited for (``/health``); Ctrl-C or SIGTERM stops the clients, then the servers (SIGTERM: they
+checkpoint), then SIGKILL after a grace period.
 """
 
 from __future__ import annotations
@@ -17,24 +20,15 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-
-class ServerSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    model: str = "smollm2-135m-instruct"
-    host: str = "127.0.0.1"
-    port: int = Field(ge=1, le=65535)
-    data_dir: str | None = None
-    options: dict[str, Any] = Field(default_factory=dict, description="more `ajet server` options, e.g. lr: 3e-5")
-    env: dict[str, str] = Field(default_factory=dict, description="extra environment, e.g. OMP_NUM_THREADS: '1'")
+from agentjet.launch import ServerProcess
+from agentjet.settings import ServerConfig, SettingsError, deep_merge, options_values, validate
 
 
 class ClientSpec(BaseModel):
@@ -43,101 +37,122 @@ class ClientSpec(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
 
 
+class ServerSpec(BaseModel):
+    """One server of a swarm file, validated."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+    config: ServerConfig
+    env: dict[str, str] = Field(default_factory=dict)
+
+
 class SwarmSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
     servers: dict[str, ServerSpec] = Field(min_length=1)
     clients: dict[str, ClientSpec] = Field(default_factory=dict)
-    log_dir: str = "runs/up"
+    log_dir: Path = Path("runs/up")
+
+
+def server_spec(name: str, raw: Any, log_dir: Path) -> ServerSpec:
+    """A server entry -> its validated ``ServerConfig`` (data dir defaults to ``<log_dir>/<name>``)."""
+    if not isinstance(raw, dict):
+        raise SettingsError(f"servers.{name} must be a mapping of settings")
+    raw = dict(raw)
+    env = raw.pop("env", {}) or {}
+    options = raw.pop("options", {}) or {}
+    if not isinstance(options, dict) or not isinstance(env, dict):
+        raise SettingsError(f"servers.{name}: options and env must be mappings")
+    values = deep_merge(raw, options_values(options))
+    values.setdefault("data_dir", str(log_dir / name))
+    if values.get("port") in (None, 0):
+        raise SettingsError("port: every server of a swarm file needs its own port (1-65535)")
+    return ServerSpec(config=validate(values), env={str(k): str(v) for k, v in env.items()})
 
 
 def load_spec(path: Path) -> SwarmSpec:
+    """Read and validate a swarm file. Raises ``ValueError`` naming the server and the field."""
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.safe_load(path.read_text()) or {}
     except (OSError, yaml.YAMLError) as exc:
         raise ValueError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path} is not a valid swarm file: it must be a mapping with a 'servers' section")
+    unknown = set(raw) - {"servers", "clients", "log_dir"}
+    if unknown:
+        raise ValueError(f"{path} is not a valid swarm file: unknown sections {sorted(unknown)}")
+    log_dir = Path(raw.get("log_dir") or "runs/up")
+    servers: dict[str, ServerSpec] = {}
+    for name, entry in (raw.get("servers") or {}).items():
+        try:
+            servers[str(name)] = server_spec(str(name), entry, log_dir)
+        except SettingsError as exc:
+            raise ValueError(f"{path} is not a valid swarm file: server {name!r}:\n{exc}") from exc
+    ports = [s.config.port for s in servers.values()]
+    if len(set(ports)) != len(ports):
+        raise ValueError(f"{path} is not a valid swarm file: two servers share a port ({sorted(ports)})")
     try:
-        return SwarmSpec.model_validate(raw or {})
+        return SwarmSpec(servers=servers, clients=raw.get("clients") or {}, log_dir=log_dir)
     except ValidationError as exc:
         raise ValueError(f"{path} is not a valid swarm file:\n{exc}") from exc
-
-
-def server_command(name: str, spec: ServerSpec, log_dir: Path) -> list[str]:
-    cmd = [sys.executable, "-m", "agentjet.cli", "server", "--model", spec.model, "--host", spec.host,
-           "--port", str(spec.port), "--data-dir", spec.data_dir or str(log_dir / name)]
-    for key, value in spec.options.items():
-        flag = "--" + key.replace("_", "-")
-        if isinstance(value, bool):
-            cmd.append(flag if value else f"--no-{flag[2:]}")
-        else:
-            cmd += [flag, str(value)]
-    return cmd
 
 
 class Swarm:
     def __init__(self, spec: SwarmSpec, echo: Any = print) -> None:
         self.spec = spec
-        self.log_dir = Path(spec.log_dir)
+        self.log_dir = spec.log_dir
         self.echo = echo
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.servers: dict[str, ServerProcess] = {}
+        self.clients: dict[str, subprocess.Popen[bytes]] = {}
 
-    def _spawn(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> None:
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child process
-        self.procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                            env={**os.environ, **(env or {})})
-        self.echo(f"started {name} (pid {self.procs[name].pid}), log {self.log_dir / f'{name}.log'}")
+    def _log(self, name: str) -> Path:
+        return self.log_dir / f"{name}.log"
 
     def start(self, timeout: float = 300) -> None:
         for name, spec in self.spec.servers.items():
-            self._spawn(name, server_command(name, spec, self.log_dir), spec.env)
-        for name, spec in self.spec.servers.items():
-            self._wait_healthy(name, f"http://{spec.host}:{spec.port}", timeout)
+            proc = ServerProcess(name, spec.config, self._log(name), self.log_dir / f"{name}.server.yaml", spec.env)
+            self.servers[name] = proc.start()
+            self.echo(f"started {name} (pid {proc.pid}), log {self._log(name)}")
+        for name, proc in self.servers.items():
+            proc.wait_ready(timeout)
+            self.echo(f"{name} is ready at {proc.url}")
         for name, spec in self.spec.clients.items():
-            self._spawn(name, spec.command, spec.env)
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            with open(self._log(name), "ab") as log:
+                self.clients[name] = subprocess.Popen(spec.command, stdout=log, stderr=subprocess.STDOUT,
+                                                      start_new_session=True, env={**os.environ, **spec.env})
+            self.echo(f"started {name} (pid {self.clients[name].pid}), log {self._log(name)}")
 
-    def _wait_healthy(self, name: str, url: str, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.procs[name].poll() is not None:
-                raise RuntimeError(f"server {name} exited with code {self.procs[name].returncode}; see "
-                                   f"{self.log_dir / f'{name}.log'}")
-            try:
-                if httpx.get(f"{url}/health", timeout=2).json().get("status") == "ready":
-                    self.echo(f"{name} is ready at {url}")
-                    return
-            except (httpx.TransportError, ValueError):
-                pass
-            time.sleep(0.3)
-        raise RuntimeError(f"server {name} was not ready within {timeout:.0f}s")
-
-    def wait(self) -> None:
-        """Until every client has exited (or forever, with no clients), reporting exits."""
-        clients = set(self.spec.clients)
+    def wait(self) -> dict[str, int]:
+        """Until every client has exited (or forever, with no clients), reporting exits. Returns the exit codes."""
+        running = set(self.clients)
+        codes: dict[str, int] = {}
         while True:
-            for name in list(clients):
-                code = self.procs[name].poll()
+            for name in list(running):
+                code = self.clients[name].poll()
                 if code is not None:
                     self.echo(f"client {name} exited with code {code}")
-                    clients.discard(name)
-            if self.spec.clients and not clients:
-                return
-            dead = [n for n in self.spec.servers if self.procs[n].poll() is not None]
+                    codes[name] = code
+                    running.discard(name)
+            if self.clients and not running:
+                return codes
+            dead = [n for n, p in self.servers.items() if p.poll() is not None]
             if dead:
                 raise RuntimeError(f"server(s) {dead} exited unexpectedly; see their logs in {self.log_dir}")
             time.sleep(0.5)
 
     def stop(self, grace: float = 60) -> None:
-        order = [n for n in self.spec.clients if n in self.procs] + [n for n in self.spec.servers if n in self.procs]
-        for name in order:
-            proc = self.procs[name]
+        for proc in self.clients.values():
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)
         deadline = time.monotonic() + grace
-        for name in order:
-            proc = self.procs[name]
+        for name, proc in self.clients.items():
             try:
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
             self.echo(f"stopped {name} (code {proc.returncode})")
+        for server in self.servers.values():
+            server.signal(signal.SIGTERM)
+        for name, server in self.servers.items():
+            code = server.stop(grace=max(0.1, deadline - time.monotonic()))
+            self.echo(f"stopped {name} (code {code})")

@@ -366,7 +366,7 @@ def checkpoint_step(data_dir: Path) -> int:
 
 # ---------------------------------------------------------------------- the run
 def _free_port() -> int:
-    from agentjet.server.app import free_port
+    from agentjet.launch import free_port
 
     return free_port()
 

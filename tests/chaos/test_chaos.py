@@ -21,6 +21,7 @@ USER = [{"role": "user", "content": "what is 2 + 2?"}]
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.server
 def test_chaos_acknowledged_episodes_are_trained_once_or_still_stored(tmp_path: Path, tiny_model_path: Path) -> None:
     cfg = config_from_env(timeout_s=800.0)
     report = run_chaos(cfg, tmp_path / "chaos", say=lambda msg: print(msg, flush=True))
@@ -42,13 +43,13 @@ def test_slow_end_is_not_expired_under_it(make_server) -> None:
     import openai  # noqa: F401 - imported up front: a first import inside the episode blocks its heartbeat
 
     srv = make_server(lease_seconds=1.0)
-    real = srv.server.build_samples
+    real = srv.server.episodes.build_samples
 
     def slow_build(calls):  # noqa: ANN001, ANN202
         time.sleep(2.0)  # > the lease: the reaper runs meanwhile
         return real(calls)
 
-    srv.server.build_samples = slow_build
+    srv.server.episodes.build_samples = slow_build
 
     async def main():  # noqa: ANN202
         async with SwarmClient(srv.url) as client:

@@ -158,19 +158,23 @@ def fuzz_server_factory(tmp_path_factory: pytest.TempPathFactory, tiny_model_pat
     from transformers import AutoTokenizer
 
     from agentjet.engines.null import NullEngine
-    from agentjet.server import ServerConfig, SwarmServer, TrainingSettings
-    from agentjet.server.app import BackgroundServer, free_port
+    from agentjet.launch import free_port
+    from agentjet.server import SwarmServer
+    from agentjet.server.app import BackgroundServer
+    from agentjet.settings import ServerConfig, TrainingSettings
 
     started: list[tuple[BackgroundServer, Api]] = []
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
 
-    def make(reply: str = REPLY, **config: Any) -> Api:
+    def make(reply: str = REPLY, engine: Any = None, **config: Any) -> Api:
+        """``engine``: None for the null engine, or an engine instance (a real batched one, say)."""
         config = {"lease_seconds": 600.0, "max_body_bytes": MAX_BODY, **config}
         cfg = ServerConfig(model=str(tiny_model_path), served_model_name="tiny", port=free_port(),
                            data_dir=tmp_path_factory.mktemp("fuzz-server"), swarm_token=SWARM_TOKEN,
                            admin_token=ADMIN_TOKEN,
-                           training=TrainingSettings(group_size=2, batch_groups=1, checkpoint_every=0), **config)
-        bg = BackgroundServer(SwarmServer(cfg, NullEngine(tokenizer, reply=reply))).start()
+                           training=TrainingSettings(group_size=2, batch_groups=1, checkpoint_every=0,
+                                                     admission=False), **config)  # episodes held open on purpose
+        bg = BackgroundServer(SwarmServer(cfg, engine or NullEngine(tokenizer, reply=reply))).start()
         api = Api(bg, fuzz_counts, fuzz_statuses)
         started.append((bg, api))
         return api

@@ -55,7 +55,7 @@ def snapshot(api: Api) -> tuple:
     """Everything a refused request must leave alone."""
     s = api.server
     return (json.dumps(s.public_config(), sort_keys=True, default=str), len(s.change_log), s.trainer.paused,
-            s.engine_state, s.registry.counts["begun"], s.registry.open_count,
+            s.state, s.registry.counts["begun"], s.registry.open_count,
             sum(s.store.count_by_status().values()))  # rows stored (the trainer moves statuses meanwhile)
 
 
@@ -414,7 +414,7 @@ def test_fuzz_unknown_routes_and_methods(api: Api, prefix: str, rest: str, metho
     known = {"/health", "/v1/models", "/openapi.json", "/docs", "/redoc", "/docs/oauth2-redirect"}
     if r.request.url.path not in known and r.status_code not in (307, 308):  # (307: a trailing slash redirect)
         assert 400 <= r.status_code < 500, (r.request.url.path, r.status_code)
-    assert api.server.engine_state == "ready"
+    assert api.server.state == "ready"
 
 
 # ============================================================================================ nasty inputs
@@ -825,3 +825,42 @@ def test_server_still_healthy_at_the_end(api: Api) -> None:
     r = api.post(f"/swarm/v1/episodes/{ep['episode_id']}/end", {"reward": 1.0}, token=ep["api_key"], group="setup")
     assert r.status_code == 200
     assert api.server.registry.counts["begun"] > 0
+
+
+# ---------------------------------------------------------------------- concurrent hostile sampling parameters
+HUGE_INTS = st.one_of(st.integers(min_value=-(2**70), max_value=2**70), st.sampled_from([2**63, 2**64, -1, 0]))
+ODD_FLOATS = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([1e30, -0.0, 1e-320]))
+HOSTILE_PARAMS = st.dictionaries(
+    st.sampled_from(["seed", "top_k", "temperature", "top_p", "max_tokens", "n", "top_logprobs", "stop"]),
+    st.one_of(HUGE_INTS, ODD_FLOATS, st.booleans(), st.text(max_size=5), st.lists(st.text(max_size=3), max_size=5)),
+    min_size=1, max_size=3)
+
+
+@pytest.fixture(scope="module")
+def engine_api(fuzz_server_factory: Any, tiny_model_path: Any) -> Api:
+    """A server with the real, batching tiny engine: hostile and normal calls share its batches."""
+    from agentjet.engines.hf import HFEngine
+    from agentjet.settings import EngineSettings
+
+    return fuzz_server_factory(engine=HFEngine(tiny_model_path, EngineSettings(max_batch_size=8, batch_wait_ms=20)))
+
+
+@settings(FUZZ, max_examples=max(10, examples() // 2))  # three calls through the real engine per example
+@given(params=HOSTILE_PARAMS)
+def test_fuzz_hostile_sampling_never_fails_a_concurrent_normal_call(engine_api: Api, params: dict[str, Any]) -> None:
+    """Invariant 4 under fuzzing: a hostile call shares an engine batch with two normal ones; the normal ones
+    always succeed, and the hostile one gets a 2xx or a 4xx that names one of its own fields."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    good_ep, bad_ep = engine_api.begin("good"), engine_api.begin("evil")
+    normal = {"messages": USER, "max_tokens": 4}
+    hostile = {"messages": USER, "max_tokens": 4, **params}
+    with ThreadPoolExecutor(3) as pool:
+        futures = [pool.submit(engine_api.post, CHAT, normal, token=good_ep["api_key"], group="hypothesis:concurrent-normal")
+                   for _ in range(2)]
+        futures.append(pool.submit(engine_api.post, CHAT, hostile, token=bad_ep["api_key"], group="hypothesis:concurrent-hostile"))
+        *goods, bad = [f.result() for f in futures]
+    assert all(r.status_code == 200 for r in goods), [r.text for r in goods]
+    if bad.status_code >= 400:
+        param = bad.json()["error"]["param"] or ""
+        assert any(name in param for name in (*params, "max_tokens")), (params, bad.json())

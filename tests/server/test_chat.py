@@ -71,3 +71,26 @@ def test_normalize_rejects_bad_messages() -> None:
     with pytest.raises(ChatFormatError, match="content"):
         normalize_messages([{"role": "user", "content": 5}])
     assert normalize_messages([{"role": "developer", "content": "x"}])[0]["role"] == "system"
+
+
+def test_tool_call_parser_on_recorded_smollm2_replies() -> None:
+    """Real SmolLM2 replies to prompts with tools (Hermes format): valid calls, calls to made-up functions, calls
+    cut off by max_tokens, invalid JSON and plain text. Each parses to what was checked by hand."""
+    import json
+    from pathlib import Path
+
+    doc = json.loads((Path(__file__).parents[1] / "fixtures" / "smollm2_tool_replies.json").read_text())
+    kinds = {"call": 0, "text": 0}
+    for reply in doc["replies"]:
+        text, want = reply["text"], reply["expected"]
+        content, calls = ChatFormatter.parse_assistant(text, tools_given=True)
+        kinds[want["kind"]] += 1
+        if want["kind"] == "text":
+            assert calls is None and content == text, text
+        else:
+            assert content == want["content"] and calls is not None and len(calls) == 1, text
+            fn = calls[0]["function"]
+            assert fn["name"] == want["name"] and json.loads(fn["arguments"]) == want["arguments"]
+            assert calls[0]["type"] == "function" and calls[0]["id"].startswith("call_")
+        assert ChatFormatter.parse_assistant(text, tools_given=False) == (text, None)  # no tools: always text
+    assert kinds["call"] >= 3 and kinds["text"] >= 40 and sum("<tool_call>" in r["text"] for r in doc["replies"]) >= 6

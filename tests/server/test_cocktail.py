@@ -111,9 +111,13 @@ def test_two_producers_at_70_30(make_server) -> None:
         assert round(s["share/math"] * 20) == 14 and round(s["share/code"] * 20) == 6
 
 
+ADMIN = {"Authorization": "Bearer adm1n"}
+
+
 def test_ratio_change_takes_effect_from_the_next_batch(make_server) -> None:
-    srv = make_server(training={"group_size": 2, "batch_groups": 2, "task_ratios": {"math": 0.5, "code": 0.5},
-                                "absent_policy": "strict"})
+    srv = make_server(admin_token="adm1n", training={"group_size": 2, "batch_groups": 2,
+                                                     "task_ratios": {"math": 0.5, "code": 0.5},
+                                                     "absent_policy": "strict"})
     counter = itertools.count()
 
     async def main() -> None:
@@ -121,13 +125,19 @@ def test_ratio_change_takes_effect_from_the_next_batch(make_server) -> None:
             await groups_of(client, "math", 1, counter)
             await groups_of(client, "code", 1, counter)
             await asyncio.to_thread(wait_until, lambda: srv.server.trainer.counters.train_steps == 1)
-            r = httpx.post(f"{srv.url}/swarm/v1/control/config",
-                           json={"training": {"task_ratios": {"math": 1.0, "code": 0.0}}})
+            change = {"training": {"task_ratios": {"math": 1.0, "code": 0.0}}}
+            refused = httpx.post(f"{srv.url}/swarm/v1/control/config", headers=ADMIN, json=change)
+            assert refused.status_code == 409, refused.text  # code clients ran just now: they would be shut out
+            err = refused.json()["error"]
+            assert err["code"] == "task_types_shut_out" and "['code']" in err["message"] and "force" in err["message"]
+            assert srv.server.config.training.task_ratios == {"math": 0.5, "code": 0.5}  # nothing applied
+            r = httpx.post(f"{srv.url}/swarm/v1/control/config", headers=ADMIN, json={**change, "force": True})
             assert r.status_code == 200 and r.json()["policy_version"] == 1
             await groups_of(client, "math", 2, counter)
             await asyncio.to_thread(wait_until, lambda: srv.server.trainer.counters.train_steps == 2)
 
     asyncio.run(main())
     assert step_shares(srv) == [{"share/code": 0.5, "share/math": 0.5}, {"share/math": 1.0}]
-    bad = httpx.post(f"{srv.url}/swarm/v1/control/config", json={"training": {"task_ratios": {"math": -1}}})
+    bad = httpx.post(f"{srv.url}/swarm/v1/control/config", headers=ADMIN,
+                     json={"training": {"task_ratios": {"math": -1}}})
     assert bad.status_code == 400 and "task_ratios" in bad.json()["error"]["message"]

@@ -66,6 +66,17 @@ def test_models_endpoint(make_server) -> None:
     ({"model": "tiny", "messages": USER, "temperature": "hot"}, "temperature"),
     ({"model": "tiny", "messages": USER, "max_tokens": 10**7}, "context"),
     ({"model": "tiny", "messages": USER, "frequency_penalty": 1.0}, "not supported"),
+    ({"model": "tiny", "messages": USER, "seed": 2**64}, "seed"),
+    ({"model": "tiny", "messages": USER, "seed": -1}, "seed"),
+    ({"model": "tiny", "messages": USER, "top_k": 1e30}, "top_k"),
+    ({"model": "tiny", "messages": USER, "top_k": 10**6}, "vocabulary"),
+    ({"model": "tiny", "messages": USER, "stop": ["x" * 1001]}, "stop"),
+    ({"model": "tiny", "messages": USER, "tools": [{"type": "function", "function": {"name": "f"}}],
+      "tool_choice": {"type": "function", "function": {"name": "g"}}}, "not among the tools"),
+    ({"model": "tiny", "messages": USER, "tool_choice": "sometimes"}, "tool_choice"),
+    ({"model": "tiny", "messages": USER, "tools": [{"type": "function",
+                                                    "function": {"name": "f", "parameters": [1, 2]}}]},
+     "parameters must be a JSON Schema object"),
     ({"model": "tiny", "messages": [{"role": "assistant", "content": "",
                                      "tool_calls": [{"id": "1", "type": "function",
                                                      "function": {"name": "f", "arguments": "{bad"}}]}]},
@@ -74,7 +85,11 @@ def test_models_endpoint(make_server) -> None:
 def test_bad_chat_requests_get_clear_400s(make_server, body: dict, fragment: str) -> None:
     srv = make_server()
     ep = begin(srv.url)
-    assert_openai_error(chat(srv.url, ep["api_key"], body), 400, fragment)
+    r = chat(srv.url, ep["api_key"], body)
+    assert_openai_error(r, 400, fragment)
+    bad_params = {"seed", "top_k", "stop", "tool_choice", "n", "temperature"} & set(body)
+    if bad_params:  # the error names the offending field
+        assert r.json()["error"]["param"] in bad_params or any(p in r.json()["error"]["param"] for p in bad_params)
     assert srv.server.registry.get(ep["episode_id"]).calls == []  # nothing recorded
 
 
@@ -250,6 +265,22 @@ def test_oversized_body_is_a_413(make_server) -> None:
                    headers={"Authorization": f"Bearer {ep['api_key']}", "Content-Type": "application/json"})
     assert r.status_code == 413
     assert chat(srv.url, ep["api_key"]).status_code == 200  # the server is fine afterwards
+
+
+def test_oversized_body_from_an_async_client_gets_the_413_not_a_reset(make_server) -> None:
+    import asyncio
+
+    srv = make_server(max_body_bytes=4096)
+    ep = begin(srv.url)
+    big = {"model": "tiny", "messages": [{"role": "user", "content": "x" * 3_000_000}]}
+
+    async def main() -> list[int]:
+        async with httpx.AsyncClient() as client:
+            rs = [await client.post(f"{srv.url}/v1/chat/completions", json=big,
+                                    headers={"Authorization": f"Bearer {ep['api_key']}"}) for _ in range(3)]
+        return [r.status_code for r in rs]
+
+    assert asyncio.run(main()) == [413, 413, 413]
 
 
 def test_per_client_open_episode_cap(make_server) -> None:

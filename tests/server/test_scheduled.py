@@ -16,7 +16,7 @@ async def _answer(task, ep) -> float:  # noqa: ANN001
 
 
 def test_curriculum_periodic_evals_and_pauses(make_server) -> None:
-    srv = make_server(reply="7", training={"group_size": 2, "batch_groups": 1})
+    srv = make_server(reply="7", admin_token="adm1n", training={"group_size": 2, "batch_groups": 1})
     pool = [addition.make_task(a, b) for a, b in [(3, 4), (5, 2), (1, 1), (2, 2)]]
     evals = [addition.make_task(0, 7, "eval"), addition.make_task(1, 2, "eval")]
     cur = Curriculum([t["task_id"] for t in pool], CurriculumSettings(solved_after=1, hard_after=1, revisit=0.0))
@@ -27,7 +27,7 @@ def test_curriculum_periodic_evals_and_pauses(make_server) -> None:
         assert srv.server.trainer.paused  # training is paused while the eval runs
 
     async def main():
-        async with SwarmClient(srv.url) as client:
+        async with SwarmClient(srv.url, token="adm1n") as client:  # pausing training needs the admin token
             return await run_scheduled(client, _answer, _answer, pool, evals,
                                        ScheduleSettings(group_size=2, concurrency=4, time_budget_s=3.0,
                                                         eval_every_s=1.0, poll_s=0.1),
@@ -45,7 +45,7 @@ def test_curriculum_periodic_evals_and_pauses(make_server) -> None:
 
 
 def test_stopping_rule_ends_a_run_with_no_signal(make_server) -> None:
-    srv = make_server(reply="7", training={"group_size": 2, "batch_groups": 1})
+    srv = make_server(reply="7", admin_token="adm1n", training={"group_size": 2, "batch_groups": 1})
     pool = [addition.make_task(1, 1), addition.make_task(2, 2)]
 
     async def main():

@@ -115,8 +115,8 @@ def test_store_recovery_keeps_prepared_team_episodes(make_server) -> None:
     """Regression: recovering from an unwritable store must not forget prepared team episodes."""
     a, b = make_server(lease_seconds=30), make_server(lease_seconds=30)
     asyncio.run(_prepare_only(Team({"planner": a.url, "executor": b.url}), commit_coordinator=False))
-    assert len(b.server._prepared) == 1
-    b.server.store_healthy = False  # as after a failed write; the next begin probes the store and recovers
+    assert len(b.server.teams.prepared) == 1
+    b.server.episodes.store_healthy = False  # as after a failed write; the next begin probes the store and recovers
     r = httpx.post(f"{b.url}/swarm/v1/episodes", json={"client_id": "c", "task_id": "t"})
-    assert r.status_code == 200 and b.server.store_healthy
-    assert len(b.server._prepared) == 1
+    assert r.status_code == 200 and b.server.episodes.store_healthy
+    assert len(b.server.teams.prepared) == 1

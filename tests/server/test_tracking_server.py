@@ -51,7 +51,7 @@ def test_multi_turn_calls_merge_and_trace(make_server) -> None:
 
 
 def test_merging_off_keeps_one_sample_per_call(make_server) -> None:
-    from agentjet.server.config import TrackingSettings
+    from agentjet.settings import TrackingSettings
 
     srv = make_server("tiny", tracking=TrackingSettings(merge=False))
 
@@ -159,7 +159,7 @@ def test_tito_feeds_the_model_its_own_tokens_at_request_time(make_server, tiny_m
 
 
 def test_tito_off_leaves_drift_to_the_episode_end_repair(make_server, tiny_model_path) -> None:
-    from agentjet.server.config import TrackingSettings
+    from agentjet.settings import TrackingSettings
 
     run = drifted_two_turns(make_server, tiny_model_path, tracking=TrackingSettings(tito=False))
     first, second = run.first, run.second

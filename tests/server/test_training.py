@@ -63,7 +63,7 @@ def test_exception_in_block_aborts_and_reraises(make_server) -> None:
 
 
 def test_client_retries_until_the_server_is_up(make_server, tmp_path: Path) -> None:
-    from agentjet.server.app import free_port
+    from agentjet.launch import free_port
 
     port = free_port()
 
@@ -114,8 +114,31 @@ def test_streaming_matches_non_streaming(make_server) -> None:
     assert len(pieces) > 1  # really incremental
 
 
+def test_a_client_leaving_mid_stream_leaves_no_pending_task(make_server, caplog) -> None:
+    import gc
+    import logging
+
+    import httpx
+
+    srv = make_server("tiny")
+    ep = httpx.post(f"{srv.url}/swarm/v1/episodes", json={"client_id": "c", "task_id": "t"}).json()
+    body = {"model": "tiny", "messages": USER, "max_tokens": 400, "stream": True, "stop": ["never-appears"]}
+    caplog.set_level(logging.ERROR, logger="asyncio")
+    with httpx.stream("POST", f"{srv.url}/v1/chat/completions", json=body,
+                      headers={"Authorization": f"Bearer {ep['api_key']}"}) as r:
+        lines = r.iter_lines()
+        assert next(lines).startswith("data:")  # the role chunk: the stream is live
+    episode = srv.server.registry.get(ep["episode_id"])
+    wait_until(lambda: episode.inflight == 0, timeout=60)
+    srv.call(asyncio.sleep(0.5))
+    gc.collect()
+    assert "Task was destroyed" not in caplog.text
+    assert httpx.get(f"{srv.url}/health").json()["status"] == "ready"
+
+
 def test_staleness_bound_drops_and_counts(make_server) -> None:
-    srv = make_server(training={"group_size": 2, "batch_groups": 1, "max_staleness": 0})
+    # admission off: the test makes stale episodes on purpose, which admission would not let begin
+    srv = make_server(training={"group_size": 2, "batch_groups": 1, "max_staleness": 0, "admission": False})
 
     async def main() -> None:
         async with SwarmClient(srv.url) as client:
@@ -146,7 +169,7 @@ def test_within_staleness_bound_is_trained_with_behaviour_logprobs(make_server) 
                 await ep.end(r)
 
     asyncio.run(main())
-    wait_until(lambda: srv.server.engine.policy_version == 2)
+    wait_until(lambda: srv.server.trainer.counters.train_steps == 2)  # (the version moves before the metrics land)
     metrics = srv.server.trainer.counters.last_metrics
     assert metrics["mean_abs_logprob_diff"] > 1e-6  # off-policy by one version: a real importance ratio
     assert srv.server.status().buffer.dropped_stale_episodes == 0
@@ -273,3 +296,87 @@ def test_runner_runs_repeated_task_ids_every_time(make_server) -> None:
 
     summary = asyncio.run(main())
     assert summary.episodes == 4 and srv.server.throughput.ended == 4
+
+
+def test_client_backoff_honours_retry_after_and_gives_up(monkeypatch) -> None:
+    """A 503 with Retry-After is retried no sooner than asked; after `retries` attempts the error surfaces."""
+    from agentjet.client import client as client_mod
+
+    calls: list[float] = []
+    sleeps: list[float] = []
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(time.monotonic())
+        return httpx.Response(503, headers={"Retry-After": "3"},
+                              json={"error": {"message": "busy", "type": "service_unavailable", "code": "x"}})
+
+    async def fake_sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+
+    monkeypatch.setattr(client_mod.asyncio, "sleep", fake_sleep)
+
+    async def main() -> SwarmError:
+        c = SwarmClient("http://swarm.test", join=False, retries=2)
+        c._http = httpx.AsyncClient(base_url="http://swarm.test", transport=httpx.MockTransport(handler))
+        try:
+            await c.status()
+        except SwarmError as exc:
+            return exc
+        finally:
+            await c.close()
+        raise AssertionError("no error")
+
+    exc = asyncio.run(main())
+    assert exc.status == 503 and len(calls) == 3
+    assert len(sleeps) == 2 and all(s >= 3.0 for s in sleeps)
+
+
+def test_runner_uses_the_servers_group_size_and_warns_on_a_mismatch(make_server, caplog) -> None:
+    import logging
+
+    srv = make_server(training={"group_size": 3, "batch_groups": 1})
+    seen: list[str] = []
+    ended = iter(range(100))
+
+    async def workflow(task: dict, ep) -> float:  # noqa: ANN001
+        seen.append(task["task_id"])
+        await ep.openai().chat.completions.create(model="tiny", messages=USER)
+        return float(next(ended) % 2)  # mixed rewards: the group is trained, not skipped
+
+    async def main() -> None:
+        async with SwarmClient(srv.url) as client:
+            assert client.joined is not None and client.joined.group_size == 3
+            assert client.joined.sampling["max_tokens"] == srv.server.config.sampling.max_tokens
+            with caplog.at_level(logging.WARNING, logger="agentjet.client.client"):
+                await run_workflow(client, workflow, [{"task_id": "a"}], concurrency=4)
+                assert "differs" not in caplog.text
+                await run_workflow(client, workflow, [{"task_id": "b"}], group_size=2, concurrency=4)
+                assert "group_size 2 differs from the server's group_size 3" in caplog.text
+
+    asyncio.run(main())
+    assert seen.count("a") == 3 and seen.count("b") == 2
+    wait_until(lambda: srv.server.trainer.counters.train_steps == 1)  # the full group of 3 trained
+
+
+def test_a_failed_checkpoint_does_not_hand_trained_episodes_back(make_server) -> None:
+    """The step is committed in the store before the checkpoint; a checkpoint that fails (disk full, a trainer
+    group that lost a rank while saving) must not put its episodes back into the pool to be trained twice."""
+    srv = make_server("null", training={"group_size": 2, "batch_groups": 1, "checkpoint_every": 1})
+    engine = srv.server.engine
+
+    def broken_save(path: Path) -> None:
+        raise OSError("no space left on device")
+
+    engine.save = broken_save
+
+    async def main() -> list[str]:
+        async with SwarmClient(srv.url) as client:
+            return await asyncio.gather(*[one_episode(client, "t", r) for r in (1.0, 0.0)])
+
+    ids = asyncio.run(main())
+    wait_until(lambda: engine.policy_version == 1)
+    time.sleep(1.5)  # the trainer loop's retry interval after a failure: nothing may train again
+    assert engine.policy_version == 1 and len(engine.trained) == 1
+    consumed = srv.server.store.consumed_steps()
+    assert {i: consumed[i] for i in ids} == {i: [1] for i in ids}
+    assert srv.server.trainer.pending_count == 0

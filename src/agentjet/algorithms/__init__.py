@@ -1,6 +1,6 @@
-"""Advantage estimators and policy-gradient losses. Pure functions over tensors and floats."""
+"""Advantage estimators and policy-gradient losses. Pure functions over floats (``advantages``) and tensors
+(``loss``; import it from ``agentjet.algorithms.loss``, so that importing this package does not load torch)."""
 
 from agentjet.algorithms.advantages import AdvantageEstimator, compute_advantages
-from agentjet.algorithms.loss import PolicyLossOutput, ppo_clip_loss
 
-__all__ = ["AdvantageEstimator", "PolicyLossOutput", "compute_advantages", "ppo_clip_loss"]
+__all__ = ["AdvantageEstimator", "compute_advantages"]

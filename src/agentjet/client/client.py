@@ -16,9 +16,11 @@ import contextlib
 import logging
 import random
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import httpx
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
 from agentjet.protocol import (
     AGENT_HEADER,
@@ -36,6 +38,9 @@ from agentjet.protocol import (
 log = logging.getLogger(__name__)
 
 RETRY_STATUSES = {429, 502, 503, 504}
+# 429s that mean "not yet", not "failed": a cocktail quota ahead of its share, or the swarm at capacity (admission
+# within the staleness bound). Waited out for up to ``defer_timeout`` seconds.
+DEFER_CODES = {"deferred", "at_capacity"}
 
 
 class SwarmError(RuntimeError):
@@ -44,6 +49,40 @@ class SwarmError(RuntimeError):
     def __init__(self, status: int, message: str, code: str | None = None) -> None:
         super().__init__(f"HTTP {status}: {message}")
         self.status, self.message, self.code = status, message, code
+        self.retry_after: float | None = None  # seconds the server asked to wait (429 / 503)
+
+
+class _Deferred(Exception):
+    """A cocktail-quota deferral: not a failure, wait ``wait_s`` and try again."""
+
+    def __init__(self, error: SwarmError, wait_s: float) -> None:
+        self.error, self.wait_s = error, wait_s
+
+
+def _retry_after(resp: httpx.Response) -> float | None:
+    value = resp.headers.get("retry-after", "")
+    return float(value) if value.replace(".", "", 1).isdigit() else None
+
+
+def _retryable(exc: BaseException) -> bool:
+    return isinstance(exc, httpx.TransportError) or (isinstance(exc, SwarmError) and exc.status in RETRY_STATUSES)
+
+
+def _backoff(state: RetryCallState) -> float:
+    """0.2 s doubling to 10 s, +-20 % jitter, and never less than the server's Retry-After."""
+    base = min(0.2 * 2 ** (state.attempt_number - 1), 10.0) * (0.8 + 0.4 * random.random())
+    exc = state.outcome.exception() if state.outcome is not None else None
+    asked = exc.retry_after if isinstance(exc, SwarmError) else None
+    return max(base, asked or 0.0)
+
+
+def _log_retry(method: str, path: str) -> Callable[[RetryCallState], None]:
+    def log_it(state: RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome is not None else None
+        log.warning("%s %s failed (%r); retrying in %.1fs", method, path, exc,
+                    state.next_action.sleep if state.next_action else 0.0)
+
+    return log_it
 
 
 def _error_of(resp: httpx.Response) -> SwarmError:
@@ -79,42 +118,61 @@ class SwarmClient:
 
     # ---------------------------------------------------------------- transport
     async def request(self, method: str, path: str, *, json: Any = None, key: str | None = None) -> dict[str, Any]:
-        headers = {}
-        bearer = key or self.token
-        if bearer:
-            headers["Authorization"] = f"Bearer {bearer}"
-        delay = 0.2
-        attempt = 0
+        """One call, retried (tenacity) on network errors and 429/5xx answers with jittered exponential back-off
+        that honours ``Retry-After``. A cocktail-quota deferral ("deferred") is waited out for up to
+        ``defer_timeout`` seconds without counting as a failure."""
+        headers = {"Authorization": f"Bearer {key or self.token}"} if (key or self.token) else {}
         deferred_until = asyncio.get_running_loop().time() + self.defer_timeout
         while True:
             try:
-                resp = await self._http.request(method, path, json=json, headers=headers)
+                async for attempt in AsyncRetrying(stop=stop_after_attempt(self.retries + 1), wait=_backoff,
+                                                   retry=retry_if_exception(_retryable), reraise=True,
+                                                   before_sleep=_log_retry(method, path)):
+                    with attempt:
+                        return await self._once(method, path, json, headers)
+            except _Deferred as exc:
+                if asyncio.get_running_loop().time() >= deferred_until:
+                    raise exc.error from None
+                await asyncio.sleep(exc.wait_s)  # a quota deferral is not a failure: wait for our turn
             except httpx.TransportError as exc:
-                if attempt >= self.retries:
-                    raise SwarmError(0, f"cannot reach the swarm server at {self.url}: {exc!r}") from exc
-                log.warning("%s %s failed (%r); retrying in %.1fs", method, path, exc, delay)
-            else:
-                if resp.status_code < 400:
-                    return resp.json()
-                error = _error_of(resp)
-                if error.code == "deferred" and asyncio.get_running_loop().time() < deferred_until:
-                    wait_ms = resp.headers.get("retry-after-ms", "500")
-                    await asyncio.sleep(float(wait_ms) / 1000 if wait_ms.isdigit() else 0.5)
-                    continue  # a quota deferral is not a failure: wait for our turn
-                if resp.status_code not in RETRY_STATUSES or attempt >= self.retries:
-                    raise error
-                retry_after = resp.headers.get("retry-after")
-                if retry_after and retry_after.replace(".", "", 1).isdigit():
-                    delay = max(delay, float(retry_after))
-            attempt += 1
-            await asyncio.sleep(delay * (0.8 + 0.4 * random.random()))
-            delay = min(delay * 2, 10.0)
+                raise SwarmError(0, f"cannot reach the swarm server at {self.url}: {exc!r}") from exc
+
+    async def _once(self, method: str, path: str, body: Any, headers: dict[str, str]) -> dict[str, Any]:
+        resp = await self._http.request(method, path, json=body, headers=headers)
+        if resp.status_code < 400:
+            return resp.json()
+        error = _error_of(resp)
+        if error.code in DEFER_CODES:
+            wait_ms = resp.headers.get("retry-after-ms", "500")
+            raise _Deferred(error, float(wait_ms) / 1000 if wait_ms.isdigit() else 0.5)
+        if resp.status_code in RETRY_STATUSES:
+            error.retry_after = _retry_after(resp)
+        raise error
 
     # ---------------------------------------------------------------- API
     async def join(self) -> JoinResponse:
         data = await self.request("POST", f"{SWARM_PREFIX}/join", json=JoinRequest(client_id=self.client_id).model_dump())
         self._joined = JoinResponse.model_validate(data)
         return self._joined
+
+    @property
+    def joined(self) -> JoinResponse | None:
+        """The server's answer to ``join`` (its group size and sampling defaults), once joined."""
+        return self._joined
+
+    def group_size(self, requested: int | None = None) -> int:
+        """Episodes per task: the server's ``group_size`` unless ``requested`` says otherwise. A mismatch is
+        warned about: the server would wait ``group_timeout_s`` for each group and train partial groups."""
+        server = self._joined.group_size if self._joined is not None else None
+        if requested is None:
+            if server is None:
+                raise RuntimeError("the server did not report its group size: pass group_size explicitly")
+            return server
+        if server is not None and requested != server:
+            log.warning("group_size %d differs from the server's group_size %d: each group would wait for the "
+                        "server's group timeout and be trained partial (or not at all); omit group_size to use the "
+                        "server's", requested, server)
+        return requested
 
     async def status(self) -> ServerStatus:
         return ServerStatus.model_validate(await self.request("GET", f"{SWARM_PREFIX}/status"))

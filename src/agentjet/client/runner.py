@@ -152,13 +152,16 @@ async def run_workflow(
     workflow: Workflow,
     tasks: Iterable[dict[str, Any]],
     *,
-    group_size: int = 4,
+    group_size: int | None = None,
     concurrency: int = 8,
     eval: bool = False,
     cursor: Cursor | None = None,
     on_progress: Callable[[RunSummary], None] | None = None,
 ) -> RunSummary:
-    """Run ``group_size`` episodes per task, at most ``concurrency`` at a time, in dataset order."""
+    """Run ``group_size`` episodes per task (default: the server's group size, from ``join``), at most
+    ``concurrency`` at a time, in dataset order."""
+    # Eval episodes are never trained, so their group size need not match the server's.
+    group_size = group_size if eval and group_size is not None else client.group_size(group_size)
     if group_size < 1 or concurrency < 1:
         raise ValueError("group_size and concurrency must be >= 1")
     cursor = cursor or Cursor(None)

@@ -117,6 +117,7 @@ class TeamEpisode:
         async def prepare_one(url: str, ep: Episode) -> None:
             await ep._stop_heartbeat()
             body = PrepareEpisodeRequest(reward=self._reward_for(url), ignore_unused_agents=True,
+                                         metadata={"team_roles": self.team.roles},  # dashboard links the members
                                          team_id=self.team_id, team_secret=self._secret,
                                          coordinator_url=None if url == coordinator else coordinator)
             await ep.client.request("POST", f"{SWARM_PREFIX}/episodes/{ep.episode_id}/prepare",

@@ -1,12 +1,7 @@
 """Engines own the weights: ``generate`` (dynamically batched) and ``train_step``."""
 
-from agentjet.engines.base import (
-    Engine,
-    FinishReason,
-    GenerationResult,
-    SamplingParams,
-    TrainConfig,
-    TrainSample,
-)
+from agentjet.engines.base import Engine, FinishReason, GenerationResult, SamplingParams, TrainSample
+from agentjet.engines.errors import EngineUnavailableError, GenerationError, TrainingHaltedError
 
-__all__ = ["Engine", "FinishReason", "GenerationResult", "SamplingParams", "TrainConfig", "TrainSample"]
+__all__ = ["Engine", "EngineUnavailableError", "FinishReason", "GenerationError", "GenerationResult",
+           "SamplingParams", "TrainSample", "TrainingHaltedError"]

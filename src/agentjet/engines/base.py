@@ -9,7 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentjet.engines.errors import GenerationError
+
 TokenCallback = Callable[[int, float], None]
+MAX_SEED = 2**63  # seeds are in [0, 2**63): what a torch generator takes on every device
 
 
 class FinishReason(enum.StrEnum):
@@ -29,16 +32,17 @@ class SamplingParams:
     top_logprobs: int = 0  # how many alternatives to return per generated token
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError("temperature must be >= 0")
-        if not 0 < self.top_p <= 1:
-            raise ValueError("top_p must be in (0, 1]")
-        if self.top_k < 0:
-            raise ValueError("top_k must be >= 0")
-        if self.max_tokens < 1:
-            raise ValueError("max_tokens must be >= 1")
-        if not 0 <= self.top_logprobs <= 20:
-            raise ValueError("top_logprobs must be in [0, 20]")
+        checks = (
+            ("temperature", 0 <= self.temperature < float("inf"), "must be >= 0"),
+            ("top_p", 0 < self.top_p <= 1, "must be in (0, 1]"),
+            ("top_k", self.top_k >= 0, "must be >= 0"),
+            ("max_tokens", self.max_tokens >= 1, "must be >= 1"),
+            ("top_logprobs", 0 <= self.top_logprobs <= 20, "must be in [0, 20]"),
+            ("seed", self.seed is None or 0 <= self.seed < MAX_SEED, f"must be in [0, {MAX_SEED})"),
+        )
+        for name, ok, rule in checks:
+            if not ok:
+                raise GenerationError(f"{name} {rule} (got {getattr(self, name)!r})", param=name)
 
     @property
     def logprob_temperature(self) -> float:
@@ -71,6 +75,9 @@ class TrainSample:
     advantages: list[float]
     temperature: float = 1.0
     weight: float = 1.0  # multiplies every token's loss (per-episode normalisation uses 1/k)
+    # Output, filled by engines that can: the logprob the update used for each trained token, in order (the trace
+    # viewer shows it next to the behaviour logprob).
+    trainer_logprobs: list[float] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         n = len(self.input_ids)
@@ -83,21 +90,6 @@ class TrainSample:
     @property
     def num_trained_tokens(self) -> int:
         return int(sum(self.loss_mask))
-
-
-@dataclass
-class TrainConfig:
-    learning_rate: float = 1e-5
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
-    clip_eps_low: float = 0.2
-    clip_eps_high: float = 0.28
-    max_grad_norm: float = 1.0
-    kl_coef: float = 0.0  # > 0 keeps a frozen reference model (k3 estimator)
-    micro_batch_tokens: int = 4096  # padded tokens per forward/backward micro-batch
-    logprob_chunk_tokens: int = 1024  # rows of the vocabulary projection computed at once
-    bf16: bool = False  # autocast the forward pass to bfloat16
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class Engine(abc.ABC):
@@ -130,6 +122,13 @@ class Engine(abc.ABC):
 
     def set_learning_rate(self, lr: float) -> None:  # noqa: B027 - optional hook
         """Change the optimizer's learning rate in place (live config)."""
+
+    def set_loss(self, loss: Any) -> None:  # noqa: B027 - optional hook
+        """Use these loss settings (``agentjet.settings.LossSettings``) from the next train step (live config)."""
+
+    def describe(self) -> dict[str, Any]:
+        """What runs where (device, dtype, LoRA...), for the status."""
+        return {"kind": type(self).__name__}
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release background workers."""

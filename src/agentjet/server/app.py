@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable
@@ -14,10 +13,11 @@ import uvicorn
 from fastapi import FastAPI
 
 from agentjet.engines.base import Engine
+from agentjet.observe import dashboard
 from agentjet.server import control, openai_api, swarm_api
-from agentjet.server.config import ServerConfig
-from agentjet.server.core import SwarmServer
 from agentjet.server.errors import BodySizeLimit, install_error_handlers
+from agentjet.server.swarm import SwarmServer
+from agentjet.settings import EngineKind, ServerConfig
 
 log = logging.getLogger(__name__)
 
@@ -33,40 +33,53 @@ def create_app(server: SwarmServer) -> FastAPI:
 
     app = FastAPI(title="AgentJet swarm server", version="0.1.0", lifespan=lifespan)
     app.state.swarm = server
+    app.state.auth = server.auth
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=server.config.max_body_bytes)
 
     @app.get("/health")
     async def health() -> dict[str, str | int]:
-        return {"status": server.engine_state, "policy_version": server.engine.policy_version}
+        return {"status": server.state.value, "policy_version": server.engine.policy_version}
 
     app.include_router(openai_api.router)
     app.include_router(swarm_api.router)
     app.include_router(control.router)
+    dashboard.install(app, server.observe, server.metrics, server.config.observe,
+                      cookie_name=f"ajet_dash_{server.config.port}")  # /dashboard, its APIs and /metrics
     return app
 
 
 def build_engine(config: ServerConfig) -> Engine:
-    from agentjet.engines.base import TrainConfig
+    """The engine the settings ask for; the whole ``engine`` block (and the loss settings) goes to it."""
+    if config.engine.kind is EngineKind.NULL:
+        from transformers import AutoTokenizer
+
+        from agentjet.engines.null import NullEngine
+        from agentjet.models import resolve_model
+
+        return NullEngine(AutoTokenizer.from_pretrained(resolve_model(config.model)), reply=config.engine.null_reply,
+                          delay_s=config.engine.null_delay_ms / 1000)
     from agentjet.engines.hf import HFEngine
 
-    return HFEngine(config.model, max_batch_size=config.max_batch_size, max_context=config.max_context,
-                    train_config=TrainConfig(learning_rate=config.training.learning_rate))
+    if config.trainer.procs:  # the embedded engine generates, an FSDP2 trainer group trains
+        from agentjet.distributed.engine import build_group_engine
+
+        return build_group_engine(config)
+    if config.engine.kind is EngineKind.VLLM:  # vLLM generates, the embedded engine's training half trains
+        from agentjet.engines.vllm import VLLMEngine
+
+        return VLLMEngine(config.model, config.engine, config.loss, config.training.learning_rate,
+                          work_dir=config.data_dir / "vllm")
+    return HFEngine(config.model, config.engine, config.loss, config.training.learning_rate)
 
 
-def serve(config: ServerConfig, engine: Engine | None = None, resume: bool = False) -> None:
+def serve(config: ServerConfig, engine: Engine | None = None) -> None:
     """Run the server in the foreground until interrupted."""
-    server = SwarmServer(config, engine or build_engine(config), resume=resume)
+    server = SwarmServer(config, engine or build_engine(config))
     runner = uvicorn.Server(uvicorn.Config(create_app(server), host=config.host, port=config.port,
                                            log_level="warning"))
     server.on_stop = lambda: setattr(runner, "should_exit", True)
     runner.run()
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 class BackgroundServer:

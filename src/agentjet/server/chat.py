@@ -100,7 +100,32 @@ def validate_tools(tools: Any) -> list[dict[str, Any]] | None:
         if not isinstance(t, dict) or t.get("type", "function") != "function" or not isinstance(fn, dict) \
                 or not isinstance(fn.get("name"), str):
             raise ChatFormatError(f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ...}}}}", "tools")
+        params = fn.get("parameters")
+        if params is not None and not (isinstance(params, dict) and params.get("type", "object") == "object"):
+            raise ChatFormatError(f"tools[{i}].function.parameters must be a JSON Schema object "
+                                  "({'type': 'object', 'properties': ...})", f"tools[{i}].function.parameters")
     return tools or None
+
+
+def validate_tool_choice(choice: Any, tools: list[dict[str, Any]] | None) -> None:
+    """``none`` / ``auto`` / ``required``, or ``{"type": "function", "function": {"name": <a given tool>}}``."""
+    if choice is None:
+        return
+    if isinstance(choice, str):
+        if choice not in ("none", "auto", "required"):
+            raise ChatFormatError(f"tool_choice {choice!r} must be 'none', 'auto', 'required' or a function",
+                                  "tool_choice")
+        if choice == "required" and not tools:
+            raise ChatFormatError("tool_choice 'required' needs tools", "tool_choice")
+        return
+    fn = choice.get("function") if isinstance(choice, dict) else None
+    name = fn.get("name") if isinstance(fn, dict) else None
+    if not isinstance(name, str) or choice.get("type", "function") != "function":
+        raise ChatFormatError("tool_choice must be {'type': 'function', 'function': {'name': ...}}", "tool_choice")
+    known = [t["function"]["name"] for t in tools or []]
+    if name not in known:
+        raise ChatFormatError(f"tool_choice names the function {name!r}, which is not among the tools "
+                              f"{known}", "tool_choice")
 
 
 def tools_system_text(tools: list[dict[str, Any]]) -> str:

@@ -1,53 +1,66 @@
 """The control plane (``/swarm/v1/control``, admin token): live settings, pause/resume, checkpoint, stop.
 
-A settings change is validated as a whole before anything is applied, takes effect from the next
-batch (training settings) or the next call (sampling defaults), and is logged with the policy version
-at which it took effect.
+A settings change is validated together with the rest of the configuration (the same ``ServerConfig`` model,
+cross-field rules included) before anything is applied, takes effect from the next batch (training and
+loss settings) or the next call (sampling defaults), and is logged with the policy version at which it took
+effect. A ``task_ratios`` change that would shut out task types that clients are running is refused unless
+forced.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import Any
 
-from fastapi import APIRouter, Request
-from pydantic import ValidationError
+from fastapi import APIRouter, Depends, Request
 
 from agentjet.protocol import SWARM_PREFIX, ChangeRecord, ConfigChange
-from agentjet.server.config import SamplingDefaults, TrainingSettings
-from agentjet.server.core import SwarmServer
-from agentjet.server.errors import bad_request
-from agentjet.server.openai_api import bearer, server_of
+from agentjet.server.auth import require_admin
+from agentjet.server.errors import bad_request, conflict
+from agentjet.server.swarm import SwarmServer, server_of
+from agentjet.settings import LIVE_SECTIONS, ServerConfig, SettingsError, deep_merge, validate
 
 log = logging.getLogger(__name__)
-router = APIRouter(prefix=f"{SWARM_PREFIX}/control")
+router = APIRouter(prefix=f"{SWARM_PREFIX}/control", dependencies=[Depends(require_admin)])
+
+
+def active_task_types(server: SwarmServer) -> set[str]:
+    """Task types that clients are running now: open episodes, or a begin within ``absent_after_s``."""
+    now = server.clock.monotonic()
+    recent = {t for t, at in server.trainer.last_begin.items()
+              if now - at <= server.config.training.absent_after_s}
+    return recent | {t for t, n in server.registry.open_by_type.items() if n > 0}
+
+
+def shut_out(server: SwarmServer, ratios: dict[str, float]) -> list[str]:
+    """The running task types that these ratios would refuse (absent) or starve (a ratio of 0)."""
+    if not ratios:
+        return []
+    return sorted(t for t in active_task_types(server) if ratios.get(t, 0) <= 0)
 
 
 def apply_change(server: SwarmServer, change: ConfigChange) -> ChangeRecord:
-    """Validate the whole change first; apply it only if every field is valid."""
+    """Validate the whole configuration with the change; apply it only if every field is valid."""
+    sections = {name: getattr(change, name) for name in LIVE_SECTIONS if getattr(change, name)}
     try:
-        training = TrainingSettings.model_validate({**server.config.training.model_dump(), **change.training})
-        sampling = SamplingDefaults.model_validate({**server.config.sampling.model_dump(), **change.sampling})
-    except ValidationError as exc:
-        errs = "; ".join(f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors())
-        raise bad_request(f"invalid settings: {errs}", param="training") from exc
-    if training.min_group_size > training.group_size:
-        raise bad_request("min_group_size cannot exceed group_size", param="training.min_group_size")
-    applied: dict[str, Any] = {}
-    current = server.config.training
-    for key in change.training:
-        new = getattr(training, key)
-        if getattr(current, key) != new:
-            setattr(current, key, new)  # the trainer holds this same object: effective from the next batch
-            applied[f"training.{key}"] = new
-    if "learning_rate" in change.training:
-        server.engine.set_learning_rate(training.learning_rate)
-    if change.sampling:
-        server.config.sampling = sampling
-        applied.update({f"sampling.{k}": getattr(sampling, k) for k in change.sampling})
-    record = ChangeRecord(at=time.time(), policy_version=server.engine.policy_version,
+        new = validate(deep_merge(server.config.model_dump(), sections))
+    except SettingsError as exc:
+        raise bad_request(f"invalid settings: {exc}", param=next(iter(sections), None)) from exc
+    if "task_ratios" in change.training and not change.force:
+        refused = shut_out(server, new.training.task_ratios)
+        if refused:
+            raise conflict(f"task_ratios {new.training.task_ratios} would shut out task types that clients are "
+                           f"running: {refused}; send force: true (ajet ctl set --force) to apply it anyway",
+                           "task_types_shut_out")
+    applied = _diff(server.config, new, sections)
+    for name in sections:
+        setattr(server.config, name, getattr(new, name))  # read afresh by the trainer for its next batch
+    if "training.learning_rate" in applied:
+        server.engine.set_learning_rate(new.training.learning_rate)
+    if any(key.startswith("loss.") for key in applied):
+        server.engine.set_loss(new.loss)
+    record = ChangeRecord(at=server.clock.time(), policy_version=server.engine.policy_version,
                           train_step=server.trainer.counters.train_steps, changes=applied)
     if applied:
         server.change_log.append(record)
@@ -55,28 +68,30 @@ def apply_change(server: SwarmServer, change: ConfigChange) -> ChangeRecord:
     return record
 
 
-def _admin(request: Request) -> SwarmServer:
-    server = server_of(request)
-    server.check_admin_token(bearer(request))
-    return server
+def _diff(old: ServerConfig, new: ServerConfig, sections: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, fields in sections.items():
+        before, after = getattr(old, name).model_dump(mode="json"), getattr(new, name).model_dump(mode="json")
+        out.update({f"{name}.{key}": after[key] for key in fields if before[key] != after[key]})
+    return out
 
 
 @router.get("/config")
 async def get_config(request: Request) -> dict[str, Any]:
-    server = _admin(request)
+    server = server_of(request)
     return {"config": server.public_config(), "changes": [c.model_dump() for c in server.change_log]}
 
 
 @router.post("/config", response_model=ChangeRecord)
 async def set_config(request: Request, body: ConfigChange) -> ChangeRecord:
-    server = _admin(request)
+    server = server_of(request)
     async with server.trainer.step_lock:  # between train steps: a batch never mixes settings
         return apply_change(server, body)
 
 
 @router.post("/pause")
 async def pause(request: Request) -> dict[str, Any]:
-    server = _admin(request)
+    server = server_of(request)
     server.trainer.paused = True
     log.info("training paused at policy v%d", server.engine.policy_version)
     return {"paused": True, "policy_version": server.engine.policy_version}
@@ -84,7 +99,7 @@ async def pause(request: Request) -> dict[str, Any]:
 
 @router.post("/resume")
 async def resume(request: Request) -> dict[str, Any]:
-    server = _admin(request)
+    server = server_of(request)
     server.trainer.paused = False
     server.trainer.wake()
     log.info("training resumed at policy v%d", server.engine.policy_version)
@@ -93,7 +108,7 @@ async def resume(request: Request) -> dict[str, Any]:
 
 @router.post("/checkpoint")
 async def checkpoint(request: Request) -> dict[str, Any]:
-    server = _admin(request)
+    server = server_of(request)
     path = await server.trainer.checkpoint_now()
     return {"path": str(path), "train_step": server.trainer.counters.train_steps,
             "policy_version": server.engine.policy_version}
@@ -102,7 +117,7 @@ async def checkpoint(request: Request) -> dict[str, Any]:
 @router.post("/stop")
 async def stop(request: Request) -> dict[str, Any]:
     """Checkpoint and shut the server down gracefully (the answer is sent first)."""
-    server = _admin(request)
+    server = server_of(request)
     if server.on_stop is None:
         raise bad_request("this server was not started with a stop handler", param=None)
     asyncio.get_running_loop().call_later(0.2, server.on_stop)

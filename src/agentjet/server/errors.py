@@ -86,8 +86,11 @@ def install_error_handlers(app: FastAPI) -> None:
 
 
 class BodySizeLimit:
-    """Bodies over ``max_bytes`` get a 413 in OpenAI's shape: at once when Content-Length declares it, or
-    as soon as a chunked body crosses the limit while it is read."""
+    """Bodies over ``max_bytes`` get a 413 in OpenAI's shape: when Content-Length declares it, after the body
+    has been read and discarded (a client still sending would otherwise see its connection reset instead of
+    the answer), up to ``DRAIN_LIMIT`` bytes; or as soon as a chunked body crosses the limit while it is read."""
+
+    DRAIN_LIMIT = 256 * 1024 * 1024
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app = app
@@ -97,6 +100,7 @@ class BodySizeLimit:
         if scope["type"] == "http":
             declared = dict(scope["headers"]).get(b"content-length", b"")
             if declared.isdigit() and int(declared) > self.max_bytes:
+                await self._drain(receive, int(declared))
                 body = json.dumps(error_body(f"request body of {int(declared)} bytes exceeds the limit of "
                                              f"{self.max_bytes} bytes", "invalid_request_error",
                                              code="body_too_large")).encode()
@@ -107,6 +111,18 @@ class BodySizeLimit:
                 return
             receive = self._counting(receive)
         await self.app(scope, receive, send)
+
+    async def _drain(self, receive: Receive, declared: int) -> None:
+        if declared > self.DRAIN_LIMIT:
+            return  # not worth reading: answer at once and close
+        seen = 0
+        while seen <= declared:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client went away
+            seen += len(message.get("body", b""))
+            if not message.get("more_body", False):
+                return
 
     def _counting(self, receive: Receive) -> Receive:
         seen = 0

@@ -9,16 +9,29 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionMessage
+from openai.types.chat.chat_completion import Choice, ChoiceLogprobs
+from openai.types.chat.chat_completion_chunk import Choice as ChunkChoice
+from openai.types.chat.chat_completion_chunk import ChoiceDelta
+from openai.types.completion_usage import CompletionUsage
 from pydantic import BaseModel, ConfigDict, Field
 
-from agentjet.engines.base import GenerationResult, SamplingParams
+from agentjet.engines.base import MAX_SEED, GenerationResult, SamplingParams
+from agentjet.engines.errors import EngineUnavailableError, GenerationError
 from agentjet.protocol import AGENT_HEADER, DEFAULT_AGENT
-from agentjet.server.chat import ChatFormatError, ChatFormatter, normalize_messages, validate_tools
-from agentjet.server.core import SwarmServer
-from agentjet.server.errors import bad_request, conflict, error_body
+from agentjet.server.auth import bearer
+from agentjet.server.chat import (
+    ChatFormatError,
+    ChatFormatter,
+    normalize_messages,
+    validate_tool_choice,
+    validate_tools,
+)
+from agentjet.server.errors import APIError, bad_request, conflict, error_body, unavailable
 from agentjet.server.registry import Episode
+from agentjet.server.swarm import SwarmServer, server_of
 from agentjet.tracking import CallRecord
 
 router = APIRouter(prefix="/v1")
@@ -32,11 +45,11 @@ class ChatCompletionRequest(BaseModel):
     tool_choice: Any = None
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
-    top_k: int | None = Field(default=None, ge=0)
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    top_k: int | None = Field(default=None, ge=0, le=2**31 - 1)  # and at most the vocabulary (checked below)
+    max_tokens: int | None = Field(default=None, ge=1, le=2**31 - 1)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=2**31 - 1)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=0, lt=MAX_SEED)
     n: int = Field(default=1, ge=1, le=16)
     logprobs: bool | None = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
@@ -48,14 +61,7 @@ class ChatCompletionRequest(BaseModel):
     response_format: dict[str, Any] | None = None
 
 
-def bearer(request: Request) -> str | None:
-    auth = request.headers.get("authorization", "")
-    scheme, _, token = auth.partition(" ")
-    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
-
-
-def server_of(request: Request) -> SwarmServer:
-    return request.app.state.swarm
+MAX_STOP_CHARS = 1000
 
 
 def agent_name(request: Request, body: ChatCompletionRequest, server: SwarmServer) -> str:
@@ -97,26 +103,31 @@ def sampling_for(body: ChatCompletionRequest, server: SwarmServer, prompt_len: i
                           f"{server.engine.max_context} tokens (at most {room})", param="max_tokens",
                           code="context_length_exceeded")
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
-    if len(stop) > 4 or any(not s for s in stop):
-        raise bad_request("stop must be up to 4 non-empty strings", param="stop")
+    if len(stop) > 4 or any(not s or len(s) > MAX_STOP_CHARS for s in stop):
+        raise bad_request(f"stop must be up to 4 non-empty strings of at most {MAX_STOP_CHARS} characters",
+                          param="stop")
+    vocab = len(server.engine.tokenizer)
+    if body.top_k and body.top_k > vocab:
+        raise bad_request(f"top_k must be at most the vocabulary size {vocab} (got {body.top_k})", param="top_k")
     return SamplingParams(
         temperature=body.temperature if body.temperature is not None else d.temperature,
         top_p=body.top_p if body.top_p is not None else d.top_p,
         top_k=body.top_k or 0,
         max_tokens=asked or min(d.max_tokens, room),
         stop=stop,
-        seed=None if body.seed is None else body.seed + index,
+        seed=None if body.seed is None else (body.seed + index) % MAX_SEED,
         top_logprobs=(body.top_logprobs or 0) if body.logprobs else 0,
     )
 
 
-class Prepared:
-    """A validated chat request, ready to generate."""
+class ChatCall:
+    """One chat completion request, validated against its episode and rendered to prompt ids (with token-in,
+    token-out applied: ``ChatCall.create``), plus what it needs to record each reply and shape the answer."""
 
-    def __init__(self, request: Request, body: ChatCompletionRequest) -> None:
+    def __init__(self, request: Request, body: ChatCompletionRequest, key: str | None) -> None:
         server = server_of(request)
         self.server = server
-        self.episode: Episode = server.open_episode_for_key(bearer(request))
+        self.episode: Episode = server.episodes.open_by_key(key)
         _unsupported(body)
         if len(body.messages) > server.config.max_messages:
             raise bad_request(f"at most {server.config.max_messages} messages per request", param="messages")
@@ -125,6 +136,7 @@ class Prepared:
         try:
             self.messages = normalize_messages(body.messages)
             self.tools = validate_tools(body.tools)
+            validate_tool_choice(body.tool_choice, self.tools)
             self.prompt_ids = server.formatter.prompt_ids(self.messages, self.tools)
         except ChatFormatError as exc:
             raise bad_request(str(exc), param=exc.param) from exc
@@ -134,11 +146,11 @@ class Prepared:
         self.id = "chatcmpl-" + uuid.uuid4().hex
 
     @classmethod
-    async def create(cls, request: Request, body: ChatCompletionRequest) -> Prepared:
+    async def create(cls, request: Request, body: ChatCompletionRequest, key: str | None) -> ChatCall:
         """Validate, then put this agent's earlier generations back into the prompt as generated (token-in,
         token-out; ``agentjet.server.tito``)."""
-        p = cls(request, body)
-        ids = await p.server.tito_prompt_ids(p.episode, p.agent, p.messages, p.tools, p.prompt_ids)
+        p = cls(request, body, key)
+        ids = await p.server.episodes.tito_prompt_ids(p.episode, p.agent, p.messages, p.tools, p.prompt_ids)
         if ids is not p.prompt_ids:
             p.prompt_ids = ids
             p.sampling = [sampling_for(body, p.server, len(ids), i) for i in range(body.n)]
@@ -163,41 +175,62 @@ class Prepared:
             completion_logprobs=list(result.logprobs), temperature=sampling.logprob_temperature,
             policy_version=result.policy_version, response_message=reply,
             finish_reason=result.finish_reason.value)
-        self.server.record_call(self.episode, call)
+        self.server.episodes.record_call(self.episode, call)
 
     def finish_reason(self, result: GenerationResult, message: dict[str, Any]) -> str:
         return "tool_calls" if message.get("tool_calls") else result.finish_reason.value
 
-    def logprobs_json(self, result: GenerationResult) -> dict[str, Any]:
+    def logprobs(self, result: GenerationResult) -> ChoiceLogprobs | None:
+        if not self.body.logprobs:
+            return None
         tok = self.server.engine.tokenizer
-        content = []
-        for i, (t, lp) in enumerate(zip(result.token_ids, result.logprobs, strict=True)):
-            piece = tok.decode([t])
-            entry: dict[str, Any] = {"token": piece, "logprob": lp, "bytes": list(piece.encode()), "top_logprobs": []}
-            if result.top_logprobs:
-                entry["top_logprobs"] = [{"token": tok.decode([a]), "logprob": alp, "bytes": list(tok.decode([a]).encode())}
-                                         for a, alp in result.top_logprobs[i]]
-            content.append(entry)
-        return {"content": content}
 
-    def usage(self, results: list[GenerationResult]) -> dict[str, int]:
+        def entry(token: int, logprob: float) -> dict[str, Any]:
+            piece = tok.decode([token])
+            return {"token": piece, "logprob": logprob, "bytes": list(piece.encode())}
+
+        tops = result.top_logprobs or [[] for _ in result.token_ids]
+        content = [{**entry(t, lp), "top_logprobs": [entry(a, alp) for a, alp in top]}
+                   for t, lp, top in zip(result.token_ids, result.logprobs, tops, strict=True)]
+        return ChoiceLogprobs.model_validate({"content": content})
+
+    def usage(self, results: list[GenerationResult]) -> CompletionUsage:
         completion = sum(len(r.token_ids) for r in results)
-        return {"prompt_tokens": len(self.prompt_ids), "completion_tokens": completion,
-                "total_tokens": len(self.prompt_ids) + completion}
+        return CompletionUsage(prompt_tokens=len(self.prompt_ids), completion_tokens=completion,
+                               total_tokens=len(self.prompt_ids) + completion)
+
+    def chunk(self, delta: dict[str, Any] | None, finish: str | None = None, logprobs: ChoiceLogprobs | None = None,
+              usage: CompletionUsage | None = None) -> str:
+        """One server-sent event of the stream (``delta=None``: the final usage-only chunk)."""
+        choices = [] if delta is None else [ChunkChoice(index=0, delta=ChoiceDelta.model_validate(delta),
+                                                        finish_reason=finish, logprobs=logprobs)]  # type: ignore[arg-type]
+        event = ChatCompletionChunk(id=self.id, object="chat.completion.chunk", created=self.created,
+                                    model=self.server.config.name, choices=choices, usage=usage)
+        return _sse(event.model_dump(mode="json", exclude_unset=True))
 
 
-def _begin_call(p: Prepared) -> None:
+def _begin_call(p: ChatCall) -> None:
     p.episode.inflight += 1
     p.server.registry.touch(p.episode)
 
 
-def _end_call(p: Prepared) -> None:
+def _end_call(p: ChatCall) -> None:
     p.episode.inflight -= 1
     p.server.registry.touch(p.episode)
 
 
-def _engine_error(exc: ValueError) -> Exception:
-    return bad_request(str(exc), param="messages")
+def engine_error(exc: Exception) -> APIError:
+    """An engine failure as an HTTP error: the request's own fault is a 400 naming its parameter; anything
+    else is the engine's (503, retry later), never a 500."""
+    if isinstance(exc, GenerationError):
+        return bad_request(str(exc), param=exc.param)
+    if isinstance(exc, ValueError):
+        return bad_request(str(exc), param="messages")
+    if isinstance(exc, EngineUnavailableError):  # e.g. the vLLM subprocess crashed and is restarting
+        return unavailable(f"the engine is unavailable: {exc}", "engine_unavailable",
+                           retry_after_s=exc.retry_after_s if exc.retry_after_s is not None else 5)
+    return unavailable(f"the engine failed on this request ({type(exc).__name__}); retry later", "engine_error",
+                       retry_after_s=1)
 
 
 @router.get("/models")
@@ -208,16 +241,16 @@ async def list_models(request: Request) -> dict[str, Any]:
 
 
 @router.post("/chat/completions", response_model=None)
-async def chat_completions(request: Request, body: ChatCompletionRequest) -> Any:
-    p = await Prepared.create(request, body)
+async def chat_completions(request: Request, body: ChatCompletionRequest, key: str | None = Depends(bearer)) -> Any:
+    p = await ChatCall.create(request, body, key)
     if body.stream:
         return StreamingResponse(_stream(p), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     _begin_call(p)
     try:
         results = await asyncio.gather(*[p.server.engine.generate(p.prompt_ids, s) for s in p.sampling])
-    except ValueError as exc:
-        raise _engine_error(exc) from exc
+    except Exception as exc:
+        raise engine_error(exc) from exc
     finally:
         _end_call(p)
     if not p.episode.is_open:
@@ -226,18 +259,19 @@ async def chat_completions(request: Request, body: ChatCompletionRequest) -> Any
     for i, (res, s) in enumerate(zip(results, p.sampling, strict=True)):
         msg = p.assistant_message(res)
         p.record(res, msg, s)
-        choices.append({"index": i, "message": msg, "finish_reason": p.finish_reason(res, msg),
-                        "logprobs": p.logprobs_json(res) if body.logprobs else None})
-    return JSONResponse({"id": p.id, "object": "chat.completion", "created": p.created, "model": p.server.config.name,
-                         "choices": choices, "usage": p.usage(results),
-                         "system_fingerprint": f"policy-v{results[0].policy_version}"})
+        choices.append(Choice(index=i, message=ChatCompletionMessage.model_validate(msg),
+                              finish_reason=p.finish_reason(res, msg), logprobs=p.logprobs(res)))  # type: ignore[arg-type]
+    completion = ChatCompletion(id=p.id, object="chat.completion", created=p.created, model=p.server.config.name,
+                                choices=choices, usage=p.usage(results),
+                                system_fingerprint=f"policy-v{results[0].policy_version}")
+    return JSONResponse(completion.model_dump(mode="json", exclude_unset=True))
 
 
 def _sse(obj: dict[str, Any]) -> str:
     return f"data: {json.dumps(obj)}\n\n"
 
 
-async def _stream(p: Prepared) -> AsyncIterator[str]:
+async def _stream(p: ChatCall) -> AsyncIterator[str]:
     """Token-by-token SSE. Text is held back while it could still be the start of a stop string, and
     entirely when tools are given (tool calls are parsed from the whole output)."""
     tok = p.server.engine.tokenizer
@@ -246,15 +280,12 @@ async def _stream(p: Prepared) -> AsyncIterator[str]:
     ids: list[int] = []
     sent = ""
     hold = max((len(s) for s in sampling.stop), default=1) - 1
-
-    def chunk(delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> str:
-        return _sse({"id": p.id, "object": "chat.completion.chunk", "created": p.created,
-                     "model": p.server.config.name,
-                     "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}]})
+    chunk = p.chunk
 
     _begin_call(p)
     task = asyncio.ensure_future(p.server.engine.generate(p.prompt_ids, sampling,
                                                           on_token=lambda t, _lp: queue.put_nowait(t)))
+    getter: asyncio.Future[int] | None = None
     try:
         yield chunk({"role": "assistant", "content": ""})
         while not (task.done() and queue.empty()):
@@ -262,6 +293,7 @@ async def _stream(p: Prepared) -> AsyncIterator[str]:
             done, _ = await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
             if getter not in done:
                 getter.cancel()
+                getter = None
                 continue
             ids.append(getter.result())
             if p.parse_tools:
@@ -278,8 +310,12 @@ async def _stream(p: Prepared) -> AsyncIterator[str]:
                 sent = safe
         try:
             result = task.result()
-        except ValueError as exc:
-            yield _sse(error_body(str(exc), "invalid_request_error"))
+        except Exception as exc:
+            err = engine_error(exc)
+            yield _sse(error_body(err.message, err.type, err.param, err.code))
+            return
+        except EngineUnavailableError as exc:
+            yield _sse(error_body(str(exc), "service_unavailable", code="engine_unavailable"))
             return
         msg = p.assistant_message(result)
         rest = (msg["content"] or "")[len(sent):] if (msg["content"] or "").startswith(sent) else ""
@@ -290,12 +326,12 @@ async def _stream(p: Prepared) -> AsyncIterator[str]:
             delta["tool_calls"] = [{**tc, "index": i} for i, tc in enumerate(msg["tool_calls"])]
         if p.episode.is_open:
             p.record(result, msg, sampling)
-        yield chunk(delta, p.finish_reason(result, msg), p.logprobs_json(result) if p.body.logprobs else None)
+        yield chunk(delta, p.finish_reason(result, msg), p.logprobs(result))
         if (p.body.stream_options or {}).get("include_usage"):
-            yield _sse({"id": p.id, "object": "chat.completion.chunk", "created": p.created,
-                        "model": p.server.config.name, "choices": [], "usage": p.usage([result])})
+            yield chunk(None, usage=p.usage([result]))
         yield "data: [DONE]\n\n"
-    finally:
+    finally:  # also when the client went away mid-stream: leave no task pending
         _end_call(p)
-        if not task.done():
-            task.cancel()
+        for pending in (getter, task):
+            if pending is not None and not pending.done():
+                pending.cancel()

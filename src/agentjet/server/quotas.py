@@ -7,13 +7,7 @@ type that already has enough episodes in flight, so no type floods the buffer.
 
 from __future__ import annotations
 
-import enum
 import math
-
-
-class AbsentPolicy(enum.StrEnum):
-    STRICT = "strict"  # wait for every type's share
-    FILL = "fill"  # an absent type's share goes to the others
 
 
 def apportion(total: int, ratios: dict[str, float]) -> dict[str, int]:
@@ -28,12 +22,3 @@ def apportion(total: int, ratios: dict[str, float]) -> dict[str, int]:
     for t in by_remainder[:left]:
         floors[t] += 1
     return floors
-
-
-def validate_ratios(ratios: dict[str, float]) -> dict[str, float]:
-    for t, r in ratios.items():
-        if not (isinstance(r, int | float) and math.isfinite(r) and r >= 0):
-            raise ValueError(f"task_ratios[{t!r}] must be a finite number >= 0")
-    if ratios and sum(ratios.values()) <= 0:
-        raise ValueError("task_ratios must have a positive sum")
-    return ratios

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentjet.server.digest import digest, matches
 from agentjet.tracking import EpisodeSample
 
 
@@ -104,12 +105,6 @@ class StoredEpisode:
     team_id: str | None = None
     team_coordinator: str | None = None  # None on the coordinator itself
     team_secret: str | None = None
-
-
-def _hash(secret: str) -> str:
-    import hashlib
-
-    return hashlib.sha256(secret.encode()).hexdigest()
 
 
 def _ints(blob: bytes) -> list[int]:
@@ -250,7 +245,7 @@ class SampleStore:
                             commit = row[0] == "committed"  # decided before (e.g. expired): keep it
                         else:
                             cur.execute("INSERT INTO teams VALUES (?,?,?,?)", (
-                                ep.team_id, _hash(ep.team_secret or ""), "committed" if commit else "aborted",
+                                ep.team_id, digest(ep.team_secret or ""), "committed" if commit else "aborted",
                                 time.time()))
                     new = (ep.commit_status or StoredStatus.PENDING) if commit else StoredStatus.ABORTED
                     cur.execute("UPDATE episodes SET status=? WHERE episode_id=?", (new.value, episode_id))
@@ -267,11 +262,9 @@ class SampleStore:
     def team_decision(self, team_id: str, secret: str) -> str | None:
         """The coordinator's decision for a team ('committed' / 'aborted'); None while undecided or when the
         secret does not match."""
-        import hmac
-
         with self._lock:
             row = self._db.execute("SELECT secret_hash, decision FROM teams WHERE team_id=?", (team_id,)).fetchone()
-        if row is None or not hmac.compare_digest(row[0], _hash(secret)):
+        if row is None or not matches(secret, row[0]):
             return None
         return row[1]
 

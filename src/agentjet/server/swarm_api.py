@@ -1,10 +1,11 @@
-"""Swarm routes (``/swarm/v1``): join, begin, heartbeat, end, abort, status."""
+"""Swarm routes (``/swarm/v1``): join, begin, heartbeat, end, abort, team phases, status, trace."""
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 
 from agentjet.protocol import (
     SWARM_PREFIX,
@@ -21,74 +22,66 @@ from agentjet.protocol import (
     ServerStatus,
     TeamDecisionResponse,
 )
-from agentjet.server.errors import unauthorized
-from agentjet.server.openai_api import bearer, server_of
+from agentjet.server.auth import bearer, require_swarm, require_swarm_or_admin
+from agentjet.server.swarm import server_of
 
 router = APIRouter(prefix=SWARM_PREFIX)
 
 
-@router.post("/join", response_model=JoinResponse)
+@router.post("/join", response_model=JoinResponse, dependencies=[Depends(require_swarm)])
 async def join(request: Request, body: JoinRequest) -> JoinResponse:
-    server = server_of(request)
-    server.check_swarm_token(bearer(request))
-    return server.join(body)
+    return server_of(request).episodes.join(body)
 
 
-@router.post("/episodes", response_model=BeginEpisodeResponse)
+@router.post("/episodes", response_model=BeginEpisodeResponse, dependencies=[Depends(require_swarm)])
 async def begin_episode(request: Request, body: BeginEpisodeRequest) -> BeginEpisodeResponse:
-    server = server_of(request)
-    server.check_swarm_token(bearer(request))
-    return server.begin(body)
+    return server_of(request).episodes.begin(body)
 
 
 @router.post("/episodes/{episode_id}/heartbeat", response_model=HeartbeatResponse)
-async def heartbeat(request: Request, episode_id: str) -> HeartbeatResponse:
-    return server_of(request).heartbeat(bearer(request), episode_id)
+async def heartbeat(request: Request, episode_id: str, key: str | None = Depends(bearer)) -> HeartbeatResponse:
+    return server_of(request).episodes.heartbeat(key, episode_id)
 
 
 @router.post("/episodes/{episode_id}/end", response_model=EndEpisodeResponse)
-async def end_episode(request: Request, episode_id: str, body: EndEpisodeRequest) -> EndEpisodeResponse:
-    return await server_of(request).end(bearer(request), episode_id, body)
+async def end_episode(request: Request, episode_id: str, body: EndEpisodeRequest,
+                      key: str | None = Depends(bearer)) -> EndEpisodeResponse:
+    return await server_of(request).episodes.end(key, episode_id, body)
 
 
 @router.post("/episodes/{episode_id}/abort", response_model=AbortEpisodeResponse)
-async def abort_episode(request: Request, episode_id: str, body: AbortEpisodeRequest | None = None
-                        ) -> AbortEpisodeResponse:
-    return await server_of(request).abort(bearer(request), episode_id, body.reason if body else "")
+async def abort_episode(request: Request, episode_id: str, body: AbortEpisodeRequest | None = None,
+                        key: str | None = Depends(bearer)) -> AbortEpisodeResponse:
+    return await server_of(request).episodes.abort(key, episode_id, body.reason if body else "")
 
 
 @router.post("/episodes/{episode_id}/prepare", response_model=EndEpisodeResponse)
-async def prepare_episode(request: Request, episode_id: str, body: PrepareEpisodeRequest) -> EndEpisodeResponse:
+async def prepare_episode(request: Request, episode_id: str, body: PrepareEpisodeRequest,
+                          key: str | None = Depends(bearer)) -> EndEpisodeResponse:
     """Team episodes, phase one: durable but not trainable until commit."""
-    return await server_of(request).prepare(bearer(request), episode_id, body)
+    return await server_of(request).episodes.prepare(key, episode_id, body)
 
 
 @router.post("/episodes/{episode_id}/commit", response_model=EndEpisodeResponse)
-async def commit_episode(request: Request, episode_id: str) -> EndEpisodeResponse:
+async def commit_episode(request: Request, episode_id: str, key: str | None = Depends(bearer)) -> EndEpisodeResponse:
     """Team episodes, phase two."""
-    return await server_of(request).commit(bearer(request), episode_id)
+    return await server_of(request).episodes.commit(key, episode_id)
 
 
 @router.get("/teams/{team_id}", response_model=TeamDecisionResponse)
-async def team_decision(request: Request, team_id: str) -> TeamDecisionResponse:
+async def team_decision(request: Request, team_id: str, secret: str | None = Depends(bearer)) -> TeamDecisionResponse:
     """The coordinator's decision for a team (authorised by the team secret)."""
-    return server_of(request).team_decision(team_id, bearer(request))
+    return server_of(request).teams.decision(team_id, secret)
 
 
-@router.get("/status", response_model=ServerStatus)
+@router.get("/status", response_model=ServerStatus, dependencies=[Depends(require_swarm_or_admin)])
 async def status(request: Request) -> ServerStatus:
-    server = server_of(request)
-    token = bearer(request)
-    swarm_ok = server._token_ok(token, server.config.swarm_token)
-    admin_ok = server.config.admin_token is not None and server._token_ok(token, server.config.admin_token)
-    if not (swarm_ok or admin_ok):
-        raise unauthorized("status needs the swarm token or the admin token")
-    return server.status()
+    return server_of(request).status()
 
 
 @router.get("/episodes/{episode_id}/trace")
-async def episode_trace(request: Request, episode_id: str) -> dict:
+async def episode_trace(request: Request, episode_id: str, key: str | None = Depends(bearer)) -> dict[str, Any]:
     """Every sample's tokens, loss mask, behaviour logprobs, agent and call boundaries, plus merge and drift
     statistics. Needs the admin token, or the episode's own key."""
     server = server_of(request)
-    return await asyncio.to_thread(server.trace, bearer(request), episode_id)
+    return await asyncio.to_thread(server.episodes.trace, key, episode_id, server.auth.is_admin(key))

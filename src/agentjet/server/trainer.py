@@ -15,17 +15,19 @@ import contextlib
 import json
 import logging
 import shutil
-import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agentjet.algorithms import compute_advantages
+from agentjet.algorithms import AdvantageEstimator, compute_advantages
 from agentjet.engines.base import Engine, TrainSample
+from agentjet.engines.errors import TrainingHaltedError
+from agentjet.observe.events import StepObserver, StepRecord, TrainedSample, staleness_metrics
 from agentjet.protocol import reward_mean
-from agentjet.server.config import TrainingSettings
-from agentjet.server.quotas import AbsentPolicy, apportion
+from agentjet.server.clock import Clock, SystemClock
+from agentjet.server.quotas import apportion
 from agentjet.server.store import SampleStore, StoredEpisode, StoredStatus
+from agentjet.settings import AbsentPolicy, ServerConfig, TrainingSettings
 from agentjet.tracking import EpisodeSample
 
 log = logging.getLogger(__name__)
@@ -50,7 +52,9 @@ class TrainerCounters:
     trained_samples: int = 0
     dropped_stale: int = 0
     dropped_uniform: int = 0
+    trained_tokens: int = 0
     last_metrics: dict[str, float] = field(default_factory=dict)
+    halted_reason: str | None = None  # set when the engine said training must stop (training is paused)
     by_type: dict[str, dict[str, float]] = field(default_factory=dict)  # task type -> episodes, reward_sum
 
 
@@ -61,7 +65,7 @@ def episode_reward(reward: float | dict[str, float], agent: str) -> float:
 
 
 def group_advantages(
-    group: Group, samples: dict[str, list[EpisodeSample]], settings: TrainingSettings
+    group: Group, samples: dict[str, list[EpisodeSample]], estimator: AdvantageEstimator
 ) -> dict[tuple[str, str], float]:
     """(episode id, agent) -> advantage, computed among the group's episodes that have that agent."""
     by_agent: dict[str, list[tuple[str, float]]] = defaultdict(list)
@@ -70,7 +74,7 @@ def group_advantages(
             by_agent[agent].append((ep.episode_id, episode_reward(ep.reward, agent)))
     out: dict[tuple[str, str], float] = {}
     for agent, pairs in by_agent.items():
-        advs = compute_advantages([r for _, r in pairs], settings.estimator)
+        advs = compute_advantages([r for _, r in pairs], estimator)
         for (eid, _), a in zip(pairs, advs, strict=True):
             out[(eid, agent)] = a
     return out
@@ -91,11 +95,16 @@ def to_train_samples(samples: list[EpisodeSample], advantage: float) -> list[Tra
 
 
 class Trainer:
-    def __init__(self, engine: Engine, store: SampleStore, settings: TrainingSettings, checkpoint_dir: Path) -> None:
+    """Reads ``config.training`` and ``config.loss`` afresh for every batch, so a live change (the control
+    plane swaps those sections between steps) takes effect from the next batch."""
+
+    def __init__(self, engine: Engine, store: SampleStore, config: ServerConfig, checkpoint_dir: Path,
+                 clock: Clock | None = None) -> None:
         self.engine = engine
         self.store = store
-        self.settings = settings
+        self.config = config
         self.checkpoint_dir = checkpoint_dir
+        self.clock = clock or SystemClock()
         self.counters = TrainerCounters()
         self.paused = False
         self._pending: dict[str, list[StoredEpisode]] = defaultdict(list)
@@ -105,11 +114,20 @@ class Trainer:
         self.step_lock = asyncio.Lock()  # held by a train step; control actions take it to run between steps
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
+        self.in_step = 0  # episodes taken by the train step that is running (no longer pending, not yet trained)
+        # observe hooks: the step's waiting time (from the end of the previous step to its batch), and an observer
+        self.observer: StepObserver | None = None
+        self._idle_since = self.clock.monotonic()
+        self._waited_s = 0.0
+
+    @property
+    def settings(self) -> TrainingSettings:
+        return self.config.training
 
     # ------------------------------------------------------------ intake
     def add(self, ep: StoredEpisode) -> None:
         self._pending[ep.group_key].append(ep)
-        self._first_seen.setdefault(ep.group_key, time.monotonic())
+        self._first_seen.setdefault(ep.group_key, self.clock.monotonic())
         self._wake.set()
 
     def load_pending(self) -> int:
@@ -119,7 +137,7 @@ class Trainer:
         return len(eps)
 
     def note_begin(self, task_type: str) -> None:
-        self.last_begin[task_type] = time.monotonic()
+        self.last_begin[task_type] = self.clock.monotonic()
 
     def pending_by_type(self) -> dict[str, int]:
         counts: dict[str, int] = defaultdict(int)
@@ -134,7 +152,7 @@ class Trainer:
 
     def _absent(self, task_type: str) -> bool:
         seen = self.last_begin.get(task_type)
-        return seen is None or time.monotonic() - seen > self.settings.absent_after_s
+        return seen is None or self.clock.monotonic() - seen > self.settings.absent_after_s
 
     def select_batch(self, groups: list[Group]) -> list[Group] | None:
         """``batch_groups`` groups, composed to the task-type quotas when ratios are set."""
@@ -168,6 +186,15 @@ class Trainer:
     def pending_count(self) -> int:
         return sum(len(v) for v in self._pending.values())
 
+    def pending_in_group(self, group_key: str) -> int:
+        eps = self._pending.get(group_key)
+        return len(eps) if eps else 0
+
+    @property
+    def accepted_count(self) -> int:
+        """Acknowledged training episodes kept so far: trained, in the step running now, or pending (admission)."""
+        return self.counters.trained_episodes + self.in_step + self.pending_count
+
     # ------------------------------------------------------------ batching
     def _drop_stale(self) -> None:
         version = self.engine.policy_version
@@ -195,7 +222,7 @@ class Trainer:
     def candidate_groups(self) -> list[Group]:
         """Groups that could be trained now, oldest first (nothing is taken out of the pool)."""
         s = self.settings
-        now = time.monotonic()
+        now = self.clock.monotonic()
         groups: list[Group] = []
         for key, eps in self._pending.items():
             full = len(eps) // s.group_size
@@ -212,7 +239,7 @@ class Trainer:
             left = [ep for ep in self._pending.get(key, []) if ep.episode_id not in taken]
             self._set_group(key, left)
             if left:
-                self._first_seen[key] = time.monotonic()
+                self._first_seen[key] = self.clock.monotonic()
 
     def _drop_uniform(self, groups: list[Group]) -> list[Group]:
         """Consume groups whose rewards are all equal (no learning signal); return the others."""
@@ -228,38 +255,69 @@ class Trainer:
 
     # ------------------------------------------------------------ training
     async def train_on(self, groups: list[Group]) -> dict[str, float]:
+        t0 = self.clock.monotonic()
         ids = [ep.episode_id for g in groups for ep in g.episodes]
         samples = await asyncio.to_thread(self.store.samples_for, ids)
         batch: list[TrainSample] = []
         rewards: list[float] = []
+        refs: list[tuple[str, int, str, float]] = []  # observe: (episode, sample index, agent, advantage) per sample
+        agent_rewards: dict[str, list[float]] = defaultdict(list)
         for g in groups:
-            advs = group_advantages(g, samples, self.settings)
+            advs = group_advantages(g, samples, self.config.loss.estimator)
             for ep in g.episodes:
-                by_agent: dict[str, list[EpisodeSample]] = defaultdict(list)
-                for s in samples[ep.episode_id]:
-                    by_agent[s.agent].append(s)
+                by_agent: dict[str, list[tuple[int, EpisodeSample]]] = defaultdict(list)
+                for i, s in enumerate(samples[ep.episode_id]):
+                    by_agent[s.agent].append((i, s))
                 for agent, agent_samples in by_agent.items():
-                    batch.extend(to_train_samples(agent_samples, advs[(ep.episode_id, agent)]))
+                    adv = advs[(ep.episode_id, agent)]
+                    batch.extend(to_train_samples([s for _, s in agent_samples], adv))
+                    refs.extend((ep.episode_id, i, agent, adv) for i, _ in agent_samples)
                     rewards.append(episode_reward(ep.reward, agent))
+                    agent_rewards[agent].append(rewards[-1])
         step = self.counters.train_steps + 1
         statuses = dict.fromkeys(ids, StoredStatus.TRAINED)
         if not any(s.num_trained_tokens for s in batch):  # nothing to learn from (no calls made)
             self.store.mark_consumed(statuses, step=None)
             return {}
+        version_before = self.engine.policy_version
+        t1 = self.clock.monotonic()
         metrics = await self.engine.train_step(batch)
+        t2 = self.clock.monotonic()
+        staleness = [version_before - ep.min_policy_version for g in groups for ep in g.episodes]
         metrics = {**metrics, "reward_mean": sum(rewards) / max(len(rewards), 1), "groups": float(len(groups)),
-                   "episodes": float(len(ids)), **self._type_metrics(groups)}
+                   "episodes": float(len(ids)), **self._type_metrics(groups),
+                   **{f"reward_agent/{a}": sum(r) / len(r) for a, r in sorted(agent_rewards.items())},
+                   **self._timing(t0, t1, t2, metrics), **staleness_metrics(staleness)}
+        if self.observer is not None:
+            metrics.update(self.observer.step_context(metrics))
         self.store.mark_consumed(statuses, step=step, step_record=(self.engine.policy_version, metrics))
         self.counters.train_steps = step
         self.counters.trained_episodes += len(ids)
         self.counters.trained_samples += len(batch)
+        self.counters.trained_tokens += sum(s.num_trained_tokens for s in batch)
         self.counters.last_metrics = metrics
         log.info("step %d: policy v%d, %d episodes, reward %.3f, loss %.4f, %.1fs", step,
                  self.engine.policy_version, len(ids), metrics["reward_mean"], metrics.get("loss", 0.0),
                  metrics.get("step_seconds", 0.0))
+        if self.observer is not None:
+            record = StepRecord(step=step, policy_version=self.engine.policy_version, time=self.clock.time(),
+                                metrics=metrics, staleness=staleness,
+                                samples=[TrainedSample(eid, i, agent, adv, ts.trainer_logprobs)
+                                         for (eid, i, agent, adv), ts in zip(refs, batch, strict=True)])
+            await asyncio.to_thread(self.observer.on_step, record)
         if self.settings.checkpoint_every and step % self.settings.checkpoint_every == 0:
-            await asyncio.to_thread(self.save_checkpoint)
+            try:
+                await asyncio.to_thread(self.save_checkpoint)
+            except Exception:  # the step is committed: its episodes must not go back into the pool
+                log.exception("checkpoint after step %d failed; training goes on, the next is tried on schedule",
+                              step)
         return metrics
+
+    def _timing(self, t0: float, t1: float, t2: float, metrics: dict[str, float]) -> dict[str, float]:
+        """The step's wall time split: waiting for a batch, preparing it, training, weight sync (engine-reported)."""
+        sync = float(metrics.get("sync_seconds", 0.0))
+        return {"time/waiting_s": self._waited_s, "time/prepare_s": t1 - t0,
+                "time/training_s": max(t2 - t1 - sync, 0.0), "time/sync_s": sync}
 
     def _type_metrics(self, groups: list[Group]) -> dict[str, float]:
         """Per task type: share of the batch's episodes and mean reward; accumulated for the status."""
@@ -284,6 +342,8 @@ class Trainer:
         if batch is None:
             return None
         self._take(batch)
+        self.in_step = sum(len(g.episodes) for g in batch)
+        self._waited_s = self.clock.monotonic() - self._idle_since
         try:
             async with self.step_lock:
                 return await self.train_on(batch)
@@ -292,6 +352,9 @@ class Trainer:
                 for ep in g.episodes:
                     self.add(ep)
             raise
+        finally:
+            self.in_step = 0
+            self._idle_since = self.clock.monotonic()
 
     async def run(self) -> None:
         while not self._stopping:
@@ -301,6 +364,11 @@ class Trainer:
             try:
                 while not self._stopping and await self.maybe_step():
                     pass
+            except TrainingHaltedError as exc:  # going on would train on wrong data: pause, say why, once
+                if self.counters.halted_reason != str(exc):
+                    log.error("training halted (paused): %s", exc)
+                self.counters.halted_reason = str(exc)
+                self.paused = True
             except Exception:  # a failed step must not kill the loop; the episodes stay pending
                 log.exception("train step failed; its episodes stay in the store")
                 await asyncio.sleep(1.0)
@@ -329,7 +397,7 @@ class Trainer:
         self.engine.save(tmp)
         state = {"train_steps": step, "policy_version": self.engine.policy_version,
                  "dropped_stale": self.counters.dropped_stale, "dropped_uniform": self.counters.dropped_uniform,
-                 "trained_episodes": self.counters.trained_episodes, "saved_at": time.time()}
+                 "trained_episodes": self.counters.trained_episodes, "saved_at": self.clock.time()}
         (tmp / CHECKPOINT_STATE).write_text(json.dumps(state, indent=2))
         if target.exists():
             shutil.rmtree(target)

@@ -1,23 +1,15 @@
 """Built-in demo task: single-digit addition, "What is a + b? Reply with only the number."
 
-Chosen by measurement (benchmarks/demo_task_pilot.py, results in benchmarks/results/demo_task_pilot.json):
-SmolLM2-135M-Instruct greedily gets ~0.55-0.8 of single-digit sums right, but at T=0.7 only ~0.3-0.4
-(its replies wander: "To solve this problem, I'll use a mental ..."). Engine-level GRPO (8 samples x 4
-groups, lr 2e-5..5e-5) lifted the sampled held-out eval reward from ~0.3-0.4 to ~0.7-0.8 within 4-5
-steps in each of four runs (seeds 0-3; best run 0.27 -> 0.95 by step 8), and greedy eval from ~0.55 to
-~0.73-0.95, on a heavily loaded 2-core CPU (30-70 s per step). Trained replies look like "4 + 3 = 7\n\nThis":
-they usually run to max_tokens, so clients must keep length-truncated replies.
-Two-digit operands (1..20) start lower (greedy ~0.4) and were not trained.
-
 Reward (binary, in [0, 1]): 1.0 when the last integer in the reply is the sum ("8", "The answer is 8.",
-"3 + 5 = 8"), else 0.0 ("9", "88", "-8", "eight", no number). A shaped variant that paid 1.0 only for the
-bare number and 0.5 for a longer reply was measured too: the model never produced the bare number at
-T=0.7, so it was the binary reward at half scale, and it plateaued at 0.5.
+"3 + 5 = 8"), else 0.0 ("9", "88", "-8", "eight", no number). Trained replies often run to max_tokens, so
+clients must keep length-truncated replies.
 
 Splits: the 100 pairs (a, b) with a, b in 0..9 are divided deterministically by a hash of "a+b": 22 are
 held out for ``eval``, ``train`` gets the other 78 (use an eval ``n`` that is a multiple of 22 so every
-pair weighs the same). They never overlap. ``generate_tasks``
-cycles through a seeded shuffle of its split, so ``n`` may exceed the split's size (items repeat).
+pair weighs the same). They never overlap. ``generate_tasks`` cycles through a seeded shuffle of its split,
+so ``n`` may exceed the split's size (items repeat).
+
+Why this task and these settings: see "Choosing the demo task" in docs/benchmarks.md.
 
 Pure Python: no agentjet server imports.
 """
@@ -35,13 +27,11 @@ EVAL_MOD = 4  # a pair is held out for eval iff sha256("a+b") % EVAL_MOD == 0
 
 PROMPT = "What is {a} + {b}? Reply with only the number."
 
-# Training rollouts: 0.7 keeps the base model's replies on topic often enough for groups to disagree.
 SAMPLING = {"temperature": 0.7, "top_p": 1.0, "max_tokens": 10}
-# Evaluation: the same temperature with fixed per-task seeds (sampled accuracy is what RL improves first;
-# greedy accuracy starts high and moves less). Seeds are ``EVAL_SAMPLING["seed"] + index``.
+# Evaluation: the same temperature, with fixed per-task seeds ``EVAL_SAMPLING["seed"] + index``.
 EVAL_SAMPLING = {"temperature": 0.7, "top_p": 1.0, "max_tokens": 10, "seed": 10_000}
-# lr 2e-5 (5e-5 rose faster but dipped late). ``steps`` is a ceiling: the demo's curriculum retires solved
-# pairs and its stopping rule ends the run on an eval plateau (docs/benchmarks.md has the measurements).
+# ``steps`` is a ceiling: the demo's curriculum retires solved pairs and its stopping rule ends the run on
+# an eval plateau.
 RECOMMENDED = {"learning_rate": 2e-5, "group_size": 8, "groups_per_batch": 4, "steps": 60, "eval_n": 44,
                "stop": {"patience": 2, "min_delta": 0.02, "min_evals": 3}}
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from agentjet.tracking.keys import message_key, prefix_digests, tools_key
 from agentjet.tracking.segment import RenderCache, Segmentation, segment_messages
@@ -101,39 +101,24 @@ class RepairedPrompt:
         return {r.message_index: r for r in self.regions}
 
 
-def repair_prompt(
-    tokenizer: Any,
-    messages: list[dict[str, Any]],
-    tools: list[dict[str, Any]] | None,
-    agent: str,
-    index: GenerationIndex,
-    recorded_ids: Sequence[int] | None = None,
-    fix_drift: bool = True,
-    before: int | None = None,
-    keys: Sequence[str] | None = None,
-    cache: RenderCache | None = None,
-) -> RepairedPrompt:
-    """Locate the generated regions of ``messages`` and splice the generated ids in.
+class Located(NamedTuple):
+    """A generated message found on the re-render: its token range there, the generation and the message."""
 
-    ``recorded_ids`` is the prompt the engine received (``None``: build a prompt for a new request, every
-    located region spliced). The recorded prompt is walked piece by piece against the re-render: outside the
-    regions it must match the re-render; in a region it may hold the generated ids (no drift, e.g. the server
-    already spliced them) or the re-tokenization (drift, replaced when ``fix_drift``). Anything else leaves the
-    recorded prompt untouched (``recorded_ok=False``).
-    """
-    try:
-        seg = segment_messages(tokenizer, messages, tools, add_generation_prompt=True, cache=cache)
-    except Exception as exc:  # a template that cannot render this request: nothing to repair
-        ids = list(recorded_ids) if recorded_ids is not None else []
-        return RepairedPrompt(ids=ids, recorded_ok=False, error=f"segmentation failed: {exc!r}")
-    keys = list(keys) if keys is not None else [message_key(m) for m in messages]
-    digests = prefix_digests(keys)
-    rendered = seg.ids
-    text, header = seg.text, seg.header
-    result = RepairedPrompt(ids=[], recorded_ok=True, segmentation=seg)
+    t0: int
+    t1: int
+    generation: Generation
+    message: int
 
-    # candidate regions on the re-render: (t0, t1, generation, message index)
-    found: list[tuple[int, int, Generation, int]] = []
+
+def locate_generations(seg: Segmentation, messages: list[dict[str, Any]], keys: Sequence[str], agent: str,
+                       index: GenerationIndex, before: int | None, result: RepairedPrompt) -> list[Located]:
+    """Phase one: the assistant messages of ``messages`` that ``agent`` generated (found in ``index`` by the
+    digest of the conversation up to them), located as token ranges on the re-render. Messages that cannot be
+    located are counted in ``result`` (render mismatch, or a generation whose text does not start or end on a
+    token boundary)."""
+    digests = prefix_digests(list(keys))
+    rendered, text, header = seg.ids, seg.text, seg.header
+    found: list[Located] = []
     for j, m in enumerate(messages):
         if m.get("role") != "assistant":
             continue
@@ -152,35 +137,36 @@ def repair_prompt(
             continue
         t0 = seg.boundary(start_char)
         ends = {id(g): seg.boundary(start_char + len(g.text)) for g in located}
-        if t0 is None:
-            result.unaligned += 1
-            result.drift_found += 1
-            result.statuses[j] = UNALIGNED
-            continue
         # prefer the generation whose ids the render already holds, then the longest text, then the latest
-        located.sort(key=lambda g: (not (ends[id(g)] is not None and rendered[t0:ends[id(g)]] == g.ids),
-                                    -len(g.text)))
+        located.sort(key=lambda g: (not (t0 is not None and ends[id(g)] is not None
+                                         and rendered[t0:ends[id(g)]] == g.ids), -len(g.text)))
         g = located[0]
         t1 = ends[id(g)]
-        if t1 is None:
+        if t0 is None or t1 is None:
             result.unaligned += 1
             result.drift_found += 1
             result.statuses[j] = UNALIGNED
             continue
-        found.append((t0, t1, g, j))
+        found.append(Located(t0, t1, g, j))
+    return found
 
-    recorded = list(recorded_ids) if recorded_ids is not None else None
+
+def splice_generations(seg: Segmentation, found: list[Located], recorded: list[int] | None, fix_drift: bool,
+                       result: RepairedPrompt) -> bool:
+    """Phase two: walk the recorded prompt (``None``: a new prompt) against the re-render and put the generated
+    ids in each located region. Outside the regions the recorded prompt must equal the re-render; in a region it
+    may hold the generated ids (exact) or their re-tokenization (drift: replaced when ``fix_drift``). Fills
+    ``result`` (ids, regions, statuses, spans) and returns False when the recorded prompt does not fit."""
+    rendered = seg.ids
     out: list[int] = []
     cur = 0  # position in the recorded prompt
     pos = 0  # position in the re-render
     shifts: list[tuple[int, int]] = []  # (re-render position after a region, cumulative delta)
     delta = 0
-    ok = True
     for t0, t1, g, j in found:
         plain = rendered[pos:t0]
         if recorded is not None and recorded[cur:cur + len(plain)] != plain:
-            ok = False
-            break
+            return False
         out += plain
         cur += len(plain)
         re_tok = rendered[t0:t1]
@@ -201,8 +187,7 @@ def repair_prompt(
             else:
                 status, took = KEPT, re_tok
         else:
-            ok = False
-            break
+            return False
         out += took
         cur += rec_len
         pos = t1
@@ -210,15 +195,10 @@ def repair_prompt(
         shifts.append((t1, delta))
         result.regions.append(Region(j, g.call_index, start, start + len(took), status, rec_len))
         result.statuses[j] = status
-    if ok:
-        tail = rendered[pos:]
-        if recorded is not None and recorded[cur:] != tail:
-            ok = False
-        out += tail
-    if not ok:
-        return RepairedPrompt(ids=list(recorded or []), recorded_ok=False, render_mismatches=result.render_mismatches,
-                              statuses={k: v for k, v in result.statuses.items() if v == RENDER_MISMATCH},
-                              error="the recorded prompt ids differ from the re-rendered prompt", segmentation=seg)
+    tail = rendered[pos:]
+    if recorded is not None and recorded[cur:] != tail:
+        return False
+    out += tail
 
     def moved(t: int) -> int:
         d = 0
@@ -231,7 +211,42 @@ def repair_prompt(
     result.message_spans = [(moved(s.token_start), moved(s.token_end), s.role) for s in seg.messages]
     if seg.generation is not None:
         result.generation_span = (moved(seg.generation.token_start), moved(seg.generation.token_end))
-    return result
+    return True
+
+
+def repair_prompt(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    agent: str,
+    index: GenerationIndex,
+    recorded_ids: Sequence[int] | None = None,
+    fix_drift: bool = True,
+    before: int | None = None,
+    keys: Sequence[str] | None = None,
+    cache: RenderCache | None = None,
+) -> RepairedPrompt:
+    """Locate the generated regions of ``messages`` (``locate_generations``) and splice the generated ids in
+    (``splice_generations``).
+
+    ``recorded_ids`` is the prompt the engine received (``None``: build a prompt for a new request, every
+    located region spliced). Anything that does not fit leaves the recorded prompt untouched
+    (``recorded_ok=False``).
+    """
+    try:
+        seg = segment_messages(tokenizer, messages, tools, add_generation_prompt=True, cache=cache)
+    except Exception as exc:  # a template that cannot render this request: nothing to repair
+        ids = list(recorded_ids) if recorded_ids is not None else []
+        return RepairedPrompt(ids=ids, recorded_ok=False, error=f"segmentation failed: {exc!r}")
+    keys = list(keys) if keys is not None else [message_key(m) for m in messages]
+    result = RepairedPrompt(ids=[], recorded_ok=True, segmentation=seg)
+    found = locate_generations(seg, messages, keys, agent, index, before, result)
+    recorded = list(recorded_ids) if recorded_ids is not None else None
+    if splice_generations(seg, found, recorded, fix_drift, result):
+        return result
+    return RepairedPrompt(ids=list(recorded or []), recorded_ok=False, render_mismatches=result.render_mismatches,
+                          statuses={k: v for k, v in result.statuses.items() if v == RENDER_MISMATCH},
+                          error="the recorded prompt ids differ from the re-rendered prompt", segmentation=seg)
 
 
 def tito_prompt_ids(

@@ -29,6 +29,7 @@ from typing import Any
 
 from agentjet.tracking.config import CompareLevel, TrackingConfig
 from agentjet.tracking.drift import (
+    EXACT,
     KEPT,
     RENDER_MISMATCH,
     UNALIGNED,
@@ -363,6 +364,9 @@ def _chain_sample(chain: list[Timeline], merger: _Merger, cfg: TrackingConfig, e
         "compare_level": cfg.compare_level.value,
         "fix_drift": cfg.fix_drift,
     }
+    if rep is not None and rep.recorded_ok:  # where earlier generations sit in the prompt, when not as generated
+        stats["drift_regions"] = [{"start": r.start, "end": r.end, "status": r.status, "call_index": r.generator}
+                                  for r in rep.regions if r.status != EXACT]
     if rep is not None and rep.recorded_ok and rep.message_spans is not None:
         stats["messages"] = [{"index": i, "role": role, "start": s, "end": e}
                              for i, (s, e, role) in enumerate(rep.message_spans)]

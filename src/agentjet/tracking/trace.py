@@ -10,7 +10,7 @@ from agentjet.tracking.types import EpisodeSample
 def sample_trace(sample: EpisodeSample, tokenizer: Any = None) -> dict[str, Any]:
     """Token-level trace of a sample: ids, text pieces (one per token; they concatenate to the decoded text
     except where a character spans several byte-level tokens), loss mask, behaviour logprobs, the owning call
-    of each trained token, call boundaries, message spans and the merge / drift statistics."""
+    of each trained token, call boundaries, message spans, drift regions and the merge / drift statistics."""
     ids = list(sample.input_ids)
     if tokenizer is not None:
         pieces = [tokenizer.decode([i], skip_special_tokens=False, clean_up_tokenization_spaces=False) for i in ids]
@@ -32,7 +32,7 @@ def sample_trace(sample: EpisodeSample, tokenizer: Any = None) -> dict[str, Any]
             "policy_version": sp.get("policy_version"),
             "finish_reason": sp.get("finish_reason"),
         })
-    stats = {k: v for k, v in sample.stats.items() if k not in ("call_spans", "messages")}
+    stats = {k: v for k, v in sample.stats.items() if k not in ("call_spans", "messages", "drift_regions")}
     return {
         "agent": sample.agent,
         "temperature": sample.temperature,
@@ -49,6 +49,7 @@ def sample_trace(sample: EpisodeSample, tokenizer: Any = None) -> dict[str, Any]
         "calls": calls,
         "messages": list(sample.stats.get("messages", [])),
         "generation_prompt": sample.stats.get("generation_prompt"),
+        "drift_regions": list(sample.stats.get("drift_regions", [])),  # repaired / kept re-tokenization drift
         "stats": stats,
     }
 

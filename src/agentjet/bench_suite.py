@@ -1,0 +1,410 @@
+"""The ``ajet bench`` suite: a fixed set of measurements, recorded version by version.
+
+1. engine: generation tok/s serial and 8 concurrent (their ratio is gated), train tok/s;
+2. swarm overhead: chat calls/s through the server's HTTP path against the same null engine (100 ms per call)
+   called directly, 8 concurrent episodes, in one process (the ratio is gated);
+3. timeline merging: 8-turn agent episodes through the real server and tracker (null engine, fixed replies):
+   tokens without merging / with merging and merged calls / calls (deterministic; gated);
+4. a short learning curve on the demo task (addition) through a real server and client: reward per step and
+   seconds per step (recorded and plotted, not gated: a few RL steps are noise).
+
+Quick mode uses the tiny random model and takes well under a minute; full mode uses SmolLM2.
+History, baseline, comparison and report: ``agentjet.observe.bench``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import platform
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+from rich.console import Console
+
+from agentjet.observe.bench import (
+    BenchMetric,
+    BenchRecord,
+    append_history,
+    compare,
+    load_baseline,
+    load_history,
+    render_report,
+    save_baseline,
+)
+
+M = BenchMetric
+
+
+@dataclass(frozen=True)
+class SuiteSettings:
+    quick: bool = True
+    model: str | None = None  # default: tiny-random (quick) or smollm2-135m-instruct (full)
+    learn_steps: int | None = None  # default: 3 (quick) or 6 (full)
+    commit: str | None = None  # default: git HEAD of the working directory
+
+    @property
+    def model_name(self) -> str:
+        return self.model or ("tiny-random" if self.quick else "smollm2-135m-instruct")
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{os.cpu_count()} cores, {cpu}"
+
+
+def device() -> str:
+    import torch
+
+    return f"cuda: {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else "cpu"
+
+
+def git_commit(root: Path | None = None) -> str:
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10).stdout.strip()
+
+    try:
+        commit = git("rev-parse", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return (commit or "unknown") + ("-dirty" if dirty else "")
+
+
+# ------------------------------------------------------------------------------------------------ 1. engine
+def engine_metrics(model: str, quick: bool) -> dict[str, BenchMetric]:
+    from agentjet.engines.base import SamplingParams, TrainSample
+    from agentjet.engines.hf import HFEngine
+    from agentjet.settings import EngineSettings
+
+    engine = HFEngine(model, EngineSettings(max_batch_size=8))
+    prompt = list(engine.tokenizer.apply_chat_template([{"role": "user", "content": "Count from one to twenty."}],
+                                                       add_generation_prompt=True, tokenize=True, return_dict=False))
+    max_tokens = 32
+
+    async def gen(n: int, seed: int) -> int:
+        res = await asyncio.gather(*[engine.generate(prompt, SamplingParams(temperature=1.0, max_tokens=max_tokens,
+                                                                            seed=seed + i)) for i in range(n)])
+        return sum(len(r.token_ids) for r in res)
+
+    async def measure() -> dict[str, float]:
+        await gen(2, 0)  # warm-up
+        reps = 2 if quick else 4
+        t0 = time.perf_counter()
+        serial = sum([await gen(1, 100 + i) for i in range(reps)])
+        t1 = time.perf_counter()
+        batched = sum([await gen(8, 200 + 8 * i) for i in range(reps)])
+        t2 = time.perf_counter()
+        batch = [TrainSample(prompt + list(range(10, 10 + max_tokens)), [0] * len(prompt) + [1] * max_tokens,
+                             [0.0] * len(prompt) + [-1.0] * max_tokens, [0.0] * len(prompt) + [0.5] * max_tokens)
+                 for _ in range(8)]
+        await engine.train_step(batch)  # warm-up (optimizer state)
+        t3 = time.perf_counter()
+        steps = 1 if quick else 3
+        for _ in range(steps):
+            await engine.train_step(batch)
+        t4 = time.perf_counter()
+        await engine.close()
+        tokens = steps * sum(len(s.input_ids) for s in batch)
+        return {"serial": serial / (t1 - t0), "batched": batched / (t2 - t1), "train": tokens / (t4 - t3)}
+
+    r = asyncio.run(measure())
+    return {
+        "engine/serial_tok_s": M(value=r["serial"], unit="tok/s", gated=False, note="one request at a time"),
+        "engine/batch8_tok_s": M(value=r["batched"], unit="tok/s", gated=False, note="8 concurrent requests"),
+        "engine/batch8_speedup": M(value=r["batched"] / r["serial"], unit="x", note="8 concurrent vs serial tok/s"),
+        "engine/train_tok_s": M(value=r["train"], unit="tok/s", gated=False, note="train step, 8 x ~60 tokens"),
+    }
+
+
+# ------------------------------------------------------------------------------------------------ 2-3. swarm
+def _null_server(tmp: Path, delay_s: float) -> Any:
+    from transformers import AutoTokenizer
+
+    from agentjet.engines.null import NullEngine
+    from agentjet.launch import free_port
+    from agentjet.models import resolve_model
+    from agentjet.server import SwarmServer
+    from agentjet.server.app import BackgroundServer
+    from agentjet.settings import ServerConfig, TrainingSettings
+
+    path = resolve_model("tiny-random")
+    engine = NullEngine(AutoTokenizer.from_pretrained(path), reply="Let me check the next item.", delay_s=delay_s)
+    cfg = ServerConfig(model=str(path), port=free_port(), data_dir=tmp, lease_seconds=120,
+                       training=TrainingSettings(group_size=4, batch_groups=1000))  # no training in the way
+    return BackgroundServer(SwarmServer(cfg, engine)).start()
+
+
+def swarm_metrics(quick: bool) -> dict[str, BenchMetric]:
+    """The same null engine (100 ms per generation) at 8 concurrent requests: called directly on the server's
+    event loop, then through the HTTP API with 8 concurrent episodes; calls/s each way. The load stays well below
+    the server's capacity, so the ratio is the time a call adds on its way through the server (HTTP, auth,
+    template, recording) relative to a 100 ms generation; the load generator runs in this process, so its own
+    HTTP cost counts too. (A saturated server's calls/s depend on what else the machine runs: see
+    benchmarks/swarm_overhead.py.)"""
+    from agentjet.engines.base import SamplingParams
+
+    seconds, conc, delay = (4.0 if quick else 10.0), 8, 0.1
+    messages = [{"role": "user", "content": "What is 3 + 4? Answer with a number."}]
+    with tempfile.TemporaryDirectory() as tmp:
+        srv = _null_server(Path(tmp), delay)
+        try:
+            engine = srv.server.engine
+            ids = srv.server.formatter.prompt_ids(messages, None)
+
+            async def direct() -> float:
+                stop, n = time.monotonic() + seconds, 0
+
+                async def worker() -> None:
+                    nonlocal n
+                    while time.monotonic() < stop:
+                        await engine.generate(ids, SamplingParams(max_tokens=16))
+                        n += 1
+
+                t0 = time.perf_counter()
+                await asyncio.gather(*[worker() for _ in range(conc)])
+                return n / (time.perf_counter() - t0)
+
+            direct_rate = float(srv.call(direct()))  # type: ignore[arg-type]
+            api_rate, p50 = asyncio.run(_api_load(srv.url, conc, seconds, messages))
+        finally:
+            srv.stop()
+    return {
+        "swarm/overhead_ratio": M(value=api_rate / direct_rate, unit="x",
+                                  note=f"calls/s through the API / direct, {conc} concurrent, {delay * 1000:.0f} ms engine"),
+        "swarm/api_calls_per_s": M(value=api_rate, unit="calls/s", gated=False),
+        "swarm/api_p50_ms": M(value=p50, unit="ms", higher_is_better=False, gated=False),
+    }
+
+
+async def _api_load(url: str, conc: int, seconds: float, messages: list[dict[str, str]]) -> tuple[float, float]:
+    async with httpx.AsyncClient(base_url=url, timeout=60, limits=httpx.Limits(max_connections=conc + 4)) as http:
+        eps = [(await http.post("/swarm/v1/episodes", json={"client_id": "bench", "task_id": f"t{i}"})).json()
+               for i in range(conc)]
+        stop, lat = time.monotonic() + seconds, []
+
+        async def worker(ep: dict[str, Any]) -> None:
+            headers = {"Authorization": f"Bearer {ep['api_key']}"}
+            while time.monotonic() < stop:
+                t0 = time.perf_counter()
+                r = await http.post("/v1/chat/completions", headers=headers,
+                                    json={"model": "agent", "messages": messages, "max_tokens": 16})
+                r.raise_for_status()
+                lat.append(time.perf_counter() - t0)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*[worker(ep) for ep in eps])
+        elapsed = time.perf_counter() - t0
+        for ep in eps:
+            await http.post(f"/swarm/v1/episodes/{ep['episode_id']}/abort", json={"reason": "bench"},
+                            headers={"Authorization": f"Bearer {ep['api_key']}"})
+    return len(lat) / elapsed, 1000 * statistics.median(lat)
+
+
+def merging_metrics(turns: int = 8, episodes: int = 4) -> dict[str, BenchMetric]:
+    """Agent-style episodes (each call resends the whole history) through the real server path and tracker."""
+    with tempfile.TemporaryDirectory() as tmp:
+        srv = _null_server(Path(tmp), 0.0)
+        ids = []
+        try:
+            with httpx.Client(base_url=srv.url, timeout=60) as http:
+                for e in range(episodes):
+                    ep = http.post("/swarm/v1/episodes", json={"client_id": "bench", "task_id": f"m{e}"}).json()
+                    ids.append(ep["episode_id"])
+                    headers = {"Authorization": f"Bearer {ep['api_key']}"}
+                    messages: list[dict[str, Any]] = [
+                        {"role": "system", "content": "You are an agent. Check each item, then answer."},
+                        {"role": "user", "content": f"Task {e}: check items 1 to {turns}."}]
+                    for t in range(turns):
+                        r = http.post("/v1/chat/completions", headers=headers,
+                                      json={"model": "agent", "messages": messages, "max_tokens": 16})
+                        r.raise_for_status()
+                        messages += [r.json()["choices"][0]["message"],
+                                     {"role": "user", "content": f"Item {t + 1}: ok, value {7 * t + e}."}]
+                    http.post(f"/swarm/v1/episodes/{ep['episode_id']}/end", headers=headers,
+                              json={"reward": 1.0}).raise_for_status()
+            reports = [srv.server.store.tracking_report(eid) or {} for eid in ids]
+        finally:
+            srv.stop()
+    total = {k: sum(r.get(k, 0) for r in reports) for k in ("tokens_unmerged", "tokens_merged", "merged_calls", "calls")}
+    return {
+        "merge/token_ratio": M(value=total["tokens_unmerged"] / max(total["tokens_merged"], 1), unit="x",
+                               note=f"tokens one-sample-per-call / merged, {turns}-turn agent episodes"),
+        "merge/merged_call_ratio": M(value=total["merged_calls"] / max(total["calls"], 1), unit="",
+                                     note="calls absorbed into a longer call's sample"),
+    }
+
+
+# ------------------------------------------------------------------------------------------------ 4. learning
+def learning_metrics(model: str, steps: int, quick: bool) -> tuple[dict[str, BenchMetric], dict[str, list[float]]]:
+    from agentjet.engines.hf import HFEngine
+    from agentjet.launch import free_port
+    from agentjet.server import SwarmServer
+    from agentjet.server.app import BackgroundServer
+    from agentjet.settings import EngineSettings, ServerConfig, TrainingSettings
+    from agentjet.tasks import get_task
+
+    task = get_task("addition")
+    rec = task.RECOMMENDED
+    group = 4 if quick else int(rec["group_size"])
+    lr = 1e-3 if quick else float(rec["learning_rate"])
+    engine = HFEngine(model, EngineSettings(max_batch_size=8), learning_rate=lr)
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = ServerConfig(model=model, port=free_port(), data_dir=Path(tmp), training=TrainingSettings(
+            group_size=group, batch_groups=1 if quick else int(rec["groups_per_batch"]), learning_rate=lr,
+            checkpoint_every=0, drop_uniform_groups=not quick, max_staleness=2))  # quick: the tiny model scores 0
+        srv = BackgroundServer(SwarmServer(cfg, engine)).start()
+        try:
+            t0 = time.perf_counter()
+            asyncio.run(_train_until(srv, task, group, steps, budget_s=90 if quick else 1200))
+            elapsed = time.perf_counter() - t0
+            done = srv.server.trainer.counters.train_steps
+            curve = [m["reward_mean"] for _, _, m, _ in srv.server.store.step_metrics()]
+        finally:
+            srv.stop()
+    first, last = (curve[0], curve[-1]) if curve else (0.0, 0.0)
+    metrics = {
+        "learn/steps": M(value=done, gated=False),
+        "learn/seconds_per_step": M(value=elapsed / max(done, 1), unit="s", higher_is_better=False, gated=False),
+        "learn/reward_first": M(value=first, gated=False),
+        "learn/reward_last": M(value=last, gated=False),
+    }
+    return metrics, {"learn/reward": curve}
+
+
+async def _train_until(srv: Any, task: Any, group: int, steps: int, budget_s: float) -> None:
+    from agentjet.client.client import SwarmClient
+
+    sampling = dict(task.SAMPLING)
+    tasks = task.generate_tasks("train", 1000, seed=0)
+    deadline = time.monotonic() + budget_s
+    async with SwarmClient(srv.url, client_id="bench") as client:
+        async def one(t: dict[str, Any]) -> None:
+            async with client.episode(task_id=t["task_id"], task_type=t["task_type"]) as ep:
+                reply = await ep.openai().chat.completions.create(model="bench", messages=t["messages"], **sampling)
+                ep.reward(float(task.reward(t, reply.choices[0].message.content or "")))
+
+        i = 0
+        while srv.server.trainer.counters.train_steps < steps and time.monotonic() < deadline:
+            t = tasks[i % len(tasks)]
+            i += 1
+            await asyncio.gather(*[one(t) for _ in range(group)])
+        while srv.server.trainer.counters.train_steps < steps and srv.server.trainer.pending_count \
+                and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+
+
+# ------------------------------------------------------------------------------------------------ the suite
+def run_suite(s: SuiteSettings, console: Console | None = None,
+              progress: Callable[[str], None] | None = None) -> BenchRecord:
+    from agentjet.models import resolve_model
+
+    console = console or Console()
+    say = progress or (lambda msg: console.print(f"[bold]{msg}[/bold]"))
+    model = str(resolve_model(s.model_name))
+    start = time.perf_counter()
+    metrics: dict[str, BenchMetric] = {}
+    say(f"1/4 engine ({s.model_name})")
+    metrics |= engine_metrics(model, s.quick)
+    say("2/4 swarm overhead (null engine)")
+    metrics |= swarm_metrics(s.quick)
+    say("3/4 timeline merging (null engine, real tracker)")
+    metrics |= merging_metrics()
+    say(f"4/4 learning curve on the demo task ({s.model_name})")
+    learn, curves = learning_metrics(model, s.learn_steps or (3 if s.quick else 6), s.quick)
+    metrics |= learn
+    return BenchRecord(commit=s.commit or git_commit(), date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                       machine=machine(), device=device(), mode="quick" if s.quick else "full",
+                       seconds=time.perf_counter() - start, metrics=metrics,
+                       notes=f"model {s.model_name}; curves: " + ", ".join(
+                           f"{k}={[round(v, 3) for v in c]}" for k, c in curves.items()))
+
+
+# ------------------------------------------------------------------------------------------------ ajet bench
+@dataclass(frozen=True)
+class BenchOptions:
+    quick: bool = True
+    history: Path = Path("benchmarks/bench_history.jsonl")
+    baseline: Path = Path("benchmarks/bench_baseline.json")
+    threshold: float | None = None  # default: the baseline file's (5%)
+    set_baseline: bool = False
+    record: bool = True
+    compare_only: bool = False  # re-check the latest history record of this mode; run nothing
+    inject: dict[str, float] | None = None  # metric -> factor applied before the comparison (tests the gate)
+    report_dir: Path | None = Path("runs/bench")
+    suite: SuiteSettings | None = None
+
+
+def run_bench(opts: BenchOptions, console: Console | None = None,
+              suite: Callable[[SuiteSettings, Console], BenchRecord] = run_suite) -> int:
+    """Run (or re-check) the suite, append to the history, compare with the baseline, render the report.
+    Returns the exit code: 1 on a regression, else 0."""
+    from rich.table import Table
+
+    console = console or Console()
+    mode = "quick" if opts.quick else "full"
+    if opts.compare_only:
+        runs = [r for r in load_history(opts.history) if r.mode == mode]
+        if not runs:
+            console.print(f"[red]error:[/red] no {mode} run in {opts.history} to compare")
+            return 2
+        record = runs[-1]
+    else:
+        record = suite(opts.suite or SuiteSettings(quick=opts.quick), console)
+    if opts.inject:
+        unknown = set(opts.inject) - set(record.metrics)
+        if unknown:
+            console.print(f"[red]error:[/red] --inject-regression names unknown metrics {sorted(unknown)}; "
+                          f"metrics: {sorted(record.metrics)}")
+            return 2
+        record = record.model_copy(update={"metrics": {
+            k: m.model_copy(update={"value": m.value * opts.inject.get(k, 1.0)}) for k, m in record.metrics.items()}})
+    if opts.record and not opts.compare_only and not opts.inject:
+        append_history(opts.history, record)
+        console.print(f"appended to {opts.history}")
+    baseline = load_baseline(opts.baseline)
+    threshold = opts.threshold if opts.threshold is not None else baseline.threshold
+    ref = baseline.runs.get(mode)
+    results = compare(record, ref, threshold)
+
+    table = Table(title=f"ajet bench ({mode}, commit {record.commit[:10]}, {record.seconds:.0f} s)")
+    for col in ("metric", "value", "unit", "baseline", "change", ""):
+        table.add_column(col, justify="left" if col in ("metric", "unit", "") else "right")
+    by_name = {c.name: c for c in results}
+    for name, m in sorted(record.metrics.items()):
+        c = by_name.get(name)
+        verdict = ("[red]REGRESSION[/red]" if c.regressed else "ok") if c else ("" if m.gated else "not gated")
+        table.add_row(name, f"{m.value:.4g}", m.unit, f"{c.baseline:.4g}" if c else "",
+                      f"{100 * c.change:+.1f}%" if c else "", verdict)
+    console.print(table)
+    if opts.set_baseline and not opts.inject:
+        baseline.runs[mode] = record
+        if opts.threshold is not None:
+            baseline.threshold = opts.threshold
+        save_baseline(opts.baseline, baseline)
+        console.print(f"baseline for {mode} runs set to commit {record.commit[:10]} in {opts.baseline}")
+    elif ref is None:
+        console.print(f"[yellow]no {mode} baseline in {opts.baseline}: nothing compared (--set-baseline)[/yellow]")
+    if opts.report_dir is not None:
+        out = render_report(load_history(opts.history), opts.report_dir, load_baseline(opts.baseline))
+        console.print("report: " + ", ".join(out.values()))
+    regressions = [c for c in results if c.regressed]
+    if regressions:
+        console.print(f"[red]{len(regressions)} regression(s) beyond {threshold:.0%}:[/red] "
+                      + ", ".join(f"{c.name} {100 * c.change:+.1f}%" for c in regressions))
+        return 1
+    return 0

@@ -1,0 +1,3 @@
+from agentjet.cli import main
+
+main()

@@ -1,0 +1,39 @@
+"""``ajet research``: plan, run, watch and report an RL study on the swarm (``agentjet.research``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from agentjet.cli.common import console, fail
+
+
+def research(
+    study: str = typer.Argument(..., help="a study file (STUDY.yaml), or a question with --base and --space"),
+    base: Path | None = typer.Option(None, help="with a question: the `ajet up` spec every trial starts from"),
+    space: list[str] = typer.Option([], "--space", help="with a question: e.g. server.lr=1e-5..1e-4:log or "
+                                                        "server.group-size=4,8 (repeatable)"),
+    client: list[str] = typer.Option([], "--client", help="a trial-client setting, e.g. steps=6 (repeatable)"),
+    seeds: int | None = typer.Option(None, min=1, help="runs per configuration"),
+    parallel: int | None = typer.Option(None, min=1, help="runs at a time"),
+    trials: int | None = typer.Option(None, min=1, help="budget: runs in all"),
+    minutes: float | None = typer.Option(None, min=0.0, help="budget: no new run starts after this many minutes"),
+    planner: str | None = typer.Option(None, help="tpe, random, grid or llm"),
+    planner_url: str | None = typer.Option(None, help="OpenAI-compatible base URL: the LLM planner"),
+    planner_model: str | None = typer.Option(None, help="model name for the LLM planner"),
+    out: Path | None = typer.Option(None, help="study directory (default runs/research/<name>); run the same "
+                                               "command again to continue a stopped study"),
+    report_only: bool = typer.Option(False, help="only rewrite report.md and the results from the study dir"),
+) -> None:
+    """Plan, run, watch and report an RL study on the swarm (resumable; see docs/research.md)."""
+    try:
+        from agentjet.research.app import main as research_main
+    except ImportError as exc:
+        fail(f"{exc}; install the research extra: pip install 'agentjet[research]'")
+    overrides = {k: v for k, v in {"seeds": seeds, "parallel": parallel, "budget.trials": trials,
+                                   "budget.minutes": minutes, "planner.kind": planner, "planner.url": planner_url,
+                                   "planner.model": planner_model}.items() if v is not None}
+    code = research_main(study, base, space, client, overrides, out, report_only, console)
+    if code:
+        raise typer.Exit(code)

@@ -1,0 +1,128 @@
+"""``ajet server``: its options are generated from ``ServerConfig`` (one per leaf setting, grouped by section,
+with the setting's description, bounds and default as help), so a new setting needs no edit here."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from agentjet.cli.common import console, fail, is_loopback
+from agentjet.settings import ServerConfig, SettingField, SettingsError, load_server_config, server_fields
+from agentjet.settings.load import nest, read_secret_file
+
+EPILOG = ("Every option is also an environment variable: --port is AGENTJET_PORT, --group-size "
+          "AGENTJET_TRAINING__GROUP_SIZE (AGENTJET_<SECTION>__<NAME>); a token also comes from a file named by "
+          "AGENTJET_SWARM_TOKEN_FILE / AGENTJET_ADMIN_TOKEN_FILE. Settings marked 'live' can be changed while the "
+          "server runs: ajet ctl set. See docs/configuration.md.")
+
+
+def _help(field: SettingField) -> str:
+    if field.section == "server":
+        return field.help_text()
+    return f"({field.section}{', live' if field.live else ''}) {field.help_text()}"
+
+
+def _param_name(field: SettingField, suffix: str = "") -> str:
+    return field.dotted.replace(".", "__") + suffix
+
+
+def _metavar(field: SettingField) -> str:
+    choices = field.choices
+    if choices:
+        return "CHOICE"
+    return {int: "INT", float: "FLOAT"}.get(field.annotation, "TEXT")
+
+
+def _options() -> list[inspect.Parameter]:
+    params = [inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, annotation=Path | None, default=typer.Option(
+        None, "--config", "-c", help="a YAML/TOML/JSON file of settings, nested by section (precedence: options > "
+        "this file > AGENTJET_* environment > defaults)"))]
+    for f in server_fields():
+        if f.is_bool:
+            opt = typer.Option(None, f"--{f.flag}/--no-{f.flag}", help=_help(f), show_default=False)
+            params.append(inspect.Parameter(_param_name(f), inspect.Parameter.KEYWORD_ONLY, default=opt,
+                                            annotation=bool | None))
+            continue
+        opt = typer.Option(None, f"--{f.flag}", *(f"--{a}" for a in f.aliases), help=_help(f),
+                           show_default=False, metavar=_metavar(f))
+        params.append(inspect.Parameter(_param_name(f), inspect.Parameter.KEYWORD_ONLY, default=opt,
+                                        annotation=str | None))
+        if f.is_secret:
+            file_opt = typer.Option(None, f"--{f.flag}-file", help=f"a file holding the {f.flag.replace('-', ' ')}",
+                                    show_default=False)
+            params.append(inspect.Parameter(_param_name(f, "__file"), inspect.Parameter.KEYWORD_ONLY,
+                                            default=file_opt, annotation=Path | None))
+    return params
+
+
+def cli_values(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The options given on the command line, nested like ``ServerConfig`` (left-out options are absent)."""
+    flat: dict[tuple[str, ...], Any] = {}
+    for f in server_fields():
+        value = kwargs.get(_param_name(f))
+        if value is None and f.is_secret and kwargs.get(_param_name(f, "__file")) is not None:
+            value = read_secret_file(kwargs[_param_name(f, "__file")], f"--{f.flag}-file")
+        if value is not None:
+            flat[f.path] = value
+    return nest(flat)
+
+
+def check_bind(config: ServerConfig) -> None:
+    """A public bind needs both tokens (or --allow-insecure): otherwise anyone on the network could run
+    episodes and control training."""
+    if is_loopback(config.host) or (config.swarm_token and config.admin_token):
+        return
+    msg = (f"binding to {config.host} without both a swarm token and an admin token lets anyone on the network "
+           "run episodes and control training")
+    if not config.allow_insecure:
+        console.print(f"[red]refusing:[/red] {msg}. Set --swarm-token and --admin-token, or pass --allow-insecure.",
+                      soft_wrap=True)
+        raise typer.Exit(2)
+    console.print(f"[bold red]WARNING:[/bold red] {msg}.", soft_wrap=True)
+
+
+def server(**kwargs: Any) -> None:
+    """Run a swarm server: one trainable model behind an OpenAI-compatible API."""
+    try:
+        config = load_server_config(cli_values(kwargs), kwargs.get("config"), os.environ)
+    except SettingsError as exc:
+        fail(f"invalid settings:\n{exc}")
+    check_bind(config)
+    from agentjet.observe.metrics import MissingExtra, check_sinks_available
+
+    try:
+        check_sinks_available(config.observe.log_to)
+    except MissingExtra as exc:
+        fail(f"--log-to: {exc}")
+    from agentjet.runtime import prefer_passive_openmp
+
+    prefer_passive_openmp()  # before torch loads
+    from agentjet.models import ModelNotFoundError, agentjet_home, resolve_model
+
+    logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        resolve_model(config.model)
+    except ModelNotFoundError as exc:
+        fail(str(exc))
+    vllm_python = config.engine.vllm.python_path()
+    if config.engine.kind == "vllm" and not vllm_python.exists():
+        fail(f"--vllm-python {vllm_python} does not exist: run `make setup-vllm` (or point --vllm-python at a "
+             "Python with vLLM installed)")
+    config.data_dir = config.resolved_data_dir(agentjet_home())
+    from agentjet.server.app import serve
+
+    console.print(f"AgentJet server: model [bold]{config.model}[/bold] on http://{config.host}:{config.port}/v1, "
+                  f"engine {config.engine.kind.value}, data in {config.data_dir}", soft_wrap=True)
+    serve(config)
+
+
+def make_server_command() -> Any:
+    params = _options()
+    server.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    server.__annotations__ = {p.name: p.annotation for p in params}
+    return server

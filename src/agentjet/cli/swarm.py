@@ -1,0 +1,88 @@
+"""Commands that start whole swarms or models: ``ajet up``, ``ajet demo``, ``ajet model``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from agentjet.cli.common import console, fail
+from agentjet.models import DEFAULT_MODEL
+
+
+def model(name: str = typer.Argument(DEFAULT_MODEL, help="registry name or local HF directory")) -> None:
+    """Resolve (and on first use convert or build) a model; print its local directory."""
+    from agentjet.models import ModelNotFoundError, resolve_model
+
+    try:
+        console.print(str(resolve_model(name)))
+    except ModelNotFoundError as exc:
+        fail(str(exc))
+
+
+def demo(
+    model: str = typer.Option(DEFAULT_MODEL, help="model name or local HF directory"),
+    task: str = typer.Option("addition", help="built-in task"),
+    steps: int | None = typer.Option(None, min=1, help="train steps (default: the task's recommendation)"),
+    learning_rate: float | None = typer.Option(None, "--lr", min=0.0, help="learning rate (default: the task's)"),
+    group_size: int | None = typer.Option(None, min=1),
+    batch_groups: int | None = typer.Option(None, min=1),
+    eval_tasks: int | None = typer.Option(None, min=1, help="held-out eval episodes before and after (default: "
+                                          "the task's recommendation)"),
+    out_dir: Path = typer.Option(Path("runs/demo"), help="where the log, plot and JSON go"),
+    time_budget_s: float = typer.Option(20 * 60, min=1.0, help="stop training after this many seconds"),
+    concurrency: int = typer.Option(32, min=1, help="episodes in flight (also the engine's batch size)"),
+    eval_every_s: float = typer.Option(120, min=0.0, help="held-out eval every this many seconds (0: only "
+                                       "before and after)"),
+    curriculum: bool = typer.Option(True, help="draw each group's task by its recent results (retire solved)"),
+    early_stop: bool = typer.Option(True, help="stop on an eval plateau or when groups stop teaching"),
+    engine: str = typer.Option("hf", help="the server's rollout engine: hf (embedded) or vllm (make setup-vllm)"),
+) -> None:
+    """Train SmolLM2 on a built-in task through a real swarm server and client; print eval before/after."""
+    from agentjet.demo import DemoSettings, run_demo
+    from agentjet.tasks import TASKS
+
+    if task not in TASKS:
+        fail(f"unknown task {task!r}; built-in tasks: {sorted(TASKS)}")
+    if engine not in ("hf", "vllm"):
+        fail(f"--engine: {engine!r} is not one of hf, vllm")
+    result = run_demo(DemoSettings(model=model, task=task, steps=steps, learning_rate=learning_rate,
+                                   group_size=group_size, batch_groups=batch_groups, eval_tasks=eval_tasks,
+                                   out_dir=out_dir, time_budget_s=time_budget_s, concurrency=concurrency,
+                                   eval_every_s=eval_every_s or None, curriculum=curriculum,
+                                   early_stop=early_stop, engine=engine), console)
+    if result.eval_after <= result.eval_before:
+        console.print("[yellow]the eval reward did not improve in this run[/yellow]")
+
+
+def up(spec_file: Path = typer.Argument(..., help="swarm YAML: servers (and optionally clients)")) -> None:
+    """Start a set of servers and clients described in one file; Ctrl-C stops them cleanly."""
+    import signal
+
+    from agentjet.launch import ServerExited
+    from agentjet.up import Swarm, load_spec
+
+    try:
+        spec = load_spec(spec_file)
+    except ValueError as exc:
+        fail(str(exc))
+    swarm = Swarm(spec, echo=console.print)
+
+    def on_sigterm(*_: object) -> None:
+        raise KeyboardInterrupt  # stop cleanly on SIGTERM, as on Ctrl-C
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    failed: list[str] = []
+    try:
+        swarm.start()
+        failed = [name for name, code in swarm.wait().items() if code != 0]
+    except KeyboardInterrupt:
+        console.print("stopping ...")
+    except (RuntimeError, ServerExited, TimeoutError) as exc:
+        console.print(f"[red]error:[/red] {exc}", soft_wrap=True)
+        swarm.stop()
+        raise typer.Exit(1) from exc
+    swarm.stop()
+    if failed:
+        console.print(f"[red]error:[/red] client(s) {failed} failed; see their logs in {spec.log_dir}")
+        raise typer.Exit(1)

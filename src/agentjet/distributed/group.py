@@ -1,0 +1,569 @@
+"""The parent side of a trainer group: starts the ranks under torchrun, hands them each batch, collects the
+step's metrics and the exported weights, and restarts the group after a fault (see docs/architecture.md,
+"Trainer group").
+
+A step is applied exactly once or not at all. The ranks train, rank 0 exports the new weights, and every rank
+writes its shard of model and optimizer to a recovery snapshot; only then does :meth:`TrainerGroup.train_step`
+return. Any failure before that (a rank that dies, reports an error or misses a deadline) raises a
+:class:`TrainerGroupError`: the group is killed and restarted from the previous snapshot, so the caller can
+keep the batch's episodes pending and train them again later without training anything twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import enum
+import json
+import logging
+import os
+import queue
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Client, Connection, Listener
+from multiprocessing.connection import wait as wait_connections
+from pathlib import Path
+from typing import IO
+
+from agentjet.distributed.launch import torchrun_command
+from agentjet.distributed.messages import (
+    TOKEN_ENV,
+    Command,
+    Done,
+    Failed,
+    Hello,
+    Init,
+    Load,
+    Save,
+    Shutdown,
+    Step,
+)
+from agentjet.distributed.plan import plan_step
+from agentjet.engines.base import TrainSample
+from agentjet.engines.policy_step import StepConfig
+from agentjet.models import resolve_model
+from agentjet.settings import TrainerGroupSettings
+
+log = logging.getLogger(__name__)
+
+SHARDED_DIR = "sharded"  # the torch.distributed.checkpoint directory inside a saved checkpoint
+GROUP_STATE = "trainer_group.json"
+
+
+class TrainerGroupError(RuntimeError):
+    """A trainer-group operation failed and was not applied. ``restarted`` says whether the group is running
+    again (from its last recovery point) when this is raised."""
+
+    restarted: bool = False
+
+
+class RankFailure(TrainerGroupError):
+    """A rank died, closed its connection, or reported an exception."""
+
+
+class GroupTimeout(TrainerGroupError):
+    """The ranks did not answer within a deadline (a hung rank or collective)."""
+
+
+class GroupState(enum.StrEnum):
+    STOPPED = "stopped"  # no ranks yet
+    STARTING = "starting"
+    READY = "ready"
+    BUSY = "busy"
+    FAILED = "failed"  # killed after a fault and not running; the next call starts it again
+    CLOSED = "closed"
+
+
+@dataclass(frozen=True)
+class _Rank:
+    rank: int
+    conn: Connection
+    host: str
+    pid: int
+
+
+def _device_and_backend(settings: TrainerGroupSettings) -> tuple[str, str]:
+    device = settings.device
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    backend = settings.backend if settings.backend != "auto" else ("nccl" if device == "cuda" else "gloo")
+    return device, backend
+
+
+def _dir_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.glob("*.safetensors"))
+
+
+SHM = Path("/dev/shm")
+SHM_PREFIX = "agentjet-group-"  # + "<kind>-<pid of the owning server>-<random>"
+
+
+def _shm_dir(kind: str, need_bytes: int) -> Path | None:
+    """A fresh directory in /dev/shm (RAM) if it has twice ``need_bytes`` free, else None. Directories left by
+    servers that died without closing their group are removed first (they would hold RAM until reboot)."""
+    if not (SHM.is_dir() and os.access(SHM, os.W_OK)):
+        return None
+    _sweep_stale_shm()
+    if shutil.disk_usage(SHM).free > 2 * need_bytes + (64 << 20):
+        return Path(tempfile.mkdtemp(prefix=f"{SHM_PREFIX}{kind}-{os.getpid()}-", dir=SHM))
+    return None
+
+
+def _sweep_stale_shm() -> None:
+    for d in SHM.glob(f"{SHM_PREFIX}*"):
+        parts = d.name[len(SHM_PREFIX):].split("-")
+        if len(parts) < 3 or not parts[1].isdigit():
+            continue
+        try:
+            os.kill(int(parts[1]), 0)
+        except ProcessLookupError:
+            shutil.rmtree(d, ignore_errors=True)
+        except PermissionError:  # alive, someone else's
+            continue
+
+
+class TrainerGroup:
+    """``settings.world_size`` FSDP2 ranks training ``model``; :meth:`train_step` is a blocking call (run it off
+    the event loop). Thread-safe: calls are serialised."""
+
+    def __init__(self, model: str | Path, settings: TrainerGroupSettings, step_config: StepConfig) -> None:
+        self.model = str(resolve_model(str(model)))
+        self.settings = settings
+        if self.settings.procs < 1:
+            raise ValueError("a trainer group needs at least one rank (trainer.procs >= 1)")
+        self.config = step_config
+        self.device, self.backend = _device_and_backend(self.settings)
+        self.policy_version = 0
+        self.state = GroupState.STOPPED
+        self.counters = {"steps": 0, "faults": 0, "restarts": 0, "failed_restarts": 0}
+        self.latest_weights: Path | None = None  # the newest exported weights (safetensors)
+        self.exit_codes: list[int | None] = []  # torchrun's exit code, per generation of the group
+        self._own_work_dir = self.settings.work_dir is None
+        self.work_dir = Path(self.settings.work_dir or tempfile.mkdtemp(prefix="agentjet-trainer-"))
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        weights = _dir_bytes(Path(self.model))  # as stored (fp32 or half): fp32 copies are 2-4x that
+        self._own_export_dir = self.settings.export_dir is None
+        self.export_dir = Path(self.settings.export_dir or _shm_dir("weights", 4 * weights)
+                               or self.work_dir / "export")
+        self.export_dir.mkdir(parents=True, exist_ok=True)
+        self._own_recovery_dir = self.settings.recovery_dir is None
+        shm_recovery = _shm_dir("recovery", 12 * weights) if self.settings.nnodes == 1 else None
+        self.recovery_dir = Path(self.settings.recovery_dir or shm_recovery or self.work_dir / "recovery")
+        self.recovery_dir.mkdir(parents=True, exist_ok=True)
+        self._restore: Path | None = None  # the sharded state a (re)start loads; None: the model's own weights
+        token = self.settings.auth_token
+        self._token = token.get_secret_value() if token is not None else secrets.token_hex(32)
+        self._lock = threading.RLock()
+        self._listener: Listener | None = None
+        self._accepted: queue.Queue[Connection] = queue.Queue()
+        self._stop_accepting = threading.Event()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+        self._ranks: list[_Rank] = []
+        self._generation = 0
+
+    # ------------------------------------------------------------ public API
+    @property
+    def world_size(self) -> int:
+        return self.settings.world_size
+
+    @property
+    def rank_processes(self) -> list[tuple[int, str, int]]:
+        """(rank, host, pid) of the running ranks."""
+        return [(r.rank, r.host, r.pid) for r in self._ranks]
+
+    @property
+    def log_path(self) -> Path:
+        """The current generation's torchrun/rank output."""
+        return self.work_dir / f"ranks-{self._generation}.log"
+
+    def start(self) -> None:
+        """Start the ranks (idempotent). Raises :class:`TrainerGroupError` if they do not come up in time."""
+        with self._lock:
+            self._ensure_started()
+
+    def train_step(self, batch: list[TrainSample]) -> dict[str, float]:
+        """One step over ``batch`` split across the ranks. On success the new weights are in
+        :attr:`latest_weights`; on :class:`TrainerGroupError` nothing was applied."""
+        plan = plan_step(batch, self.world_size, self.config.micro_batch_tokens)
+        with self._lock:
+            self._ensure_started()
+            version = self.policy_version + 1
+            export = self.export_dir / f"weights-v{version:06d}.safetensors"
+            snapshot = self.recovery_dir / f"v{version:06d}-g{self._generation}"
+            if snapshot.exists():
+                shutil.rmtree(snapshot)
+            self.state = GroupState.BUSY
+            started = time.monotonic()
+            try:
+                self._send_all(lambda r: Step(version, self.config, plan.shares[r], plan.n_micro,
+                                              plan.total_weight, str(export), str(snapshot)),
+                               started + self.settings.step_timeout_s, "step")
+                trained = self._gather("trained", started + self.settings.step_timeout_s)
+                trained_at = time.monotonic()
+                committed = self._gather("committed", trained_at + self.settings.push_timeout_s)
+            except TrainerGroupError as exc:
+                self._fault(exc)
+                shutil.rmtree(snapshot, ignore_errors=True)  # what the failed step may have half written
+                export.unlink(missing_ok=True)
+                raise
+            self.state = GroupState.READY
+            self._advance(version, snapshot, export)
+            metrics = {k: float(v) for k, v in trained[0].info.items()}
+            commit = {k: max(float(d.info[k]) for d in committed) for k in committed[0].info}
+            return {**metrics, **commit, "samples": float(len(batch)), "ranks": float(self.world_size),
+                    "micro_batches": float(plan.n_micro), "step_seconds": trained_at - started,
+                    "push_seconds": time.monotonic() - trained_at, "policy_version": float(version)}
+
+    @property
+    def learning_rate(self) -> float:
+        return self.config.learning_rate
+
+    def set_learning_rate(self, lr: float) -> None:
+        """Takes effect at the next step (each step carries its config to the ranks)."""
+        if not lr > 0:
+            raise ValueError("learning rate must be > 0")
+        self.config = dataclasses.replace(self.config, learning_rate=lr)
+
+    def set_loss(self, clip_eps_low: float, clip_eps_high: float, kl_coef: float) -> None:
+        """Takes effect at the next step. A KL penalty needs the reference model the ranks build at start only
+        when ``kl_coef`` > 0 then: turning it on later takes effect at the group's next (re)start."""
+        self.config = dataclasses.replace(self.config, clip_eps_low=clip_eps_low, clip_eps_high=clip_eps_high,
+                                          kl_coef=kl_coef)
+
+    def save(self, path: Path) -> Path:
+        """A sharded checkpoint (``torch.distributed.checkpoint``) of model and optimizer under ``path/sharded``,
+        loadable by a group of any size. ``path`` must be reachable from every node."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        target = path / SHARDED_DIR
+        with self._lock:
+            self._ensure_started()
+            if target.exists():
+                shutil.rmtree(target)
+            self._command(lambda _: Save(str(target)), "saved")
+            state = {"policy_version": self.policy_version, "world_size": self.world_size, "model": self.model}
+            (path / GROUP_STATE).write_text(json.dumps(state, indent=2))
+        return path
+
+    def load(self, path: Path) -> None:
+        """Load a checkpoint written by :meth:`save` with any number of ranks (it is resharded)."""
+        path = Path(path)
+        target = path / SHARDED_DIR
+        if not (target / ".metadata").exists():
+            raise FileNotFoundError(f"no sharded trainer-group checkpoint in {path} (expected {target})")
+        version = int(json.loads((path / GROUP_STATE).read_text())["policy_version"]) \
+            if (path / GROUP_STATE).exists() else self.policy_version
+        with self._lock:
+            self._set_restore(target)  # also the recovery point if the load itself fails
+            self.policy_version = version
+            if self.state in (GroupState.READY, GroupState.BUSY):
+                self._command(lambda _: Load(str(target)), "loaded")
+
+    def load_hf_weights(self, path: Path, policy_version: int) -> None:
+        """Start over from a Hugging Face model directory (a checkpoint of the single-process engine, say): the
+        weights are loaded, the optimizer starts fresh. Restarts the ranks if they are running."""
+        path = Path(path)
+        if not ((path / "config.json").exists() and any(path.glob("*.safetensors"))):
+            raise FileNotFoundError(f"{path} is not a Hugging Face model directory (config.json, *.safetensors)")
+        with self._lock:
+            self._set_restore(None)
+            self.model, self.policy_version = str(path), policy_version
+            if self.state in (GroupState.READY, GroupState.BUSY, GroupState.FAILED):
+                self._shutdown()
+                self._start()
+
+    def close(self) -> None:
+        """Shut the ranks down (cleanly if they answer) and remove what this group created."""
+        with self._lock:
+            if self.state is GroupState.CLOSED:
+                return
+            self._shutdown()
+            self._stop_listener()
+            self.state = GroupState.CLOSED
+            if self._own_export_dir:
+                shutil.rmtree(self.export_dir, ignore_errors=True)
+            if self._own_recovery_dir:
+                shutil.rmtree(self.recovery_dir, ignore_errors=True)
+            if self._own_work_dir:
+                shutil.rmtree(self.work_dir, ignore_errors=True)
+
+    def __enter__(self) -> TrainerGroup:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ lifecycle
+    def _ensure_started(self) -> None:
+        if self.state is GroupState.CLOSED:
+            raise TrainerGroupError("the trainer group is closed")
+        if self.state in (GroupState.READY, GroupState.BUSY):
+            return
+        self._start()
+
+    def _start(self) -> None:
+        s = self.settings
+        address = self._ensure_listener()
+        while not self._accepted.empty():  # a connection left from a dead generation
+            with contextlib.suppress(Exception):
+                self._accepted.get_nowait().close()
+        self._generation += 1
+        self.state = GroupState.STARTING
+        env = {**os.environ, TOKEN_ENV: self._token}
+        if s.threads_per_rank:
+            env["OMP_NUM_THREADS"] = str(s.threads_per_rank)
+        if s.cuda_visible_devices is not None:
+            env["CUDA_VISIBLE_DEVICES"] = s.cuda_visible_devices
+        cmd = torchrun_command(procs=s.procs, nnodes=s.nnodes, node_rank=s.node_rank, rdzv_endpoint=s.rdzv_endpoint,
+                               control=f"{address[0]}:{address[1]}")
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in _kill
+        self._proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=self._log,
+                                      stderr=subprocess.STDOUT, start_new_session=True)
+        log.info("trainer group %d: %d ranks starting (%s, %s), restore=%s", self._generation, self.world_size,
+                 self.device, self.backend, self._restore)
+        deadline = time.monotonic() + s.startup_timeout_s
+        try:
+            self._accept_ranks(deadline)
+            restore = str(self._restore) if self._restore is not None else None
+            init = Init(self.model, self.config, self.device, self.backend, s.mixed_precision,
+                        s.gradient_checkpointing, s.collective_timeout_s, s.threads_per_rank, restore)
+            self._send_all(lambda _: init, deadline, "init")
+            self._gather("ready", deadline)
+        except TrainerGroupError:
+            self._kill()
+            self.state = GroupState.FAILED
+            raise
+        self.state = GroupState.READY
+        log.info("trainer group %d: ready in %.1f s", self._generation,
+                 time.monotonic() - deadline + s.startup_timeout_s)
+
+    def _fault(self, exc: TrainerGroupError) -> None:
+        """Kill the group and start it again from the last recovery point."""
+        self.counters["faults"] += 1
+        log.error("trainer group %d failed: %s; restarting from %s", self._generation, exc,
+                  self._restore or "the initial weights")
+        self._kill()
+        self.state = GroupState.FAILED
+        try:
+            self._start()
+            self.counters["restarts"] += 1
+            exc.restarted = True
+        except TrainerGroupError as again:
+            self.counters["failed_restarts"] += 1
+            log.error("trainer group restart failed (the next call tries again): %s", again)
+
+    def _advance(self, version: int, snapshot: Path, export: Path) -> None:
+        """The step is committed: its snapshot becomes the recovery point; older snapshots and exports go."""
+        self._set_restore(snapshot)
+        self.policy_version = version
+        self.latest_weights = export
+        self.counters["steps"] += 1
+        for old in self.export_dir.glob("weights-v*.safetensors"):
+            if old != export:
+                old.unlink(missing_ok=True)
+
+    def _set_restore(self, target: Path | None) -> None:
+        """A new recovery point; the previous one goes if it is one of this group's snapshots."""
+        previous, self._restore = self._restore, target
+        if previous is not None and previous != target and previous.parent == self.recovery_dir:
+            shutil.rmtree(previous, ignore_errors=True)
+
+    def _shutdown(self) -> None:
+        proc = self._proc
+        if proc is not None and proc.poll() is None and self.state in (GroupState.READY, GroupState.BUSY):
+            try:
+                self._send_all(lambda _: Shutdown(), time.monotonic() + self.settings.shutdown_timeout_s, "shutdown")
+                proc.wait(timeout=self.settings.shutdown_timeout_s)
+            except (TrainerGroupError, subprocess.TimeoutExpired) as exc:
+                log.warning("trainer group did not shut down cleanly: %s", exc)
+        self._kill()
+
+    def _kill(self) -> None:
+        """End this generation: close the connections, SIGKILL torchrun's process group and every local rank."""
+        for r in self._ranks:
+            with contextlib.suppress(Exception):
+                r.conn.close()
+        host = socket.gethostname()
+        for r in self._ranks:
+            if r.host == host and _is_rank_process(r.pid):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(r.pid, signal.SIGKILL)
+        self._ranks = []
+        proc = self._proc
+        if proc is not None:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=30)
+            self.exit_codes.append(proc.returncode)
+            self._proc = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    # ------------------------------------------------------------ the ranks' connections
+    def _ensure_listener(self) -> tuple[str, int]:
+        s = self.settings
+        if self._listener is None:
+            self._listener = Listener((s.control_host, s.control_port), family="AF_INET",
+                                      authkey=self._token.encode())
+            self._stop_accepting.clear()
+            threading.Thread(target=self._accept_loop, args=(self._listener,), name="agentjet-trainer-accept",
+                             daemon=True).start()
+        host, port = self._listener.address
+        return ("127.0.0.1" if host in ("0.0.0.0", "") else host), port
+
+    def _accept_loop(self, listener: Listener) -> None:
+        while not self._stop_accepting.is_set():
+            try:
+                conn = listener.accept()
+            except OSError:
+                if self._stop_accepting.is_set():
+                    return
+                continue
+            except Exception:  # a client that failed the handshake (wrong token, dropped)
+                continue
+            if self._stop_accepting.is_set():
+                conn.close()
+                return
+            self._accepted.put(conn)
+
+    def _stop_listener(self) -> None:
+        if self._listener is None:
+            return
+        self._stop_accepting.set()
+        host, port = self._listener.address
+        with contextlib.suppress(Exception):  # wake the blocked accept()
+            Client(("127.0.0.1" if host in ("0.0.0.0", "") else host, port), family="AF_INET",
+                   authkey=self._token.encode()).close()
+        with contextlib.suppress(Exception):
+            self._listener.close()
+        self._listener = None
+
+    def _accept_ranks(self, deadline: float) -> None:
+        ranks: dict[int, _Rank] = {}
+        while len(ranks) < self.world_size:
+            self._check_torchrun("starting")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise GroupTimeout(f"{len(ranks)} of {self.world_size} ranks connected within "
+                                   f"{self.settings.startup_timeout_s:.0f} s{self._log_tail()}")
+            try:
+                conn = self._accepted.get(timeout=min(remaining, 0.2))
+            except queue.Empty:
+                continue
+            try:
+                hello = conn.recv() if conn.poll(max(remaining, 0.01)) else None
+            except (EOFError, OSError):
+                hello = None
+            if not isinstance(hello, Hello) or hello.world_size != self.world_size or hello.rank in ranks:
+                conn.close()
+                raise RankFailure(f"a rank connected with {hello!r}; expected a Hello from one of "
+                                  f"{self.world_size} ranks")
+            ranks[hello.rank] = _Rank(hello.rank, conn, hello.host, hello.pid)
+        self._ranks = [ranks[i] for i in range(self.world_size)]
+
+    def _check_torchrun(self, during: str) -> None:
+        if self._proc is not None and self._proc.poll() is not None:
+            raise RankFailure(f"torchrun exited with code {self._proc.returncode} while {during}{self._log_tail()}")
+
+    def _log_tail(self, lines: int = 15) -> str:
+        if self._log is not None:
+            self._log.flush()
+        try:
+            text = self.log_path.read_text(errors="replace").strip().splitlines()[-lines:]
+        except OSError:
+            return ""
+        return ("\n  rank output (" + str(self.log_path) + "):\n    " + "\n    ".join(text)) if text else ""
+
+    def _send_all(self, make: Callable[[int], Command], deadline: float, what: str) -> None:
+        """Send each rank its command. The sends run on a helper thread: a hung rank stops reading and would
+        block a send forever; after the deadline the caller kills the group, which unblocks the thread."""
+        errors: list[BaseException] = []
+
+        def send() -> None:
+            for r in self._ranks:
+                try:
+                    r.conn.send(make(r.rank))
+                except Exception as exc:
+                    errors.append(RankFailure(f"rank {r.rank} (pid {r.pid} on {r.host}) is gone: sending "
+                                              f"{what} failed with {type(exc).__name__}: {exc}"))
+                    return
+
+        sender = threading.Thread(target=send, name="agentjet-trainer-send", daemon=True)
+        sender.start()
+        sender.join(timeout=max(0.0, deadline - time.monotonic()))
+        if sender.is_alive():
+            raise GroupTimeout(f"sending {what} to the ranks did not finish in time (a rank stopped reading)")
+        if errors:
+            raise errors[0]  # type: ignore[misc]
+
+    def _gather(self, kind: str, deadline: float) -> list[Done]:
+        """Every rank's ``Done(kind)``, by rank. A closed connection, a ``Failed`` or the deadline raises."""
+        pending = {r.conn: r for r in self._ranks}
+        got: dict[int, Done] = {}
+        while pending:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                late = sorted(r.rank for r in pending.values())
+                raise GroupTimeout(f"rank(s) {late} did not finish '{kind}' in time (a hung rank or "
+                                   f"collective){self._log_tail()}")
+            problems: list[str] = []
+            reported: set[int] = set()
+            for conn in wait_connections(list(pending), timeout=min(remaining, 0.5)):
+                r = pending.pop(conn)  # type: ignore[call-overload]
+                try:
+                    msg = conn.recv()  # type: ignore[union-attr]
+                except (EOFError, OSError):
+                    problems.append(f"rank {r.rank} (pid {r.pid} on {r.host}) closed its connection")
+                    continue
+                if isinstance(msg, Failed):
+                    reported.add(r.rank)
+                    problems.append(f"rank {msg.rank} failed ({msg.kind}): {msg.error}")
+                elif not (isinstance(msg, Done) and msg.kind == kind):
+                    problems.append(f"rank {r.rank} answered {msg!r}")
+                else:
+                    got[r.rank] = msg
+            if problems:
+                dead = self._dead_ranks(exclude=reported)
+                raise RankFailure(f"during '{kind}': " + "; ".join(dead + problems) + self._log_tail())
+        return [got[i] for i in range(self.world_size)]
+
+    def _dead_ranks(self, exclude: set[int]) -> list[str]:
+        """Local ranks whose process is gone (other than those that reported an error and exited): the usual
+        root cause when the others report broken collectives."""
+        host = socket.gethostname()
+        return [f"rank {r.rank} (pid {r.pid}) died" for r in self._ranks
+                if r.rank not in exclude and r.host == host and not _is_rank_process(r.pid)]
+
+    def _command(self, make: Callable[[int], Command], kind: str) -> list[Done]:
+        deadline = time.monotonic() + self.settings.push_timeout_s
+        self.state = GroupState.BUSY
+        try:
+            self._send_all(make, deadline, kind)
+            done = self._gather(kind, deadline)
+        except TrainerGroupError as exc:
+            self._fault(exc)
+            raise
+        self.state = GroupState.READY
+        return done
+
+
+def _is_rank_process(pid: int) -> bool:
+    """Is ``pid`` (still) one of our rank processes (not a recycled pid)?"""
+    try:
+        return b"agentjet.distributed.worker" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False

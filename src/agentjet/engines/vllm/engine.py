@@ -1,0 +1,563 @@
+"""``VLLMEngine``: vLLM (a managed subprocess on loopback) generates; the embedded engine's training half
+trains; after every train step the new weights go to vLLM and a probe checks that they serve.
+
+Policy versions: ``policy_version`` is the version vLLM *serves*. A request records the version current when
+it was sent to vLLM. New requests wait while weights are being swapped, and the version changes only once
+the new weights serve and have passed the probe. Requests that were in flight during a swap with
+``pause_mode="keep"`` finish on the new weights; they keep the (older) version they started on, so staleness
+is never under-counted, and their per-token behaviour logprobs are exact either way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agentjet.algorithms.tis import mismatch_stats, tis_weights
+from agentjet.engines.base import (
+    Engine,
+    FinishReason,
+    GenerationResult,
+    SamplingParams,
+    TokenCallback,
+    TrainSample,
+)
+from agentjet.engines.errors import EngineUnavailableError, TrainingHaltedError
+from agentjet.engines.vllm import weights
+from agentjet.engines.vllm.client import (
+    Completion,
+    VLLMClient,
+    VLLMConnectionError,
+    VLLMError,
+    VLLMRequestError,
+)
+from agentjet.engines.vllm.probe import ProbeResult, compare, probe_prompt_ids
+from agentjet.engines.vllm.process import LaunchSpec, ManagedProcess, ProcessStartError, ProcessState, Timing
+from agentjet.settings import EngineSettings, LossSettings
+
+log = logging.getLogger(__name__)
+
+BASE_NAME = "policy"  # the name vLLM serves the base (full-weights) model under
+PROBE_SEED = 1234
+RETRY_AFTER_S = 30.0
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class VLLMEngine(Engine):
+    def __init__(
+        self,
+        model: str | Path = "smollm2-135m-instruct",
+        engine: EngineSettings | None = None,
+        loss: LossSettings | None = None,
+        learning_rate: float = 1e-5,
+        *,
+        work_dir: Path = Path("runs/vllm"),
+        trainer: Any = None,
+        start: bool = True,
+    ) -> None:
+        """``engine.vllm`` configures vLLM; the rest of ``engine`` (device, dtype, LoRA, ...) configures the training
+        half. ``trainer``: the training half (default: an ``HFEngine``). Only its ``train_step_sync``, ``score``,
+        ``save``, ``load``, ``model``, ``tokenizer``, ``lora``, ``policy_version``, ``max_context`` and
+        ``set_learning_rate`` are used."""
+        engine = engine or EngineSettings()
+        self.settings = engine.vllm
+        if trainer is None:
+            from agentjet.engines.hf import HFEngine
+
+            trainer = HFEngine(model, engine.model_copy(update={"max_batch_size": 1}), loss, learning_rate)
+        self.trainer = trainer
+        self.seed = engine.seed
+        self.uses_lora = getattr(trainer, "lora", None) is not None
+        self.work_dir = Path(work_dir).resolve()
+        self.base_model_dir = Path(trainer.model_path).resolve()
+        s = self.settings
+        self.port = s.port or _free_port(s.host)
+        self.url = f"http://{s.host}:{self.port}"
+        self.client = VLLMClient(self.url, request_timeout_s=s.request_timeout_s,
+                                 control_timeout_s=s.control_timeout_s)
+        self.process = ManagedProcess(self._launch_spec, Timing(
+            startup_timeout_s=s.startup_timeout_s, stop_timeout_s=s.stop_timeout_s, max_restarts=s.max_restarts,
+            restart_backoff_s=s.restart_backoff_s, watch_interval_s=s.watch_interval_s))
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentjet-vllm-trainer")
+        self.policy_version = int(trainer.policy_version)
+        self._model_dir = self.base_model_dir  # what vLLM (re)starts from; an untied export for full weights
+        self._adapter: tuple[str, Path] | None = None  # LoRA: the adapter that serves now
+        self._inflight: Counter[str] = Counter()  # requests in flight per served model / adapter name
+        self._retired: set[str] = set()  # adapters to unload once their last request finishes
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._syncing = False
+        self._serving_events: dict[asyncio.AbstractEventLoop, asyncio.Event] = {}
+        self.halted_reason: str | None = None
+        self._stop_ids = self._default_stop_ids()
+        self._probe_ids = probe_prompt_ids(self.tokenizer, self.max_context)
+        self.stats: dict[str, float] = {"generate_requests": 0, "generated_tokens": 0, "train_steps": 0,
+                                        "syncs": 0, "last_sync_seconds": 0.0, "probe_logprob_diff": float("nan"),
+                                        "unavailable_errors": 0}
+        if start:
+            self.start()
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def tokenizer(self) -> Any:
+        return self.trainer.tokenizer
+
+    @property
+    def max_context(self) -> int:
+        return min(self.settings.max_model_len, int(self.trainer.max_context))
+
+    @property
+    def stop_token_ids(self) -> set[int]:
+        """Tokens that end a generation (besides a request's own); empty: generate to max_tokens."""
+        return self._stop_ids
+
+    @stop_token_ids.setter
+    def stop_token_ids(self, ids: set[int]) -> None:
+        self._stop_ids = set(ids)
+
+    def _default_stop_ids(self) -> set[int]:
+        ids: set[int] = set()
+        gen = getattr(self.trainer.model, "generation_config", None)
+        for value in (getattr(gen, "eos_token_id", None), self.tokenizer.eos_token_id):
+            if isinstance(value, int):
+                ids.add(value)
+            elif isinstance(value, list):
+                ids.update(value)
+        return ids
+
+    def engine_stats(self) -> dict[str, Any]:
+        c = self.process.counters
+        return {**self.stats, "policy_version": self.policy_version, "process_state": self.process.state.value,
+                "process_starts": c.starts, "process_crashes": c.crashes, "process_restarts": c.restarts,
+                "halted_reason": self.halted_reason, "url": self.url}
+
+    # ------------------------------------------------------------------ the subprocess
+    def start(self) -> None:
+        """Export the starting weights (full: untied, see weights.py) and start vLLM; blocks until healthy."""
+        if not self.uses_lora:
+            self._model_dir = weights.export_full(self.trainer.model, self.tokenizer,
+                                                  weights.version_dir(self.work_dir / "weights", self.policy_version),
+                                                  self.settings.dtype)
+        self.process.start()
+
+    def _launch_spec(self) -> LaunchSpec:
+        s = self.settings
+        argv = [str(s.python_path()), "-m", s.module, "--model", str(self._model_dir), "--host", s.host,
+                "--port", str(self.port), "--served-model-name", BASE_NAME, "--max-model-len", str(self.max_context),
+                "--dtype", s.dtype, "--logprobs-mode", "processed_logprobs", "--seed", str(self.seed),
+                "--max-logprobs", "20"]
+        if s.enforce_eager:
+            argv.append("--enforce-eager")
+        if self.uses_lora:
+            argv += ["--enable-lora", "--max-lora-rank", str(s.lora_max_rank), "--max-loras", "2",
+                     "--max-cpu-loras", "4"]
+            if self._adapter is not None:
+                argv += ["--lora-modules", f"{self._adapter[0]}={self._adapter[1]}"]
+        if s.platform == "gpu":
+            argv += ["--gpu-memory-utilization", str(s.gpu_memory_utilization)]
+        argv += s.extra_args
+        run = self.work_dir
+        for sub in ("cache/vllm", "cache/inductor", "tmp"):
+            (run / sub).mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ)
+        env.update({
+            "VLLM_SERVER_DEV_MODE": "1",  # /pause, /resume, /collective_rpc, /reset_prefix_cache
+            "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1",
+            "HF_HUB_OFFLINE": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+            "VLLM_CACHE_ROOT": str(run / "cache/vllm"),
+            "TORCHINDUCTOR_CACHE_DIR": str(run / "cache/inductor"),
+            "TMPDIR": str(run / "tmp"),
+        })
+        if s.platform == "cpu":
+            env["VLLM_CPU_KVCACHE_SPACE"] = f"{s.kv_cache_gib:g}"
+            env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(s.reserved_cpus)
+        env.update(s.extra_env)
+        return LaunchSpec(argv=argv, env=env, health_url=f"{self.url}/health", log_path=run / "vllm.log")
+
+    def _check_available(self) -> None:
+        if self.halted_reason is not None:
+            raise EngineUnavailableError(f"generation is stopped: {self.halted_reason}")
+        state = self.process.state
+        if state is ProcessState.READY:
+            return
+        if state is ProcessState.FAILED:
+            raise EngineUnavailableError(f"vLLM is down and could not be restarted: {self.process.last_error}")
+        raise EngineUnavailableError(f"vLLM is {state.value} (crash #{self.process.counters.crashes}); "
+                                     "retry shortly", retry_after_s=RETRY_AFTER_S)
+
+    async def _wait_process_ready(self, timeout: float) -> None:
+        if self.process.state is ProcessState.READY:
+            return
+        if not await asyncio.to_thread(self.process.wait_ready, timeout):
+            raise VLLMConnectionError(f"vLLM is {self.process.state.value}, not ready within {timeout:.0f}s"
+                                      + (f": {self.process.last_error}" if self.process.last_error else ""))
+
+    # ------------------------------------------------------------------ serving gate (closed during a swap)
+    def _serving_event(self) -> asyncio.Event:
+        loop = asyncio.get_running_loop()
+        ev = self._serving_events.get(loop)
+        if ev is None:
+            for old in [lp for lp in self._serving_events if lp.is_closed()]:
+                del self._serving_events[old]
+            ev = asyncio.Event()
+            if not self._syncing:
+                ev.set()
+            self._serving_events[loop] = ev
+        return ev
+
+    def _set_gate(self, serving: bool) -> None:
+        self._syncing = not serving
+        for loop, ev in list(self._serving_events.items()):
+            if loop.is_closed():
+                continue
+            loop.call_soon_threadsafe(ev.set if serving else ev.clear)
+
+    async def _wait_serving(self) -> None:
+        ev = self._serving_event()
+        if not ev.is_set():
+            try:
+                await asyncio.wait_for(ev.wait(), self.settings.sync_timeout_s)
+            except TimeoutError as exc:
+                raise EngineUnavailableError("a weight swap has held generation for more than "
+                                             f"{self.settings.sync_timeout_s:.0f}s", RETRY_AFTER_S) from exc
+
+    # ------------------------------------------------------------------ generation
+    def _validate(self, prompt_ids: list[int]) -> None:
+        if not prompt_ids:
+            raise ValueError("prompt_ids is empty")
+        if len(prompt_ids) >= self.max_context:
+            raise ValueError(f"prompt has {len(prompt_ids)} tokens; the model's context is {self.max_context} tokens")
+        vocab = len(self.tokenizer)
+        if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
+            raise ValueError(f"prompt_ids must be token ids in [0, {vocab})")
+
+    def _served_name(self) -> str:
+        return self._adapter[0] if self._adapter is not None else BASE_NAME
+
+    def request_body(self, prompt_ids: list[int], sampling: SamplingParams, model: str) -> dict[str, Any]:
+        """The /v1/completions body for one generation (token ids in, token ids and logprobs out)."""
+        body: dict[str, Any] = {
+            "model": model, "prompt": list(prompt_ids),
+            "max_tokens": min(sampling.max_tokens, self.max_context - len(prompt_ids)),
+            "temperature": sampling.temperature, "top_p": sampling.top_p,
+            "logprobs": max(1, sampling.top_logprobs),
+            "return_token_ids": True, "return_tokens_as_token_ids": True,
+            # our stop ids, not vLLM's idea of EOS: the same rule as the embedded engine
+            "ignore_eos": True, "stop_token_ids": sorted(self._stop_ids | set(sampling.stop_token_ids)),
+            "skip_special_tokens": True,
+        }
+        if sampling.top_k:
+            body["top_k"] = sampling.top_k
+        if sampling.seed is not None:
+            body["seed"] = sampling.seed
+        if sampling.stop:
+            body["stop"] = list(sampling.stop)
+        return body
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams,
+                       on_token: TokenCallback | None = None) -> GenerationResult:
+        self._validate(prompt_ids)
+        await self._wait_serving()
+        self._check_available()
+        model, version = self._served_name(), self.policy_version
+        body = self.request_body(prompt_ids, sampling, model)
+        self._inflight[model] += 1
+        try:
+            comp = await (self._stream(body, sampling.top_logprobs, on_token) if on_token is not None
+                          else self.client.complete(body, sampling.top_logprobs))
+        except VLLMRequestError as exc:
+            raise ValueError(str(exc)) from exc
+        except VLLMError as exc:
+            self.stats["unavailable_errors"] += 1
+            code = await self._exit_code_after(exc)
+            if code is not None or self.process.state is not ProcessState.READY:
+                msg = f"vLLM crashed during the request (exit code {code}); it is being restarted"
+            else:
+                msg = f"vLLM failed during the request: {exc}"
+            raise EngineUnavailableError(msg, RETRY_AFTER_S) from exc
+        finally:
+            self._release(model)
+        if comp.finish_reason not in ("stop", "length"):
+            raise EngineUnavailableError(f"vLLM ended the request early (finish_reason={comp.finish_reason!r})",
+                                         RETRY_AFTER_S)
+        self.stats["generate_requests"] += 1
+        self.stats["generated_tokens"] += len(comp.token_ids)
+        return GenerationResult(
+            token_ids=comp.token_ids, logprobs=comp.logprobs,
+            finish_reason=FinishReason.STOP if comp.finish_reason == "stop" else FinishReason.LENGTH,
+            policy_version=version, text=comp.text,
+            top_logprobs=comp.top_logprobs if sampling.top_logprobs else None)
+
+    async def _exit_code_after(self, exc: VLLMError, wait_s: float = 1.0) -> int | None:
+        """After a dropped connection, the exit code of a vLLM that died (a killed process closes its
+        sockets a moment before it can be reaped), else None."""
+        deadline = time.monotonic() + (wait_s if isinstance(exc, VLLMConnectionError) else 0.0)
+        while True:
+            code = self.process.exit_code()
+            if code is not None or time.monotonic() >= deadline:
+                return code
+            await asyncio.sleep(0.05)
+
+    async def _stream(self, body: dict[str, Any], top_k: int, on_token: TokenCallback) -> Completion:
+        final: Completion | None = None
+        async for item in self.client.stream(body, top_k):
+            if isinstance(item, Completion):
+                final = item
+            else:
+                for tok, lp in zip(*item, strict=True):
+                    on_token(tok, lp)
+        assert final is not None
+        return final
+
+    def _release(self, model: str) -> None:
+        self._inflight[model] -= 1
+        if self._inflight[model] <= 0:
+            del self._inflight[model]
+            if model in self._retired:
+                self._spawn(self._unload_adapter(model))
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _unload_adapter(self, name: str) -> None:
+        self._retired.discard(name)
+        try:
+            await self.client.unload_lora(name)
+        except VLLMError as exc:  # a restart already dropped it, or vLLM is down: nothing to free
+            log.info("unloading LoRA adapter %s: %s", name, exc)
+
+    # ------------------------------------------------------------------ training
+    async def train_step(self, batch: list[TrainSample]) -> dict[str, float]:
+        if not batch:
+            raise ValueError("train_step needs at least one sample")
+        if self.halted_reason is not None:
+            raise TrainingHaltedError(self.halted_reason)
+        loop = asyncio.get_running_loop()
+        start = time.perf_counter()
+        prepared, mismatch = await loop.run_in_executor(self._executor, self.prepare_batch, batch)
+        metrics = await loop.run_in_executor(self._executor, self.trainer.train_step_sync, prepared)
+        sync = await self.sync_weights()
+        self.stats["train_steps"] += 1
+        return {**metrics, **mismatch, **sync, "mean_abs_logprob_diff": mismatch["mismatch_abs_diff"],
+                "step_seconds": time.perf_counter() - start, "policy_version": float(self.policy_version)}
+
+    def prepare_batch(self, batch: list[TrainSample]) -> tuple[list[TrainSample], dict[str, float]]:
+        """The trainer recomputes every trained token's logprob. With ``tis_cap``, these become the proximal
+        logprobs of the PPO ratio and each token's advantage is scaled by its truncated importance weight
+        ``min(p_trainer / p_vllm, cap)`` (equivalent to weighting its loss: the weight is positive and
+        detached). Returns the samples to train on and the mismatch metrics."""
+        scored = self.trainer.score(batch)
+        cap = self.settings.tis_cap
+        out: list[TrainSample] = []
+        all_t: list[float] = []
+        all_b: list[float] = []
+        for sample, lps in zip(batch, scored, strict=True):
+            idx = [j for j, m in enumerate(sample.loss_mask) if m]
+            if len(idx) != len(lps):
+                raise RuntimeError(f"the trainer scored {len(lps)} tokens, the sample trains {len(idx)}")
+            behaviour = [sample.behaviour_logprobs[j] for j in idx]
+            all_t += lps
+            all_b += behaviour
+            if cap is None:
+                out.append(sample)
+                continue
+            w = tis_weights(torch.tensor(lps, dtype=torch.float64), torch.tensor(behaviour, dtype=torch.float64),
+                            cap).tolist()
+            new_lp = list(sample.behaviour_logprobs)
+            new_adv = list(sample.advantages)
+            for j, lp, wj in zip(idx, lps, w, strict=True):
+                new_lp[j] = lp
+                new_adv[j] = sample.advantages[j] * wj
+            out.append(TrainSample(input_ids=sample.input_ids, loss_mask=sample.loss_mask,
+                                   behaviour_logprobs=new_lp, advantages=new_adv, temperature=sample.temperature,
+                                   weight=sample.weight))
+        stats = mismatch_stats(torch.tensor(all_t, dtype=torch.float64), torch.tensor(all_b, dtype=torch.float64), cap)
+        return out, stats.as_metrics()
+
+    # ------------------------------------------------------------------ weight sync
+    async def sync_weights(self) -> dict[str, float]:
+        """Bring vLLM to the trainer's weights; raise TrainingHaltedError (and stop serving) if that fails or
+        the probe shows that vLLM does not serve them."""
+        version = int(self.trainer.policy_version)
+        s = self.settings
+        t0 = time.perf_counter()
+        try:
+            async with asyncio.timeout(s.sync_timeout_s):
+                metrics = await (self._sync_lora(version) if self.uses_lora else self._sync_full(version))
+        except TimeoutError as exc:
+            await self._best_effort_resume()
+            self._halt(f"the weight sync to policy v{version} did not finish within {s.sync_timeout_s:.0f}s "
+                       "(sync_timeout_s); vLLM may still serve the old weights")
+            raise TrainingHaltedError(self.halted_reason or "") from exc
+        except (VLLMError, ProcessStartError) as exc:
+            await self._best_effort_resume()
+            self._halt(f"the weight sync to policy v{version} failed: {exc}")
+            raise TrainingHaltedError(self.halted_reason or "") from exc
+        finally:
+            self._set_gate(True)
+        seconds = time.perf_counter() - t0
+        self.stats["syncs"] += 1
+        self.stats["last_sync_seconds"] = seconds
+        return {**metrics, "sync_seconds": seconds, "vllm_restarts": float(self.process.counters.restarts)}
+
+    async def _best_effort_resume(self) -> None:
+        if self.uses_lora:
+            return
+        with contextlib.suppress(VLLMError):
+            await self.client.resume()
+
+    async def _sync_full(self, version: int) -> dict[str, float]:
+        loop = asyncio.get_running_loop()
+        t0 = time.perf_counter()
+        target = weights.version_dir(self.work_dir / "weights", version)
+        path = await loop.run_in_executor(self._executor, weights.export_full, self.trainer.model, self.tokenizer,
+                                          target, self.settings.dtype)
+        export_s = time.perf_counter() - t0
+        self._model_dir = path  # a restart from now on loads these weights from disk
+        t1 = time.perf_counter()
+        for attempt in (1, 2):  # one retry when vLLM went down mid-swap (it restarts from `path`)
+            await self._wait_process_ready(self.settings.sync_timeout_s)
+            self._set_gate(False)
+            try:
+                await self._swap(path)
+                break
+            except VLLMConnectionError:
+                if attempt == 2:
+                    raise
+                log.warning("vLLM went away during the weight swap; retrying once it is back")
+        swap_s = time.perf_counter() - t1
+        probe = await self._checked_probe(BASE_NAME, version)
+        self.policy_version = version
+        weights.prune_versions(self.work_dir / "weights", self.settings.keep_weight_versions, {path})
+        return {**probe.as_metrics(), "export_seconds": export_s, "swap_seconds": swap_s}
+
+    async def _swap(self, path: Path) -> None:
+        """pause -> reload -> reset prefix cache -> resume (resume also when a step in between fails)."""
+        await self.client.pause(self.settings.pause_mode)
+        try:
+            await self.client.reload_weights(str(path))
+            if not await self.client.reset_prefix_cache(reset_running_requests=True):
+                raise VLLMError("vLLM could not reset its prefix cache after the reload: KV computed with the "
+                                "old weights would be reused")
+        finally:
+            await self.client.resume()
+
+    async def _sync_lora(self, version: int) -> dict[str, float]:
+        loop = asyncio.get_running_loop()
+        t0 = time.perf_counter()
+        target = weights.version_dir(self.work_dir / "adapters", version)
+        path = await loop.run_in_executor(self._executor, weights.export_lora, self.trainer.model, target)
+        export_s = time.perf_counter() - t0
+        name = f"{BASE_NAME}-v{version}"  # a new name per version: its prefix cache is its own
+        await self._wait_process_ready(self.settings.sync_timeout_s)
+        t1 = time.perf_counter()
+        await self.client.load_lora(name, str(path))
+        swap_s = time.perf_counter() - t1
+        probe = await self._checked_probe(name, version)
+        old = self._adapter
+        self._adapter = (name, path)  # new requests use it from here on; restarts load it
+        self.policy_version = version
+        if old is not None:
+            self._retired.add(old[0])
+            if not self._inflight.get(old[0]):
+                await self._unload_adapter(old[0])
+        weights.prune_versions(self.work_dir / "adapters", self.settings.keep_weight_versions, {path})
+        return {**probe.as_metrics(), "export_seconds": export_s, "swap_seconds": swap_s}
+
+    async def _checked_probe(self, model: str, version: int) -> ProbeResult:
+        probe = await self.probe(model)
+        self.stats["probe_logprob_diff"] = probe.diff
+        log.info("probe after the sync to v%d: mean |logprob diff| prompt %.4f, sampled %.4f", version,
+                 probe.prompt_diff, probe.gen_diff)
+        if probe.diff > self.settings.probe_threshold:
+            self._halt(f"after the sync to policy v{version}, vLLM and the trainer disagree on the probe prompt: "
+                       f"mean |logprob difference| {probe.diff:.3f} (prompt {probe.prompt_diff:.3f}, sampled "
+                       f"{probe.gen_diff:.3f}) > probe_threshold {self.settings.probe_threshold}; vLLM does not "
+                       "serve the trained weights (stale or half-loaded weights, or a stale prefix cache)")
+            raise TrainingHaltedError(self.halted_reason or "")
+        return probe
+
+    async def probe(self, model: str | None = None) -> ProbeResult:
+        """Score the probe prompt (and a few tokens sampled after it) on vLLM and on the trainer."""
+        model = model or self._served_name()
+        ids = self._probe_ids
+        prompt_lps = await self.client.prompt_logprobs(model, ids, temperature=1.0)
+        gen = await self.client.complete({
+            "model": model, "prompt": ids, "max_tokens": self.settings.probe_tokens, "temperature": 1.0,
+            "seed": PROBE_SEED, "logprobs": 1, "return_token_ids": True, "return_tokens_as_token_ids": True,
+            "ignore_eos": True})
+        seq = ids + gen.token_ids
+        sample = TrainSample(input_ids=seq, loss_mask=[0] + [1] * (len(seq) - 1), behaviour_logprobs=[0.0] * len(seq),
+                             advantages=[0.0] * len(seq), temperature=1.0)
+        loop = asyncio.get_running_loop()
+        trainer_lps = (await loop.run_in_executor(self._executor, self.trainer.score, [sample]))[0]
+        return compare(prompt_lps, gen.logprobs, trainer_lps)
+
+    def _halt(self, reason: str) -> None:
+        if self.halted_reason is None:
+            self.halted_reason = reason
+            log.error("training halted: %s", reason)
+
+    # ------------------------------------------------------------------ persistence and the rest
+    def save(self, path: Path) -> None:
+        self.trainer.save(path)
+
+    def load(self, path: Path) -> None:
+        """Load a checkpoint into the trainer and restart vLLM on its weights (a fresh load from disk)."""
+        self.trainer.load(path)
+        version = int(self.trainer.policy_version)
+        if self.uses_lora:
+            adapter = weights.export_lora(self.trainer.model, weights.version_dir(self.work_dir / "adapters", version))
+            self._adapter = (f"{BASE_NAME}-v{version}", adapter)
+        else:
+            self._model_dir = weights.export_full(self.trainer.model, self.tokenizer,
+                                                  weights.version_dir(self.work_dir / "weights", version),
+                                                  self.settings.dtype)
+        self.process.restart()
+        self.policy_version = version
+
+    def set_learning_rate(self, lr: float) -> None:
+        self.trainer.set_learning_rate(lr)
+
+    def set_loss(self, loss: Any) -> None:
+        self.trainer.set_loss(loss)
+
+    def describe(self) -> dict[str, Any]:
+        trainer = self.trainer.describe() if hasattr(self.trainer, "describe") else {}
+        return {**trainer, "kind": "vllm", "vllm_url": self.url, "vllm_platform": self.settings.platform,
+                "vllm_dtype": self.settings.dtype, "halted": self.halted_reason,
+                "probe_logprob_diff": self.stats.get("probe_logprob_diff")}
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.to_thread(self.process.stop)
+        with contextlib.suppress(Exception):
+            await self.client.aclose()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        close = getattr(self.trainer, "close", None)
+        if close is not None:
+            await close()
+
+    def close_sync(self) -> None:
+        """Stop vLLM without an event loop (scripts, test teardown)."""
+        self.process.stop()
+        self._executor.shutdown(wait=False, cancel_futures=True)

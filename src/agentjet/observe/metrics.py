@@ -1,0 +1,264 @@
+"""Metrics of one server instance: Prometheus (its own CollectorRegistry), the JSONL file in the data dir
+(always), optional TensorBoard / W&B sinks, and the per-token trainer log the trace viewer reads.
+
+Nothing here is module-level state: a ``MetricsHub`` belongs to one server, so several servers in one process
+(tests, ``ajet up``) never share counters.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, Protocol
+
+from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from agentjet.observe.events import StepRecord
+from agentjet.observe.schema import RunSnapshot
+from agentjet.observe.trainlog import TrainLog
+from agentjet.settings import LogSink, ObserveSettings
+
+log = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.jsonl"
+TRAINLOG_FILE = "observe.sqlite"
+TENSORBOARD_DIR = "tensorboard"
+# Step metrics also exported as Prometheus gauges (their value at the latest step).
+GAUGED = ("loss", "pg_loss", "kl", "grad_norm", "clip_frac", "ratio_max", "mean_abs_logprob_diff", "reward_mean",
+          "trained_tokens", "samples", "episodes", "staleness/mean", "merge/ratio",
+          "throughput/generated_tokens_per_s", "throughput/trained_tokens_per_s")
+PHASES = ("waiting", "prepare", "training", "sync")
+
+
+class MissingExtra(RuntimeError):
+    """An optional sink was asked for but its package is not installed."""
+
+
+class MetricSink(Protocol):
+    def write(self, step: int, metrics: dict[str, float]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class JsonlSink:
+    """One JSON object per train step: ``{"step", "policy_version", "time", <metric>: value, ...}``. After a
+    ``--resume`` the steps after the checkpoint are trained again and appear again: the last line wins."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._file = path.open("a", encoding="utf-8")
+        self._lock = threading.Lock()
+
+    def write_record(self, record: StepRecord) -> None:
+        line = json.dumps({"step": record.step, "policy_version": record.policy_version, "time": record.time,
+                           **_finite(record.metrics)}, sort_keys=False)
+        with self._lock:
+            self._file.write(line + "\n")
+            self._file.flush()
+
+    def write(self, step: int, metrics: dict[str, float]) -> None:
+        self.write_record(StepRecord(step=step, policy_version=int(metrics.get("policy_version", 0)),
+                                     time=time.time(), metrics=metrics))
+
+    def close(self) -> None:
+        with self._lock:
+            self._file.close()
+
+
+class TensorBoardSink:
+    def __init__(self, log_dir: Path) -> None:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as exc:
+            raise MissingExtra("log_to tensorboard needs the tensorboard package: pip install 'agentjet[tracking]'"
+                               ) from exc
+        self.log_dir = log_dir
+        self._writer = SummaryWriter(log_dir=str(log_dir))
+
+    def write(self, step: int, metrics: dict[str, float]) -> None:
+        for name, value in _finite(metrics).items():
+            self._writer.add_scalar(name, value, global_step=step)
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+class WandbSink:
+    def __init__(self, project: str, run_dir: Path, config: dict[str, Any]) -> None:
+        try:
+            import wandb
+        except ImportError as exc:
+            raise MissingExtra("log_to wandb needs the wandb package: pip install 'agentjet[tracking]'") from exc
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self._run = wandb.init(project=project, dir=str(run_dir), config=config, reinit=True)
+
+    def write(self, step: int, metrics: dict[str, float]) -> None:
+        self._run.log(_finite(metrics), step=step)
+
+    def close(self) -> None:
+        self._run.finish()
+
+
+def open_sinks(settings: ObserveSettings, data_dir: Path, run_config: dict[str, Any]) -> list[MetricSink]:
+    """The optional sinks named by ``settings.log_to`` (MissingExtra when a package is absent)."""
+    sinks: list[MetricSink] = []
+    for sink in dict.fromkeys(settings.log_to):
+        if sink is LogSink.TENSORBOARD:
+            sinks.append(TensorBoardSink(data_dir / TENSORBOARD_DIR))
+        elif sink is LogSink.WANDB:
+            sinks.append(WandbSink(settings.wandb_project, data_dir, run_config))
+    return sinks
+
+
+def check_sinks_available(log_to: list[LogSink]) -> None:
+    """Fail early (before a model loads) when a requested sink's package is missing."""
+    import importlib.util
+
+    need = {LogSink.TENSORBOARD: "tensorboard", LogSink.WANDB: "wandb"}
+    for sink in log_to:
+        if importlib.util.find_spec(need[sink]) is None:
+            raise MissingExtra(f"log_to {sink.value} needs the {need[sink]} package: pip install 'agentjet[tracking]'")
+
+
+def _finite(metrics: dict[str, float]) -> dict[str, float]:
+    return {k: float(v) for k, v in metrics.items() if isinstance(v, int | float) and math.isfinite(v)}
+
+
+class SnapshotCollector(Collector):
+    """Live counters read at scrape time from the server's snapshot: nothing on the request path."""
+
+    def __init__(self, snapshot: Callable[[], RunSnapshot]) -> None:
+        self._snapshot = snapshot
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._snapshot()
+        gauges = {"policy_version": (s.policy_version, "policy version (bumped by every train step)"),
+                  "open_episodes": (s.open_episodes, "episodes begun and not yet ended"),
+                  "pending_episodes": (s.pending_episodes, "acknowledged episodes waiting for a train step"),
+                  "connected_clients": (s.clients, "clients seen since start"),
+                  "paused": (int(s.paused), "1 while training is paused"),
+                  "uptime_seconds": (s.uptime_s, "seconds since the server started")}
+        for name, (value, doc) in gauges.items():
+            yield GaugeMetricFamily(f"agentjet_{name}", doc, value=value)
+        counters = {"train_steps": (s.train_steps, "train steps"),
+                    "chat_calls": (s.calls, "chat completion calls served"),
+                    "generated_tokens": (s.generated_tokens, "tokens generated for chat calls"),
+                    "trained_tokens": (s.trained_tokens, "tokens with a loss in train steps"),
+                    "episodes_ended": (s.episodes_ended, "episodes ended and acknowledged"),
+                    "trained_episodes": (s.trained_episodes, "episodes consumed by a train step"),
+                    "eval_episodes": (s.eval_episodes, "eval episodes stored")}
+        for name, (value, doc) in counters.items():
+            yield CounterMetricFamily(f"agentjet_{name}", doc, value=value)
+        dropped = CounterMetricFamily("agentjet_dropped_episodes", "episodes never trained on, by reason",
+                                      labels=["reason"])
+        for reason, n in sorted(s.dropped.items()):
+            dropped.add_metric([str(reason)], n)
+        yield dropped
+        tracking = CounterMetricFamily("agentjet_tracking", "context tracking over the stored episodes",
+                                       labels=["what"])
+        for what, n in sorted(s.tracking.items()):
+            tracking.add_metric([what], n)
+        yield tracking
+
+
+class MetricsHub:
+    """One per server instance: the Prometheus registry, the metric files and sinks, and the trainer's per-token
+    log. Implements the trainer's ``StepObserver`` hook."""
+
+    def __init__(self, settings: ObserveSettings, data_dir: Path, snapshot: Callable[[], RunSnapshot],
+                 run_config: dict[str, Any] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.settings = settings
+        self._snapshot = snapshot
+        self._clock = clock
+        self.registry = CollectorRegistry()
+        self.registry.register(SnapshotCollector(snapshot))
+        self._phase = Histogram("agentjet_train_step_phase_seconds", "time of each phase of a train step",
+                                ["phase"], registry=self.registry,
+                                buckets=(0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600))
+        self._staleness = Histogram("agentjet_trained_episode_staleness_versions", "policy versions between an "
+                                    "episode's oldest token and the step that trained it", registry=self.registry,
+                                    buckets=(0, 1, 2, 3, 4, 6, 8, 12, 16, 32))
+        self._last = Gauge("agentjet_step_metric", "value at the latest train step", ["name"], registry=self.registry)
+        self._reward = Gauge("agentjet_step_reward", "mean reward at the latest train step, per task type",
+                             ["task_type"], registry=self.registry)
+        self.jsonl = JsonlSink(data_dir / METRICS_FILE)
+        self.sinks: list[MetricSink] = open_sinks(settings, data_dir, run_config or {})
+        self.trainlog = TrainLog(data_dir / TRAINLOG_FILE)
+        self._prev_at = clock()
+        self._prev: RunSnapshot | None = None
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ StepObserver
+    def step_context(self, metrics: dict[str, float]) -> dict[str, float]:
+        """Rates since the previous step, drops by reason and merging since start, for the step being stored."""
+        now, snap = self._clock(), self._snapshot()
+        dt = max(now - self._prev_at, 1e-9)
+        prev = self._prev
+        gen_before = prev.generated_tokens if prev else 0
+        out: dict[str, float] = {
+            "throughput/generated_tokens_per_s": (snap.generated_tokens - gen_before) / dt,
+            "throughput/trained_tokens_per_s": metrics.get("trained_tokens", 0.0) / dt,
+            "episodes/open": float(snap.open_episodes),
+            "episodes/pending": float(snap.pending_episodes),
+            "clients": float(snap.clients),
+        }
+        out.update({f"dropped/{reason}": float(n) for reason, n in snap.dropped.items()})
+        t, t0 = snap.tracking, prev.tracking if prev else {}
+        calls = t.get("calls", 0) - t0.get("calls", 0)
+        merged_tokens = t.get("tokens_merged", 0) - t0.get("tokens_merged", 0)
+        if calls:
+            out["merge/ratio"] = (t.get("merged_calls", 0) - t0.get("merged_calls", 0)) / calls
+        if merged_tokens:
+            out["merge/token_ratio"] = (t.get("tokens_unmerged", 0) - t0.get("tokens_unmerged", 0)) / merged_tokens
+        out["drift/repaired"] = float(t.get("drift_repaired", 0) - t0.get("drift_repaired", 0))
+        out["drift/repaired_total"] = float(t.get("drift_repaired", 0))
+        self._prev_at, self._prev = now, snap
+        return out
+
+    def on_step(self, record: StepRecord) -> None:
+        with self._lock:
+            if record.samples:
+                self.trainlog.record(record.step, record.policy_version, record.samples)
+            self.jsonl.write_record(record)
+            for sink in self.sinks:
+                try:
+                    sink.write(record.step, record.metrics)
+                except Exception:  # a sink must never stop training
+                    log.exception("metric sink %s failed", type(sink).__name__)
+            for phase in PHASES:
+                if f"time/{phase}_s" in record.metrics:
+                    self._phase.labels(phase).observe(record.metrics[f"time/{phase}_s"])
+            for s in record.staleness:
+                self._staleness.observe(s)
+            for name in GAUGED:
+                if name in record.metrics:
+                    self._last.labels(name).set(record.metrics[name])
+            for name, value in record.metrics.items():
+                if name.startswith("reward/"):
+                    self._reward.labels(name.removeprefix("reward/")).set(value)
+
+    # ------------------------------------------------------------------ export
+    def prometheus(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def close(self) -> None:
+        with self._lock:
+            for sink in self.sinks:
+                try:
+                    sink.close()
+                except Exception:
+                    log.exception("closing metric sink %s failed", type(sink).__name__)
+            self.jsonl.close()
+            self.trainlog.close()

@@ -1,0 +1,99 @@
+"use strict";
+// Run page: the snapshot tiles and the curves of every train step (polled incrementally).
+(() => {
+  const { el, api, poll, nav, fmt, Chart, bars } = AJ;
+  nav("run");
+  const main = document.getElementById("main");
+  const title = el("h1", { text: "Run" });
+  const tiles = el("div", { class: "tiles" });
+  const grid = el("div", { class: "grid" });
+  main.append(title, tiles, grid);
+
+  const charts = {
+    reward: new Chart(grid, "Train reward per task type"),
+    agent: new Chart(grid, "Train reward per agent role"),
+    eval: new Chart(grid, "Eval reward per task type / agent", { xLabel: "policy version" }),
+    tokens: new Chart(grid, "Tokens per second"),
+    time: new Chart(grid, "Step time split (s)"),
+    dropped: new Chart(grid, "Dropped episodes by reason (total)"),
+    merge: new Chart(grid, "Timeline merging"),
+    drift: new Chart(grid, "Drift repairs"),
+    loss: new Chart(grid, "Loss and policy drift"),
+    stale: new Chart(grid, "Staleness of trained episodes (versions)"),
+  };
+  const staleHist = bars(grid, "Staleness histogram (trained episodes, all steps)");
+
+  const steps = [];
+  let last = -1;
+  let evalCount = -1;
+  let evals = [];
+
+  function pick(prefix, rename) {
+    const names = new Set();
+    for (const s of steps) for (const k of Object.keys(s.metrics)) if (k.startsWith(prefix)) names.add(k);
+    const out = {};
+    for (const k of names) out[rename ? rename(k) : k] = steps.map((s) => (k in s.metrics ? s.metrics[k] : null));
+    return out;
+  }
+  function only(keys) {
+    const out = {};
+    for (const [k, label] of Object.entries(keys)) {
+      if (steps.some((s) => k in s.metrics)) out[label] = steps.map((s) => (k in s.metrics ? s.metrics[k] : null));
+    }
+    return out;
+  }
+
+  function renderTiles(s) {
+    const dropped = Object.values(s.dropped).reduce((a, b) => a + b, 0);
+    const items = [
+      ["model", s.model], ["state", s.paused ? "paused" : s.engine_state], ["policy version", s.policy_version],
+      ["train steps", s.train_steps], ["open episodes", s.open_episodes], ["pending", s.pending_episodes],
+      ["trained episodes", s.trained_episodes], ["eval episodes", s.eval_episodes], ["clients", s.clients],
+      ["chat calls", s.calls], ["generated tokens", s.generated_tokens], ["trained tokens", s.trained_tokens],
+      ["dropped", dropped], ["uptime", fmt(s.uptime_s / 60, 1) + " min"],
+    ];
+    tiles.replaceChildren(...items.map(([k, v]) => el("div", { class: "tile" }, el("div", { class: "k", text: k }),
+      el("div", { class: "v", text: typeof v === "number" ? fmt(v) : v }))));
+    title.textContent = `Run · ${s.model} · policy v${s.policy_version}`;
+  }
+
+  function renderCharts() {
+    const xs = steps.map((s) => s.step);
+    charts.reward.set(xs, { ...pick("reward/", (k) => k.slice(7)), mean: steps.map((s) => s.metrics.reward_mean ?? null) });
+    charts.agent.set(xs, pick("reward_agent/", (k) => k.slice(13)));
+    charts.tokens.set(xs, only({ "throughput/generated_tokens_per_s": "generated", "throughput/trained_tokens_per_s": "trained" }));
+    charts.time.set(xs, only({ "time/waiting_s": "waiting", "time/prepare_s": "prepare", "time/training_s": "training", "time/sync_s": "sync" }));
+    charts.dropped.set(xs, pick("dropped/", (k) => k.slice(8)));
+    charts.merge.set(xs, only({ "merge/ratio": "merged calls / calls", "merge/token_ratio": "tokens unmerged / merged" }));
+    charts.drift.set(xs, only({ "drift/repaired": "repaired in step window", "drift/repaired_total": "total" }));
+    charts.loss.set(xs, only({ loss: "loss", kl: "kl", clip_frac: "clip frac", mean_abs_logprob_diff: "|trainer - behaviour| logprob" }));
+    charts.stale.set(xs, only({ "staleness/mean": "mean", "staleness/max": "max" }));
+    const hist = {};
+    for (const s of steps) for (const [k, v] of Object.entries(s.metrics)) {
+      if (k.startsWith("staleness/hist/")) { const b = k.slice(15); hist[b] = (hist[b] || 0) + v; }
+    }
+    staleHist(hist);
+  }
+
+  function renderEvals() {
+    const versions = [...new Set(evals.map((e) => e.policy_version))].sort((a, b) => a - b);
+    const series = {};
+    for (const e of evals) {
+      const name = e.agent === "*" ? e.task_type : `${e.task_type} · ${e.agent}`;
+      if (!series[name]) series[name] = versions.map(() => null);
+      series[name][versions.indexOf(e.policy_version)] = e.reward_mean;
+    }
+    charts.eval.set(versions, series);
+  }
+
+  poll(async () => {
+    const wantEvals = evalCount < 0;
+    const data = await api(`/dashboard/api/run?after=${last}&evals=${wantEvals}`);
+    renderTiles(data.snapshot);
+    for (const s of data.steps) { steps.push(s); last = s.step; }
+    if (data.steps.length || !charts.reward.plot) renderCharts();
+    if (data.evals) { evals = data.evals; renderEvals(); }
+    // fetch the eval curves again only when new eval episodes arrived
+    evalCount = data.evals ? data.snapshot.eval_episodes : (data.snapshot.eval_episodes !== evalCount ? -1 : evalCount);
+  }, 2000);
+})();

@@ -1,0 +1,111 @@
+"""Who may do what. Three secrets (``docs/protocol.md``):
+
+- the swarm token gates join and begin (open when none is set, on a loopback bind);
+- the admin token gates the control plane and other episodes' traces. It is always set: a server started
+  without one generates it (``ensure_admin_token``) and leaves it in an owner-only file;
+- an episode key authorises its own episode only.
+
+``Auth`` holds digests of the tokens, never the tokens. The FastAPI dependencies below read the bearer
+token with ``HTTPBearer`` and check it against the ``Auth`` kept on the app's state.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+from pathlib import Path
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from agentjet.server.digest import digest, matches
+from agentjet.server.errors import unauthorized
+from agentjet.settings import ServerConfig
+from agentjet.settings.paths import admin_token_path, local_admin_token_file
+
+log = logging.getLogger(__name__)
+
+_bearer_scheme = HTTPBearer(auto_error=False, description="the swarm token, the admin token or an episode key")
+
+
+class Auth:
+    def __init__(self, swarm_token: str | None, admin_token: str) -> None:
+        self._swarm = digest(swarm_token) if swarm_token else None
+        self._admin = digest(admin_token)
+
+    @classmethod
+    def from_config(cls, config: ServerConfig) -> Auth:
+        admin = ServerConfig.secret(config.admin_token)
+        if admin is None:
+            raise ValueError("the admin token is not set: call ensure_admin_token first")
+        return cls(ServerConfig.secret(config.swarm_token), admin)
+
+    def is_admin(self, token: str | None) -> bool:
+        return matches(token, self._admin)
+
+    def is_swarm(self, token: str | None) -> bool:
+        return self._swarm is None or matches(token, self._swarm)
+
+    def check_swarm(self, token: str | None) -> None:
+        if not self.is_swarm(token):
+            raise unauthorized("a valid swarm token is required (Authorization: Bearer <swarm token>)")
+
+    def check_admin(self, token: str | None) -> None:
+        if not self.is_admin(token):
+            raise unauthorized("this action needs the admin token (Authorization: Bearer <admin token>)")
+
+    def check_swarm_or_admin(self, token: str | None) -> None:
+        if not (self.is_swarm(token) or self.is_admin(token)):
+            raise unauthorized("this needs the swarm token or the admin token")
+
+
+def _write_owner_only(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text + "\n")
+    os.chmod(tmp, 0o600)
+    tmp.replace(path)
+
+
+def ensure_admin_token(config: ServerConfig, data_dir: Path, home: Path) -> Path | None:
+    """Generate an admin token when none was given: 256 random bits, written owner-only to the data dir and
+    to ``$AGENTJET_HOME/tokens/admin-<port>`` (where ``ajet ctl`` on this machine looks). Returns the file,
+    or None when the user gave a token."""
+    if config.admin_token is not None:
+        return None
+    from pydantic import SecretStr
+
+    token = "aj-admin-" + secrets.token_urlsafe(32)
+    path = admin_token_path(data_dir)
+    _write_owner_only(path, token)
+    if config.port:
+        _write_owner_only(local_admin_token_file(home, config.port), token)
+    config.admin_token = SecretStr(token)
+    log.warning("no admin token was given: generated one, in %s (owner-only); `ajet ctl` on this machine finds "
+                "it by itself", path)
+    return path
+
+
+def bearer(credentials: HTTPAuthorizationCredentials | None = Depends(_bearer_scheme)) -> str | None:
+    """The bearer token of the request, or None."""
+    token = credentials.credentials.strip() if credentials is not None else ""
+    return token or None
+
+
+def _auth(request: Request) -> Auth:
+    return request.app.state.auth
+
+
+def require_swarm(request: Request, token: str | None = Depends(bearer)) -> None:
+    _auth(request).check_swarm(token)
+
+
+def require_admin(request: Request, token: str | None = Depends(bearer)) -> None:
+    _auth(request).check_admin(token)
+
+
+def require_swarm_or_admin(request: Request, token: str | None = Depends(bearer)) -> None:
+    _auth(request).check_swarm_or_admin(token)

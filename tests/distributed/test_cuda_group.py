@@ -1,0 +1,34 @@
+"""The trainer group on CUDA (NCCL, bf16 MixedPrecisionPolicy): skipped without a GPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from agentjet.distributed import TrainerGroup, TrainerGroupSettings
+from agentjet.engines.policy_step import StepConfig
+from agentjet.settings import EngineSettings, LossSettings
+
+pytestmark = [pytest.mark.cuda, pytest.mark.timeout(300),
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+def test_group_on_cuda_tracks_the_single_process_trainer(tiny_model_path: Path, batches, tmp_path: Path) -> None:
+    from agentjet.engines.hf import HFEngine
+
+    engine = EngineSettings(device="cuda", dtype="float32", autocast_bf16=True)  # plain: autocast; group: bf16 params
+    config = StepConfig.from_settings(engine, LossSettings(), 1e-3)
+    plain = HFEngine(tiny_model_path, engine, LossSettings(), 1e-3)
+    procs = min(2, torch.cuda.device_count())
+    settings = TrainerGroupSettings(procs=procs, device="cuda", work_dir=tmp_path, startup_timeout_s=180,
+                                    step_timeout_s=60)
+    with TrainerGroup(tiny_model_path, settings, config) as group:
+        assert group.backend == "nccl"
+        for batch in batches[:2]:
+            m, r = group.train_step(batch), plain.train_step_sync(batch)
+            assert m["trained_tokens"] == r["trained_tokens"]
+            assert m["loss"] == pytest.approx(r["loss"], rel=5e-2, abs=1e-3)  # bf16 rounding differs
+            assert m["grad_norm"] == pytest.approx(r["grad_norm"], rel=5e-2)
+    assert group.exit_codes[-1] == 0

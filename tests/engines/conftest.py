@@ -1,0 +1,49 @@
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+
+
+def fake_settings(**overrides):
+    """Settings that run tests/engines/fake_vllm.py in place of vLLM (same routes and JSON shapes)."""
+    from agentjet.engines.vllm import VLLMSettings
+
+    base = {"python": Path(sys.executable), "module": "fake_vllm", "extra_env": {"PYTHONPATH": str(HERE)},
+            "dtype": "float32", "max_model_len": 1024, "startup_timeout_s": 120, "restart_backoff_s": 0.1,
+            "watch_interval_s": 0.1, "stop_timeout_s": 10, "sync_timeout_s": 60, "probe_threshold": 0.01}
+    return VLLMSettings(**{**base, **overrides})
+
+
+def _build(work_dir: Path, model: Path, lora=None, lr: float = 1e-3, **settings):
+    from agentjet.engines.vllm import VLLMEngine
+    from agentjet.settings import EngineSettings, LoraSettings
+
+    engine = EngineSettings(vllm=fake_settings(**settings), lora=lora or LoraSettings())
+    return VLLMEngine(model, engine, learning_rate=lr, work_dir=work_dir)
+
+
+@pytest.fixture(scope="module")
+def shared_vllm_engine(tmp_path_factory, tiny_model_path: Path):
+    """One engine on the fake vLLM for the tests that change nothing (one start instead of several)."""
+    engine = _build(tmp_path_factory.mktemp("vllm-shared"), tiny_model_path)
+    yield engine
+    engine.close_sync()
+
+
+@pytest.fixture
+def make_vllm_engine(tmp_path: Path, tiny_model_path: Path):
+    """Build VLLMEngines on the tiny model, served by the fake vLLM subprocess; all stopped at teardown."""
+    made = []
+
+    def make(lora=None, lr: float = 1e-3, **settings):
+        engine = _build(tmp_path / f"vllm{len(made)}", tiny_model_path, lora, lr, **settings)
+        made.append(engine)
+        return engine
+
+    yield make
+    for engine in made:
+        engine.close_sync()

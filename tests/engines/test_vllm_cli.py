@@ -1,0 +1,33 @@
+"""`ajet server --engine vllm` wiring: settings land in the server config; a missing vLLM venv is a clear error."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from agentjet.cli import app
+
+
+def test_missing_vllm_python_is_refused_before_anything_starts(tmp_path: Path, tiny_model_path: Path) -> None:
+    missing = tmp_path / "no-venv" / "bin" / "python"
+    result = CliRunner().invoke(app, ["server", "--engine", "vllm", "--model", str(tiny_model_path),
+                                      "--vllm-python", str(missing), "--data-dir", str(tmp_path / "d")])
+    assert result.exit_code == 2
+    assert "--vllm-python" in result.output and "make setup-vllm" in result.output
+
+
+def test_bad_vllm_setting_names_the_field(tmp_path: Path, tiny_model_path: Path) -> None:
+    result = CliRunner().invoke(app, ["server", "--engine", "vllm", "--model", str(tiny_model_path),
+                                      "--vllm-platform", "tpu", "--data-dir", str(tmp_path / "d")])
+    assert result.exit_code == 2
+    assert "invalid settings" in result.output and "engine.vllm.platform (--vllm-platform)" in result.output
+
+
+def test_server_config_carries_the_vllm_block() -> None:
+    from agentjet.settings import EngineSettings, ServerConfig, VLLMSettings
+
+    cfg = ServerConfig(engine=EngineSettings(kind="vllm", vllm=VLLMSettings(kv_cache_gib=4)))
+    dumped = cfg.model_dump(mode="json")
+    assert dumped["engine"]["vllm"]["kv_cache_gib"] == 4 and dumped["engine"]["kind"] == "vllm"
+    assert ServerConfig.model_validate(dumped).engine.vllm == cfg.engine.vllm

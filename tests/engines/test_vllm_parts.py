@@ -1,0 +1,129 @@
+"""The vLLM adapter's pure parts: weight export, TIS weights and mismatch statistics, the probe, settings."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from agentjet.algorithms.tis import mismatch_stats, tis_weights
+from agentjet.engines.base import TrainSample
+from agentjet.engines.vllm import VLLMEngine, VLLMSettings
+from agentjet.engines.vllm.probe import compare, probe_prompt_ids
+from agentjet.engines.vllm.weights import export_full, prune_versions, version_dir
+
+
+def test_export_full_is_untied_and_reloads_to_the_same_model(tiny_engine, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    model = tiny_engine.model
+    assert model.config.tie_word_embeddings
+    out = export_full(model, tiny_engine.tokenizer, tmp_path / "v000003", dtype="float32")
+    config = json.loads((out / "config.json").read_text())
+    assert config["tie_word_embeddings"] is False
+    from safetensors.torch import load_file
+
+    state = load_file(str(out / "model.safetensors"))
+    assert torch.equal(state["lm_head.weight"], state["model.embed_tokens.weight"])
+    reloaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    ids = torch.tensor([[1, 5, 9, 17, 33]])
+    with torch.no_grad():
+        assert torch.allclose(reloaded(ids).logits, model(ids).logits, atol=1e-5)
+    assert (out / "tokenizer.json").exists() and not list(tmp_path.glob(".tmp-*"))
+
+
+def test_export_casts_to_the_served_dtype(tiny_engine, tmp_path):
+    from safetensors.torch import load_file
+
+    out = export_full(tiny_engine.model, tiny_engine.tokenizer, tmp_path / "v000001", dtype="bfloat16")
+    assert {t.dtype for t in load_file(str(out / "model.safetensors")).values()} == {torch.bfloat16}
+    assert tiny_engine.model.model.embed_tokens.weight.dtype == torch.float32  # the trainer's copy is untouched
+
+
+def test_prune_keeps_the_newest_and_the_protected(tmp_path):
+    for v in range(5):
+        version_dir(tmp_path, v).mkdir()
+    (tmp_path / "notes").mkdir()
+    removed = prune_versions(tmp_path, keep=2, protect={version_dir(tmp_path, 1)})
+    assert sorted(p.name for p in removed) == ["v000000", "v000002"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes", "v000001", "v000003", "v000004"]
+
+
+def test_tis_weights_are_truncated_ratios():
+    t = torch.tensor([-1.0, -1.0, -3.0])
+    b = torch.tensor([-1.0, -2.0, -1.0])
+    w = tis_weights(t, b, cap=2.0)
+    assert w.tolist() == pytest.approx([1.0, 2.0, math.exp(-2.0)])  # e^1 = 2.72 is truncated to 2
+    with pytest.raises(ValueError):
+        tis_weights(t, b, cap=0.0)
+
+
+def test_mismatch_stats():
+    same = mismatch_stats(torch.tensor([-1.0, -2.0]), torch.tensor([-1.0, -2.0]), cap=2.0)
+    assert (same.kl, same.abs_diff, same.weight_mean, same.truncated_frac) == (0.0, 0.0, 1.0, 0.0)
+    d = torch.tensor([0.5, -0.5, 1.0])  # log p_t - log p_s
+    s = mismatch_stats(d - 1.0, torch.full((3,), -1.0), cap=2.0)
+    expected_k3 = float((torch.exp(d) - d - 1).mean())
+    assert s.kl == pytest.approx(expected_k3) and s.kl > 0
+    assert s.k1 == pytest.approx(float(-d.mean()))
+    assert s.truncated_frac == pytest.approx(1 / 3)  # e^1 > 2
+    assert mismatch_stats(torch.tensor([]), torch.tensor([]), cap=None).tokens == 0
+
+
+class _ScoringTrainer:
+    """Just enough of the training half for ``prepare_batch``."""
+
+    def __init__(self, scores: list[list[float]]) -> None:
+        self.scores = scores
+
+    def score(self, batch: list[TrainSample]) -> list[list[float]]:
+        return self.scores
+
+
+def _engine_with(trainer, cap):
+    engine = VLLMEngine.__new__(VLLMEngine)  # no process: only prepare_batch is exercised
+    engine.trainer = trainer
+    engine.settings = VLLMSettings(tis_cap=cap)
+    return engine
+
+
+def test_prepare_batch_uses_trainer_logprobs_as_proximal_and_weights_advantages():
+    sample = TrainSample(input_ids=[1, 2, 3, 4], loss_mask=[0, 0, 1, 1], behaviour_logprobs=[0.0, 0.0, -1.0, -2.0],
+                         advantages=[0.0, 0.0, 0.5, 0.5], temperature=0.7, weight=0.5)
+    engine = _engine_with(_ScoringTrainer([[-1.5, -0.5]]), cap=2.0)
+    (out,), metrics = engine.prepare_batch([sample])
+    assert out.behaviour_logprobs == [0.0, 0.0, -1.5, -0.5]
+    assert out.advantages == pytest.approx([0.0, 0.0, 0.5 * math.exp(-0.5), 0.5 * 2.0])  # e^1.5 capped at 2
+    assert (out.temperature, out.weight, out.loss_mask) == (0.7, 0.5, sample.loss_mask)
+    assert metrics["mismatch_tokens"] == 2 and metrics["tis_truncated_frac"] == 0.5
+    assert metrics["mismatch_abs_diff"] == pytest.approx(1.0)
+
+    off = _engine_with(_ScoringTrainer([[-1.5, -0.5]]), cap=None)
+    (same,), metrics = off.prepare_batch([sample])
+    assert same is sample and metrics["tis_weight_mean"] == 1.0 and metrics["mismatch_kl"] > 0
+
+
+def test_probe_prompt_spans_more_than_one_cpu_kv_block(tiny_engine):
+    ids = probe_prompt_ids(tiny_engine.tokenizer, max_context=4096)
+    assert len(ids) == 200 and ids == probe_prompt_ids(tiny_engine.tokenizer, max_context=4096)
+    assert len(probe_prompt_ids(tiny_engine.tokenizer, max_context=100)) == 50
+
+
+def test_probe_compare_reports_the_worse_part():
+    r = compare([-1.0, -2.0], [-0.5], [-1.0, -2.1, -1.5])
+    assert r.prompt_diff == pytest.approx(0.05) and r.gen_diff == pytest.approx(1.0) and r.diff == pytest.approx(1.0)
+    with pytest.raises(ValueError):
+        compare([-1.0], [-1.0], [-1.0])
+
+
+def test_settings_are_validated():
+    with pytest.raises(ValidationError):
+        VLLMSettings(probe_threshold=0)
+    with pytest.raises(ValidationError):
+        VLLMSettings(pause_mode="later")
+    with pytest.raises(ValidationError):
+        VLLMSettings(unknown=1)
+    assert VLLMSettings().python.name == "python"

@@ -1,0 +1,119 @@
+"""The dashboard in headless Chromium against a real server on the tiny model, after a few train steps:
+the run page draws curves with data points, the trace viewer colours the tokens of a merged multi-turn episode,
+and nothing opens without the token."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from tests.conftest import wait_until
+from tests.observe.browser import CHROMIUM_ARGS, chromium_path, skip_reason
+from tests.observe.helpers import ADMIN, READ, play_group
+
+from agentjet.observe import ObserveSettings
+
+pytestmark = [pytest.mark.browser, pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")]
+
+
+@pytest.fixture(scope="module")
+def trained_server(tmp_path_factory, tiny_model_path):
+    from agentjet.engines.hf import HFEngine
+    from agentjet.launch import free_port
+    from agentjet.server import SwarmServer
+    from agentjet.server.app import BackgroundServer
+    from agentjet.settings import EngineSettings, ServerConfig, TrainingSettings
+
+    cfg = ServerConfig(model=str(tiny_model_path), served_model_name="tiny", port=free_port(),
+                       data_dir=tmp_path_factory.mktemp("dash"), admin_token=ADMIN,
+                       observe=ObserveSettings(read_token=READ),
+                       training=TrainingSettings(group_size=2, batch_groups=1, learning_rate=1e-3, checkpoint_every=0))
+    srv = BackgroundServer(SwarmServer(cfg, HFEngine(tiny_model_path, EngineSettings(max_batch_size=8)))).start()
+    merged = play_group(srv.url, "multi", [1.0, 0.0], turns=3)
+    play_group(srv.url, "t2", [0.0, 1.0], task_type="code")
+    play_group(srv.url, "t3", [1.0, 0.5])
+    play_group(srv.url, "ev", [1.0], eval=True)
+    wait_until(lambda: srv.server.trainer.counters.train_steps >= 3, timeout=120)
+    wait_until(lambda: srv.server.metrics.trainlog.for_episode(merged[0]) != {})
+    yield srv, merged[0]
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+def login(browser, url: str, target: str):
+    page = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
+    page.goto(url + target)
+    assert "/dashboard/login" in page.url  # no session: the login form
+    page.fill("#token", READ)
+    page.click("button[type=submit]")
+    page.wait_for_url(lambda u: u.endswith(target))
+    return page
+
+
+def test_run_page_shows_curves_with_data_points(trained_server, browser) -> None:
+    srv, _ = trained_server
+    page = login(browser, srv.url, "/dashboard/run")
+    for title in ("Train reward per task type", "Step time split (s)", "Tokens per second",
+                  "Eval reward per task type / agent", "Dropped episodes by reason (total)"):
+        chart = page.locator(f'.card[data-title="{title}"]')
+        page.wait_for_function("el => Number(el.dataset.points) > 0", arg=chart.element_handle(), timeout=15000)
+        assert chart.locator("canvas").count() >= 1  # uPlot drew it
+    assert int(page.locator('.card[data-title="Train reward per task type"]').get_attribute("data-points")) >= 3
+    assert page.locator(".tile").count() >= 10
+    assert "policy v" in page.locator("h1").inner_text()
+
+
+def test_trace_viewer_colours_the_tokens_of_a_merged_multi_turn_episode(trained_server, browser) -> None:
+    srv, episode = trained_server
+    page = login(browser, srv.url, f"/dashboard/trace?episode={episode}")
+    tokens = page.locator(".tokens").first
+    tokens.wait_for(timeout=15000)
+    assert int(tokens.get_attribute("data-boundaries")) == 3  # three calls merged into one sample
+    assert page.locator(".call").count() == 3
+    trained, prompt = page.locator(".tok.t"), page.locator(".tok.p")
+    assert trained.count() > 0 and prompt.count() > 0
+    colour = lambda loc: loc.evaluate("el => getComputedStyle(el).backgroundColor")  # noqa: E731
+    assert colour(trained.first) != colour(prompt.first)
+    page.select_option("#color-mode", "trainer")
+    grey = "rgba(156, 163, 175, 0.4)"  # "no trainer record"
+    assert all(colour(trained.nth(i)) != grey for i in range(min(trained.count(), 10)))
+    trained.first.hover()
+    tip = page.locator("#tip")
+    assert tip.is_visible()
+    text = tip.inner_text()
+    assert "token id" in text and "behaviour logprob" in text and "trainer logprob" in text and "advantage" in text
+
+
+def test_other_pages_render_their_data(trained_server, browser) -> None:
+    srv, episode = trained_server
+    page = login(browser, srv.url, "/dashboard/episodes")
+    page.wait_for_selector("#episodes tr[data-status]", timeout=15000)
+    assert page.locator("#episodes tr[data-status]").count() == 7
+    page.goto(srv.url + "/dashboard/episodes?status=trained&task_type=code")
+    page.wait_for_selector("#episodes tr[data-status]", timeout=15000)
+    assert page.locator("#episodes tr[data-status]").count() == 2
+    page.goto(srv.url + "/dashboard/clients")
+    page.wait_for_selector("#clients td a", timeout=15000)
+    assert page.locator("#clients td a").first.inner_text() == "c1"
+
+
+def test_without_the_token_nothing_opens(trained_server, browser) -> None:
+    srv, episode = trained_server
+    page = browser.new_context().new_page()
+    page.goto(f"{srv.url}/dashboard/trace?episode={episode}")
+    assert "/dashboard/login" in page.url
+    status = page.evaluate("async () => (await fetch('/dashboard/api/run')).status")
+    assert status == 401
+    page.fill("#token", "not-the-token")
+    page.click("button[type=submit]")
+    page.wait_for_url(lambda u: u.endswith("/dashboard/login?error=wrong"))
+    assert "not this server's" in page.locator("#error").inner_text()
+    assert httpx.get(f"{srv.url}/dashboard/api/episodes/{episode}/trace").status_code == 401

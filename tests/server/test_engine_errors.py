@@ -1,0 +1,87 @@
+"""What the server does with the errors a rollout engine raises: EngineUnavailableError is a 503 (the server
+stays up), TrainingHaltedError pauses training and says why in the status."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import httpx
+from tests.conftest import wait_until
+
+from agentjet import SwarmClient
+from agentjet.engines.errors import EngineUnavailableError, TrainingHaltedError
+from agentjet.engines.null import NullEngine
+
+USER = [{"role": "user", "content": "what is 2 + 2?"}]
+
+
+class FlakyEngine(NullEngine):
+    def __init__(self, tokenizer) -> None:
+        super().__init__(tokenizer)
+        self.down = False
+        self.halt = False
+        self.train_calls = 0
+
+    async def generate(self, prompt_ids, sampling, on_token=None):
+        if self.down:
+            raise EngineUnavailableError("vLLM crashed during the request (exit code -9); it is being restarted", 30)
+        return await super().generate(prompt_ids, sampling, on_token)
+
+    async def train_step(self, batch):
+        self.train_calls += 1
+        if self.halt:
+            raise TrainingHaltedError("vLLM and the trainer disagree on the probe prompt")
+        return await super().train_step(batch)
+
+
+def begin(url: str) -> str:
+    r = httpx.post(f"{url}/swarm/v1/episodes", json={"client_id": "c", "task_id": "t"})
+    r.raise_for_status()
+    return r.json()["api_key"]
+
+
+def test_unavailable_engine_is_a_503_and_the_server_stays_up(make_server, tiny_model_path):
+    from transformers import AutoTokenizer
+
+    engine = FlakyEngine(AutoTokenizer.from_pretrained(tiny_model_path))
+    srv = make_server(engine)
+    key = begin(srv.url)
+    headers = {"Authorization": f"Bearer {key}"}
+    engine.down = True
+    r = httpx.post(f"{srv.url}/v1/chat/completions", json={"model": "tiny", "messages": USER}, headers=headers)
+    assert r.status_code == 503 and r.headers["retry-after"] == "30"
+    assert r.json()["error"]["code"] == "engine_unavailable" and "crashed" in r.json()["error"]["message"]
+    with httpx.stream("POST", f"{srv.url}/v1/chat/completions", headers=headers,
+                      json={"model": "tiny", "messages": USER, "stream": True}) as s:
+        events = [line[6:] for line in s.iter_lines() if line.startswith("data: ")]
+    assert json.loads(events[-1])["error"]["code"] == "engine_unavailable"
+    assert httpx.get(f"{srv.url}/health").status_code == 200
+    engine.down = False
+    r = httpx.post(f"{srv.url}/v1/chat/completions", json={"model": "tiny", "messages": USER}, headers=headers)
+    assert r.status_code == 200
+
+
+def test_training_halted_pauses_training_and_says_why(make_server, tiny_model_path):
+    from transformers import AutoTokenizer
+
+    engine = FlakyEngine(AutoTokenizer.from_pretrained(tiny_model_path))
+    engine.halt = True
+    srv = make_server(engine, training={"group_size": 2, "batch_groups": 1})
+
+    async def episodes() -> None:
+        async with SwarmClient(srv.url) as client:
+            for reward in (1.0, 0.0):
+                async with client.episode(task_id="t1") as ep:
+                    await ep.openai().chat.completions.create(model="tiny", messages=USER, max_tokens=4)
+                    ep.reward(reward)
+
+    asyncio.run(episodes())
+    wait_until(lambda: httpx.get(f"{srv.url}/swarm/v1/status").json()["training_halted"] is not None)
+    status = httpx.get(f"{srv.url}/swarm/v1/status").json()
+    assert "disagree on the probe" in status["training_halted"]
+    assert status["engine_state"] == "paused" and status["buffer"]["pending_episodes"] == 2  # nothing lost
+    calls = engine.train_calls
+    time.sleep(1.5)
+    assert engine.train_calls == calls  # no retry loop while halted

@@ -1,0 +1,228 @@
+"""One settings object with many entrances: every leaf of ServerConfig is reachable from the command line, a
+config file and the environment; --help is generated from it; precedence and errors are as documented."""
+
+from __future__ import annotations
+
+import enum
+import json
+import typing
+from pathlib import Path
+from typing import Any
+
+import annotated_types
+import pytest
+import yaml
+from pydantic import SecretStr
+from typer.testing import CliRunner
+
+from agentjet.cli import app
+from agentjet.settings import (
+    EngineKind,
+    LogSink,
+    ServerConfig,
+    SettingField,
+    SettingsError,
+    find_field,
+    load_server_config,
+    options_values,
+    server_fields,
+)
+from agentjet.settings.fields import _strip_optional
+from agentjet.settings.load import env_values
+
+
+def sample_value(f: SettingField) -> tuple[str, Any]:
+    """A valid, non-default value for a field: (as typed on a command line, as the model holds it)."""
+    special = {"model": ("tiny-random", "tiny-random"), "device": ("cpu", "cpu"), "host": ("localhost", "localhost"),
+               "min_group_size": ("3", 3), "task_ratios": ("a=0.7,b=0.3", {"a": 0.7, "b": 0.3}),
+               "targets": ("q_proj,v_proj", ["q_proj", "v_proj"]), "data_dir": ("/tmp/aj-x", Path("/tmp/aj-x")),
+               "log_level": ("debug", "DEBUG"), "compare_level": ("text", "text"), "dtype": ("bfloat16", "bfloat16"),
+               "public_url": ("http://h:1", "http://h:1"), "seed": ("7", 7), "max_context": ("512", 512),
+               "log_to": ("tensorboard", [LogSink.TENSORBOARD]), "kind": ("null", EngineKind.NULL),
+               "python": ("/usr/bin/python3", Path("/usr/bin/python3")),
+               "extra_args": ("--seed 3", ["--seed", "3"]), "extra_env": ("A=1,B=x", {"A": "1", "B": "x"}), "bench_history": ("/tmp/h.jsonl", Path("/tmp/h.jsonl")),
+               "rdzv_endpoint": ("node0:29400", "node0:29400"), "cuda_visible_devices": ("0,1", "0,1"),
+               "control_host": ("0.0.0.0", "0.0.0.0"), "work_dir": ("/tmp/aj-w", Path("/tmp/aj-w")),
+               "export_dir": ("/tmp/aj-e", Path("/tmp/aj-e")), "recovery_dir": ("/tmp/aj-r", Path("/tmp/aj-r"))}
+    if f.path[-1] in special:
+        return special[f.path[-1]]
+    inner = _strip_optional(f.annotation)
+    if inner is bool:
+        return ("", not f.info.default)
+    if f.is_secret:
+        return ("s3cret-token", "s3cret-token")
+    if isinstance(inner, type) and issubclass(inner, enum.Enum):
+        value = next(m for m in inner if m != f.info.default)
+        return (str(value.value), value)
+    if typing.get_origin(inner) is typing.Literal:
+        value = next(a for a in typing.get_args(inner) if a != f.info.default)
+        return (str(value), value)
+    if inner is int:
+        low = next((int(m.ge) for m in f.info.metadata if isinstance(m, annotated_types.Ge)), 0)
+        value = low + 3 if f.info.default != low + 3 else low + 5
+        return (str(value), value)
+    if inner is float:
+        return ("0.125", 0.125)
+    if inner is str:
+        return ("custom", "custom")
+    raise AssertionError(f"no sample value for {f.dotted} ({f.annotation})")
+
+
+# Settings that are only valid together with others (cross-field rules): the companions, as typed on a command line.
+_MULTI_NODE = {"trainer.rdzv_endpoint": "node0:29400", "trainer.control_port": "29500", "trainer.auth_token": "t0k"}
+COMPANIONS: dict[str, dict[str, str]] = {
+    "training.min_group_size": {"training.group_size": "4"},
+    "trainer.nnodes": _MULTI_NODE,
+    "trainer.node_rank": {**_MULTI_NODE, "trainer.nnodes": "8", "trainer.export_dir": "/tmp/aj-e"},
+}
+
+
+def companion_args(f: SettingField) -> list[str]:
+    return [a for dotted, typed in COMPANIONS.get(f.dotted, {}).items() for a in (f"--{find_field(dotted).flag}", typed)]
+
+
+def got(config: ServerConfig, f: SettingField) -> Any:
+    value: Any = config
+    for part in f.path:
+        value = getattr(value, part)
+    return value.get_secret_value() if isinstance(value, SecretStr) else value
+
+
+@pytest.fixture
+def captured(monkeypatch: pytest.MonkeyPatch, tiny_model_path: Path) -> list[ServerConfig]:
+    """`ajet server` up to the point where it would serve: the config it would serve is captured."""
+    configs: list[ServerConfig] = []
+    monkeypatch.setattr("agentjet.server.app.serve", lambda config: configs.append(config))
+    for name in list(__import__("os").environ):
+        if name.startswith("AGENTJET_") and name != "AGENTJET_HOME":
+            monkeypatch.delenv(name)
+    return configs
+
+
+FIELDS = server_fields()
+
+
+@pytest.mark.parametrize("field", FIELDS, ids=[f.dotted for f in FIELDS])
+def test_every_setting_reaches_the_cli(field: SettingField, captured: list[ServerConfig]) -> None:
+    typed, want = sample_value(field)
+    args = [f"--{field.flag}" if field.info.default is False else f"--no-{field.flag}"] if field.is_bool \
+        else [f"--{field.flag}", typed]
+    result = CliRunner().invoke(app, ["server", "--model", "tiny-random", *companion_args(field), *args])
+    assert result.exit_code == 0, result.output
+    assert got(captured[-1], field) == want
+
+
+@pytest.mark.parametrize("field", FIELDS, ids=[f.dotted for f in FIELDS])
+def test_every_setting_reaches_the_file_and_the_environment(field: SettingField, tmp_path: Path) -> None:
+    typed, want = sample_value(field)
+    raw: Any = json.loads(json.dumps(want, default=lambda v: v.value if isinstance(v, enum.Enum) else str(v)))
+    companions = COMPANIONS.get(field.dotted, {})
+    file_data = options_values({**companions, field.dotted: raw})
+    path = tmp_path / "server.yaml"
+    path.write_text(yaml.safe_dump(file_data))
+    assert got(load_server_config(config_file=path), field) == want
+    env_text = typed if not field.is_bool else str(want).lower()
+    if field.path[-1] in ("targets", "log_to", "extra_args", "extra_env"):
+        env_text = typed
+    environ = {find_field(dotted).env: typed for dotted, typed in companions.items()}
+    assert got(load_server_config(environ={**environ, field.env: env_text}), field) == want
+
+
+def test_help_lists_every_setting_with_its_description_and_bounds() -> None:
+    out = CliRunner().invoke(app, ["server", "--help"], terminal_width=100).output
+    flat = " ".join(out.split())
+    for f in FIELDS:
+        assert f"--{f.flag}" in out, f.dotted
+        words = " ".join((f.info.description or "").split()[:4])
+        assert words in flat, (f.dotted, words)
+    assert "1 ≤ x ≤ 1024; default 4" in flat  # group_size's bounds and default
+    assert "--swarm-token-file" in out and "AGENTJET_SWARM_TOKEN_FILE" in flat
+
+
+def test_help_fits_80_columns_without_cutting() -> None:
+    out = CliRunner().invoke(app, ["server", "--help"], terminal_width=80).output
+    assert all(len(line) <= 80 for line in out.splitlines())
+    assert "…" not in out and "--admin-token-file" in out
+
+
+def test_precedence_cli_over_file_over_environment(tmp_path: Path) -> None:
+    path = tmp_path / "s.toml"
+    path.write_text("port = 2000\n[training]\ngroup_size = 6\nbatch_groups = 3\n")
+    env = {"AGENTJET_PORT": "1000", "AGENTJET_TRAINING__GROUP_SIZE": "5", "AGENTJET_TRAINING__LEARNING_RATE": "0.01",
+           "AGENTJET_HOME": "/ignored", "AGENTJET_VENV": ".venv"}
+    cfg = load_server_config({"training": {"batch_groups": "9"}}, path, env)
+    assert (cfg.port, cfg.training.group_size, cfg.training.batch_groups, cfg.training.learning_rate) == \
+        (2000, 6, 9, 0.01)
+
+
+def test_secrets_from_environment_file_and_cli(tmp_path: Path, captured: list[ServerConfig]) -> None:
+    token_file = tmp_path / "tok"
+    token_file.write_text("from-file\n")
+    assert load_server_config(environ={"AGENTJET_SWARM_TOKEN_FILE": str(token_file)}).swarm_token == \
+        SecretStr("from-file")
+    env = {"AGENTJET_SWARM_TOKEN_FILE": str(token_file), "AGENTJET_SWARM_TOKEN": "from-env"}
+    assert load_server_config(environ=env).swarm_token == SecretStr("from-env")
+    result = CliRunner().invoke(app, ["server", "--model", "tiny-random", "--admin-token-file", str(token_file)])
+    assert result.exit_code == 0, result.output
+    assert captured[-1].admin_token == SecretStr("from-file")
+    assert "from-file" not in json.dumps(captured[-1].public_dict())  # never shown
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--group-size", "0"], "training.group_size (--group-size): Input should be greater than or equal to 1"),
+    (["--group-size", "2", "--min-group-size", "3"], "min_group_size (3) cannot exceed group_size (2)"),
+    (["--dtype", "int4"], "engine.dtype (--dtype)"),
+    (["--task-ratios", "math"], "must look like name=value"),
+    (["--port", "http"], "port (--port)"),
+])
+def test_bad_options_fail_naming_the_field(args: list[str], message: str, captured: list[ServerConfig]) -> None:
+    result = CliRunner().invoke(app, ["server", *args], terminal_width=200)
+    assert result.exit_code == 2 and not captured
+    assert message in " ".join(result.output.split())
+
+
+def test_misspelt_environment_setting_is_an_error() -> None:
+    with pytest.raises(SettingsError, match="AGENTJET_TRAINING__GROUP_SIZ"):
+        env_values({"AGENTJET_TRAINING__GROUP_SIZ": "4"})
+
+
+def test_find_field_by_flag_alias_and_path() -> None:
+    assert find_field("lr").dotted == find_field("--learning-rate").dotted == "training.learning_rate"
+    assert find_field("group_size").dotted == find_field("training.group_size").dotted == "training.group_size"
+    with pytest.raises(KeyError, match="did you mean"):
+        find_field("group-siz")
+
+
+def test_engine_settings_reach_the_engine(captured: list[ServerConfig], monkeypatch: pytest.MonkeyPatch) -> None:
+    from agentjet.server.app import build_engine
+
+    result = CliRunner().invoke(app, ["server", "--model", "tiny-random", "--device", "cpu", "--dtype", "bfloat16",
+                                      "--lora-rank", "8", "--lora-alpha", "16", "--max-batch-size", "3",
+                                      "--kl-coef", "0.05", "--lr", "0.002"])
+    assert result.exit_code == 0, result.output
+    engine = build_engine(captured[-1])
+    info = engine.describe()
+    assert info["device"] == "cpu" and info["dtype"] == "bfloat16" and info["max_batch_size"] == 3
+    assert info["lora"] == {"rank": 8, "alpha": 16.0, "targets": list(captured[-1].engine.lora.targets)}
+    assert any("lora_" in n for n, p in engine.model.named_parameters() if p.requires_grad)
+    assert next(engine.model.parameters()).dtype.is_floating_point and engine.dtype.__str__() == "torch.bfloat16"
+    assert engine.trainer.loss.kl_coef == 0.05 and engine.trainer.learning_rate == 0.002
+
+
+def test_config_file_written_for_a_child_reads_back(tmp_path: Path) -> None:
+    from agentjet.settings import write_config_file
+
+    cfg = load_server_config({"admin_token": "adm1n", "training": {"group_size": 8}, "engine": {"lora": {"rank": 4}}})
+    path = write_config_file(cfg, tmp_path / "c.yaml")
+    assert path.stat().st_mode & 0o777 == 0o600  # it holds the token
+    again = load_server_config(config_file=path)
+    assert again == cfg
+
+
+def test_a_nested_secret_from_a_file_named_in_the_environment(tmp_path: Path) -> None:
+    token_file = tmp_path / "read"
+    token_file.write_text("r34d\n")
+    env = {"AGENTJET_OBSERVE__READ_TOKEN_FILE": str(token_file)}
+    assert load_server_config(environ=env).observe.read_token == SecretStr("r34d")
+    both = {**env, "AGENTJET_OBSERVE__READ_TOKEN": "direct"}  # the variable wins; the _FILE one is not "unknown"
+    assert load_server_config(environ=both).observe.read_token == SecretStr("direct")
