@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from agentjet import SwarmClient
+from agentjet.client.runner import run_workflow
 from agentjet.client.scheduled import ScheduleSettings, run_scheduled
 from agentjet.schedule import Curriculum, CurriculumSettings, StoppingRule, StopSettings, TaskState
 from agentjet.tasks import addition
@@ -57,3 +58,24 @@ def test_stopping_rule_ends_a_run_with_no_signal(make_server) -> None:
 
     run = asyncio.run(main())
     assert run.stop_reason == "no_signal" and run.train_seconds < 30 and not run.evals
+
+
+def test_no_episode_begins_after_stop(make_server) -> None:
+    """A stopped run drains nothing: the queued episodes are dropped, only the running ones finish."""
+    srv = make_server(reply="7", training={"group_size": 1, "min_group_size": 1, "batch_groups": 1})
+    stop = asyncio.Event()
+    tasks = [addition.make_task(a, 1) for a in range(10)]
+
+    async def workflow(task, ep) -> float:  # noqa: ANN001
+        reward = await _answer(task, ep)
+        if task["a"] == 2:
+            stop.set()
+        return reward
+
+    async def main():
+        async with SwarmClient(srv.url) as client:
+            return await run_workflow(client, workflow, tasks, group_size=1, concurrency=1, stop=stop)
+
+    summary = asyncio.run(main())
+    assert summary.episodes == 3 and summary.failed == 0
+    assert srv.server.throughput.ended == 3

@@ -286,7 +286,7 @@ async def run_scheduled(
     watcher = asyncio.create_task(watch())
     try:
         run.train = await run_workflow(client, train_workflow, tasks(), group_size=settings.group_size,
-                                       concurrency=settings.concurrency)
+                                       concurrency=settings.concurrency, stop=done)
     finally:
         done.set()
         gate.set()
