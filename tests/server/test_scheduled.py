@@ -38,6 +38,7 @@ def test_curriculum_periodic_evals_and_pauses(make_server) -> None:
     assert run.stop_reason == "time_budget"
     assert len(run.evals) >= 4 and all(e.reward == 0.5 and e.episodes == 2 for e in run.evals)  # 0+7 right, 1+2 not
     assert run.evals[0].train_seconds == 0.0 and paused and all(p <= 3.5 for p in paused)
+    assert [e.train_seconds >= 3.0 for e in run.evals].count(True) == 1  # no periodic eval right before the final
     assert cur.state(pool[0]["task_id"]) is TaskState.SOLVED and cur.state(pool[2]["task_id"]) is TaskState.HARD
     assert run.groups > 4 and run.uniform_groups == run.groups  # a fixed reply: every group uniform
     assert run.train.calls == run.train.samples > 0 and run.merge_ratio == 1.0
