@@ -47,7 +47,7 @@ def tiny_engine(tiny_model_path: Path):
 
     engine = HFEngine(tiny_model_path, EngineSettings(max_batch_size=8))
     yield engine
-    engine._executor.shutdown(wait=False)
+    engine.shutdown()
 
 
 @pytest.fixture
