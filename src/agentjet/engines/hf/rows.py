@@ -10,6 +10,7 @@ token is incremental: a stop id is a set lookup, a stop string is looked for in 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,11 +97,16 @@ class RowRules:
         hits = [text.find(s) for s in row.params.stop if s in text]
         return text[: min(hits)] if hits else None
 
-    def accept(self, row: Row, token: int, logprob: float, top: list[tuple[int, float]] | None) -> None:
-        """Record one generated token, hand it to the caller's stream, and decide whether the row is done."""
+    def accept(self, row: Row, token: int, logprob: float, top: list[tuple[int, float]] | None,
+               emit: Callable[[Request, int, float], None] | None = None) -> None:
+        """Record one generated token, hand it to the caller's stream (``emit``, or the request's own), and
+        decide whether the row is done."""
         row.ids.append(token)
         row.logprobs.append(logprob)
-        row.req.emit(token, logprob)
+        if emit is not None:
+            emit(row.req, token, logprob)
+        else:
+            row.req.emit(token, logprob)
         if top is not None:
             row.top.append(top)
         if token in row.stop_ids:

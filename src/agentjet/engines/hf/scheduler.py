@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -43,6 +43,52 @@ from agentjet.engines.hf.worker import EngineWorker
 from agentjet.engines.sampling import sample_next
 
 log = logging.getLogger(__name__)
+
+
+class Outbox:
+    """What a unit of work hands back to the callers' event loops, in order: stream tokens, then results. One
+    thread-safe wake-up per event loop per step, instead of one per token."""
+
+    def __init__(self) -> None:
+        self._items: dict[asyncio.AbstractEventLoop, list[Callable[[], None]]] = {}
+
+    def token(self, req: Request, token: int, logprob: float) -> None:
+        if req.on_token is None or req.future.done():
+            return
+        req.emitted += 1
+        self._items.setdefault(req.future.get_loop(), []).append(functools.partial(req.on_token, token, logprob))
+
+    def resolve(self, req: Request, outcome: GenerationResult | Exception) -> None:
+        """Set the caller's future (on its own loop); nothing if the caller is gone."""
+        fut = req.future
+        if fut.done():
+            return
+        if isinstance(outcome, Exception):
+            _log_failure(outcome)
+        self._items.setdefault(fut.get_loop(), []).append(functools.partial(_settle, fut, outcome))
+
+    def flush(self) -> None:
+        items, self._items = self._items, {}
+        for loop, calls in items.items():
+            with contextlib.suppress(RuntimeError):  # the caller's event loop is closed
+                loop.call_soon_threadsafe(_run_all, calls)
+
+
+def _run_all(calls: list[Callable[[], None]]) -> None:
+    for call in calls:
+        try:
+            call()
+        except Exception:  # a stream callback's own failure: logged, the other callers go on
+            log.exception("a token callback failed")
+
+
+def _settle(fut: asyncio.Future[GenerationResult], outcome: GenerationResult | Exception) -> None:
+    if fut.done():
+        return
+    if isinstance(outcome, Exception):
+        fut.set_exception(outcome)
+    else:
+        fut.set_result(outcome)
 
 
 @dataclass
@@ -63,6 +109,7 @@ class ContinuousScheduler:
         self.slots: list[Row | None] = [None] * runner.slots
         self._inbox: deque[_Queued] = deque()  # guarded by worker.cond
         self._solo = False  # a solo row holds the pool
+        self.outbox = Outbox()
         self.stats = {"generate_batches": 0, "generate_requests": 0, "generated_tokens": 0, "decode_steps": 0,
                       "decode_rows": 0, "isolated_failures": 0, "requests": 0, "batches": 0}
         worker.attach(self)
@@ -97,22 +144,26 @@ class ContinuousScheduler:
         return head.arrived + self.wait_s - now  # an idle engine waits a little for a burst to gather
 
     def step(self) -> None:
-        self._drop_cancelled()
-        self._admit()
-        if any(r is not None for r in self.slots):
-            self._decode()
+        try:
+            self._drop_cancelled()
+            self._admit()
+            if any(r is not None for r in self.slots):
+                self._decode()
+        finally:
+            self.outbox.flush()
 
     def fail_all(self, exc: Exception) -> None:
         with self.worker.cond:
             queued, self._inbox = list(self._inbox), deque()
         for q in queued:
-            _resolve(q.req, exc)
+            self.outbox.resolve(q.req, exc)
         for i, row in enumerate(self.slots):
             if row is not None:
-                _resolve(row.req, exc)
+                self.outbox.resolve(row.req, exc)
                 self.slots[i] = None
         self._solo = False
         self.runner.release(list(range(len(self.slots))))
+        self.outbox.flush()
 
     # ------------------------------------------------------------------ admission
     def _take(self) -> list[_Queued]:
@@ -143,7 +194,7 @@ class ContinuousScheduler:
                 row = self.rules.prepare(q.req, version)
                 self.runner.ensure_capacity(len(q.req.prompt_ids) + row.budget)
             except Exception as exc:  # noqa: BLE001 - this request alone (a GenerationError names its param)
-                _resolve(q.req, exc)
+                self.outbox.resolve(q.req, exc)
                 if q.solo:
                     self._solo = False
                 continue
@@ -218,13 +269,13 @@ class ContinuousScheduler:
         self.stats["generated_tokens"] += len(rows)
         for row, token, lp, tp in zip(rows, tok_list, lp_list, tops, strict=True):
             try:
-                self.rules.accept(row, token, lp, tp)
+                self.rules.accept(row, token, lp, tp, self.outbox.token)
             except Exception as exc:  # noqa: BLE001 - this row's host work failed: it alone
                 self._fail_rows([row], exc)
                 continue
             if row.finish is not None:
                 self._free(row)
-                _resolve(row.req, self.rules.result(row))
+                self.outbox.resolve(row.req, self.rules.result(row))
 
     def _decode_failed(self, rows: list[Row], exc: Exception) -> None:
         if len(rows) == 1:
@@ -237,7 +288,7 @@ class ContinuousScheduler:
         for row in rows:
             self._free(row)
             if row.req.emitted:  # tokens already streamed: a re-run would send others
-                _resolve(row.req, exc)
+                self.outbox.resolve(row.req, exc)
             elif row.req.waiting:
                 rerun.append(_Queued(row.req, self.worker.clock(), solo=True))
         with self.worker.cond:
@@ -260,27 +311,7 @@ class ContinuousScheduler:
     def _fail_rows(self, rows: list[Row], exc: Exception) -> None:
         for row in rows:
             self._free(row)
-            _resolve(row.req, exc)
-
-
-def _resolve(req: Request, outcome: GenerationResult | Exception) -> None:
-    """Set the caller's future on its own event loop (thread-safe); nothing if the caller is gone."""
-    fut = req.future
-    if fut.done():
-        return
-    if isinstance(outcome, Exception):
-        _log_failure(outcome)
-
-    def settle(value: Any = outcome) -> None:
-        if fut.done():
-            return
-        if isinstance(value, Exception):
-            fut.set_exception(value)
-        else:
-            fut.set_result(value)
-
-    with contextlib.suppress(RuntimeError):  # the caller's event loop is closed
-        fut.get_loop().call_soon_threadsafe(settle)
+            self.outbox.resolve(row.req, exc)
 
 
 def _log_failure(exc: Exception) -> None:
