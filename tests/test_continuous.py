@@ -1,5 +1,5 @@
-"""Continuous batching (slot refill on the ring KV cache): exact logprobs whatever the join time, the ring's
-wrap-around and growth, slot refill, train steps between decode steps, cancellation and shutdown."""
+"""Continuous batching (slot refill on the slot KV cache): exact logprobs whatever the join time, compaction
+and growth of the cache, slot refill, train steps between decode steps, cancellation and shutdown."""
 
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def staggered(engine: HFEngine, prompts: list[list[int]], params: list[SamplingP
 @pytest.mark.parametrize("capacity", [16, 48, 512])
 def test_rows_joining_at_any_step_match_teacher_forcing(make_engine, chat_ids, capacity: int) -> None:
     """Requests of different lengths join running batches at different steps (slot refill); with a small
-    ring they also wrap around it and make it grow while other rows are generating."""
+    cache they are also compacted to its front and make it grow while other rows are generating."""
     engine = make_engine(kv_cache_tokens=capacity)
     prompts = [chat_ids(q, engine) for q in QUESTIONS]
     params = [SamplingParams(temperature=[1.0, 0.7][i % 2], max_tokens=3 + 7 * i, seed=i) for i in range(len(prompts))]
@@ -215,20 +215,37 @@ def test_shutdown_fails_waiting_requests_and_never_hangs(make_engine, chat_ids) 
         asyncio.run(engine.generate(ids, SamplingParams(max_tokens=3)))
 
 
-def test_ring_growth_keeps_every_row_where_it_was() -> None:
-    """``grow`` rotates the ring: the column of age a (written a steps ago) keeps age a."""
+def test_cache_moves_columns_in_place() -> None:
+    """compact / shift_right move the columns in use without reallocating; grow keeps them."""
     from transformers import LlamaConfig
 
-    config = LlamaConfig(num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, hidden_size=8)
-    cache = SlotKVCache(config, slots=2, capacity=8, dtype=torch.float32, device=torch.device("cpu"))
-    t = 13  # the next column to write is 13 % 8 = 5
-    ages = torch.arange(1, 9)
+    config = LlamaConfig(num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, hidden_size=8)
+    cache = SlotKVCache(config, slots=2, capacity=16, dtype=torch.float32, device=torch.device("cpu"))
+    cols = torch.arange(16, dtype=torch.float32)
     for layer in cache.layers:
-        layer.keys[:, :, (t - ages) % 8, 0] = ages.float()  # each column holds its age
-    cache.grow(32, t)
-    keys = cache.layers[0].keys
-    assert keys.shape[2] == 32
-    assert torch.equal(keys[0, 0, (t - ages) % 32, 0], ages.float())
+        layer.keys[..., 0] = cols
+        layer.values[..., 0] = -cols
+    ptr = cache.layers[0].keys.data_ptr()
+    cache.compact(5, 12)  # [5, 12) -> [0, 7)
+    assert torch.equal(cache.layers[1].keys[1, 0, :7, 0], cols[5:12])
+    assert torch.equal(cache.layers[1].values[0, 0, :7, 0], -cols[5:12])
+    cache.shift_right(3, 7)  # [0, 7) -> [3, 10)
+    assert torch.equal(cache.layers[0].keys[0, 0, 3:10, 0], cols[5:12])
+    assert cache.layers[0].keys.data_ptr() == ptr  # in place: CUDA graphs stay valid
+    cache.grow(64, 10)
+    assert cache.capacity == 64 and cache.layers[0].keys.shape[2] == 64
+    assert torch.equal(cache.layers[0].keys[1, 0, 3:10, 0], cols[5:12])
+
+
+def test_compaction_keeps_long_runs_exact(make_engine, chat_ids) -> None:
+    """Many more steps than the cache has columns: rows keep being compacted to the front, exactly."""
+    engine = make_engine(kv_cache_tokens=64, max_batch_size=3)
+    prompts = [chat_ids(q, engine) for q in QUESTIONS[:6]]
+    params = [SamplingParams(max_tokens=[40, 10, 25][i % 3], seed=i) for i in range(len(prompts))]
+    results = staggered(engine, prompts, params, gaps_s=[0.0, 0.02])
+    for p, r in zip(prompts, results, strict=True):
+        assert max_diff(r.logprobs, teacher_forced(engine, p, r.token_ids, 1.0)) < 1e-4
+    assert engine.stats["compactions"] >= 1 and engine.runner.capacity == 64
 
 
 def test_models_with_sliding_windows_fall_back_to_static_batching() -> None:
