@@ -18,6 +18,8 @@ each request generates exactly its number). ``c`` clients each send their next r
 returns (closed loop), until the list is done; tok/s = generated tokens / wall time. Variants:
 
 * ``continuous``: this engine (``HFEngine``, continuous batching; CUDA graphs on CUDA);
+* ``continuous-compile``: the same with ``compile=True`` (its decode step through ``torch.compile``; not run by
+  default on CPU, where compiling takes minutes);
 * ``static``: the earlier engine (``batching="static"``: the request batcher and ``HFGenerator``; a batch runs to
   its longest request). The ratio continuous / static is the headline;
 * ``hf-generate``: ``model.generate`` on consecutive batches of ``c`` requests (left-padded, static batch, each
@@ -88,14 +90,16 @@ class Variant:
 
 
 class AgentJet(Variant):
-    def __init__(self, path: Path, device: torch.device, dtype: str, batching: str, slots: int,
+    def __init__(self, name: str, path: Path, device: torch.device, dtype: str, slots: int,
                  cache_tokens: int) -> None:
         from agentjet.engines.hf import HFEngine
         from agentjet.settings import EngineSettings
 
-        self.name = batching
+        self.name = name
+        batching = "static" if name == "static" else "continuous"
         self.engine = HFEngine(path, EngineSettings(device=str(device), dtype=dtype, batching=batching,
-                                                    max_batch_size=slots, kv_cache_tokens=cache_tokens))
+                                                    max_batch_size=slots, kv_cache_tokens=cache_tokens,
+                                                    compile=name == "continuous-compile"))
         self.engine.rules.stop_ids = frozenset()  # no EOS: every request generates exactly its max_tokens
 
     async def run(self, reqs: list[Req], concurrency: int) -> tuple[int, float]:
@@ -233,8 +237,8 @@ def build_variants(names: list[str], path: Path, device: torch.device, dtype: st
                    "bfloat16": torch.bfloat16}[dtype]
     out: list[Variant] = []
     for name in names:
-        if name in ("continuous", "static"):
-            out.append(AgentJet(path, device, dtype, name, slots, cache_tokens))
+        if name in ("continuous", "static", "continuous-compile"):
+            out.append(AgentJet(name, path, device, dtype, slots, cache_tokens))
         elif name == "hf-generate":
             out.append(HFGenerate(path, device, torch_dtype))
         elif name == "generate-batch":
@@ -566,7 +570,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=None,
                    help="comma-separated (default: 1,8 on CPU; 1,8,64,256 on CUDA)")
     p.add_argument("--variants", type=lambda s: s.split(","), default=None,
-                   help="comma-separated, from continuous,static,hf-generate,generate-batch,static-compile")
+                   help="comma-separated, from continuous,continuous-compile,static,hf-generate,generate-batch,"
+                   "static-compile")
     p.add_argument("--prompt-tokens", type=int, default=None, help="prompt length (default 64 on CPU, 100 on CUDA)")
     p.add_argument("--new-tokens", type=int, default=None, help="fixed new tokens (default 128)")
     p.add_argument("--mixed", type=lambda s: [int(x) for x in s.split("-")], default=None,

@@ -259,3 +259,57 @@ def test_status_reports_the_engine(make_engine) -> None:
     info = make_engine(kv_cache_tokens=64).describe()
     assert info["batching"] == "continuous" and info["kv_cache_tokens"] == 64 and info["cuda_graphs"] is False
     assert info["device"] == "cpu" and info["dtype"] == "float32"
+
+
+class _FakeGraph:
+    """Stands in for a captured CUDA graph on CPU: replay writes the step's logits into the static buffer (plus
+    ``error``, to check that a graph that disagrees with the eager step is dropped)."""
+
+    def __init__(self, runner, n: int, w: int, error: float) -> None:
+        self.runner, self.n, self.w, self.error = runner, n, w, error
+        self.logits = runner._decode_body(n, w).clone()
+
+    def replay(self) -> None:
+        self.logits.copy_(self.runner._decode_body(self.n, self.w) + self.error)
+
+
+@pytest.mark.parametrize("mode", ["good", "wrong", "capture-fails"])
+def test_graph_buckets_replay_verify_and_fall_back(make_engine, chat_ids, monkeypatch, mode: str) -> None:
+    """The CUDA-graph control flow, on CPU: rows and the attention window are rounded up to buckets (the
+    columns past t are masked), each (rows, window) bucket is captured once, checked against an eager step on its
+    first replay, and dropped for the eager step when it disagrees or cannot be captured. Exact in every case."""
+    from agentjet.engines.hf.runner import _Graph
+
+    engine, reference = make_engine(max_batch_size=8), make_engine(max_batch_size=8)
+    runner = engine.runner
+    runner.use_graphs = runner.bucketed = True
+
+    def capture(n: int, w: int) -> _Graph:
+        if mode == "capture-fails":
+            raise RuntimeError("operation not permitted when stream is capturing")
+        g = _FakeGraph(runner, n, w, 0.0 if mode == "good" else 0.5)
+        runner.stats["graph_captures"] += 1
+        return _Graph(g, g.logits)
+
+    monkeypatch.setattr(runner, "_capture", capture)
+    prompts = [chat_ids(q, engine) for q in QUESTIONS[:6]]
+    params = [SamplingParams(max_tokens=4 + 6 * i, seed=i) for i in range(len(prompts))]
+    got, want = staggered(engine, prompts, params, gaps_s=[0.0, 0.02]), staggered(reference, prompts, params)
+    for p, x, y in zip(prompts, got, want, strict=True):
+        assert x.token_ids == y.token_ids
+        assert max_diff(x.logprobs, teacher_forced(engine, p, x.token_ids, 1.0)) < 1e-4
+    stats = engine.stats
+    if mode == "good":
+        assert stats["graph_replays"] > stats["graph_captures"] > 0 and stats["graph_failures"] == 0
+    else:
+        assert stats["graph_failures"] >= 1 and len(runner._eager_buckets) >= 1
+
+
+def test_compile_matches_eager_on_cpu(make_engine, chat_ids) -> None:
+    """``compile=True``: the decode step through torch.compile (CPU inductor) gives the eager step's tokens."""
+    plain, compiled = make_engine(), make_engine(compile=True)
+    prompts = [chat_ids(q, plain) for q in QUESTIONS[:4]]
+    params = [SamplingParams(max_tokens=6 + 4 * i, seed=i) for i in range(len(prompts))]
+    for x, y in zip(staggered(plain, prompts, params), staggered(compiled, prompts, params), strict=True):
+        assert x.token_ids == y.token_ids
+        assert max_diff(x.logprobs, y.logprobs) < 1e-4

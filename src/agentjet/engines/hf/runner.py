@@ -82,8 +82,9 @@ class SlotRunner:
         self._pool: Any = None
         self._step_fn: Callable[[int, int], torch.Tensor] = self._decode_body
         if compile:
-            # one specialisation per (rows, window) bucket: the same shapes that the CUDA graphs use
-            self._step_fn = torch.compile(self._decode_body, dynamic=False)
+            # automatic dynamic shapes: the second (rows, window) shape compiles a dynamic kernel set, so a few
+            # compilations cover every bucket (one row is a specialisation of its own)
+            self._step_fn = torch.compile(self._decode_body, dynamic=None)
         self.stats = {"graph_captures": 0, "graph_replays": 0, "graph_failures": 0, "cache_grows": 0,
                       "compactions": 0}
 
@@ -226,7 +227,8 @@ class SlotRunner:
                             type(exc).__name__, exc)
                 self.stats["graph_failures"] += 1
                 self._eager_buckets.add(key)
-                torch.cuda.synchronize(self.device)
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)
                 return self._step_fn(n, w)
             self._graphs[key] = g
         g.graph.replay()
