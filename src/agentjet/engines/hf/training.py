@@ -4,6 +4,12 @@
 only the trained positions and computes their logprobs a chunk of rows at a time
 (``agentjet.engines.logprobs``), so full-vocabulary logits never exist for the whole batch; then PPO-clip
 (+ optional k3 KL to a frozen reference), gradient clipping and AdamW. The weights are updated in place.
+
+Weights in bf16 or fp16 (the default on CUDA) get fp32 master copies in the optimizer: AdamW steps the masters
+and the weights are copied from them in place. Stepping bf16 weights directly loses most updates: at lr 2e-5,
+one AdamW step on SmolLM2-135M in bf16 changes 4 % of the weights, the rest round back to where they were
+(docs/benchmarks.md). The masters are optimizer state (saved with it); generation and training still share the
+one copy of the weights.
 """
 
 from __future__ import annotations
@@ -48,8 +54,12 @@ class PolicyTrainer:
         self.settings = settings
         self.loss = loss
         self._reference: torch.nn.Module | None = None
-        self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=learning_rate,
-                                           weight_decay=settings.weight_decay)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        low_precision = any(p.dtype in (torch.bfloat16, torch.float16) for p in self.params)
+        # (weight, fp32 master) pairs when the weights are in low precision; the optimizer steps the masters
+        self.masters = [(p, p.detach().float().clone()) for p in self.params] if low_precision else []
+        stepped = [m for _, m in self.masters] if self.masters else self.params
+        self.optimizer = torch.optim.AdamW(stepped, lr=learning_rate, weight_decay=settings.weight_decay)
 
     @property
     def learning_rate(self) -> float:
@@ -119,10 +129,7 @@ class PolicyTrainer:
             sums["absdiff"] += res.abs_logprob_diff_sum
             sums["ratio_max"] = max(sums["ratio_max"], res.ratio_max)
             n_tokens += len(flat)
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.settings.max_grad_norm)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        grad_norm = self._step()
         self.model.eval()
         return {
             "loss": sums["loss"] / total_weight,
@@ -137,6 +144,30 @@ class PolicyTrainer:
             "step_seconds": time.perf_counter() - start,
         }
 
+    def _step(self) -> torch.Tensor:
+        """Clip, AdamW, and (with masters) copy the stepped masters into the weights in place."""
+        if not self.masters:
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.settings.max_grad_norm)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            return grad_norm
+        for p, m in self.masters:
+            m.grad = p.grad.float() if p.grad is not None else None
+            p.grad = None
+        grad_norm = torch.nn.utils.clip_grad_norm_([m for _, m in self.masters], self.settings.max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            for p, m in self.masters:
+                p.copy_(m)
+        return grad_norm
+
+    def sync_masters(self) -> None:
+        """The weights changed outside a train step (a checkpoint was loaded): the masters follow."""
+        with torch.no_grad():
+            for p, m in self.masters:
+                m.copy_(p)
+
     @torch.no_grad()
     def score(self, samples: list[TrainSample]) -> list[list[float]]:
         """Current-policy logprobs of each sample's trained tokens (teacher forcing)."""
@@ -144,9 +175,21 @@ class PolicyTrainer:
         return [self.forward_trained_logprobs([s]).tolist() for s in samples]
 
     def save_optimizer(self, path: Path) -> None:
-        torch.save(self.optimizer.state_dict(), path / OPTIMIZER_FILE)
+        state = self.optimizer.state_dict()
+        if self.masters:
+            state = {"optimizer": state, "masters": [m for _, m in self.masters]}
+        torch.save(state, path / OPTIMIZER_FILE)
 
     def load_optimizer(self, path: Path) -> None:
+        self.sync_masters()  # from the loaded weights, unless the file holds the exact masters
         opt_file = path / OPTIMIZER_FILE
-        if opt_file.exists():
-            self.optimizer.load_state_dict(torch.load(opt_file, map_location=self.device, weights_only=True))
+        if not opt_file.exists():
+            return
+        state = torch.load(opt_file, map_location=self.device, weights_only=True)
+        if "masters" in state:
+            with torch.no_grad():
+                for (_, m), saved in zip(self.masters, state["masters"], strict=False):
+                    if saved.shape == m.shape:
+                        m.copy_(saved)
+            state = state["optimizer"]
+        self.optimizer.load_state_dict(state)
