@@ -35,18 +35,27 @@ SHAPES: dict[str, dict[str, Any]] = {
 }
 
 
+def smollm2_tokenizer_dir() -> Path:
+    """SmolLM2's tokenizer: ``$AGENTJET_SMOLLM2_TOKENIZER`` (a folder, e.g. the GPU kit's
+    ``.gpu/smollm2-tokenizer`` from scripts/gpu_prepare.sh), else the installed SmolLM2 package."""
+    env = os.environ.get("AGENTJET_SMOLLM2_TOKENIZER")
+    if env:
+        return Path(env)
+    from agentjet.models import resolve_model
+
+    return resolve_model("smollm2-135m-instruct")
+
+
 def random_model_dir(shape: str, dtype: torch.dtype, root: Path, seed: int = 0) -> Path:
     """A local Hugging Face directory with SmolLM2 shapes ``shape``, random weights and SmolLM2's tokenizer
-    (from the installed SmolLM2 package, so nothing is downloaded). Built once per (shape, dtype) under ``root``."""
+    (nothing is downloaded). Built once per (shape, dtype) under ``root``."""
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    from agentjet.models import resolve_model
 
     out = root / f"smollm2-{shape}-random-{str(dtype).removeprefix('torch.')}"
     if (out / "config.json").exists():
         return out
     torch.manual_seed(seed)
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model("smollm2-135m-instruct"))
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_tokenizer_dir())
     config = LlamaConfig(**SHAPES[shape], bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                          pad_token_id=tokenizer.pad_token_id)
     with torch.device("cpu"):
