@@ -27,8 +27,10 @@ def test_bf16_weights_train_through_fp32_masters(tiny_model_path: Path, chat_ids
     engine = HFEngine(tiny_model_path, EngineSettings(dtype="bfloat16", max_batch_size=2), learning_rate=2e-5)
     try:
         trainer = engine.trainer
-        assert trainer.masters and all(m.dtype == torch.float32 for _, m in trainer.masters)
+        assert trainer.masters == []  # made at the first step: an engine that only generates holds none
         batch = _batch(engine, chat_ids)
+        asyncio.run(engine.train_step(batch))
+        assert trainer.masters and all(m.dtype == torch.float32 for _, m in trainer.masters)
         start = [m.clone() for _, m in trainer.masters]
         for _ in range(3):
             asyncio.run(engine.train_step(batch))
@@ -54,5 +56,6 @@ def test_bf16_weights_train_through_fp32_masters(tiny_model_path: Path, chat_ids
         engine.shutdown()
 
 
-def test_fp32_weights_have_no_masters(tiny_engine: HFEngine) -> None:
+def test_fp32_weights_have_no_masters(tiny_engine: HFEngine, chat_ids) -> None:
+    asyncio.run(tiny_engine.train_step(_batch(tiny_engine, chat_ids)))
     assert tiny_engine.trainer.masters == []

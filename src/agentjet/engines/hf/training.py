@@ -55,21 +55,33 @@ class PolicyTrainer:
         self.loss = loss
         self._reference: torch.nn.Module | None = None
         self.params = [p for p in model.parameters() if p.requires_grad]
-        low_precision = any(p.dtype in (torch.bfloat16, torch.float16) for p in self.params)
-        # (weight, fp32 master) pairs when the weights are in low precision; the optimizer steps the masters
-        self.masters = [(p, p.detach().float().clone()) for p in self.params] if low_precision else []
-        stepped = [m for _, m in self.masters] if self.masters else self.params
-        self.optimizer = torch.optim.AdamW(stepped, lr=learning_rate, weight_decay=settings.weight_decay)
+        self.low_precision = any(p.dtype in (torch.bfloat16, torch.float16) for p in self.params)
+        # (weight, fp32 master) pairs when the weights are in low precision; the optimizer steps the masters.
+        # Both are made at the first use, so an engine that only generates holds neither.
+        self.masters: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
+        self._optimizer: torch.optim.Optimizer | None = None
+        self._lr = learning_rate
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        if self._optimizer is None:
+            if self.low_precision:
+                self.masters = [(p, p.detach().float().clone()) for p in self.params]
+            stepped = [m for _, m in self.masters] if self.masters else self.params
+            self._optimizer = torch.optim.AdamW(stepped, lr=self._lr, weight_decay=self.settings.weight_decay)
+        return self._optimizer
 
     @property
     def learning_rate(self) -> float:
-        return float(self.optimizer.param_groups[0]["lr"])
+        return self._lr
 
     def set_learning_rate(self, lr: float) -> None:
         if not lr > 0:
             raise ValueError("learning rate must be > 0")
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        self._lr = lr
+        if self._optimizer is not None:
+            for group in self._optimizer.param_groups:
+                group["lr"] = lr
 
     def _reference_model(self) -> torch.nn.Module:
         if self._reference is None:
@@ -146,17 +158,18 @@ class PolicyTrainer:
 
     def _step(self) -> torch.Tensor:
         """Clip, AdamW, and (with masters) copy the stepped masters into the weights in place."""
+        optimizer = self.optimizer
         if not self.masters:
             grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.settings.max_grad_norm)
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
             return grad_norm
         for p, m in self.masters:
             m.grad = p.grad.float() if p.grad is not None else None
             p.grad = None
         grad_norm = torch.nn.utils.clip_grad_norm_([m for _, m in self.masters], self.settings.max_grad_norm)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
         with torch.no_grad():
             for p, m in self.masters:
                 p.copy_(m)
@@ -181,8 +194,11 @@ class PolicyTrainer:
         torch.save(state, path / OPTIMIZER_FILE)
 
     def load_optimizer(self, path: Path) -> None:
-        self.sync_masters()  # from the loaded weights, unless the file holds the exact masters
         opt_file = path / OPTIMIZER_FILE
+        if self._optimizer is None and not opt_file.exists():
+            return  # made at the first step, from the loaded weights
+        optimizer = self.optimizer
+        self.sync_masters()  # from the loaded weights, unless the file holds the exact masters
         if not opt_file.exists():
             return
         state = torch.load(opt_file, map_location=self.device, weights_only=True)
@@ -192,4 +208,4 @@ class PolicyTrainer:
                     if saved.shape == m.shape:
                         m.copy_(saved)
             state = state["optimizer"]
-        self.optimizer.load_state_dict(state)
+        optimizer.load_state_dict(state)
