@@ -18,8 +18,9 @@ each request generates exactly its number). ``c`` clients each send their next r
 returns (closed loop), until the list is done; tok/s = generated tokens / wall time. Variants:
 
 * ``continuous``: this engine (``HFEngine``, continuous batching; CUDA graphs on CUDA);
-* ``continuous-compile``: the same with ``compile=True`` (its decode step through ``torch.compile``; not run by
-  default on CPU, where compiling takes minutes);
+* ablations of it, not run by default: ``continuous-compile`` (``compile=True``: the decode step through
+  ``torch.compile``), ``continuous-rowmajor`` (CPU: linear weights left row-major), ``continuous-bf16``
+  (bf16 weights);
 * ``static``: the earlier engine (``batching="static"``: the request batcher and ``HFGenerator``; a batch runs to
   its longest request). The ratio continuous / static is the headline;
 * ``hf-generate``: ``model.generate`` on consecutive batches of ``c`` requests (left-padded, static batch, each
@@ -97,9 +98,12 @@ class AgentJet(Variant):
 
         self.name = name
         batching = "static" if name == "static" else "continuous"
+        if name == "continuous-bf16":
+            dtype = "bfloat16"
         self.engine = HFEngine(path, EngineSettings(device=str(device), dtype=dtype, batching=batching,
                                                     max_batch_size=slots, kv_cache_tokens=cache_tokens,
-                                                    compile=name == "continuous-compile"))
+                                                    compile=name == "continuous-compile"),
+                               column_major=False if name == "continuous-rowmajor" else None)
         self.engine.rules.stop_ids = frozenset()  # no EOS: every request generates exactly its max_tokens
 
     async def run(self, reqs: list[Req], concurrency: int) -> tuple[int, float]:
@@ -237,7 +241,7 @@ def build_variants(names: list[str], path: Path, device: torch.device, dtype: st
                    "bfloat16": torch.bfloat16}[dtype]
     out: list[Variant] = []
     for name in names:
-        if name in ("continuous", "static", "continuous-compile"):
+        if name in ("continuous", "static", "continuous-compile", "continuous-rowmajor", "continuous-bf16"):
             out.append(AgentJet(name, path, device, dtype, slots, cache_tokens))
         elif name == "hf-generate":
             out.append(HFGenerate(path, device, torch_dtype))
@@ -259,7 +263,8 @@ async def bench_generation(args: argparse.Namespace, device: torch.device) -> di
     slots = max(args.concurrency)
     longest = args.prompt_tokens + max(args.new_tokens, args.mixed[1])
     variants = build_variants(args.variants, path, device, args.dtype, slots, longest)
-    workloads = {"fixed": args.new_tokens, "mixed": tuple(args.mixed)}
+    workloads = {k: v for k, v in {"fixed": args.new_tokens, "mixed": tuple(args.mixed)}.items()
+                 if k in args.workloads}
     rows: list[dict[str, Any]] = []
     try:
         # warm-up: every variant serves a few short requests once (lazy initialisation, first graphs)
@@ -400,7 +405,8 @@ def _floor_step(path: Path, device: torch.device, dtype: torch.dtype, ids: torch
     return step
 
 
-def _engine_step(path: Path, device: torch.device, dtype: str, ids: torch.Tensor, seed: int, checkpointing: bool):
+def _engine_step(path: Path, device: torch.device, dtype: str, ids: torch.Tensor, seed: int, checkpointing: bool,
+                 column_major: bool | None):
     """Ours: ``HFEngine.train_step_sync`` on the same tokens, every position but the first trained."""
     from agentjet.engines.base import TrainSample
     from agentjet.engines.hf import HFEngine
@@ -408,7 +414,7 @@ def _engine_step(path: Path, device: torch.device, dtype: str, ids: torch.Tensor
 
     engine = HFEngine(path, EngineSettings(device=str(device), dtype=dtype, max_batch_size=1, kv_cache_tokens=16,
                                            gradient_checkpointing=checkpointing,
-                                           micro_batch_tokens=max(4096, ids.numel())))
+                                           micro_batch_tokens=max(4096, ids.numel())), column_major=column_major)
     g = torch.Generator().manual_seed(seed + 1)
     samples = []
     for row in ids.tolist():
@@ -435,7 +441,8 @@ def child_train(args: argparse.Namespace) -> dict:
     g = torch.Generator().manual_seed(args.seed)
     ids = torch.randint(0, AutoConfig.from_pretrained(path).vocab_size, (args.batch, args.length), generator=g)
     steps = {"floor": _floor_step(path, device, dtype, ids, args.checkpointing),
-             "ours": _engine_step(path, device, args.dtype, ids, args.seed, args.checkpointing)}
+             "ours": _engine_step(path, device, args.dtype, ids, args.seed, args.checkpointing,
+                                  False if args.row_major else None)}
     times: dict[str, list[float]] = {"floor": [], "ours": []}
     peaks: dict[str, list[int]] = {"floor": [], "ours": []}
     method = ""
@@ -462,6 +469,7 @@ def bench_train(args: argparse.Namespace) -> dict:
     cmd = [sys.executable, __file__, "--child", "train", "--model", args.model, "--device", args.device,
            "--dtype", args.dtype, "--batch", str(args.batch), "--length", str(args.length), "--steps",
            str(args.steps), "--seed", str(args.seed)] + (["--checkpointing"] if args.checkpointing else []) + (
+           ["--row-major"] if args.row_major else []) + (
            ["--threads", str(args.threads)] if args.threads else [])
     env = dict(os.environ)
     # A fixed mmap threshold (which also turns off glibc's dynamic one): large tensors are mmapped and given
@@ -570,8 +578,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=None,
                    help="comma-separated (default: 1,8 on CPU; 1,8,64,256 on CUDA)")
     p.add_argument("--variants", type=lambda s: s.split(","), default=None,
-                   help="comma-separated, from continuous,continuous-compile,static,hf-generate,generate-batch,"
-                   "static-compile")
+                   help="comma-separated, from continuous,static,hf-generate,generate-batch,static-compile and "
+                   "the ablations continuous-compile,continuous-rowmajor,continuous-bf16")
+    p.add_argument("--workloads", type=lambda s: s.split(","), default=["fixed", "mixed"],
+                   help="fixed, mixed or both (default)")
     p.add_argument("--prompt-tokens", type=int, default=None, help="prompt length (default 64 on CPU, 100 on CUDA)")
     p.add_argument("--new-tokens", type=int, default=None, help="fixed new tokens (default 128)")
     p.add_argument("--mixed", type=lambda s: [int(x) for x in s.split("-")], default=None,
@@ -585,6 +595,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=None, help="timed train steps per side (default 4)")
     p.add_argument("--checkpointing", action="store_true", default=None,
                    help="gradient checkpointing on both sides (default: on for 1.7b)")
+    p.add_argument("--row-major", action="store_true", help="ours keeps row-major weights on CPU (to measure the "
+                   "column-major layout's effect on training)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: one per core)")
     p.add_argument("--output", type=Path, default=None)
