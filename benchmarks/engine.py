@@ -274,8 +274,8 @@ async def bench_generation(args: argparse.Namespace, device: torch.device) -> di
                 await v.run(warm, 2)
         for c in args.concurrency:
             for wname, new in workloads.items():
-                reqs = make_requests(len(tok), special, c * args.requests_per_client(c), args.prompt_tokens, new,
-                                     seed=c * 10 + (wname == "mixed"))
+                reqs = make_requests(len(tok), special, c * args.requests_per_client(c, wname), args.prompt_tokens,
+                                     new, seed=c * 10 + (wname == "mixed"))
                 for rep in range(args.repeats):
                     order = variants if rep % 2 == 0 else list(reversed(variants))
                     for v in order:
@@ -586,7 +586,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--new-tokens", type=int, default=None, help="fixed new tokens (default 128)")
     p.add_argument("--mixed", type=lambda s: [int(x) for x in s.split("-")], default=None,
                    help="mixed new tokens lo-hi (default 16-512 on CUDA, 16-256 on CPU)")
-    p.add_argument("--requests", type=int, default=None, help="requests per client (default: 2; 1 at c >= 64)")
+    p.add_argument("--requests", type=int, default=None, help="requests per client (default: fixed 2, mixed 4; "
+                   "half that at c >= 64)")
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--train", action="store_true", help="the train step against the floor (instead of generation)")
     p.add_argument("--batch", type=int, default=None, help="train sequences (default 8 on CPU, 16 on CUDA)")
@@ -612,8 +613,10 @@ def parse_args() -> argparse.Namespace:
     args.mixed = args.mixed or ([8, 64] if q else [16, 512] if cuda else [16, 256])
     per = args.requests
 
-    def requests_per_client(c: int) -> int:
-        return per or (1 if q or c >= 64 else 2)
+    def requests_per_client(c: int, workload: str) -> int:
+        """Mixed lengths need more requests than slots: the gain of slot refill is what the freed slots serve."""
+        base = per or (1 if q or c >= 64 else 2)
+        return base * 2 if workload == "mixed" and not per else base
 
     args.requests_per_client = requests_per_client
     args.batch = args.batch or (4 if q else 16 if cuda else 8)
