@@ -137,12 +137,13 @@ class SlotKVCache(Cache):
         read them must be captured again)."""
         if capacity <= self.capacity:
             return
-        for layer in self.layers:
-            for name in ("keys", "values"):
-                src: torch.Tensor = getattr(layer, name)
-                dst = torch.zeros((*src.shape[:2], capacity, src.shape[3]), dtype=src.dtype, device=src.device)
-                dst[:, :, :t].copy_(src[:, :, :t])
-                setattr(layer, name, dst)
+        # everything is allocated before anything is replaced: a failed allocation leaves the cache as it was
+        grown = [[torch.zeros((*src.shape[:2], capacity, src.shape[3]), dtype=src.dtype, device=src.device)
+                  for src in (layer.keys, layer.values)] for layer in self.layers]
+        for layer, (keys, values) in zip(self.layers, grown, strict=True):
+            keys[:, :, :t].copy_(layer.keys[:, :, :t])
+            values[:, :, :t].copy_(layer.values[:, :, :t])
+            layer.keys, layer.values = keys, values
         self.capacity = capacity
 
     # ------------------------------------------------------------------ phases (set by the runner)
