@@ -19,8 +19,8 @@ returns (closed loop), until the list is done; tok/s = generated tokens / wall t
 
 * ``continuous``: this engine (``HFEngine``, continuous batching; CUDA graphs on CUDA);
 * ablations of it, not run by default: ``continuous-compile`` (``compile=True``: the decode step through
-  ``torch.compile``), ``continuous-rowmajor`` (CPU: linear weights left row-major), ``continuous-bf16``
-  (bf16 weights);
+  ``torch.compile``; each (concurrency, workload) is run once untimed first, so compilation is not timed) and
+  ``continuous-bf16`` (bf16 weights);
 * ``static``: the earlier engine (``batching="static"``: the request batcher and ``HFGenerator``; a batch runs to
   its longest request). The ratio continuous / static is the headline;
 * ``hf-generate``: ``model.generate`` on consecutive batches of ``c`` requests (left-padded, static batch, each
@@ -91,19 +91,21 @@ class Variant:
 
 
 class AgentJet(Variant):
+    warm_each = False  # run each (concurrency, workload) once untimed first
+
     def __init__(self, name: str, path: Path, device: torch.device, dtype: str, slots: int,
                  cache_tokens: int) -> None:
         from agentjet.engines.hf import HFEngine
         from agentjet.settings import EngineSettings
 
         self.name = name
+        self.warm_each = name == "continuous-compile"
         batching = "static" if name == "static" else "continuous"
         if name == "continuous-bf16":
             dtype = "bfloat16"
         self.engine = HFEngine(path, EngineSettings(device=str(device), dtype=dtype, batching=batching,
                                                     max_batch_size=slots, kv_cache_tokens=cache_tokens,
-                                                    compile=name == "continuous-compile"),
-                               column_major=False if name == "continuous-rowmajor" else None)
+                                                    compile=name == "continuous-compile"))
         self.engine.rules.stop_ids = frozenset()  # no EOS: every request generates exactly its max_tokens
 
     async def run(self, reqs: list[Req], concurrency: int) -> tuple[int, float]:
@@ -241,7 +243,7 @@ def build_variants(names: list[str], path: Path, device: torch.device, dtype: st
                    "bfloat16": torch.bfloat16}[dtype]
     out: list[Variant] = []
     for name in names:
-        if name in ("continuous", "static", "continuous-compile", "continuous-rowmajor", "continuous-bf16"):
+        if name in ("continuous", "static", "continuous-compile", "continuous-bf16"):
             out.append(AgentJet(name, path, device, dtype, slots, cache_tokens))
         elif name == "hf-generate":
             out.append(HFGenerate(path, device, torch_dtype))
@@ -282,6 +284,8 @@ async def bench_generation(args: argparse.Namespace, device: torch.device) -> di
                         if v.fixed_only and wname != "fixed":
                             continue
                         try:
+                            if getattr(v, "warm_each", False) and rep == 0:
+                                await v.run(reqs, c)  # compiles this shape set; not timed
                             tokens, secs = await v.run(reqs, c)
                         except Exception as exc:  # noqa: BLE001 - a library path that does not run here
                             print(f"  {v.name} c={c} {wname}: failed: {type(exc).__name__}: {exc}", file=sys.stderr)
@@ -405,8 +409,7 @@ def _floor_step(path: Path, device: torch.device, dtype: torch.dtype, ids: torch
     return step
 
 
-def _engine_step(path: Path, device: torch.device, dtype: str, ids: torch.Tensor, seed: int, checkpointing: bool,
-                 column_major: bool | None):
+def _engine_step(path: Path, device: torch.device, dtype: str, ids: torch.Tensor, seed: int, checkpointing: bool):
     """Ours: ``HFEngine.train_step_sync`` on the same tokens, every position but the first trained."""
     from agentjet.engines.base import TrainSample
     from agentjet.engines.hf import HFEngine
@@ -414,7 +417,7 @@ def _engine_step(path: Path, device: torch.device, dtype: str, ids: torch.Tensor
 
     engine = HFEngine(path, EngineSettings(device=str(device), dtype=dtype, max_batch_size=1, kv_cache_tokens=16,
                                            gradient_checkpointing=checkpointing,
-                                           micro_batch_tokens=max(4096, ids.numel())), column_major=column_major)
+                                           micro_batch_tokens=max(4096, ids.numel())))
     g = torch.Generator().manual_seed(seed + 1)
     samples = []
     for row in ids.tolist():
@@ -441,8 +444,7 @@ def child_train(args: argparse.Namespace) -> dict:
     g = torch.Generator().manual_seed(args.seed)
     ids = torch.randint(0, AutoConfig.from_pretrained(path).vocab_size, (args.batch, args.length), generator=g)
     steps = {"floor": _floor_step(path, device, dtype, ids, args.checkpointing),
-             "ours": _engine_step(path, device, args.dtype, ids, args.seed, args.checkpointing,
-                                  False if args.row_major else None)}
+             "ours": _engine_step(path, device, args.dtype, ids, args.seed, args.checkpointing)}
     times: dict[str, list[float]] = {"floor": [], "ours": []}
     peaks: dict[str, list[int]] = {"floor": [], "ours": []}
     method = ""
@@ -469,7 +471,6 @@ def bench_train(args: argparse.Namespace) -> dict:
     cmd = [sys.executable, __file__, "--child", "train", "--model", args.model, "--device", args.device,
            "--dtype", args.dtype, "--batch", str(args.batch), "--length", str(args.length), "--steps",
            str(args.steps), "--seed", str(args.seed)] + (["--checkpointing"] if args.checkpointing else []) + (
-           ["--row-major"] if args.row_major else []) + (
            ["--threads", str(args.threads)] if args.threads else [])
     env = dict(os.environ)
     # A fixed mmap threshold (which also turns off glibc's dynamic one): large tensors are mmapped and given
@@ -579,7 +580,7 @@ def parse_args() -> argparse.Namespace:
                    help="comma-separated (default: 1,8 on CPU; 1,8,64,256 on CUDA)")
     p.add_argument("--variants", type=lambda s: s.split(","), default=None,
                    help="comma-separated, from continuous,static,hf-generate,generate-batch,static-compile and "
-                   "the ablations continuous-compile,continuous-rowmajor,continuous-bf16")
+                   "the ablations continuous-compile,continuous-bf16")
     p.add_argument("--workloads", type=lambda s: s.split(","), default=["fixed", "mixed"],
                    help="fixed, mixed or both (default)")
     p.add_argument("--prompt-tokens", type=int, default=None, help="prompt length (default 64 on CPU, 100 on CUDA)")
@@ -596,8 +597,6 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=None, help="timed train steps per side (default 4)")
     p.add_argument("--checkpointing", action="store_true", default=None,
                    help="gradient checkpointing on both sides (default: on for 1.7b)")
-    p.add_argument("--row-major", action="store_true", help="ours keeps row-major weights on CPU (to measure the "
-                   "column-major layout's effect on training)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: one per core)")
     p.add_argument("--output", type=Path, default=None)

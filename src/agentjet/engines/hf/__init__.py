@@ -35,7 +35,6 @@ from agentjet.engines.base import (
 )
 from agentjet.engines.batcher import Request, RequestBatcher
 from agentjet.engines.hf.generation import HFGenerator
-from agentjet.engines.hf.layout import column_major_linears, contiguous_state_dict
 from agentjet.engines.hf.rows import RowRules
 from agentjet.engines.hf.runner import SlotRunner
 from agentjet.engines.hf.scheduler import ContinuousScheduler
@@ -92,10 +91,7 @@ def _stop_ids(model: Any, tokenizer: Any) -> set[int]:
 
 class HFEngine(Engine):
     def __init__(self, model: str | Path = "smollm2-135m-instruct", settings: EngineSettings | None = None,
-                 loss: LossSettings | None = None, learning_rate: float = 1e-5,
-                 column_major: bool | None = None) -> None:
-        """``column_major``: store linear weights column-major (``layout.py``); default: with continuous batching
-        on CPU in fp32, where it makes the decode step's matmuls faster."""
+                 loss: LossSettings | None = None, learning_rate: float = 1e-5) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.settings = settings = settings or EngineSettings()
@@ -109,12 +105,6 @@ class HFEngine(Engine):
             causal_lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.causal_lm = causal_lm
         self.model = self._with_lora(causal_lm, settings.lora)
-        if column_major is None:
-            column_major = (settings.batching == "continuous" and self.device.type == "cpu"
-                            and self.dtype == torch.float32)
-        if column_major:
-            column_major_linears(self.model)
-        self.column_major = column_major
         model_ctx = int(getattr(causal_lm.config, "max_position_embeddings", 4096))
         self._max_context = min(settings.max_context or model_ctx, model_ctx)
         self.rules = RowRules(self._tokenizer, self._max_context, _stop_ids(causal_lm, self._tokenizer), settings.seed)
@@ -176,7 +166,7 @@ class HFEngine(Engine):
             else None,
             "gradient_checkpointing": self.settings.gradient_checkpointing,
             "max_batch_size": self.settings.max_batch_size, "max_context": self._max_context,
-            "batching": self.batching, "column_major_weights": self.column_major}
+            "batching": self.batching}
         if self.runner is not None:
             info["kv_cache_tokens"] = self.runner.capacity
             info["cuda_graphs"] = self.runner.use_graphs
@@ -240,8 +230,7 @@ class HFEngine(Engine):
     def save(self, path: Path) -> None:
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        state = contiguous_state_dict(self.model) if self.column_major else None
-        self.model.save_pretrained(path, safe_serialization=True, state_dict=state)
+        self.model.save_pretrained(path, safe_serialization=True)
         self._tokenizer.save_pretrained(path)
         self.trainer.save_optimizer(path)
         state = {"policy_version": self.policy_version, "engine": self.settings.model_dump(mode="json"),
