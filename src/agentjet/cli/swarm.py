@@ -8,6 +8,7 @@ import typer
 
 from agentjet.cli.common import console, fail
 from agentjet.models import DEFAULT_MODEL
+from agentjet.settings import EngineKind
 
 
 def model(name: str = typer.Argument(DEFAULT_MODEL, help="registry name or local HF directory")) -> None:
@@ -31,6 +32,8 @@ def demo(
                                           "the task's recommendation)"),
     out_dir: Path = typer.Option(Path("runs/demo"), help="where the log, plot and JSON go"),
     time_budget_s: float = typer.Option(20 * 60, min=1.0, help="stop training after this many seconds"),
+    engine: EngineKind = typer.Option(EngineKind.HF, help="hf: the embedded engine; vllm: roll out on a managed "
+                                      "vLLM subprocess (make setup-vllm)"),
 ) -> None:
     """Train SmolLM2 on a built-in task through a real swarm server and client; print eval before/after."""
     from agentjet.demo import DemoSettings, run_demo
@@ -38,9 +41,12 @@ def demo(
 
     if task not in TASKS:
         fail(f"unknown task {task!r}; built-in tasks: {sorted(TASKS)}")
+    if engine is EngineKind.NULL:
+        fail("--engine null cannot learn: the demo needs hf or vllm")
     result = run_demo(DemoSettings(model=model, task=task, steps=steps, learning_rate=learning_rate,
                                    group_size=group_size, batch_groups=batch_groups, eval_tasks=eval_tasks,
-                                   out_dir=out_dir, time_budget_s=time_budget_s), console)
+                                   out_dir=out_dir, time_budget_s=time_budget_s, engine=engine.value),
+                      console)
     if result.eval_after <= result.eval_before:
         console.print("[yellow]the eval reward did not improve in this run[/yellow]")
 
