@@ -148,7 +148,8 @@ async def run_workflow(
 ) -> RunSummary:
     """Run ``group_size`` episodes per task (default: the server's group size, from ``join``), at most
     ``concurrency`` at a time, in dataset order."""
-    group_size = client.group_size(group_size)
+    # eval episodes are never trained, so they form no groups and any group size is fine for them
+    group_size = group_size if eval and group_size is not None else client.group_size(group_size)
     if group_size < 1 or concurrency < 1:
         raise ValueError("group_size and concurrency must be >= 1")
     cursor = cursor or Cursor(None)
