@@ -1,4 +1,4 @@
-.PHONY: demo test test-fast lint bench bench-quick screenshots setup setup-vllm test-vllm bench-vllm
+.PHONY: demo demo-agent test test-fast lint bench bench-quick bench-vs-trl screenshots setup setup-bench setup-vllm test-vllm bench-vllm
 
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -13,6 +13,18 @@ setup-vllm: setup
 # The main job: the swarm demo on the embedded SmolLM2-135M-Instruct model.
 demo: setup
 	$(PY) -m agentjet.cli demo
+
+# The second thing to try: a multi-turn tool agent (calculator + checker) learns through the same swarm.
+demo-agent: setup
+	$(PY) -m agentjet.cli demo --task calculator --out-dir runs/demo-agent
+
+# TRL for the side-by-side benchmark (trl 1.16 works with this venv's transformers; nothing pinned changes).
+setup-bench: setup
+	$(PY) -m pip install -q -e ".[bench]"
+
+# AgentJet vs TRL's GRPOTrainer by wall clock (default 20 min each x 2 seeds; see docs/benchmarks.md).
+bench-vs-trl: setup-bench
+	$(PY) benchmarks/vs_trl.py
 
 # The whole test suite (lint + tests, SmolLM2 tests included). The dashboard's browser tests run when a
 # chromium is installed (apt-get install -y chromium; .ci/run installs it) and are skipped, with the reason

@@ -2,17 +2,17 @@
 
 1. Start ``ajet server`` on a free loopback port.
 2. Evaluate on the held-out split (eval episodes: never trained on).
-3. Train: the runner plays groups of episodes until the server has taken ``steps`` train steps.
-4. Evaluate again, print before/after, save a reward-curve PNG and a JSON summary.
+3. Train (``agentjet.client.scheduled``): a curriculum draws each group's task, the held-out eval runs every
+   ``eval_every_s``, and training stops at ``steps``, the time budget, or an eval plateau / solved task.
+4. Evaluate again, print before/after, save a reward-curve PNG (steps and wall-clock minutes) and a JSON summary.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 import time
-from collections import defaultdict
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -21,8 +21,9 @@ from typing import Any
 from rich.console import Console
 
 from agentjet.client.client import Episode, SwarmClient
-from agentjet.client.runner import RunSummary, run_workflow
+from agentjet.client.scheduled import EvalPoint, ScheduleSettings, StepPoint, run_scheduled
 from agentjet.launch import ServerProcess
+from agentjet.schedule import Curriculum, StoppingRule, StopSettings
 from agentjet.settings import EngineSettings, ServerConfig, TrainingSettings
 from agentjet.tasks import get_task
 
@@ -35,13 +36,16 @@ class DemoSettings:
     learning_rate: float | None = None
     group_size: int | None = None
     batch_groups: int | None = None
-    concurrency: int = 8
+    concurrency: int = 32  # episodes in flight = the engine's batch: a whole step's groups generate together
     eval_tasks: int | None = None  # default: the task's RECOMMENDED['eval_n'] (else 44)
     max_staleness: int = 2
     time_budget_s: float = 20 * 60
     out_dir: Path = Path("runs/demo")
     port: int | None = None
     engine: str = "hf"  # or "vllm": the server rolls out on a managed vLLM subprocess
+    eval_every_s: float | None = 120.0  # periodic held-out eval (None: only before and after)
+    curriculum: bool = True  # draw each group's task by its recent group results (retire solved tasks)
+    early_stop: bool = True  # stop on an eval plateau or when the groups stop teaching (agentjet.schedule)
 
 
 @dataclass
@@ -55,15 +59,29 @@ class DemoResult:
     seconds: float
     reward_by_version: dict[int, float] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
+    evals: list[dict[str, Any]] = field(default_factory=list)  # periodic held-out evals (minutes, step, reward)
+    steps: list[dict[str, Any]] = field(default_factory=list)  # each train step: minutes, step, train reward
+    stop_reason: str = ""
+    groups: int = 0
+    uniform_groups: int = 0  # groups whose rewards were all equal (no learning signal)
+    merge_ratio: float = float("nan")  # chat calls per training sample (timeline merging)
+    curriculum: dict[str, int] = field(default_factory=dict)  # train tasks per state at the end
 
 
-def _workflow(task_mod: ModuleType, sampling: dict[str, Any], record: dict[int, list[float]] | None):
+def _workflow(task_mod: ModuleType, sampling: dict[str, Any], record: dict[int, list[float]] | None = None):
+    """The task's own multi-turn ``rollout(task, ep, sampling)`` if it has one, else one chat call scored by
+    ``reward(task, text)``."""
+    rollout = getattr(task_mod, "rollout", None)
+
     async def workflow(task: dict[str, Any], ep: Episode) -> float:
         params = dict(sampling)
         if "seed" in params and "index" in task:
             params["seed"] = params["seed"] + int(task["index"])
-        reply = await ep.openai().chat.completions.create(model="demo", messages=task["messages"], **params)
-        reward = float(task_mod.reward(task, reply.choices[0].message.content or ""))
+        if rollout is not None:
+            reward = float(await rollout(task, ep, params))
+        else:
+            reply = await ep.openai().chat.completions.create(model="demo", messages=task["messages"], **params)
+            reward = float(task_mod.reward(task, reply.choices[0].message.content or ""))
         if record is not None:
             record[ep.policy_version].append(reward)
         return reward
@@ -71,70 +89,19 @@ def _workflow(task_mod: ModuleType, sampling: dict[str, Any], record: dict[int, 
     return workflow
 
 
-def server_config(s: DemoSettings, port: int, rec: dict[str, Any]) -> ServerConfig:
-    """The demo server's settings (handed to the child ``ajet server`` as a config file)."""
+def server_config(s: DemoSettings, port: int, rec: dict[str, Any], admin_token: str | None = None) -> ServerConfig:
+    """The demo server's settings (handed to the child ``ajet server`` as a config file). The client pauses
+    training for its periodic evals, so it holds the admin token."""
     return ServerConfig(
-        model=s.model, port=port, data_dir=s.out_dir / "server", log_level="INFO",
+        model=s.model, port=port, data_dir=s.out_dir / "server", log_level="INFO", admin_token=admin_token,
         engine=EngineSettings(kind=s.engine, max_batch_size=s.concurrency),
         training=TrainingSettings(group_size=rec["group_size"], batch_groups=rec["groups_per_batch"],
                                   learning_rate=rec["learning_rate"], max_staleness=s.max_staleness,
                                   checkpoint_every=0))
 
 
-async def _evaluate(client: SwarmClient, task_mod: ModuleType, tasks: list[dict[str, Any]], concurrency: int
-                    ) -> RunSummary:
-    fn = _workflow(task_mod, task_mod.EVAL_SAMPLING, None)
-    return await run_workflow(client, fn, tasks, group_size=1, concurrency=concurrency, eval=True)
-
-
-async def _train(client: SwarmClient, task_mod: ModuleType, s: DemoSettings, rec: dict[str, Any], steps: int,
-                 record: dict[int, list[float]], console: Console) -> RunSummary:
-    done = asyncio.Event()
-    deadline = time.monotonic() + s.time_budget_s
-
-    async def monitor() -> None:
-        last = -1
-        quiet_since = time.monotonic()
-        while not done.is_set():
-            st = await client.status()
-            if st.train_steps != last:
-                last, quiet_since = st.train_steps, time.monotonic()
-                m = st.last_train_metrics
-                if m:
-                    console.print(f"  step {st.train_steps:3d}/{steps}  policy v{st.policy_version}  "
-                                  f"train reward {m.get('reward_mean', float('nan')):.3f}  "
-                                  f"loss {m.get('loss', 0):+.4f}  step {m.get('step_seconds', 0):.1f}s")
-            elif time.monotonic() - quiet_since > 60:  # say why nothing happens (a model that solves most tasks)
-                quiet_since = time.monotonic()
-                b = st.buffer
-                console.print(f"  ... collecting: {b.dropped_uniform_episodes} episodes so far in groups where "
-                              f"every reward was equal (no learning signal, skipped), {b.pending_episodes} pending")
-            if st.train_steps >= steps:
-                done.set()
-            elif time.monotonic() > deadline:
-                budget = f"{s.time_budget_s / 60:.0f} min" if s.time_budget_s >= 120 else f"{s.time_budget_s:.0f} s"
-                console.print(f"  training budget of {budget} reached after {st.train_steps} of {steps} steps "
-                              "(--time-budget-s to change)")
-                done.set()
-            await asyncio.sleep(1.0)
-
-    def tasks() -> Iterator[dict[str, Any]]:
-        round_ = 0
-        while not done.is_set():
-            for t in task_mod.generate_tasks("train", 64, seed=round_):
-                if done.is_set():
-                    return
-                yield {**t, "task_id": f"{t['task_id']}-r{round_}"}
-            round_ += 1
-
-    watcher = asyncio.create_task(monitor())
-    fn = _workflow(task_mod, task_mod.SAMPLING, record)
-    summary = await run_workflow(client, fn, tasks(), group_size=rec["group_size"], concurrency=s.concurrency)
-    await watcher
-    return summary
-
-
 def save_plot(result: DemoResult, path: Path) -> bool:
+    """Train reward per step, and train reward and held-out eval against wall-clock minutes."""
     try:
         import matplotlib
 
@@ -142,16 +109,26 @@ def save_plot(result: DemoResult, path: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
+    fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(11, 4))
     versions = sorted(result.reward_by_version)
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(versions, [result.reward_by_version[v] for v in versions], marker="o", label="train reward (sampled)")
-    ax.axhline(result.eval_before, color="grey", linestyle="--", label=f"eval before {result.eval_before:.3f}")
-    ax.axhline(result.eval_after, color="green", linestyle="--", label=f"eval after {result.eval_after:.3f}")
-    ax.set_xlabel("policy version (train steps)")
-    ax.set_ylabel("mean reward")
-    ax.set_title(f"AgentJet demo: {result.settings.get('model')} on {result.settings.get('task')}")
-    ax.legend(loc="lower right")
-    ax.grid(alpha=0.3)
+    by_step.plot(versions, [result.reward_by_version[v] for v in versions], marker="o", label="train reward (sampled)")
+    evals = result.evals
+    by_step.plot([e["train_steps"] for e in evals], [e["reward"] for e in evals], marker="s", color="green",
+                 label="held-out eval")
+    by_step.set_xlabel("policy version (train steps)")
+    by_step.set_ylabel("mean reward")
+    by_step.legend(loc="lower right")
+    by_step.grid(alpha=0.3)
+    steps = [p for p in result.steps if "reward_mean" in p]
+    by_time.plot([p["minutes"] for p in steps], [p["reward_mean"] for p in steps], marker=".", alpha=0.7,
+                 label="train reward (trained batches: mixed groups)")
+    by_time.plot([e["minutes"] for e in evals], [e["reward"] for e in evals], marker="s", color="green",
+                 label="held-out eval")
+    by_time.set_xlabel("wall-clock minutes (evals included)")
+    by_time.legend(loc="lower right")
+    by_time.grid(alpha=0.3)
+    fig.suptitle(f"AgentJet demo: {result.settings.get('model')} on {result.settings.get('task')} "
+                 f"(eval {result.eval_before:.3f} -> {result.eval_after:.3f}, {result.seconds / 60:.1f} min)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -174,7 +151,8 @@ def run_demo(s: DemoSettings, console: Console | None = None) -> DemoResult:
     port = s.port or free_port()
     url = f"http://127.0.0.1:{port}"
     log_path = s.out_dir / "server.log"
-    server = ServerProcess("demo", server_config(s, port, rec), log_path, s.out_dir / "server.yaml")
+    admin_token = secrets.token_urlsafe(32)
+    server = ServerProcess("demo", server_config(s, port, rec, admin_token), log_path, s.out_dir / "server.yaml")
     start = time.monotonic()
     console.print(f"[bold]AgentJet demo[/bold]: {s.model} learns '{s.task}' ({steps} steps, {rec['group_size']} "
                   f"episodes/group, {rec['groups_per_batch']} groups/step, lr {rec['learning_rate']})")
@@ -182,7 +160,7 @@ def run_demo(s: DemoSettings, console: Console | None = None) -> DemoResult:
     server.start()
     try:
         server.wait_ready()
-        result = asyncio.run(_client_side(s, task_mod, rec, steps, url, console))
+        result = asyncio.run(_client_side(s, task_mod, rec, steps, url, admin_token, console))
     finally:
         server.stop(grace=120)
     result.seconds = time.monotonic() - start
@@ -193,25 +171,66 @@ def run_demo(s: DemoSettings, console: Console | None = None) -> DemoResult:
     console.print(f"\n[bold]eval reward (held-out, {s.eval_tasks} tasks): before {result.eval_before:.3f} -> "
                   f"after {result.eval_after:.3f}[/bold]  ({result.train_steps} train steps, "
                   f"{result.train_episodes} training episodes, {result.seconds / 60:.1f} min)")
+    console.print(f"stopped: {result.stop_reason or 'done'}; {result.uniform_groups} of {result.groups} groups had "
+                  f"equal rewards; calls per training sample {result.merge_ratio:.2f}")
     console.print(f"saved {s.out_dir / 'demo_result.json'}" + (f" and {plot}" if saved else ""))
     return result
 
 
+def train_pool(task_mod: ModuleType, n: int = 1024) -> list[dict[str, Any]]:
+    """The distinct train tasks among the first ``n`` the task generates (the curriculum's pool)."""
+    seen: dict[str, dict[str, Any]] = {}
+    for t in task_mod.generate_tasks("train", n, seed=0):
+        seen.setdefault(str(t["task_id"]), t)
+    return list(seen.values())
+
+
 async def _client_side(s: DemoSettings, task_mod: ModuleType, rec: dict[str, Any], steps: int, url: str,
-                       console: Console) -> DemoResult:
+                       token: str, console: Console) -> DemoResult:
     eval_tasks = [{**t, "index": i} for i, t in enumerate(task_mod.generate_tasks("eval", s.eval_tasks, seed=0))]
-    record: dict[int, list[float]] = defaultdict(list)
-    async with SwarmClient(url, client_id="demo-client") as client:
-        console.print(f"evaluating the base model on {len(eval_tasks)} held-out tasks ...")
-        before = await _evaluate(client, task_mod, eval_tasks, s.concurrency)
-        console.print(f"  eval reward before training: {before.mean_reward:.3f}")
-        console.print("training ...")
-        train = await _train(client, task_mod, s, rec, steps, record, console)
-        console.print("evaluating the trained model ...")
-        after = await _evaluate(client, task_mod, eval_tasks, s.concurrency)
+    pool = train_pool(task_mod, int(rec.get("pool", 1024)))
+    curriculum = Curriculum([str(t["task_id"]) for t in pool], seed=0) if s.curriculum else None
+    stopping = StoppingRule(StopSettings(**rec.get("stop", {}))) if s.early_stop else None
+    settings = ScheduleSettings(group_size=rec["group_size"], concurrency=s.concurrency, max_steps=steps,
+                                time_budget_s=s.time_budget_s, eval_every_s=s.eval_every_s)
+
+    def on_eval(p: EvalPoint) -> None:
+        console.print(f"  [green]eval[/green] at {p.seconds / 60:4.1f} min, step {p.train_steps:3d}: held-out reward "
+                      f"{p.reward:.3f} ({p.episodes} tasks, {p.eval_seconds:.0f}s)")
+
+    def on_step(p: StepPoint) -> None:
+        m = p.metrics
+        console.print(f"  step {p.train_steps:3d}/{steps}  {p.seconds / 60:4.1f} min  policy v{p.policy_version}  "
+                      f"train reward {m.get('reward_mean', float('nan')):.3f}  loss {m.get('loss', 0):+.4f}  "
+                      f"step {m.get('step_seconds', 0):.1f}s")
+
+    def on_quiet(st: Any) -> None:  # say why nothing happens (a model that solves most tasks)
+        b = st.buffer
+        console.print(f"  ... collecting: {b.dropped_uniform_episodes} episodes so far in groups where every reward "
+                      f"was equal (no learning signal, skipped), {b.pending_episodes} pending")
+
+    async with SwarmClient(url, token=token, client_id="demo-client") as client:
+        console.print(f"evaluating the base model on {len(eval_tasks)} held-out tasks, then training "
+                      f"({len(pool)} train tasks" + (", curriculum" if curriculum else "") + ") ...")
+        run = await run_scheduled(client, _workflow(task_mod, task_mod.SAMPLING), _workflow(task_mod,
+                                  task_mod.EVAL_SAMPLING), pool, eval_tasks, settings, curriculum=curriculum,
+                                  stopping=stopping, on_step=on_step, on_eval=on_eval, on_quiet=on_quiet)
         status = await client.status()
+    if run.stop_reason == "time_budget":
+        budget = f"{s.time_budget_s / 60:.0f} min" if s.time_budget_s >= 120 else f"{s.time_budget_s:.0f} s"
+        console.print(f"  training budget of {budget} reached after {status.train_steps} of {steps} steps "
+                      "(--time-budget-s to change)")
+    elif run.stop_reason in ("solved", "eval_plateau", "no_signal"):
+        console.print(f"  stopped early ({run.stop_reason}): {run.uniform_groups} of {run.groups} groups had equal "
+                      f"rewards; evals {', '.join(f'{e.reward:.2f}' for e in run.evals)}")
+    before, after = run.evals[0], run.evals[-1]
     return DemoResult(
-        eval_before=before.mean_reward, eval_after=after.mean_reward, train_steps=status.train_steps,
-        policy_version=status.policy_version, train_episodes=train.episodes,
-        failed_episodes=train.failed + before.failed + after.failed, seconds=0.0,
-        reward_by_version={v: sum(r) / len(r) for v, r in sorted(record.items())})
+        eval_before=before.reward, eval_after=after.reward, train_steps=status.train_steps,
+        policy_version=status.policy_version, train_episodes=run.train.episodes, failed_episodes=run.train.failed,
+        seconds=0.0, reward_by_version={v: sum(r) / len(r) for v, r in sorted(run.train_reward_by_version.items())},
+        evals=[{**asdict(e), "minutes": e.seconds / 60} for e in run.evals],
+        steps=[{"minutes": p.seconds / 60, "train_steps": p.train_steps, "policy_version": p.policy_version,
+                **{k: p.metrics[k] for k in ("reward_mean", "loss", "step_seconds", "trained_tokens") if k in p.metrics}}
+               for p in run.steps],
+        stop_reason=run.stop_reason, groups=run.groups, uniform_groups=run.uniform_groups,
+        merge_ratio=run.merge_ratio, curriculum=run.curriculum)

@@ -42,6 +42,9 @@ def run(
                                group_size, concurrency, eval, epochs, Cursor(cursor)))
     console.print(f"{summary.episodes} episodes, {summary.failed} failed, mean reward {summary.mean_reward:.3f}, "
                   f"{summary.seconds:.0f}s")
+    if summary.samples:  # what the server built from the calls (timeline merging: one sample for a whole chat)
+        console.print(f"{summary.calls} chat calls -> {summary.samples} training samples "
+                      f"({summary.merge_ratio:.2f} calls per sample)")
     if summary.failed:
         console.print(f"failures by kind: {dict(summary.failure_kinds)}")
 

@@ -38,6 +38,8 @@ class RunSummary:
     failure_kinds: Counter[str] = field(default_factory=Counter)
     last_policy_version: int = 0
     seconds: float = 0.0
+    calls: int = 0  # chat calls of the acknowledged episodes
+    samples: int = 0  # training samples the server built from them (fewer when timeline merging merged calls)
 
     def merge(self, other: RunSummary) -> None:
         self.episodes += other.episodes
@@ -47,10 +49,17 @@ class RunSummary:
         self.failure_kinds.update(other.failure_kinds)
         self.last_policy_version = max(self.last_policy_version, other.last_policy_version)
         self.seconds += other.seconds
+        self.calls += other.calls
+        self.samples += other.samples
 
     @property
     def mean_reward(self) -> float:
         return sum(self.rewards) / len(self.rewards) if self.rewards else float("nan")
+
+    @property
+    def merge_ratio(self) -> float:
+        """Chat calls per training sample (1.0: every call its own sample; higher: calls merged)."""
+        return self.calls / self.samples if self.samples else float("nan")
 
 
 def load_workflow(spec: str) -> Workflow:
@@ -122,6 +131,9 @@ async def run_episode(client: SwarmClient, workflow: Workflow, task: dict[str, A
                 raise ValueError("the workflow returned no reward")
             ep.reward(reward)
             summary.last_policy_version = max(summary.last_policy_version, ep.policy_version)
+        if ep.result is not None:
+            summary.calls += ep.result.calls
+            summary.samples += ep.result.samples
         value = reward_mean(reward)
         summary.rewards.append(value)
         return value

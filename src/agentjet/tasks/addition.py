@@ -30,7 +30,10 @@ PROMPT = "What is {a} + {b}? Reply with only the number."
 SAMPLING = {"temperature": 0.7, "top_p": 1.0, "max_tokens": 10}
 # Evaluation: the same temperature, with fixed per-task seeds ``EVAL_SAMPLING["seed"] + index``.
 EVAL_SAMPLING = {"temperature": 0.7, "top_p": 1.0, "max_tokens": 10, "seed": 10_000}
-RECOMMENDED = {"learning_rate": 2e-5, "group_size": 8, "groups_per_batch": 4, "steps": 12, "eval_n": 44}
+# ``steps`` is a ceiling: the demo's curriculum retires solved pairs and its stopping rule ends the run on
+# an eval plateau.
+RECOMMENDED = {"learning_rate": 2e-5, "group_size": 8, "groups_per_batch": 4, "steps": 60, "eval_n": 44,
+               "stop": {"patience": 2, "min_delta": 0.02, "min_evals": 3}}
 
 _NUM = re.compile(r"-?\d+")
 

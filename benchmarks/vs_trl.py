@@ -1,0 +1,389 @@
+"""AgentJet vs TRL's GRPOTrainer on the demo's single-turn task, by wall clock, on this CPU.
+
+    .venv/bin/python benchmarks/vs_trl.py                       # 20 min each, seeds 0 and 1 (~90 min)
+    .venv/bin/python benchmarks/vs_trl.py --budget-min 10       # shorter
+    .venv/bin/python benchmarks/vs_trl.py --quick               # plumbing check on the tiny model (~3 min)
+
+Both train SmolLM2-135M-Instruct (``agentjet.models.resolve_model``) on ``agentjet.tasks.addition``: the same
+train prompts (chat template, no system prompt of ours), the same reward function, 8 generations per prompt
+and 4 prompts per step, lr 2e-5 constant, AdamW, no KL, max 10 new tokens, temperature 0.7, fp32, the same
+2 CPU threads. One after the other in this script (each in its own subprocess), with the same training-time
+budget. At fixed training-clock points each side saves its weights (the clock stops while it saves); after
+the run every checkpoint is scored by ONE evaluator (``evaluate_checkpoint``: the held-out split, 44
+episodes, T=0.7, fixed per-task seeds). Results: benchmarks/results/vs_trl.json and vs_trl.png.
+
+AgentJet runs as the demo does (``ajet demo``'s server and scheduled client: concurrency 32, curriculum,
+uniform groups skipped); TRL with ``GRPOConfig`` defaults except the shared settings above (``trl_config``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from agentjet.runtime import prefer_passive_openmp
+
+prefer_passive_openmp()  # before torch loads, for both sides (the server does the same)
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+TARGET = 0.75
+EVAL_POINTS_MIN = (1, 2, 3, 4, 5, 7.5, 10, 12.5, 15, 17.5, 20, 25, 30)
+
+# The settings both sides share.
+SHARED = {"learning_rate": 2e-5, "num_generations": 8, "prompts_per_step": 4, "max_tokens": 10,
+          "temperature": 0.7, "top_p": 1.0}
+
+
+def trl_config(out_dir: str, seed: int) -> dict[str, Any]:
+    """GRPOConfig arguments: TRL's defaults (loss "dapo", rewards scaled per group, epsilon 0.2, beta 0, one
+    iteration per batch, AdamW, max_grad_norm 1.0, one generation batch per optimizer step) plus the shared
+    settings. lr schedule "constant" (the default "linear" would decay towards a max_steps we never reach)."""
+    return {
+        "output_dir": out_dir, "seed": seed, "use_cpu": True, "bf16": False,
+        "learning_rate": SHARED["learning_rate"], "lr_scheduler_type": "constant",
+        "per_device_train_batch_size": SHARED["num_generations"] * SHARED["prompts_per_step"],
+        "num_generations": SHARED["num_generations"], "gradient_accumulation_steps": 1,
+        "max_completion_length": SHARED["max_tokens"], "temperature": SHARED["temperature"], "top_p": SHARED["top_p"],
+        "beta": 0.0, "max_steps": 100_000, "logging_steps": 1, "save_strategy": "no", "report_to": "none",
+        "disable_tqdm": True, "dataloader_num_workers": 0,
+    }
+
+
+# ---------------------------------------------------------------------------- the one evaluator
+def evaluate_checkpoint(path: str, tasks: list[dict[str, Any]]) -> float:
+    """Mean reward of the weights in ``path`` on ``tasks`` with the task's EVAL_SAMPLING (seed + index)."""
+    from agentjet.engines.base import SamplingParams
+    from agentjet.engines.hf import HFEngine
+    from agentjet.settings import EngineSettings
+    from agentjet.tasks import addition
+
+    engine = HFEngine(path, EngineSettings(max_batch_size=len(tasks)))
+    tok = engine.tokenizer
+    ev = addition.EVAL_SAMPLING
+
+    async def go() -> list[float]:
+        async def one(i: int, t: dict[str, Any]) -> float:
+            ids = list(tok.apply_chat_template(t["messages"], add_generation_prompt=True, tokenize=True,
+                                               return_dict=False))
+            res = await engine.generate(ids, SamplingParams(temperature=ev["temperature"], top_p=ev["top_p"],
+                                                            max_tokens=ev["max_tokens"], seed=ev["seed"] + i))
+            return addition.reward(t, res.text)
+
+        out = await asyncio.gather(*(one(i, t) for i, t in enumerate(tasks)))
+        await engine.close()
+        return list(out)
+
+    rewards = asyncio.run(go())
+    return sum(rewards) / len(rewards)
+
+
+# ---------------------------------------------------------------------------- AgentJet side
+def run_agentjet(model: str, seed: int, budget_s: float, points_s: list[float], ckpt_dir: Path) -> dict[str, Any]:
+    import secrets
+    import sqlite3
+
+    from agentjet.client.client import SwarmClient
+    from agentjet.client.scheduled import ScheduleSettings, run_scheduled
+    from agentjet.demo import DemoSettings, _workflow, server_config, train_pool
+    from agentjet.launch import ServerProcess, free_port
+    from agentjet.protocol import SWARM_PREFIX
+    from agentjet.schedule import Curriculum
+    from agentjet.tasks import addition
+
+    work = Path(tempfile.mkdtemp(prefix="vs-trl-aj-"))
+    s = DemoSettings(model=model, out_dir=work, concurrency=32)
+    rec = {**addition.RECOMMENDED, "learning_rate": SHARED["learning_rate"], "group_size": SHARED["num_generations"],
+           "groups_per_batch": SHARED["prompts_per_step"]}
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    token = secrets.token_urlsafe(32)  # the client pauses training and saves checkpoints (control API)
+    server = ServerProcess("vs-trl", server_config(s, port, rec, token), work / "server.log",
+                           work / "server.yaml").start()
+    points: list[dict[str, Any]] = []
+    try:
+        server.wait_ready()
+        sampling = dict(addition.SAMPLING)
+
+        async def main() -> Any:
+            pool = train_pool(addition)
+            async with SwarmClient(url, token=token, client_id="vs-trl") as client:
+                async def checkpoint(train_s: float) -> None:
+                    r = await client.request("POST", f"{SWARM_PREFIX}/control/checkpoint")
+                    dest = ckpt_dir / f"agentjet-{len(points):02d}"
+                    await asyncio.to_thread(shutil.copytree, r["path"], dest,
+                                            ignore=shutil.ignore_patterns("optimizer.pt"))
+                    points.append({"train_s": train_s, "step": r["train_step"], "path": str(dest)})
+
+                settings = ScheduleSettings(group_size=SHARED["num_generations"], concurrency=s.concurrency,
+                                            time_budget_s=budget_s, eval_every_s=None, eval_at_s=tuple(points_s))
+                run = await run_scheduled(client, _workflow(addition, sampling), _workflow(addition, sampling),
+                                          pool, [], settings, curriculum=Curriculum([str(t["task_id"]) for t in pool],
+                                                                                    seed=seed),
+                                          at_pause=checkpoint)
+                st = await client.status()
+                return run, st
+
+        t0 = time.monotonic()
+        run, st = asyncio.run(main())
+        wall = time.monotonic() - t0
+    finally:
+        server.stop(grace=120)
+    db = sqlite3.connect(work / "server" / "store.sqlite")
+    trained = sum(json.loads(m).get("trained_tokens", 0) for (m,) in db.execute("SELECT metrics FROM steps"))
+    db.close()
+    shutil.rmtree(work, ignore_errors=True)
+    return {"points": points, "train_s": run.train_seconds, "wall_s": wall, "steps": st.train_steps,
+            "generated_tokens": st.throughput["generated_tokens"], "trained_tokens": trained,
+            "episodes": run.train.episodes, "groups": run.groups, "uniform_groups": run.uniform_groups,
+            "stop_reason": run.stop_reason}
+
+
+# ---------------------------------------------------------------------------- TRL side
+def run_trl(model: str, seed: int, budget_s: float, points_s: list[float], ckpt_dir: Path) -> dict[str, Any]:
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from agentjet.tasks import addition
+
+    counts = {"generated_tokens": 0, "completions": 0}
+
+    def reward(prompts: list[Any], completions: list[Any], completion_ids: list[list[int]], answer: list[str],
+               **_: Any) -> list[float]:
+        counts["generated_tokens"] += sum(len(c) for c in completion_ids)
+        counts["completions"] += len(completions)
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        return [addition.reward({"answer": a}, t) for t, a in zip(texts, answer, strict=True)]
+
+    pool = addition.split_pairs("train")
+    rows = [{"prompt": addition.make_task(a, b)["messages"], "answer": str(a + b)} for a, b in pool] * 400
+    work = tempfile.mkdtemp(prefix="vs-trl-trl-")
+    cfg = trl_config(work, seed)
+    points: list[dict[str, Any]] = []
+
+    class Clock(TrainerCallback):
+        def __init__(self) -> None:
+            self.start = 0.0
+            self.paused = 0.0
+            self.todo = sorted(points_s)
+
+        def train_s(self) -> float:
+            return time.monotonic() - self.start - self.paused
+
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            self.start = time.monotonic()
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            now = self.train_s()
+            if self.todo and now >= self.todo[0]:
+                while self.todo and now >= self.todo[0]:
+                    self.todo.pop(0)
+                t0 = time.monotonic()
+                dest = ckpt_dir / f"trl-{len(points):02d}"
+                kw["model"].save_pretrained(dest, safe_serialization=True)
+                kw["processing_class"].save_pretrained(dest)
+                points.append({"train_s": now, "step": state.global_step, "path": str(dest)})
+                self.paused += time.monotonic() - t0
+            if now >= budget_s:
+                control.should_training_stop = True
+
+    clock = Clock()
+    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=GRPOConfig(**cfg),
+                          train_dataset=Dataset.from_list(rows), callbacks=[clock])
+    t0 = time.monotonic()
+    trainer.train()
+    wall = time.monotonic() - t0
+    shutil.rmtree(work, ignore_errors=True)
+    steps = trainer.state.global_step
+    return {"points": points, "train_s": clock.train_s(), "wall_s": wall, "steps": steps,
+            "generated_tokens": counts["generated_tokens"], "trained_tokens": counts["generated_tokens"],
+            "episodes": counts["completions"], "config": {k: v for k, v in cfg.items() if k != "output_dir"}}
+
+
+# ---------------------------------------------------------------------------- orchestration
+def _side_main(args: argparse.Namespace) -> None:
+    fn = run_agentjet if args.side == "agentjet" else run_trl
+    out = fn(args.model, args.seed, args.budget_s, [float(x) for x in args.points.split(",") if x],
+             Path(args.ckpt_dir))
+    Path(args.out).write_text(json.dumps(out, indent=2, default=str))
+
+
+def _eval_at(points: list[dict[str, Any]], minute: float) -> float | None:
+    """The eval of the checkpoint taken at the pause point ``minute`` (the first step boundary after it)."""
+    for p in points:
+        if p.get("target_min") == minute:
+            return p["eval"]
+    return None
+
+
+def _time_to(points: list[dict[str, Any]], target: float) -> float | None:
+    for p in points:
+        if p["eval"] >= target:
+            return p["train_s"] / 60
+    return None
+
+
+def summarize(runs: list[dict[str, Any]], minutes: list[float]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for side in ("agentjet", "trl"):
+        mine = [r for r in runs if r["side"] == side]
+        if not mine:
+            continue
+        at = {}
+        for m in minutes:
+            vals = [v for r in mine if (v := _eval_at(r["points"], m)) is not None]
+            at[str(m)] = statistics.mean(vals) if len(vals) == len(mine) else None
+        times = [_time_to(r["points"], TARGET) for r in mine]
+        mins = [r["train_s"] / 60 for r in mine]
+        out[side] = {
+            "eval_at_min": at,
+            "time_to_target_min": statistics.mean(times) if all(t is not None for t in times) else None,
+            "time_to_target_by_seed": times,
+            "steps_per_min": statistics.mean(r["steps"] / m for r, m in zip(mine, mins, strict=True)),
+            "generated_tokens_per_min": statistics.mean(r["generated_tokens"] / m for r, m in zip(mine, mins, strict=True)),
+            "trained_tokens_per_min": statistics.mean(r["trained_tokens"] / m for r, m in zip(mine, mins, strict=True)),
+        }
+    if "agentjet" in out and "trl" in out:
+        a, t = out["agentjet"]["time_to_target_min"], out["trl"]["time_to_target_min"]
+        out["time_to_target_ratio"] = a / t if a is not None and t else None
+    return out
+
+
+def plot(runs: list[dict[str, Any]], base: float, path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    colors = {"agentjet": "tab:blue", "trl": "tab:orange"}
+    for r in runs:
+        xs = [0.0] + [p["train_s"] / 60 for p in r["points"]]
+        ys = [base] + [p["eval"] for p in r["points"]]
+        ax.plot(xs, ys, marker="o", color=colors[r["side"]], alpha=0.8, linestyle="-" if r["seed"] == 0 else "--",
+                label=f"{'AgentJet' if r['side'] == 'agentjet' else 'TRL GRPOTrainer'} seed {r['seed']}")
+    ax.axhline(TARGET, color="grey", linestyle=":", label=f"target {TARGET}")
+    ax.set_xlabel("training wall-clock minutes (checkpoint saves excluded)")
+    ax.set_ylabel("held-out eval reward (44 episodes, T=0.7)")
+    ax.set_ylim(0, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def save(args: argparse.Namespace, runs: list[dict[str, Any]], minutes: list[float], base: float,
+         complete: bool) -> dict[str, Any]:
+    """Write the JSON and the figure (after every run, so a cut-short session keeps what finished)."""
+    summary = summarize(runs, [m for m in (5, 10, 20) if m <= args.budget_min] or minutes)
+    commit = os.environ.get("AGENTJET_COMMIT") or subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
+                                                                   text=True, cwd=ROOT).stdout.strip()
+    import torch
+    import transformers
+    import trl
+
+    result = {"machine": platform.machine(), "cpus": os.cpu_count(), "device": "cpu", "commit": commit,
+              "torch_threads": torch.get_num_threads(), "versions": {"torch": torch.__version__,
+              "transformers": transformers.__version__, "trl": trl.__version__},
+              "model": args.model, "budget_min": args.budget_min, "seeds": args.seeds, "eval_n": args.eval_n,
+              "eval_points_min": minutes, "base_eval": base, "target": TARGET, "shared": SHARED,
+              "trl_config": {k: v for k, v in trl_config("-", 0).items() if k not in ("output_dir", "seed")},
+              "runs": runs, "summary": summary, "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    plot(runs, base, args.out.with_suffix(".png"), f"{args.model} on addition: AgentJet vs TRL GRPOTrainer (CPU)")
+    result["complete"] = complete
+    args.out.write_text(json.dumps(result, indent=2, default=str))
+    return summary
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--budget-min", type=float, default=20)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    p.add_argument("--sides", nargs="+", default=["agentjet", "trl"], choices=["agentjet", "trl"])
+    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--eval-n", type=int, default=44)
+    p.add_argument("--quick", action="store_true", help="tiny model, 40 s budget, 4 eval tasks: plumbing only")
+    p.add_argument("--out", type=Path, default=RESULTS / "vs_trl.json")
+    # one side (internal: the orchestrator runs each side in a subprocess)
+    p.add_argument("--side", choices=["agentjet", "trl"], help=argparse.SUPPRESS)
+    p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--budget-s", type=float, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--points", default="", help=argparse.SUPPRESS)
+    p.add_argument("--ckpt-dir", default="", help=argparse.SUPPRESS)
+    p.add_argument("--side-out", dest="side_out", default="", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.side:
+        args.out = args.side_out
+        _side_main(args)
+        return
+
+    from agentjet.models import resolve_model
+    from agentjet.tasks import addition
+
+    if args.quick:
+        args.model, args.budget_min, args.eval_n = "tiny-random", 40 / 60, 4
+        args.out = args.out.with_name("vs_trl_quick.json")
+    model = str(resolve_model(args.model))
+    minutes = [m for m in EVAL_POINTS_MIN if m <= args.budget_min] if not args.quick else [0.25, 0.5]
+    if args.budget_min not in minutes:
+        minutes.append(args.budget_min)
+    eval_tasks = addition.generate_tasks("eval", args.eval_n, seed=0)
+    base = evaluate_checkpoint(model, eval_tasks)
+    print(f"base model: held-out eval {base:.3f} ({args.eval_n} episodes)", flush=True)
+    runs: list[dict[str, Any]] = []
+    for seed in args.seeds:
+        for side in args.sides:
+            ckpt = Path(tempfile.mkdtemp(prefix=f"vs-trl-{side}-{seed}-"))
+            side_out = ckpt / "side.json"
+            cmd = [sys.executable, __file__, "--side", side, "--seed", str(seed), "--model", model,
+                   "--budget-s", str(args.budget_min * 60), "--points", ",".join(str(m * 60) for m in minutes),
+                   "--ckpt-dir", str(ckpt), "--side-out", str(side_out)]
+            print(f"== {side}, seed {seed}: {args.budget_min:g} min of training ...", flush=True)
+            t0 = time.monotonic()
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.budget_min * 60 + 900)
+            if proc.returncode != 0:
+                print(proc.stdout[-3000:], proc.stderr[-5000:])
+                raise SystemExit(f"{side} seed {seed} failed (exit {proc.returncode})")
+            r = json.loads(side_out.read_text())
+            for i, pt in enumerate(r["points"]):
+                pt["target_min"] = minutes[i] if i < len(minutes) else None
+                pt["eval"] = evaluate_checkpoint(pt.pop("path"), eval_tasks)
+                print(f"   {pt['train_s'] / 60:5.2f} min  step {pt['step']:3d}  eval {pt['eval']:.3f}", flush=True)
+            shutil.rmtree(ckpt, ignore_errors=True)
+            r.update(side=side, seed=seed, process_wall_s=time.monotonic() - t0)
+            runs.append(r)
+            print(f"   {r['steps']} steps, {r['generated_tokens']} tokens generated, {r['trained_tokens']} trained",
+                  flush=True)
+            save(args, runs, minutes, base, complete=False)
+    summary = save(args, runs, minutes, base, complete=True)
+    cols = next(iter(summary[s]["eval_at_min"] for s in ("agentjet", "trl") if s in summary))
+    print("\n| | " + " | ".join(f"eval @ {float(m):g} min" for m in cols)
+          + f" | min to {TARGET} | steps/min | gen tok/min | trained tok/min |")
+    for side in ("agentjet", "trl"):
+        if side not in summary:
+            continue
+        sm = summary[side]
+        evals = " | ".join(f"{v:.3f}" if v is not None else "-" for k, v in sm["eval_at_min"].items())
+        ttt = f"{sm['time_to_target_min']:.2f}" if sm["time_to_target_min"] is not None else "not reached"
+        print(f"| {side} | {evals} | {ttt} | {sm['steps_per_min']:.2f} | {sm['generated_tokens_per_min']:.0f} | "
+              f"{sm['trained_tokens_per_min']:.0f} |")
+    print(f"saved {args.out} and {args.out.with_suffix('.png')}")
+
+
+if __name__ == "__main__":
+    main()
