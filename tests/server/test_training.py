@@ -114,6 +114,27 @@ def test_streaming_matches_non_streaming(make_server) -> None:
     assert len(pieces) > 1  # really incremental
 
 
+def test_streaming_with_logprobs_sends_them_in_the_last_chunk(make_server) -> None:
+    srv = make_server("tiny")
+
+    async def main() -> tuple[int, list[float]]:
+        async with SwarmClient(srv.url) as client, client.episode(task_id="t") as ep:
+            stream = await ep.openai().chat.completions.create(model="tiny", messages=USER, max_tokens=8, seed=3,
+                                                               logprobs=True, stream=True,
+                                                               stream_options={"include_usage": True})
+            logprobs: list[float] = []
+            tokens = 0
+            async for chunk in stream:
+                if chunk.choices and chunk.choices[0].logprobs is not None:
+                    logprobs += [c.logprob for c in chunk.choices[0].logprobs.content or []]
+                tokens = chunk.usage.completion_tokens if chunk.usage else tokens
+            ep.reward(0.0)
+            return tokens, logprobs
+
+    tokens, logprobs = asyncio.run(main())
+    assert tokens > 0 and len(logprobs) == tokens and all(lp <= 0.0 for lp in logprobs)
+
+
 def test_a_client_leaving_mid_stream_leaves_no_pending_task(make_server, caplog) -> None:
     import gc
     import logging

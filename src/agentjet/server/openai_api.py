@@ -15,6 +15,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletio
 from openai.types.chat.chat_completion import Choice, ChoiceLogprobs
 from openai.types.chat.chat_completion_chunk import Choice as ChunkChoice
 from openai.types.chat.chat_completion_chunk import ChoiceDelta
+from openai.types.chat.chat_completion_chunk import ChoiceLogprobs as ChunkLogprobs
 from openai.types.completion_usage import CompletionUsage
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -203,8 +204,9 @@ class ChatCall:
     def chunk(self, delta: dict[str, Any] | None, finish: str | None = None, logprobs: ChoiceLogprobs | None = None,
               usage: CompletionUsage | None = None) -> str:
         """One server-sent event of the stream (``delta=None``: the final usage-only chunk)."""
+        chunk_logprobs = None if logprobs is None else ChunkLogprobs.model_validate(logprobs.model_dump())
         choices = [] if delta is None else [ChunkChoice(index=0, delta=ChoiceDelta.model_validate(delta),
-                                                        finish_reason=finish, logprobs=logprobs)]  # type: ignore[arg-type]
+                                                        finish_reason=finish, logprobs=chunk_logprobs)]  # type: ignore[arg-type]
         event = ChatCompletionChunk(id=self.id, object="chat.completion.chunk", created=self.created,
                                     model=self.server.config.name, choices=choices, usage=usage)
         return _sse(event.model_dump(mode="json", exclude_unset=True))
