@@ -1,17 +1,20 @@
-"""Pilot for the multi-turn agent task: the base model's success on candidate workflows, through a real
-swarm server (SmolLM2-135M-Instruct on the HF engine, in this process), as eval episodes (never trained).
+"""Pilot for the multi-turn agent task: the base model's success on candidate workflows and settings, through
+a real swarm server (SmolLM2-135M-Instruct on the HF engine, in this process), as eval episodes (never trained).
 
-Candidates, on the same two-digit +/- tasks (``agentjet.tasks.calculator``):
-- ``tool``: the calculator tool loop: call the tool, read the result, answer (the first answer is final);
-- ``tool_checker``: the same, and a wrong answer gets the checker's hint and another turn
-  (``calculator.rollout``, up to 4 calls);
-- ``retry``: no tool; a checker answers a wrong reply with "higher"/"lower" and the agent tries again
-  (3 attempts).
+Workflows, on the arithmetic tasks of ``agentjet.tasks.calculator``:
+- ``tool_checker`` (the task's ``rollout``): a calculator tool loop; a wrong answer gets the checker's hint
+  ("Too high/low, use the calculator") and another turn, up to ``--max-turns`` calls;
+- ``tool``: the same, but the first answer is final;
+- ``retry``: no tool; the checker's hint and another attempt (3 attempts).
 
-    .venv/bin/python benchmarks/agent_task_pilot.py --n 48
+Settings: the operand range (``--lo/--hi``), the operators (``--ops``), turns, max tokens per call, the
+system prompt (``--system``: the task's, ``plain``, ``example``) and the split (default: the held-out one).
 
-Prints success, turns per episode, the share of episodes that called the tool, calls per training sample
-(timeline merging) and a few transcripts; writes benchmarks/results/agent_task_pilot.json.
+    .venv/bin/python benchmarks/agent_task_pilot.py --tag d1-9-example --lo 1 --hi 9 --system example
+
+Prints success, calls per episode, the share of episodes that called the tool, generated tokens per episode,
+episodes per minute and a few transcripts; merges the row into benchmarks/results/agent_task_pilot.json (by
+tag and workflow).
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import agentjet  # noqa: F401
+from agentjet.runtime import prefer_passive_openmp
+
+prefer_passive_openmp()  # before torch loads, as in the server
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results" / "agent_task_pilot.json"
@@ -53,12 +58,12 @@ async def retry_rollout(task: dict[str, Any], ep: Any, sampling: dict[str, Any],
 
 
 async def tool_rollout(task: dict[str, Any], ep: Any, sampling: dict[str, Any], log: list[str],
-                       checker: bool = False) -> float:
+                       checker: bool = False, max_turns: int = 4) -> float:
     from agentjet.tasks import calculator
 
     client = ep.openai()
     messages = [dict(m) for m in task["messages"]]
-    for _ in range(calculator.MAX_TURNS):
+    for _ in range(max_turns):
         reply = await client.chat.completions.create(model="agent", messages=messages, tools=calculator.TOOLS,
                                                      **sampling)
         msg = reply.choices[0].message
@@ -79,35 +84,73 @@ async def tool_rollout(task: dict[str, Any], ep: Any, sampling: dict[str, Any], 
     return 0.0
 
 
-async def pilot(url: str, variant: str, tasks: list[dict[str, Any]], concurrency: int) -> dict[str, Any]:
+SYSTEMS = {
+    # the task's own system prompt (agentjet.tasks.calculator.SYSTEM)
+    "task": None,
+    # the first pilot's prompt (no worked example)
+    "plain": "You are a careful assistant. Use the calculator tool for arithmetic, then reply with only the number.",
+    # with a worked example (the prompt of the first recorded agent run)
+    "example": ("You are a careful assistant. Use the calculator tool for arithmetic, then reply with only the "
+                'number.\nExample: for "What is 12 + 30?" reply <tool_call>{"name": "calculator", "arguments": '
+                '{"expression": "12 + 30"}}</tool_call>, read the result 42, then reply 42.'),
+}
+
+
+def make_tasks(args: argparse.Namespace) -> list[dict[str, Any]]:
+    from agentjet.tasks import calculator
+
+    tasks = calculator.generate_tasks(args.split, args.n, seed=123, operands=range(args.lo, args.hi + 1),
+                                      ops=tuple(args.ops))
+    system = SYSTEMS[args.system]
+    if system is not None:
+        tasks = [{**t, "messages": [{"role": "system", "content": system}, *t["messages"][1:]]} for t in tasks]
+    return tasks
+
+
+async def pilot(url: str, variant: str, tasks: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
     from agentjet.client.client import SwarmClient
     from agentjet.client.runner import run_workflow
     from agentjet.tasks import calculator
 
+    sampling = {**calculator.SAMPLING, "max_tokens": args.max_tokens}
     logs: dict[str, list[str]] = {}
+
     async def workflow(task: dict[str, Any], ep: Any) -> float:
         log = logs.setdefault(task["task_id"], [])
         if variant == "retry":
-            return await retry_rollout(task, ep, dict(calculator.SAMPLING), log)
-        return await tool_rollout(task, ep, dict(calculator.SAMPLING), log, checker=variant == "tool_checker")
+            return await retry_rollout(task, ep, sampling, log)
+        return await tool_rollout(task, ep, sampling, log, checker=variant == "tool_checker",
+                                  max_turns=args.max_turns)
 
     t0 = time.monotonic()
     async with SwarmClient(url, client_id=f"pilot-{variant}") as client:
-        s = await run_workflow(client, workflow, tasks, group_size=1, concurrency=concurrency, eval=True)
+        tokens0 = (await client.status()).throughput["generated_tokens"]
+        s = await run_workflow(client, workflow, tasks, group_size=1, concurrency=args.concurrency, eval=True)
+        tokens = (await client.status()).throughput["generated_tokens"] - tokens0
+    seconds = time.monotonic() - t0
     tool_used = sum(any(line.startswith("tool ->") for line in lg) for lg in logs.values())
+    done = max(s.episodes - s.failed, 1)
     return {"variant": variant, "episodes": s.episodes, "failed": s.failed, "success": s.mean_reward,
-            "calls": s.calls, "samples": s.samples, "calls_per_episode": s.calls / max(s.episodes - s.failed, 1),
+            "calls": s.calls, "samples": s.samples, "calls_per_episode": s.calls / done,
             "merge_ratio": s.merge_ratio, "tool_used_share": tool_used / max(len(logs), 1),
-            "seconds": time.monotonic() - t0, "transcripts": dict(list(logs.items())[:6])}
+            "generated_tokens_per_episode": tokens / done, "episodes_per_min": 60 * done / seconds,
+            "seconds": seconds, "transcripts": dict(list(logs.items())[:6])}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--n", type=int, default=48)
-    p.add_argument("--variants", nargs="+", default=["tool", "tool_checker", "retry"])
+    p.add_argument("--variants", nargs="+", default=["tool_checker"], choices=["tool", "tool_checker", "retry"])
     p.add_argument("--concurrency", type=int, default=32)
-    p.add_argument("--tag", default="", help="a label for this system prompt / setting (results are merged by it)")
+    p.add_argument("--split", default="eval", choices=["train", "eval"])
+    p.add_argument("--lo", type=int, default=None, help="smallest operand (default: the task's)")
+    p.add_argument("--hi", type=int, default=None, help="largest operand (default: the task's)")
+    p.add_argument("--ops", default=None, help="operators, e.g. '+-' (default: the task's)")
+    p.add_argument("--max-turns", type=int, default=None, help="calls per episode (default: the task's)")
+    p.add_argument("--max-tokens", type=int, default=None, help="tokens per call (default: the task's)")
+    p.add_argument("--system", default="task", choices=sorted(SYSTEMS))
+    p.add_argument("--tag", default="", help="a label for this setting (results are merged by tag and variant)")
     args = p.parse_args()
 
     from agentjet.engines.hf import HFEngine
@@ -117,7 +160,15 @@ def main() -> None:
     from agentjet.settings import EngineSettings, ServerConfig
     from agentjet.tasks import calculator
 
-    tasks = calculator.generate_tasks("train", args.n, seed=123)
+    args.lo = calculator.OPERANDS.start if args.lo is None else args.lo
+    args.hi = calculator.OPERANDS.stop - 1 if args.hi is None else args.hi
+    args.ops = "".join(calculator.OPS) if args.ops is None else args.ops
+    args.max_turns = args.max_turns or calculator.MAX_TURNS
+    args.max_tokens = args.max_tokens or calculator.SAMPLING["max_tokens"]
+    tasks = make_tasks(args)
+    setting = {"split": args.split, "operands": [args.lo, args.hi], "ops": args.ops, "max_turns": args.max_turns,
+               "max_tokens": args.max_tokens, "system": tasks[0]["messages"][0]["content"], "n": args.n,
+               "concurrency": args.concurrency}
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         engine = HFEngine(args.model, EngineSettings(max_batch_size=args.concurrency))
@@ -125,19 +176,20 @@ def main() -> None:
                            engine=EngineSettings(max_batch_size=args.concurrency))
         with BackgroundServer(SwarmServer(cfg, engine)) as bg:
             for v in args.variants:
-                r = asyncio.run(pilot(bg.url, v, tasks, args.concurrency))
-                r.update(tag=args.tag, system=calculator.SYSTEM)
+                r = asyncio.run(pilot(bg.url, v, tasks, args))
+                r.update(tag=args.tag, **setting)
                 results.append(r)
-                print(f"{args.tag or '-'} {v}: success {r['success']:.3f} over {r['episodes']} episodes, {r['calls_per_episode']:.2f} "
-                      f"calls/episode, tool used in {r['tool_used_share']:.0%}, calls per sample "
-                      f"{r['merge_ratio']:.2f}, {r['seconds']:.0f}s", flush=True)
+                print(f"{args.tag or '-'} {v}: success {r['success']:.3f} over {r['episodes']} episodes, "
+                      f"{r['calls_per_episode']:.2f} calls/episode, tool used in {r['tool_used_share']:.0%}, "
+                      f"{r['generated_tokens_per_episode']:.0f} tokens/episode, {r['episodes_per_min']:.1f} "
+                      f"episodes/min, {r['seconds']:.0f}s", flush=True)
                 for tid, lines in list(r["transcripts"].items())[:3]:
                     print(f"  {tid}: " + " | ".join(x[:90] for x in lines))
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
     old = json.loads(OUT.read_text())["results"] if OUT.exists() else []
     keep = [r for r in old if (r.get("tag", ""), r["variant"]) not in {(x["tag"], x["variant"]) for x in results}]
     OUT.write_text(json.dumps({"machine": platform.machine(), "device": "cpu", "commit": commit, "model": args.model,
-                               "n": args.n, "sampling": calculator.SAMPLING, "results": keep + results}, indent=2))
+                               "results": keep + results}, indent=2))
 
 
 if __name__ == "__main__":

@@ -1,11 +1,11 @@
 """A multi-turn tool agent: the raw openai SDK with ``tools``, a calculator, and a checker's feedback.
 
-    ajet server --model smollm2-135m-instruct --group-size 8 --batch-groups 4 --lr 2e-5
-    ajet run examples/calculator_agent.py:workflow --dataset examples/data/calculator.jsonl --group-size 8
+    ajet server --model smollm2-135m-instruct --group-size 4 --batch-groups 2 --lr 2e-5
+    ajet run examples/calculator_agent.py:workflow --dataset examples/data/calculator.jsonl --group-size 4
 
-Each episode asks "What is a +/- b?". The agent may call the ``calculator`` tool (its result comes back as a
-``tool`` message) or answer; a wrong answer gets "Too high/Too low. Use the calculator tool ..." and another
-turn, up to 4 calls. Reward 1 for a right answer. Every call's prompt extends the previous one, so the server's
+Each episode asks "What is a +/- b?" (single digits). The agent may call the ``calculator`` tool (its result
+comes back as a ``tool`` message) or answer; a wrong answer gets "Too high/Too low. Use the calculator tool
+..." and another turn, up to 3 calls. Reward 1 for a right answer. Every call's prompt extends the previous one, so the server's
 timeline merging trains each episode as ONE sample (``ajet run`` prints calls per sample). ``make demo-agent``
 trains this agent end to end (``ajet demo --task calculator``: eval before/after, reward curve, merge ratio).
 """

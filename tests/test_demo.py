@@ -48,7 +48,7 @@ def test_demo_trains_and_evaluates_on_held_out_episodes(tiny_model_path: Path, t
     console = Console(record=True, width=200)
     with caplog.at_level(logging.WARNING):
         result = run_demo(DemoSettings(model=str(tiny_model_path), task="parity", concurrency=4, out_dir=out,
-                                       time_budget_s=120, eval_every_s=None, early_stop=False), console)
+                                       time_budget_s=120, eval_every_s=0, early_stop=False), console)
 
     # The server process trained: the steps are in its own store, and the run stopped at the step target.
     assert "AgentJet server" in (out / "server.log").read_text()

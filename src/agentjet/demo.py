@@ -44,7 +44,7 @@ class DemoSettings:
     out_dir: Path = Path("runs/demo")
     port: int | None = None
     engine: str = "hf"  # or "vllm": the server rolls out on a managed vLLM subprocess
-    eval_every_s: float | None = 120.0  # periodic held-out eval (None: only before and after)
+    eval_every_s: float | None = None  # periodic held-out eval (None: the task's RECOMMENDED, else 120; 0: none)
     curriculum: bool = True  # draw each group's task by its recent group results (retire solved tasks)
     early_stop: bool = True  # stop on an eval plateau or when the groups stop teaching (agentjet.schedule)
 
@@ -180,6 +180,12 @@ def run_demo(s: DemoSettings, console: Console | None = None) -> DemoResult:
     return result
 
 
+def eval_every_s(s: DemoSettings, rec: dict[str, Any]) -> float | None:
+    """Seconds between periodic held-out evals (None: only before and after training)."""
+    every = s.eval_every_s if s.eval_every_s is not None else float(rec.get("eval_every_s", 120.0))
+    return every or None
+
+
 def train_pool(task_mod: ModuleType, n: int = 1024) -> list[dict[str, Any]]:
     """The distinct train tasks among the first ``n`` the task generates (the curriculum's pool)."""
     seen: dict[str, dict[str, Any]] = {}
@@ -195,7 +201,7 @@ async def _client_side(s: DemoSettings, task_mod: ModuleType, rec: dict[str, Any
     curriculum = Curriculum([str(t["task_id"]) for t in pool], seed=0) if s.curriculum else None
     stopping = StoppingRule(StopSettings(**rec.get("stop", {}))) if s.early_stop else None
     settings = ScheduleSettings(group_size=rec["group_size"], concurrency=s.concurrency, max_steps=steps,
-                                time_budget_s=s.time_budget_s, eval_every_s=s.eval_every_s)
+                                time_budget_s=s.time_budget_s, eval_every_s=eval_every_s(s, rec))
 
     def on_eval(p: EvalPoint) -> None:
         console.print(f"  [green]eval[/green] at {p.seconds / 60:4.1f} min, step {p.train_steps:3d}: held-out reward "

@@ -33,8 +33,9 @@ def demo(
     out_dir: Path = typer.Option(Path("runs/demo"), help="where the log, plot and JSON go"),
     time_budget_s: float = typer.Option(20 * 60, min=1.0, help="stop training after this many seconds"),
     concurrency: int = typer.Option(32, min=1, help="episodes in flight (also the engine's batch size)"),
-    eval_every_s: float = typer.Option(120, min=0.0, help="held-out eval every this many seconds (0: only "
-                                       "before and after)"),
+    eval_every_s: float | None = typer.Option(None, min=0.0, help="held-out eval every this many seconds "
+                                              "(default: the task's recommendation, else 120; 0: only before and "
+                                              "after)"),
     curriculum: bool = typer.Option(True, help="draw each group's task by its recent results (retire solved)"),
     early_stop: bool = typer.Option(True, help="stop on an eval plateau or when groups stop teaching"),
     engine: EngineKind = typer.Option(EngineKind.HF, help="hf: the embedded engine; vllm: roll out on a managed "
@@ -51,7 +52,7 @@ def demo(
     result = run_demo(DemoSettings(model=model, task=task, steps=steps, learning_rate=learning_rate,
                                    group_size=group_size, batch_groups=batch_groups, eval_tasks=eval_tasks,
                                    out_dir=out_dir, time_budget_s=time_budget_s, concurrency=concurrency,
-                                   eval_every_s=eval_every_s or None, curriculum=curriculum,
+                                   eval_every_s=eval_every_s, curriculum=curriculum,
                                    early_stop=early_stop, engine=engine.value), console)
     if result.eval_after <= result.eval_before:
         console.print("[yellow]the eval reward did not improve in this run[/yellow]")

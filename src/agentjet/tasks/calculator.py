@@ -1,6 +1,6 @@
-"""Built-in agent task: two-digit arithmetic with a calculator tool, over several turns.
+"""Built-in agent task: single-digit arithmetic with a calculator tool and a checker, over several turns.
 
-The agent gets "What is 47 - 38?" and a ``calculator`` tool (OpenAI ``tools``). A turn either calls the
+The agent gets "What is 7 - 5?" and a ``calculator`` tool (OpenAI ``tools``). A turn either calls the
 tool (Hermes-style ``<tool_call>`` text that the server parses into ``tool_calls``; SmolLM2's chat template
 has no tool support, so the server describes the tools in the system prompt) or answers. A tool result goes
 back as a ``tool`` message; a wrong answer gets a checker's message (``FEEDBACK``: "too high/too low, use
@@ -12,7 +12,9 @@ merging turns an episode's calls into one training sample.
 (``ajet demo --task calculator``) and ``examples/calculator_agent.py`` (``ajet run``) use it.
 
 Splits: the operand pairs (a, b, op) are divided by a hash of "a op b": about one in five is held out for
-``eval``. Pure Python: no agentjet server imports.
+``eval`` (28 of the 126 pairs with operands 1..9; use an eval ``n`` that is a multiple of 28 so every pair
+weighs the same). ``generate_tasks`` cycles through a seeded shuffle of its split. Why these operands, turns
+and settings: "Multi-turn agent task" in docs/benchmarks.md. Pure Python: no agentjet server imports.
 """
 
 from __future__ import annotations
@@ -25,10 +27,10 @@ from typing import Any
 
 NAME = "calculator"
 SPLITS = ("train", "eval")
-OPERANDS = range(10, 100)
+OPERANDS = range(1, 10)
 OPS = ("+", "-")
 EVAL_MOD = 5
-MAX_TURNS = 4
+MAX_TURNS = 3
 
 SYSTEM = ("You are a careful assistant. Use the calculator tool for arithmetic, then reply with only the number.\n"
           'Example: for "What is 12 + 30?" reply <tool_call>{"name": "calculator", "arguments": {"expression": '
@@ -42,8 +44,10 @@ TOOLS = [{"type": "function", "function": {
 
 SAMPLING = {"temperature": 0.7, "top_p": 1.0, "max_tokens": 40}
 EVAL_SAMPLING = {"temperature": 0.7, "top_p": 1.0, "max_tokens": 40, "seed": 20_000}
-RECOMMENDED = {"learning_rate": 2e-5, "group_size": 8, "groups_per_batch": 4, "steps": 60, "eval_n": 60,
-               "pool": 1024}
+# Small steps (2 groups of 4 episodes) so that a step completes in about a minute on a 2-core CPU; ``steps`` is
+# a ceiling (the time budget ends the run). An eval of 56 episodes takes minutes here: every 10 minutes.
+RECOMMENDED = {"learning_rate": 2e-5, "group_size": 4, "groups_per_batch": 2, "steps": 200, "eval_n": 56,
+               "eval_every_s": 600, "pool": 1024}
 
 FEEDBACK = "{hint} Use the calculator tool, then reply with only the number."
 
@@ -74,22 +78,23 @@ def make_task(a: int, op: str, b: int, split: str = "train") -> dict[str, Any]:
     }
 
 
-def generate_tasks(split: str, n: int, seed: int = 0) -> list[dict[str, Any]]:
-    """``n`` tasks from ``split``, deterministic in (split, n, seed); subtraction keeps a >= b."""
+def split_pairs(split: str, operands: range = OPERANDS, ops: tuple[str, ...] = OPS) -> list[tuple[int, str, int]]:
+    """The (a, op, b) of ``split``; subtraction keeps a >= b (no negative answers)."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    want_eval = split == "eval"
+    return [(a, op, b) for a in operands for op in ops for b in operands
+            if not (op == "-" and a < b) and in_eval_split(a, op, b) == want_eval]
+
+
+def generate_tasks(split: str, n: int, seed: int = 0, operands: range = OPERANDS,
+                   ops: tuple[str, ...] = OPS) -> list[dict[str, Any]]:
+    """``n`` tasks from ``split``, deterministic in (split, n, seed); cycles when n exceeds the split."""
     if n < 0:
         raise ValueError("n must be >= 0")
-    rng = random.Random(f"{NAME}:{split}:{seed}")
-    want_eval = split == "eval"
-    out: list[dict[str, Any]] = []
-    while len(out) < n:
-        a, b, op = rng.choice(OPERANDS), rng.choice(OPERANDS), rng.choice(OPS)
-        if op == "-" and a < b:
-            a, b = b, a
-        if in_eval_split(a, op, b) == want_eval:
-            out.append(make_task(a, op, b, split))
-    return out
+    pairs = split_pairs(split, operands, ops)
+    random.Random(f"{NAME}:{split}:{seed}").shuffle(pairs)
+    return [make_task(*pairs[i % len(pairs)], split=split) for i in range(n)]
 
 
 def calculator(expression: str) -> str:
@@ -127,12 +132,13 @@ def feedback(task: dict[str, Any], text: str) -> str:
     return FEEDBACK.format(hint=hint)
 
 
-async def rollout(task: dict[str, Any], ep: Any, sampling: dict[str, Any], *, checker: bool = True) -> float:
+async def rollout(task: dict[str, Any], ep: Any, sampling: dict[str, Any], *, checker: bool = True,
+                  max_turns: int = MAX_TURNS) -> float:
     """An ordinary tool-calling agent loop on the episode's OpenAI client; returns the reward. With
     ``checker`` a wrong answer gets ``feedback`` and another turn; without, the first answer is final."""
     client = ep.openai()
     messages: list[dict[str, Any]] = [dict(m) for m in task["messages"]]
-    for _ in range(MAX_TURNS):
+    for _ in range(max_turns):
         reply = await client.chat.completions.create(model="agent", messages=messages, tools=TOOLS, **sampling)
         msg = reply.choices[0].message
         if msg.tool_calls:
@@ -144,4 +150,4 @@ async def rollout(task: dict[str, Any], ep: Any, sampling: dict[str, Any], *, ch
         if reward(task, text) or not checker:
             return reward(task, text)
         messages += [{"role": "assistant", "content": text}, {"role": "user", "content": feedback(task, text)}]
-    return 0.0  # no right answer within MAX_TURNS calls
+    return 0.0  # no right answer within max_turns calls
