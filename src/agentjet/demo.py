@@ -37,7 +37,8 @@ class DemoSettings:
     learning_rate: float | None = None
     group_size: int | None = None
     batch_groups: int | None = None
-    concurrency: int = 32  # episodes in flight = the engine's batch: a whole step's groups generate together
+    # episodes in flight = the engine's batch (default: the task's RECOMMENDED["concurrency"], else 32)
+    concurrency: int | None = None
     eval_tasks: int | None = None  # default: the task's RECOMMENDED['eval_n'] (else 44)
     max_staleness: int = 2
     time_budget_s: float = 20 * 60
@@ -96,7 +97,7 @@ def server_config(s: DemoSettings, port: int, rec: dict[str, Any], admin_token: 
     training for its periodic evals, so it holds the admin token."""
     return ServerConfig(
         model=s.model, port=port, data_dir=s.out_dir / "server", log_level="INFO", admin_token=admin_token,
-        engine=EngineSettings(kind=s.engine, max_batch_size=s.concurrency),
+        engine=EngineSettings(kind=s.engine, max_batch_size=s.concurrency or int(rec.get("concurrency", 32))),
         training=TrainingSettings(group_size=rec["group_size"], batch_groups=rec["groups_per_batch"],
                                   learning_rate=rec["learning_rate"], max_staleness=s.max_staleness,
                                   checkpoint_every=0))
@@ -149,6 +150,7 @@ def run_demo(s: DemoSettings, console: Console | None = None) -> DemoResult:
             rec[key] = value
     steps = s.steps or int(rec["steps"])
     s.eval_tasks = s.eval_tasks or int(rec.get("eval_n", 44))
+    s.concurrency = s.concurrency or int(rec.get("concurrency", 32))
     s.out_dir.mkdir(parents=True, exist_ok=True)
     port = s.port or free_port()
     url = f"http://127.0.0.1:{port}"

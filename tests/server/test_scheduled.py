@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from agentjet import SwarmClient
+from agentjet.client.runner import run_workflow
 from agentjet.client.scheduled import ScheduleSettings, run_scheduled
 from agentjet.schedule import Curriculum, CurriculumSettings, StoppingRule, StopSettings, TaskState
 from agentjet.tasks import addition
@@ -37,6 +38,7 @@ def test_curriculum_periodic_evals_and_pauses(make_server) -> None:
     assert run.stop_reason == "time_budget"
     assert len(run.evals) >= 4 and all(e.reward == 0.5 and e.episodes == 2 for e in run.evals)  # 0+7 right, 1+2 not
     assert run.evals[0].train_seconds == 0.0 and paused and all(p <= 3.5 for p in paused)
+    assert [e.train_seconds >= 3.0 for e in run.evals].count(True) == 1  # no periodic eval right before the final
     assert cur.state(pool[0]["task_id"]) is TaskState.SOLVED and cur.state(pool[2]["task_id"]) is TaskState.HARD
     assert run.groups > 4 and run.uniform_groups == run.groups  # a fixed reply: every group uniform
     assert run.train.calls == run.train.samples > 0 and run.merge_ratio == 1.0
@@ -57,3 +59,24 @@ def test_stopping_rule_ends_a_run_with_no_signal(make_server) -> None:
 
     run = asyncio.run(main())
     assert run.stop_reason == "no_signal" and run.train_seconds < 30 and not run.evals
+
+
+def test_no_episode_begins_after_stop(make_server) -> None:
+    """A stopped run drains nothing: the queued episodes are dropped, only the running ones finish."""
+    srv = make_server(reply="7", training={"group_size": 1, "min_group_size": 1, "batch_groups": 1})
+    stop = asyncio.Event()
+    tasks = [addition.make_task(a, 1) for a in range(10)]
+
+    async def workflow(task, ep) -> float:  # noqa: ANN001
+        reward = await _answer(task, ep)
+        if task["a"] == 2:
+            stop.set()
+        return reward
+
+    async def main():
+        async with SwarmClient(srv.url) as client:
+            return await run_workflow(client, workflow, tasks, group_size=1, concurrency=1, stop=stop)
+
+    summary = asyncio.run(main())
+    assert summary.episodes == 3 and summary.failed == 0
+    assert srv.server.throughput.ended == 3

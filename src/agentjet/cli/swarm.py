@@ -32,7 +32,8 @@ def demo(
                                           "the task's recommendation)"),
     out_dir: Path = typer.Option(Path("runs/demo"), help="where the log, plot and JSON go"),
     time_budget_s: float = typer.Option(20 * 60, min=1.0, help="stop training after this many seconds"),
-    concurrency: int = typer.Option(32, min=1, help="episodes in flight (also the engine's batch size)"),
+    concurrency: int | None = typer.Option(None, min=1, help="episodes in flight, also the engine's batch size "
+                                           "(default: the task's recommendation, else 32)"),
     eval_every_s: float | None = typer.Option(None, min=0.0, help="held-out eval every this many seconds "
                                               "(default: the task's recommendation, else 120; 0: only before and "
                                               "after)"),

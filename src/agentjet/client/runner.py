@@ -157,10 +157,12 @@ async def run_workflow(
     eval: bool = False,
     cursor: Cursor | None = None,
     on_progress: Callable[[RunSummary], None] | None = None,
+    stop: asyncio.Event | None = None,
 ) -> RunSummary:
     """Run ``group_size`` episodes per task (default: the server's group size, from ``join``), at most
-    ``concurrency`` at a time, in dataset order."""
-    # eval episodes are never trained, so they form no groups and any group size is fine for them
+    ``concurrency`` at a time, in dataset order. Once ``stop`` is set no new episode begins (the queued ones
+    are dropped, the running ones finish)."""
+    # Eval episodes are never trained, so their group size need not match the server's.
     group_size = group_size if eval and group_size is not None else client.group_size(group_size)
     if group_size < 1 or concurrency < 1:
         raise ValueError("group_size and concurrency must be >= 1")
@@ -173,6 +175,8 @@ async def run_workflow(
     async def worker() -> None:
         while (item := await queue.get()) is not None:
             task, position = item
+            if stop is not None and stop.is_set():
+                continue
             await run_episode(client, workflow, task, summary, eval=eval)
             remaining[position] -= 1
             if remaining[position] == 0:

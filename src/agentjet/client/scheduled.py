@@ -1,13 +1,13 @@
 """A training client that spends its rollouts where they teach: a curriculum picks each group's task, a
-held-out eval runs at fixed wall-clock intervals, and a stopping rule ends the run on a plateau.
+held-out eval runs at fixed intervals of the training clock, and a stopping rule ends the run on a plateau.
 
     run = await run_scheduled(client, workflow, eval_workflow, pool, eval_tasks, ScheduleSettings(...))
 
 - **curriculum** (``agentjet.schedule.Curriculum``): each group's task is drawn from ``pool`` by its
   recent group results (solved tasks retired, see there); without it the pool is cycled in order;
-- **periodic eval**: every ``eval_every_s`` of wall time, new training calls wait at a gate, training is
-  paused, the ``eval_tasks`` run as eval episodes (never trained on), then both resume. Eval points are at
-  the start, at each interval and at the end;
+- **periodic eval**: every ``eval_every_s`` of training time (the clock stops during evals), new training
+  calls wait at a gate, training is paused, the ``eval_tasks`` run as eval episodes (never trained on), then
+  both resume. Eval points are at the start, at each interval inside the time budget and at the end;
 - **stopping**: ``max_steps`` train steps, ``time_budget_s``, or ``agentjet.schedule.StoppingRule``
   (eval plateau; uniform groups; curriculum exhausted).
 
@@ -220,18 +220,27 @@ async def run_scheduled(
 
     pause_points = sorted(settings.eval_at_s)
 
-    def pause_due(since_last: float) -> bool:
+    next_eval = settings.eval_every_s  # the training-clock time of the next periodic eval
+
+    def pause_due() -> bool:
+        nonlocal next_eval
         if pause_points:
             if train_clock() >= pause_points[0]:
                 while pause_points and train_clock() >= pause_points[0]:
                     pause_points.pop(0)
                 return True
             return False
-        return settings.eval_every_s is not None and since_last >= settings.eval_every_s
+        # periodic evals at multiples of eval_every_s strictly inside the budget (the final eval ends the run)
+        every = settings.eval_every_s
+        if every is None or next_eval is None or next_eval >= settings.time_budget_s or train_clock() < next_eval:
+            return False
+        while next_eval <= train_clock():
+            next_eval += every
+        return True
 
     async def monitor() -> None:
         last_steps = -1
-        quiet_since = last_eval = time.monotonic()
+        quiet_since = time.monotonic()
         while not done.is_set():
             st = await client.status()
             now = time.monotonic()
@@ -246,9 +255,8 @@ async def run_scheduled(
                 quiet_since = now
                 if on_quiet:
                     on_quiet(st)
-            if pause_due(now - last_eval):  # before the stop checks: a pause point at the budget still runs
+            if pause_due():  # before the stop checks: a pause point at the budget still runs
                 await gated_eval()
-                last_eval = time.monotonic()
             reason = None
             if settings.max_steps is not None and st.train_steps >= settings.max_steps:
                 reason = "steps"
@@ -286,7 +294,7 @@ async def run_scheduled(
     watcher = asyncio.create_task(watch())
     try:
         run.train = await run_workflow(client, train_workflow, tasks(), group_size=settings.group_size,
-                                       concurrency=settings.concurrency)
+                                       concurrency=settings.concurrency, stop=done)
     finally:
         done.set()
         gate.set()

@@ -33,7 +33,7 @@ EVAL_SAMPLING = {"temperature": 0.7, "top_p": 1.0, "max_tokens": 10, "seed": 10_
 # ``steps`` is a ceiling: the demo's curriculum retires solved pairs and its stopping rule ends the run on
 # an eval plateau.
 RECOMMENDED = {"learning_rate": 2e-5, "group_size": 8, "groups_per_batch": 4, "steps": 60, "eval_n": 44,
-               "eval_every_s": 120, "stop": {"patience": 2, "min_delta": 0.02, "min_evals": 3}}
+               "eval_every_s": 120, "concurrency": 32, "stop": {"patience": 2, "min_delta": 0.02, "min_evals": 3}}
 
 _NUM = re.compile(r"-?\d+")
 

@@ -44,10 +44,11 @@ TOOLS = [{"type": "function", "function": {
 
 SAMPLING = {"temperature": 0.7, "top_p": 1.0, "max_tokens": 40}
 EVAL_SAMPLING = {"temperature": 0.7, "top_p": 1.0, "max_tokens": 40, "seed": 20_000}
-# Small steps (2 groups of 4 episodes) so that a step completes in about a minute on a 2-core CPU; ``steps`` is
-# a ceiling (the time budget ends the run). An eval of 56 episodes takes minutes here: every 10 minutes.
+# Small steps (2 groups of 4 episodes) so that a step completes in about a minute on a 2-core CPU, with two
+# steps' worth of episodes in flight; ``steps`` is a ceiling (the time budget ends the run). An eval of 56
+# episodes takes minutes here: every 10 minutes.
 RECOMMENDED = {"learning_rate": 2e-5, "group_size": 4, "groups_per_batch": 2, "steps": 200, "eval_n": 56,
-               "eval_every_s": 600, "pool": 1024}
+               "eval_every_s": 600, "concurrency": 16, "pool": 1024}
 
 FEEDBACK = "{hint} Use the calculator tool, then reply with only the number."
 
