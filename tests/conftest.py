@@ -11,8 +11,12 @@ TINY_FIXTURES = {"tiny_model_path", "tiny_engine"}
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Levels, by what a test needs: ``server`` (a real HTTP server), ``tiny`` (the tiny model, no server), or
-    neither (pure logic). ``-m "not server"`` runs the fast levels only."""
+    neither (pure logic). ``-m "not server"`` runs the fast levels only. Tests marked ``cuda`` are skipped
+    without a CUDA device."""
+    cuda = _has_cuda() if any(item.get_closest_marker("cuda") for item in items) else False
     for item in items:
+        if item.get_closest_marker("cuda") is not None and not cuda:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA device"))
         names = set(getattr(item, "fixturenames", ()))
         if item.get_closest_marker("server") is not None:
             continue
@@ -20,6 +24,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.server)
         elif names & TINY_FIXTURES:
             item.add_marker(pytest.mark.tiny)
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -47,7 +57,7 @@ def tiny_engine(tiny_model_path: Path):
 
     engine = HFEngine(tiny_model_path, EngineSettings(max_batch_size=8))
     yield engine
-    engine._executor.shutdown(wait=False)
+    engine.shutdown()
 
 
 @pytest.fixture

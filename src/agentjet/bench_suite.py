@@ -15,10 +15,7 @@ History, baseline, comparison and report: ``agentjet.observe.bench``.
 from __future__ import annotations
 
 import asyncio
-import os
-import platform
 import statistics
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable
@@ -39,6 +36,7 @@ from agentjet.observe.bench import (
     render_report,
     save_baseline,
 )
+from agentjet.provenance import device, git_commit, machine
 
 M = BenchMetric
 
@@ -53,36 +51,6 @@ class SuiteSettings:
     @property
     def model_name(self) -> str:
         return self.model or ("tiny-random" if self.quick else "smollm2-135m-instruct")
-
-
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{os.cpu_count()} cores, {cpu}"
-
-
-def device() -> str:
-    import torch
-
-    return f"cuda: {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else "cpu"
-
-
-def git_commit(root: Path | None = None) -> str:
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10).stdout.strip()
-
-    try:
-        commit = git("rev-parse", "HEAD")
-        dirty = git("status", "--porcelain", "--untracked-files=no")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return (commit or "unknown") + ("-dirty" if dirty else "")
 
 
 # ------------------------------------------------------------------------------------------------ 1. engine

@@ -23,6 +23,7 @@ from rich.console import Console
 from agentjet.client.client import Episode, SwarmClient
 from agentjet.client.scheduled import EvalPoint, ScheduleSettings, StepPoint, run_scheduled
 from agentjet.launch import ServerProcess
+from agentjet.provenance import git_commit, machine
 from agentjet.schedule import Curriculum, StoppingRule, StopSettings
 from agentjet.settings import EngineSettings, ServerConfig, TrainingSettings
 from agentjet.tasks import get_task
@@ -67,6 +68,7 @@ class DemoResult:
     uniform_groups: int = 0  # groups whose rewards were all equal (no learning signal)
     merge_ratio: float = float("nan")  # chat calls per training sample (timeline merging)
     curriculum: dict[str, int] = field(default_factory=dict)  # train tasks per state at the end
+    provenance: dict[str, str] = field(default_factory=dict)  # commit, machine, device
 
 
 def _workflow(task_mod: ModuleType, sampling: dict[str, Any], record: dict[int, list[float]] | None = None):
@@ -167,6 +169,7 @@ def run_demo(s: DemoSettings, console: Console | None = None) -> DemoResult:
         server.stop(grace=120)
     result.seconds = time.monotonic() - start
     result.settings = {**{k: str(v) for k, v in asdict(s).items()}, **rec, "steps": steps}
+    result.provenance = {"commit": git_commit(), "machine": machine(), **result.provenance}
     (s.out_dir / "demo_result.json").write_text(json.dumps(asdict(result), indent=2, default=str))
     plot = s.out_dir / "reward_curve.png"
     saved = save_plot(result, plot)
@@ -241,4 +244,5 @@ async def _client_side(s: DemoSettings, task_mod: ModuleType, rec: dict[str, Any
                 **{k: p.metrics[k] for k in ("reward_mean", "loss", "step_seconds", "trained_tokens") if k in p.metrics}}
                for p in run.steps],
         stop_reason=run.stop_reason, groups=run.groups, uniform_groups=run.uniform_groups,
-        merge_ratio=run.merge_ratio, curriculum=run.curriculum)
+        merge_ratio=run.merge_ratio, curriculum=run.curriculum,
+        provenance={"engine": status.engine, "device": str(status.engine_info.get("device", "unknown"))})

@@ -67,7 +67,7 @@ def reference(tiny_model_path: Path) -> Callable[[list[list[TrainSample]]], tupl
     def run(steps: list[list[TrainSample]]) -> tuple[list[dict], dict[str, torch.Tensor]]:
         engine = plain_engine(tiny_model_path)
         metrics = [engine.train_step_sync(b) for b in steps]
-        engine._executor.shutdown(wait=False)
+        engine.shutdown()
         return metrics, {k: v.detach().clone() for k, v in engine.model.state_dict().items()}
 
     return run

@@ -31,3 +31,17 @@ def test_server_config_carries_the_vllm_block() -> None:
     dumped = cfg.model_dump(mode="json")
     assert dumped["engine"]["vllm"]["kv_cache_gib"] == 4 and dumped["engine"]["kind"] == "vllm"
     assert ServerConfig.model_validate(dumped).engine.vllm == cfg.engine.vllm
+
+
+def test_demo_takes_the_engine_and_refuses_one_that_cannot_learn(monkeypatch) -> None:
+    seen = []
+    monkeypatch.setattr("agentjet.demo.run_demo", lambda s, console: seen.append(s) or _Result())
+    assert CliRunner().invoke(app, ["demo", "--engine", "vllm"]).exit_code == 0
+    assert seen[-1].engine == "vllm"
+    result = CliRunner().invoke(app, ["demo", "--engine", "null"])
+    assert result.exit_code != 0 and "--engine null cannot learn" in result.output and len(seen) == 1
+
+
+class _Result:
+    eval_before = 0.1
+    eval_after = 0.2

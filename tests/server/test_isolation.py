@@ -36,29 +36,77 @@ def test_engine_fails_only_the_request_it_cannot_prepare(tiny_engine: HFEngine, 
     assert tiny_engine.stats["batches"] >= 1
 
 
-def test_a_batch_that_fails_is_rerun_request_by_request(tiny_engine: HFEngine, chat_ids,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    """A failure inside the batch itself (not caught while preparing) still fails only its culprit."""
+def _poison(engine: HFEngine, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+    """Make every batch (static), prefill or decode step (continuous) that holds a row with seed 13 fail."""
+    def poisoned(real):
+        def run(rows, *args):
+            if any(r.params.seed == 13 for r in rows):
+                raise RuntimeError("Overflow when unpacking long long")
+            return real(rows, *args)
+        return run
+
+    target = engine.generator if where == "static" else engine.scheduler
+    name = {"static": "generate_batch", "prefill": "_prefill_logits", "decode": "_decode_logits"}[where]
+    monkeypatch.setattr(target, name, poisoned(getattr(target, name)))
+
+
+@pytest.mark.parametrize("where", ["static", "prefill", "decode"])
+def test_a_batch_that_fails_is_rerun_request_by_request(tiny_model_path, chat_ids, monkeypatch: pytest.MonkeyPatch,
+                                                        where: str) -> None:
+    """A failure inside the batch itself (not caught while preparing) still fails only its culprit: a static
+    batch, a prefill of several joiners, or a decode step of several rows."""
+    from agentjet.settings import EngineSettings
+
+    engine = HFEngine(tiny_model_path, EngineSettings(max_batch_size=8, batch_wait_ms=50,
+                                                      batching="static" if where == "static" else "continuous"))
+    try:
+        ids = chat_ids("hello", engine)
+        _poison(engine, monkeypatch, where)
+
+        async def main() -> list:
+            reqs = [engine.generate(ids, SamplingParams(max_tokens=5, seed=s, stop_token_ids=()))
+                    for s in (1, 2, 13, 4)]
+            return await asyncio.gather(*reqs, return_exceptions=True)
+
+        results = asyncio.run(main())
+        assert [isinstance(r, Exception) for r in results] == [False, False, True, False], results
+        assert engine.stats["isolated_failures"] >= 1
+        # the same seeds alone give the same tokens: the survivors were really generated, not placeholders
+        for seed, res in zip((1, 2, 4), (results[0], results[1], results[3]), strict=True):
+            alone = asyncio.run(engine.generate(ids, SamplingParams(max_tokens=5, seed=seed, stop_token_ids=())))
+            assert res.token_ids == alone.token_ids and len(res.token_ids) == 5
+    finally:
+        engine.shutdown()
+
+
+def test_a_failed_decode_step_fails_streamed_rows_and_never_hangs(tiny_engine: HFEngine, chat_ids,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows that already streamed tokens cannot be re-run (their tokens were sent): they get the error; the
+    others are re-run on their own and succeed."""
     ids = chat_ids("hello", tiny_engine)
-    real = tiny_engine.generator.generate_batch
+    real = tiny_engine.scheduler._decode_logits
+    calls = {"n": 0}
 
-    def poisoned(rows, version):  # a row with seed 13 breaks any batch it is in
-        if any(r.params.seed == 13 for r in rows):
-            raise RuntimeError("Overflow when unpacking long long")
-        return real(rows, version)
+    def flaky(rows):  # the third decode step fails, once
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("device hiccup")
+        return real(rows)
 
-    monkeypatch.setattr(tiny_engine.generator, "generate_batch", poisoned)
+    monkeypatch.setattr(tiny_engine.scheduler, "_decode_logits", flaky)
+    streamed: list[int] = []
 
     async def main() -> list:
-        reqs = [tiny_engine.generate(ids, SamplingParams(max_tokens=5, seed=s)) for s in (1, 2, 13, 4)]
-        return await asyncio.gather(*reqs, return_exceptions=True)
+        quiet = [tiny_engine.generate(ids, SamplingParams(max_tokens=6, seed=s, stop_token_ids=())) for s in (1, 2)]
+        loud = tiny_engine.generate(ids, SamplingParams(max_tokens=6, seed=3, stop_token_ids=()),
+                                    on_token=lambda t, _lp: streamed.append(t))
+        return await asyncio.wait_for(asyncio.gather(*quiet, loud, return_exceptions=True), 60)
 
-    results = asyncio.run(main())
-    assert [isinstance(r, Exception) for r in results] == [False, False, True, False]
-    assert tiny_engine.batcher.stats["isolated_failures"] >= 1
-    # the same seeds alone give the same tokens: the survivors were really generated, not placeholders
-    alone = asyncio.run(tiny_engine.generate(ids, SamplingParams(max_tokens=5, seed=2)))
-    assert results[1].token_ids == alone.token_ids
+    a, b, loud = asyncio.run(main())
+    assert isinstance(loud, RuntimeError) and streamed  # it had streamed tokens: it fails
+    assert len(a.token_ids) == 6 and len(b.token_ids) == 6
+    alone = asyncio.run(tiny_engine.generate(ids, SamplingParams(max_tokens=6, seed=1, stop_token_ids=())))
+    assert a.token_ids == alone.token_ids
 
 
 def test_hostile_parameters_never_fail_a_concurrent_normal_client(make_server) -> None:

@@ -373,9 +373,12 @@ def test_runner_uses_the_servers_group_size_and_warns_on_a_mismatch(make_server,
                 assert "differs" not in caplog.text
                 await run_workflow(client, workflow, [{"task_id": "b"}], group_size=2, concurrency=4)
                 assert "group_size 2 differs from the server's group_size 3" in caplog.text
+                caplog.clear()
+                await run_workflow(client, workflow, [{"task_id": "e"}], group_size=1, eval=True)
+                assert "differs" not in caplog.text  # eval episodes form no training groups
 
     asyncio.run(main())
-    assert seen.count("a") == 3 and seen.count("b") == 2
+    assert seen.count("a") == 3 and seen.count("b") == 2 and seen.count("e") == 1
     wait_until(lambda: srv.server.trainer.counters.train_steps == 1)  # the full group of 3 trained
 
 

@@ -8,6 +8,7 @@ import typer
 
 from agentjet.cli.common import console, fail
 from agentjet.models import DEFAULT_MODEL
+from agentjet.settings import EngineKind
 
 
 def model(name: str = typer.Argument(DEFAULT_MODEL, help="registry name or local HF directory")) -> None:
@@ -38,7 +39,8 @@ def demo(
                                               "after)"),
     curriculum: bool = typer.Option(True, help="draw each group's task by its recent results (retire solved)"),
     early_stop: bool = typer.Option(True, help="stop on an eval plateau or when groups stop teaching"),
-    engine: str = typer.Option("hf", help="the server's rollout engine: hf (embedded) or vllm (make setup-vllm)"),
+    engine: EngineKind = typer.Option(EngineKind.HF, help="hf: the embedded engine; vllm: roll out on a managed "
+                                      "vLLM subprocess (make setup-vllm)"),
 ) -> None:
     """Train SmolLM2 on a built-in task through a real swarm server and client; print eval before/after."""
     from agentjet.demo import DemoSettings, run_demo
@@ -46,13 +48,13 @@ def demo(
 
     if task not in TASKS:
         fail(f"unknown task {task!r}; built-in tasks: {sorted(TASKS)}")
-    if engine not in ("hf", "vllm"):
-        fail(f"--engine: {engine!r} is not one of hf, vllm")
+    if engine is EngineKind.NULL:
+        fail("--engine null cannot learn: the demo needs hf or vllm")
     result = run_demo(DemoSettings(model=model, task=task, steps=steps, learning_rate=learning_rate,
                                    group_size=group_size, batch_groups=batch_groups, eval_tasks=eval_tasks,
                                    out_dir=out_dir, time_budget_s=time_budget_s, concurrency=concurrency,
                                    eval_every_s=eval_every_s, curriculum=curriculum,
-                                   early_stop=early_stop, engine=engine), console)
+                                   early_stop=early_stop, engine=engine.value), console)
     if result.eval_after <= result.eval_before:
         console.print("[yellow]the eval reward did not improve in this run[/yellow]")
 

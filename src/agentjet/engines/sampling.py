@@ -6,20 +6,45 @@ import torch
 
 from agentjet.engines.base import SamplingParams
 
+# Candidates looked at before the full sort: the nucleus of a language model's next-token distribution is
+# almost always inside its top few hundred tokens, and a top-k of them costs a fraction of sorting the vocabulary
+# (CPU, 8 x 49152: 2 ms against 49 ms).
+PARTIAL_CANDIDATES = 256
+
 
 def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Mask logits outside each row's top-k / top-p nucleus with -inf. ``top_k == 0`` disables top-k."""
+    """Mask logits outside each row's top-k / top-p nucleus with -inf. ``top_k == 0`` disables top-k.
+
+    A token is kept when its rank is below top-k and the probability mass strictly before it (in descending
+    order) is below top-p; the most likely token is always kept. The top ``PARTIAL_CANDIDATES`` tokens settle
+    it for a row unless its last candidate is still kept; such rows are sorted in full (``_filter_sorted``)."""
+    n, vocab = logits.shape
+    k = min(vocab, PARTIAL_CANDIDATES)
+    values, idx = logits.topk(k, dim=-1)
+    probs = (values - logits.logsumexp(dim=-1, keepdim=True)).exp()  # the candidates' true probabilities
+    limit = torch.where(top_k > 0, top_k, torch.full_like(top_k, vocab))
+    keep = _keep(probs, limit, top_p)
+    out = torch.full_like(logits, float("-inf")).scatter_(-1, idx, values.masked_fill(~keep, float("-inf")))
+    unsettled = keep[:, -1] & (limit > k)
+    if bool(unsettled.any()):
+        rows = unsettled.nonzero().squeeze(-1)
+        out[rows] = _filter_sorted(logits[rows], limit[rows], top_p[rows])
+    return out
+
+
+def _keep(sorted_probs: torch.Tensor, limit: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    ranks = torch.arange(sorted_probs.shape[-1], device=sorted_probs.device).expand_as(sorted_probs)
+    cum_before = sorted_probs.cumsum(dim=-1) - sorted_probs  # mass strictly before each token
+    # top-p 1 keeps everything (the rounding of a cumulative sum must not drop the last tokens)
+    keep = (ranks < limit[:, None]) & ((cum_before < top_p[:, None]) | (top_p[:, None] >= 1))
+    keep[:, 0] = True  # always keep the most likely token
+    return keep
+
+
+def _filter_sorted(logits: torch.Tensor, limit: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     sorted_logits, sorted_idx = logits.sort(dim=-1, descending=True)
-    vocab = logits.shape[-1]
-    ranks = torch.arange(vocab, device=logits.device).expand_as(sorted_logits)
-    k = torch.where(top_k > 0, top_k, torch.full_like(top_k, vocab))
-    remove = ranks >= k[:, None]
-    probs = sorted_logits.softmax(dim=-1)
-    cum_before = probs.cumsum(dim=-1) - probs  # mass strictly before each token
-    remove |= cum_before >= top_p[:, None]
-    remove[:, 0] = False  # always keep the most likely token
-    sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
-    return torch.empty_like(logits).scatter_(-1, sorted_idx, sorted_logits)
+    keep = _keep(sorted_logits.softmax(dim=-1), limit, top_p)
+    return torch.empty_like(logits).scatter_(-1, sorted_idx, sorted_logits.masked_fill(~keep, float("-inf")))
 
 
 def sample_next(
@@ -34,8 +59,10 @@ def sample_next(
     distribution the trainer reproduces), and optionally the top-``top_logprobs`` (logprobs, ids).
     """
     logits = logits.float()
-    temps = torch.tensor([p.logprob_temperature for p in params], dtype=logits.dtype, device=logits.device)
-    scaled = logits / temps[:, None]
+    temperatures = [p.logprob_temperature for p in params]
+    scaled = logits
+    if any(t != 1.0 for t in temperatures):
+        scaled = logits / torch.tensor(temperatures, dtype=logits.dtype, device=logits.device)[:, None]
     logp = scaled.log_softmax(dim=-1)
     needs_filter = any(p.top_p < 1.0 or p.top_k > 0 for p in params)
     sample_logits = scaled
@@ -65,7 +92,8 @@ def _draw(logits: torch.Tensor, params: list[SamplingParams], generators: list[t
         else torch.zeros((), dtype=torch.float64, device=g.device)
         for p, g in zip(params, generators, strict=True)
     ]).to(logits.device)
-    # a float64 cumsum keeps the CDF exact enough for the last tokens of a large vocabulary
-    cdf = logits.softmax(dim=-1).cumsum(dim=-1, dtype=torch.float64)
+    # a float64 cumsum keeps the CDF exact enough for the last tokens of a large vocabulary (converted first:
+    # cumsum(dtype=float64) of a float32 tensor is several times slower on CPU)
+    cdf = logits.softmax(dim=-1).double().cumsum(dim=-1)
     idx = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).squeeze(-1)
     return idx.clamp_(max=logits.shape[-1] - 1)

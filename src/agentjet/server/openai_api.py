@@ -20,6 +20,7 @@ from openai.types.completion_usage import CompletionUsage
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentjet.engines.base import MAX_SEED, GenerationResult, SamplingParams
+from agentjet.engines.detokenize import IncrementalDetokenizer
 from agentjet.engines.errors import EngineUnavailableError, GenerationError
 from agentjet.protocol import AGENT_HEADER, DEFAULT_AGENT
 from agentjet.server.auth import bearer
@@ -275,12 +276,14 @@ def _sse(obj: dict[str, Any]) -> str:
 
 async def _stream(p: ChatCall) -> AsyncIterator[str]:
     """Token-by-token SSE. Text is held back while it could still be the start of a stop string, and
-    entirely when tools are given (tool calls are parsed from the whole output)."""
-    tok = p.server.engine.tokenizer
+    entirely when tools are given (tool calls are parsed from the whole output). The host work per token is
+    incremental: the detokenizer decodes a few tokens, and stop strings are looked for in the held-back text."""
     sampling = p.sampling[0]
     queue: asyncio.Queue[int] = asyncio.Queue()
-    ids: list[int] = []
-    sent = ""
+    detok = IncrementalDetokenizer(p.server.engine.tokenizer)
+    sent: list[str] = []
+    held = ""  # released by the detokenizer, not sent yet
+    stopped = False  # a stop string was found: nothing after it is sent
     hold = max((len(s) for s in sampling.stop), default=1) - 1
     chunk = p.chunk
 
@@ -297,30 +300,31 @@ async def _stream(p: ChatCall) -> AsyncIterator[str]:
                 getter.cancel()
                 getter = None
                 continue
-            ids.append(getter.result())
-            if p.parse_tools:
+            piece = detok.push(getter.result())
+            if p.parse_tools or stopped or not piece:
                 continue
-            text = tok.decode(ids, skip_special_tokens=True)
-            if text.endswith("\ufffd"):
-                continue  # an incomplete UTF-8 sequence
-            safe = text
+            held += piece
+            out = held
             if sampling.stop:
-                hits = [text.find(s) for s in sampling.stop if s in text]
-                safe = text[: min(hits)] if hits else text[: max(len(sent), len(text) - hold)]
-            if len(safe) > len(sent) and safe.startswith(sent):
-                yield chunk({"content": safe[len(sent):]})
-                sent = safe
+                # a stop string the new piece completes starts inside the held-back text
+                hits = [i for s in sampling.stop if (i := held.find(s)) >= 0]
+                if hits:
+                    out, stopped = held[: min(hits)], True
+                else:
+                    out = held[: max(0, len(held) - hold)]
+            held = held[len(out):]
+            if out:
+                yield chunk({"content": out})
+                sent.append(out)
         try:
             result = task.result()
         except Exception as exc:
             err = engine_error(exc)
             yield _sse(error_body(err.message, err.type, err.param, err.code))
             return
-        except EngineUnavailableError as exc:
-            yield _sse(error_body(str(exc), "service_unavailable", code="engine_unavailable"))
-            return
         msg = p.assistant_message(result)
-        rest = (msg["content"] or "")[len(sent):] if (msg["content"] or "").startswith(sent) else ""
+        shown = "".join(sent)
+        rest = (msg["content"] or "")[len(shown):] if (msg["content"] or "").startswith(shown) else ""
         delta: dict[str, Any] = {}
         if rest:
             delta["content"] = rest

@@ -272,7 +272,16 @@ class EngineSettings(_Section):
         "auto", description="weight dtype (auto: bfloat16 on CUDA, float32 on CPU)")
     autocast_bf16: bool = Field(False, description="train the forward pass under bfloat16 autocast")
     max_batch_size: int = Field(8, ge=1, le=4096, description="max concurrent generations batched together")
-    batch_wait_ms: float = Field(5.0, ge=0, le=10_000, description="how long a batch waits for more requests")
+    batch_wait_ms: float = Field(5.0, ge=0, le=10_000, description="how long an idle engine waits for more "
+                                 "requests before it starts a batch")
+    batching: Literal["continuous", "static"] = Field(
+        "continuous", description="continuous: a finished request frees its slot at once and a queued one joins "
+        "at the next decode step; static: a batch runs until its longest request ends (the earlier engine)")
+    kv_cache_tokens: int = Field(512, ge=16, le=10_000_000, description="KV cache columns per slot, allocated "
+                                 "up front (continuous batching); doubled, up to max_context, when a request "
+                                 "needs more")
+    cuda_graphs: bool = Field(True, description="replay the decode step from captured CUDA graphs (CUDA only)")
+    compile: bool = Field(False, description="torch.compile the decode step (continuous batching)")
     max_context: int | None = Field(None, ge=2, le=10_000_000, description="cap on prompt + reply tokens "
                                     "(default: the model's own limit)")
     gradient_checkpointing: bool = Field(False, description="recompute decoder activations in backward "

@@ -1,0 +1,59 @@
+"""What our vLLM adapter costs: the same concurrent requests sent to the vLLM it manages as a minimal
+``/v1/completions`` body, with logprobs and token ids, with the adapter's full body, and through
+``VLLMEngine.generate``. Prints one line per concurrency (median of 2 rounds, tok/s).
+
+    flock /tmp/aj-cpu.lock .venv/bin/python benchmarks/vllm_request_cost.py     # needs make setup-vllm, ~4 min
+"""
+import asyncio
+import statistics
+import time
+from pathlib import Path
+
+import httpx
+
+from agentjet.engines.base import SamplingParams
+from agentjet.engines.vllm import VLLMEngine
+from agentjet.settings import EngineSettings, VLLMSettings
+
+ROOT = Path(__file__).resolve().parents[1]
+eng = VLLMEngine("smollm2-135m-instruct", EngineSettings(vllm=VLLMSettings(python=ROOT / ".venv-vllm/bin/python", kv_cache_gib=2.0)), work_dir=ROOT / "runs" / "vprobe")
+tok = eng.tokenizer
+ids = list(tok.apply_chat_template([{"role": "user", "content": "Write a long poem about the ocean at night."}], add_generation_prompt=True, tokenize=True, return_dict=False))
+N_TOK = 64
+def bodies(kind, n):
+    out = []
+    for _ in range(n):
+        if kind == "minimal":
+            b = {"model": eng._served_name(), "prompt": ids, "max_tokens": N_TOK, "temperature": 1.0, "ignore_eos": True}
+        elif kind == "logprobs":
+            b = {"model": eng._served_name(), "prompt": ids, "max_tokens": N_TOK, "temperature": 1.0, "ignore_eos": True, "logprobs": 1, "return_token_ids": True, "return_tokens_as_token_ids": True}
+        else:
+            b = eng.request_body(ids, SamplingParams(temperature=1.0, max_tokens=N_TOK), eng._served_name())
+            b["stop_token_ids"] = []
+        out.append(b)
+    return out
+async def raw(kind, n):
+    async with httpx.AsyncClient(base_url=eng.url, timeout=600) as c:
+        t0 = time.perf_counter()
+        rs = await asyncio.gather(*(c.post("/v1/completions", json=b) for b in bodies(kind, n)))
+        dt = time.perf_counter() - t0
+    toks = sum(r.json()["usage"]["completion_tokens"] for r in rs)
+    return toks / dt
+async def ours(n):
+    eng._stop_ids = set()
+    t0 = time.perf_counter()
+    rs = await asyncio.gather(*(eng.generate(ids, SamplingParams(temperature=1.0, max_tokens=N_TOK)) for _ in range(n)))
+    return sum(len(r.token_ids) for r in rs) / (time.perf_counter() - t0)
+async def main():
+    await raw("minimal", 8)
+    for n in (1, 8, 32):
+        res = {k: [] for k in ("minimal", "logprobs", "full-body", "adapter")}
+        for _ in range(2):
+            for k in ("minimal", "logprobs", "full-body"):
+                res[k].append(await raw(k, n))
+            res["adapter"].append(await ours(n))
+        print(f"c={n}: " + ", ".join(f"{k} {statistics.median(v):.1f}" for k, v in res.items()), flush=True)
+try:
+    asyncio.run(main())
+finally:
+    eng.close_sync()

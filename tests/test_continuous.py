@@ -1,0 +1,316 @@
+"""Continuous batching (slot refill on the slot KV cache): exact logprobs whatever the join time, compaction
+and growth of the cache, slot refill, train steps between decode steps, cancellation and shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from agentjet.engines.base import GenerationResult, SamplingParams, TrainSample
+from agentjet.engines.errors import EngineUnavailableError
+from agentjet.engines.hf import HFEngine, slot_cache_fits
+from agentjet.engines.hf.kv_cache import SlotKVCache
+from agentjet.settings import EngineSettings
+
+QUESTIONS = ["a", "what is 12 + 30?", "write the word hello in capital letters", "sort 3 1 2", "yes",
+             "tool call please find the city weather", "tell me a long story about a cat and a dog", "hi there"]
+
+
+def teacher_forced(engine: HFEngine, prompt: list[int], completion: list[int], temperature: float) -> list[float]:
+    ids = torch.tensor([prompt + completion], device=engine.device)
+    with torch.no_grad():
+        logits = engine.model(input_ids=ids).logits[0].float()
+    logp = (logits / temperature).log_softmax(-1)
+    return [float(logp[len(prompt) - 1 + i, t]) for i, t in enumerate(completion)]
+
+
+def max_diff(a: list[float], b: list[float]) -> float:
+    return max(abs(x - y) for x, y in zip(a, b, strict=True))
+
+
+@pytest.fixture
+def make_engine(tiny_model_path: Path):
+    made: list[HFEngine] = []
+
+    def make(**settings) -> HFEngine:
+        engine = HFEngine(tiny_model_path, EngineSettings(**{"max_batch_size": 4, **settings}))
+        engine.rules.stop_ids = frozenset()  # fixed lengths: every request runs to its max_tokens
+        made.append(engine)
+        return engine
+
+    yield make
+    for engine in made:
+        engine.shutdown()
+
+
+def staggered(engine: HFEngine, prompts: list[list[int]], params: list[SamplingParams],
+              gaps_s: list[float] | None = None) -> list[GenerationResult]:
+    """Submit the requests (optionally a little apart, so they join running batches) and gather them."""
+    async def main() -> list[GenerationResult]:
+        tasks = []
+        for i, (p, s) in enumerate(zip(prompts, params, strict=True)):
+            tasks.append(asyncio.ensure_future(engine.generate(p, s)))
+            if gaps_s:
+                await asyncio.sleep(gaps_s[i % len(gaps_s)])
+        return await asyncio.wait_for(asyncio.gather(*tasks), 120)
+
+    return asyncio.run(main())
+
+
+@pytest.mark.parametrize("capacity", [16, 48, 512])
+def test_rows_joining_at_any_step_match_teacher_forcing(make_engine, chat_ids, capacity: int) -> None:
+    """Requests of different lengths join running batches at different steps (slot refill); with a small
+    cache they are also compacted to its front and make it grow while other rows are generating."""
+    engine = make_engine(kv_cache_tokens=capacity)
+    prompts = [chat_ids(q, engine) for q in QUESTIONS]
+    params = [SamplingParams(temperature=[1.0, 0.7][i % 2], max_tokens=3 + 7 * i, seed=i) for i in range(len(prompts))]
+    results = staggered(engine, prompts, params, gaps_s=[0.0, 0.01, 0.03])
+    for p, s, r in zip(prompts, params, results, strict=True):
+        assert len(r.token_ids) == s.max_tokens
+        assert max_diff(r.logprobs, teacher_forced(engine, p, r.token_ids, s.temperature)) < 1e-4
+    assert engine.stats["decode_steps"] < sum(s.max_tokens for s in params)  # rows really shared steps
+    if capacity == 16:
+        assert engine.stats["cache_grows"] >= 1 and engine.runner.capacity >= max(
+            len(p) + s.max_tokens for p, s in zip(prompts, params, strict=True))
+
+
+def test_same_tokens_as_the_static_engine(make_engine, chat_ids) -> None:
+    static, continuous = make_engine(batching="static"), make_engine()
+    prompts = [chat_ids(q, static) for q in QUESTIONS[:6]]
+    params = [SamplingParams(temperature=1.0, max_tokens=5 + 3 * i, seed=40 + i, top_logprobs=2)
+              for i in range(len(prompts))]
+    a, b = staggered(static, prompts, params), staggered(continuous, prompts, params)
+    for x, y in zip(a, b, strict=True):
+        assert x.token_ids == y.token_ids
+        assert max_diff(x.logprobs, y.logprobs) < 1e-4
+        assert x.top_logprobs is not None and y.top_logprobs is not None
+        assert [[t for t, _ in alts] for alts in x.top_logprobs] == [[t for t, _ in alts] for alts in y.top_logprobs]
+
+
+def test_a_finished_request_frees_its_slot_at_once(make_engine, chat_ids) -> None:
+    """Two slots, one short and two long requests: the second long one joins as soon as the short one ends,
+    so the run takes about one long request's steps (a static batch would take two)."""
+    engine = make_engine(max_batch_size=2)
+    ids = chat_ids("hello", engine)
+    params = [SamplingParams(max_tokens=2, seed=1), SamplingParams(max_tokens=30, seed=2),
+              SamplingParams(max_tokens=30, seed=3)]
+    results = staggered(engine, [ids] * 3, params)
+    assert [len(r.token_ids) for r in results] == [2, 30, 30]
+    assert engine.stats["decode_steps"] <= 33
+
+
+def test_generate_train_generate_matches_a_fresh_engine(make_engine, chat_ids, tmp_path: Path) -> None:
+    """A train step updates the weights in place: what the engine generates next is exactly what a fresh
+    engine holding the trained weights generates (nothing in the decode path kept a stale copy)."""
+    engine = make_engine()
+    engine.set_learning_rate(1e-2)
+    ids = chat_ids("what is 4 + 4?", engine)
+    first = staggered(engine, [ids, ids], [SamplingParams(max_tokens=12, seed=s) for s in (1, 2)])
+    batch = [TrainSample(ids + r.token_ids, [0] * len(ids) + [1] * len(r.token_ids),
+                         [0.0] * len(ids) + r.logprobs, [0.0] * len(ids) + [adv] * len(r.token_ids))
+             for r, adv in zip(first, (1.0, -1.0), strict=True)]
+    asyncio.run(engine.train_step(batch))
+    params = [SamplingParams(max_tokens=12, seed=s) for s in (5, 6, 7)]
+    after = staggered(engine, [ids] * 3, params)
+    engine.save(tmp_path / "ckpt")
+    fresh = make_engine()
+    fresh.load(tmp_path / "ckpt")
+    again = staggered(fresh, [ids] * 3, params)
+    for x, y in zip(after, again, strict=True):
+        assert x.token_ids == y.token_ids and x.policy_version == y.policy_version == 1
+        assert max_diff(x.logprobs, y.logprobs) < 1e-5
+    before = staggered(make_engine(), [ids] * 3, params)  # the untrained weights give other logprobs
+    assert max(max_diff(x.logprobs, y.logprobs) for x, y in zip(before, after, strict=True)) > 1e-3
+
+
+def test_a_request_arriving_during_a_train_step_waits_and_gets_the_new_weights(make_engine, chat_ids,
+                                                                             monkeypatch) -> None:
+    engine = make_engine()
+    ids = chat_ids("hi", engine)
+    entered, release = threading.Event(), threading.Event()
+    real = engine.trainer.train_step
+
+    def slow_step(batch):
+        entered.set()
+        assert release.wait(30)
+        return real(batch)
+
+    monkeypatch.setattr(engine.trainer, "train_step", slow_step)
+    sample = TrainSample(ids + [5, 6], [0] * len(ids) + [1, 1], [0.0] * len(ids) + [-3.0, -3.0],
+                         [0.0] * len(ids) + [1.0, 1.0])
+
+    async def main() -> tuple[dict, GenerationResult]:
+        train = asyncio.ensure_future(engine.train_step([sample]))
+        await asyncio.to_thread(entered.wait, 30)
+        gen = asyncio.ensure_future(engine.generate(ids, SamplingParams(max_tokens=4, seed=1)))
+        await asyncio.sleep(0.2)
+        assert not gen.done()  # it waits for the train step
+        release.set()
+        return await asyncio.wait_for(train, 60), await asyncio.wait_for(gen, 60)
+
+    metrics, res = asyncio.run(main())
+    assert metrics["policy_version"] == 1.0 and res.policy_version == 1
+    assert max_diff(res.logprobs, teacher_forced(engine, ids, res.token_ids, 1.0)) < 1e-4
+
+
+def test_rows_in_flight_go_on_across_a_train_step(make_engine, chat_ids) -> None:
+    """A train step submitted while a request generates runs between two of its decode steps; the request
+    finishes (with the version it started under) and its later tokens come from the new weights."""
+    engine = make_engine()
+    engine.set_learning_rate(1e-2)
+    ids = chat_ids("hi", engine)
+    sample = TrainSample(ids + [5, 6], [0] * len(ids) + [1, 1], [0.0] * len(ids) + [-3.0, -3.0],
+                         [0.0] * len(ids) + [1.0, 1.0])
+    seen: list[int] = []
+
+    async def main() -> tuple[GenerationResult, int]:
+        started = asyncio.Event()
+
+        def on_token(_t: int, _lp: float) -> None:
+            seen.append(engine.policy_version)
+            if len(seen) == 3:
+                started.set()
+
+        gen = asyncio.ensure_future(engine.generate(ids, SamplingParams(max_tokens=40, seed=1), on_token=on_token))
+        await started.wait()
+        await engine.train_step([sample])
+        tokens_when_trained = len(seen)
+        return await asyncio.wait_for(gen, 60), tokens_when_trained
+
+    res, at = asyncio.run(main())
+    assert len(res.token_ids) == 40 and res.policy_version == 0
+    assert 3 <= at < 40  # the step ran while the request was generating
+    assert engine.policy_version == 1
+
+
+def test_a_cancelled_request_frees_its_slot(make_engine, chat_ids) -> None:
+    engine = make_engine(max_batch_size=1)
+    ids = chat_ids("hello", engine)
+
+    async def main() -> GenerationResult:
+        long = asyncio.ensure_future(engine.generate(ids, SamplingParams(max_tokens=10_000, seed=1)))
+        await asyncio.sleep(0.3)
+        long.cancel()
+        return await asyncio.wait_for(engine.generate(ids, SamplingParams(max_tokens=3, seed=2)), 30)
+
+    assert len(asyncio.run(main()).token_ids) == 3
+
+
+def test_shutdown_fails_waiting_requests_and_never_hangs(make_engine, chat_ids) -> None:
+    engine = make_engine(max_batch_size=1)
+    ids = chat_ids("hello", engine)
+
+    async def main() -> list:
+        reqs = [asyncio.ensure_future(engine.generate(ids, SamplingParams(max_tokens=10_000, seed=s)))
+                for s in range(3)]
+        await asyncio.sleep(0.2)
+        await engine.close()
+        return await asyncio.wait_for(asyncio.gather(*reqs, return_exceptions=True), 30)
+
+    assert all(isinstance(r, EngineUnavailableError) for r in asyncio.run(main()))
+    with pytest.raises(EngineUnavailableError):
+        asyncio.run(engine.generate(ids, SamplingParams(max_tokens=3)))
+
+
+def test_cache_moves_columns_in_place() -> None:
+    """compact / shift_right move the columns in use without reallocating; grow keeps them."""
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, hidden_size=8)
+    cache = SlotKVCache(config, slots=2, capacity=16, dtype=torch.float32, device=torch.device("cpu"))
+    cols = torch.arange(16, dtype=torch.float32)
+    for layer in cache.layers:
+        layer.keys[..., 0] = cols
+        layer.values[..., 0] = -cols
+    ptr = cache.layers[0].keys.data_ptr()
+    cache.compact(5, 12)  # [5, 12) -> [0, 7)
+    assert torch.equal(cache.layers[1].keys[1, 0, :7, 0], cols[5:12])
+    assert torch.equal(cache.layers[1].values[0, 0, :7, 0], -cols[5:12])
+    cache.shift_right(3, 7)  # [0, 7) -> [3, 10)
+    assert torch.equal(cache.layers[0].keys[0, 0, 3:10, 0], cols[5:12])
+    assert cache.layers[0].keys.data_ptr() == ptr  # in place: CUDA graphs stay valid
+    cache.grow(64, 10)
+    assert cache.capacity == 64 and cache.layers[0].keys.shape[2] == 64
+    assert torch.equal(cache.layers[0].keys[1, 0, 3:10, 0], cols[5:12])
+
+
+def test_compaction_keeps_long_runs_exact(make_engine, chat_ids) -> None:
+    """Many more steps than the cache has columns: rows keep being compacted to the front, exactly."""
+    engine = make_engine(kv_cache_tokens=64, max_batch_size=3)
+    prompts = [chat_ids(q, engine) for q in QUESTIONS[:6]]
+    params = [SamplingParams(max_tokens=[40, 10, 25][i % 3], seed=i) for i in range(len(prompts))]
+    results = staggered(engine, prompts, params, gaps_s=[0.0, 0.02])
+    for p, r in zip(prompts, results, strict=True):
+        assert max_diff(r.logprobs, teacher_forced(engine, p, r.token_ids, 1.0)) < 1e-4
+    assert engine.stats["compactions"] >= 1 and engine.runner.capacity == 64
+
+
+def test_models_with_sliding_windows_fall_back_to_static_batching() -> None:
+    from transformers import LlamaConfig, MistralConfig
+
+    assert slot_cache_fits(LlamaConfig()) is None
+    assert "sliding" in (slot_cache_fits(MistralConfig(sliding_window=64)) or "")
+
+
+def test_status_reports_the_engine(make_engine) -> None:
+    info = make_engine(kv_cache_tokens=64).describe()
+    assert info["batching"] == "continuous" and info["kv_cache_tokens"] == 64 and info["cuda_graphs"] is False
+    assert info["device"] == "cpu" and info["dtype"] == "float32"
+
+
+class _FakeGraph:
+    """Stands in for a captured CUDA graph on CPU: replay writes the step's logits into the static buffer (plus
+    ``error``, to check that a graph that disagrees with the eager step is dropped)."""
+
+    def __init__(self, runner, n: int, w: int, error: float) -> None:
+        self.runner, self.n, self.w, self.error = runner, n, w, error
+        self.logits = runner._decode_body(n, w).clone()
+
+    def replay(self) -> None:
+        self.logits.copy_(self.runner._decode_body(self.n, self.w) + self.error)
+
+
+@pytest.mark.parametrize("mode", ["good", "wrong", "capture-fails"])
+def test_graph_buckets_replay_verify_and_fall_back(make_engine, chat_ids, monkeypatch, mode: str) -> None:
+    """The CUDA-graph control flow, on CPU: rows and the attention window are rounded up to buckets (the
+    columns past t are masked), each (rows, window) bucket is captured once, checked against an eager step on its
+    first replay, and dropped for the eager step when it disagrees or cannot be captured. Exact in every case."""
+    from agentjet.engines.hf.runner import _Graph
+
+    engine, reference = make_engine(max_batch_size=8), make_engine(max_batch_size=8)
+    runner = engine.runner
+    runner.use_graphs = runner.bucketed = True
+
+    def capture(n: int, w: int) -> _Graph:
+        if mode == "capture-fails":
+            raise RuntimeError("operation not permitted when stream is capturing")
+        g = _FakeGraph(runner, n, w, 0.0 if mode == "good" else 0.5)
+        runner.stats["graph_captures"] += 1
+        return _Graph(g, g.logits)
+
+    monkeypatch.setattr(runner, "_capture", capture)
+    prompts = [chat_ids(q, engine) for q in QUESTIONS[:6]]
+    params = [SamplingParams(max_tokens=4 + 6 * i, seed=i) for i in range(len(prompts))]
+    got, want = staggered(engine, prompts, params, gaps_s=[0.0, 0.02]), staggered(reference, prompts, params)
+    for p, x, y in zip(prompts, got, want, strict=True):
+        assert x.token_ids == y.token_ids
+        assert max_diff(x.logprobs, teacher_forced(engine, p, x.token_ids, 1.0)) < 1e-4
+    stats = engine.stats
+    if mode == "good":
+        assert stats["graph_replays"] > stats["graph_captures"] > 0 and stats["graph_failures"] == 0
+    else:
+        assert stats["graph_failures"] >= 1 and len(runner._eager_buckets) >= 1
+
+
+def test_compile_matches_eager_on_cpu(make_engine, chat_ids) -> None:
+    """``compile=True``: the decode step through torch.compile (CPU inductor) gives the eager step's tokens."""
+    plain, compiled = make_engine(), make_engine(compile=True)
+    prompts = [chat_ids(q, plain) for q in QUESTIONS[:4]]
+    params = [SamplingParams(max_tokens=6 + 4 * i, seed=i) for i in range(len(prompts))]
+    for x, y in zip(staggered(plain, prompts, params), staggered(compiled, prompts, params), strict=True):
+        assert x.token_ids == y.token_ids
+        assert max_diff(x.logprobs, y.logprobs) < 1e-4

@@ -1,0 +1,61 @@
+"""Training low-precision weights: fp32 master copies keep the small AdamW updates that bf16 weights alone
+would round away, and they travel with the optimizer state through save and load."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import torch
+
+from agentjet.engines.base import SamplingParams, TrainSample
+from agentjet.engines.hf import HFEngine
+from agentjet.settings import EngineSettings
+
+
+def _batch(engine: HFEngine, chat_ids) -> list[TrainSample]:
+    ids = chat_ids("what is 4 + 4?", engine)
+    out = []
+    for seed, adv in ((1, 1.0), (2, -1.0)):
+        r = asyncio.run(engine.generate(ids, SamplingParams(max_tokens=8, seed=seed)))
+        out.append(TrainSample(ids + r.token_ids, [0] * len(ids) + [1] * len(r.token_ids),
+                               [0.0] * len(ids) + r.logprobs, [0.0] * len(ids) + [adv] * len(r.token_ids)))
+    return out
+
+
+def test_bf16_weights_train_through_fp32_masters(tiny_model_path: Path, chat_ids, tmp_path: Path) -> None:
+    engine = HFEngine(tiny_model_path, EngineSettings(dtype="bfloat16", max_batch_size=2), learning_rate=2e-5)
+    try:
+        trainer = engine.trainer
+        assert trainer.masters == []  # made at the first step: an engine that only generates holds none
+        batch = _batch(engine, chat_ids)
+        asyncio.run(engine.train_step(batch))
+        assert trainer.masters and all(m.dtype == torch.float32 for _, m in trainer.masters)
+        start = [m.clone() for _, m in trainer.masters]
+        for _ in range(3):
+            asyncio.run(engine.train_step(batch))
+        moved = sum(int((m != s).sum()) for (_, m), s in zip(trainer.masters, start, strict=True))
+        total = sum(m.numel() for _, m in trainer.masters)
+        assert moved > 0.9 * total  # every weight with a gradient moved in fp32
+        for p, m in trainer.masters:  # and the bf16 weights are the masters, rounded, in place
+            assert p.dtype == torch.bfloat16 and torch.equal(p.detach(), m.to(torch.bfloat16))
+
+        engine.save(tmp_path / "ckpt")
+        other = HFEngine(tiny_model_path, EngineSettings(dtype="bfloat16", max_batch_size=2), learning_rate=2e-5)
+        try:
+            other.load(tmp_path / "ckpt")
+            for (_, a), (_, b) in zip(trainer.masters, other.trainer.masters, strict=True):
+                assert torch.equal(a, b)  # the exact masters came back, not the rounded weights
+            asyncio.run(engine.train_step(batch))
+            asyncio.run(other.train_step(batch))
+            for (_, a), (_, b) in zip(trainer.masters, other.trainer.masters, strict=True):
+                assert torch.allclose(a, b, atol=1e-7)
+        finally:
+            other.shutdown()
+    finally:
+        engine.shutdown()
+
+
+def test_fp32_weights_have_no_masters(tiny_engine: HFEngine, chat_ids) -> None:
+    asyncio.run(tiny_engine.train_step(_batch(tiny_engine, chat_ids)))
+    assert tiny_engine.trainer.masters == []
