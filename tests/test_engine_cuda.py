@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests.test_continuous import teacher_forced
 
 from agentjet.engines.base import SamplingParams, TrainSample
 from agentjet.engines.hf import HFEngine
@@ -26,14 +27,6 @@ def run_all(engine: HFEngine, prompts: list[list[int]], params: list[SamplingPar
                                                        zip(prompts, params, strict=True))), 300)
 
     return asyncio.run(main())
-
-
-def teacher_forced(engine: HFEngine, prompt: list[int], completion: list[int], temperature: float) -> list[float]:
-    ids = torch.tensor([prompt + completion], device=engine.device)
-    with torch.no_grad():
-        logits = engine.model(input_ids=ids).logits[0].float()
-    logp = (logits / temperature).log_softmax(-1)
-    return [float(logp[len(prompt) - 1 + i, t]) for i, t in enumerate(completion)]
 
 
 def report(name: str, value: dict) -> None:
