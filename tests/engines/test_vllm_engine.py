@@ -139,6 +139,20 @@ def test_generation_waits_for_the_swap_and_sees_the_new_version(make_vllm_engine
     assert res.policy_version == 1
 
 
+def test_closing_the_gate_holds_a_request_started_in_the_same_loop_turn(make_vllm_engine):
+    """The gate closes at once on the loop that closes it: a request that this loop runs next must wait."""
+    engine = make_vllm_engine()
+
+    async def go():
+        assert engine._serving_event().is_set()
+        engine._set_gate(False)
+        closed_now = not engine._serving_event().is_set()
+        engine._set_gate(True)
+        return closed_now, engine._serving_event().is_set()
+
+    assert asyncio.run(go()) == (True, True)
+
+
 def test_sync_timeout_stops_training_with_a_clear_error(make_vllm_engine):
     engine = make_vllm_engine(sync_timeout_s=0.5)
     fault(engine, pause_delay_s=5.0)

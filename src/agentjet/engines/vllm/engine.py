@@ -222,11 +222,20 @@ class VLLMEngine(Engine):
         return ev
 
     def _set_gate(self, serving: bool) -> None:
+        """Open or close the gate on every loop. The calling loop's event changes at once, so that a request
+        that this loop runs next cannot slip past a gate that is closing; other loops change on their next turn."""
         self._syncing = not serving
+        try:
+            current: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            current = None
         for loop, ev in list(self._serving_events.items()):
             if loop.is_closed():
                 continue
-            loop.call_soon_threadsafe(ev.set if serving else ev.clear)
+            if loop is current:
+                ev.set() if serving else ev.clear()
+            else:
+                loop.call_soon_threadsafe(ev.set if serving else ev.clear)
 
     async def _wait_serving(self) -> None:
         ev = self._serving_event()
