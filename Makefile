@@ -2,6 +2,9 @@
 
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# pytest-xdist workers for `make test`: two halve the suite's wall time on the 2-core CI machine, because
+# much of it waits on servers, subprocesses and timeouts (TEST_WORKERS=0 runs it in one process).
+TEST_WORKERS ?= 2
 
 setup:
 	@bash scripts/setup.sh
@@ -36,11 +39,11 @@ test: setup
 	else \
 	  echo "==> dashboard browser tests: SKIPPED: no chromium (apt-get install -y chromium)"; \
 	fi
-	$(PY) -m pytest -q --timeout=600 -rs -m "not vllm"
+	$(PY) -m pytest -q --timeout=600 -rs -m "not vllm" -n $(TEST_WORKERS)
 
 # Only the fast tests (tiny model).
 test-fast: setup
-	$(PY) -m pytest -q -m "not slow and not vllm" --timeout=300
+	$(PY) -m pytest -q -m "not slow and not vllm" --timeout=300 -n $(TEST_WORKERS)
 
 bench: setup
 	$(PY) benchmarks/engine.py

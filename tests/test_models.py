@@ -69,3 +69,36 @@ def test_smollm2_converted_once_then_reloaded() -> None:
     tok = AutoTokenizer.from_pretrained(path)
     assert "<|im_start|>" in tok.chat_template
     assert AutoConfig.from_pretrained(path).hidden_size == 576
+
+
+def test_processes_starting_at_once_build_a_model_once(tmp_path: Path) -> None:
+    """Several servers (or test workers) on a fresh machine: one builds, the others wait and reuse it, and
+    nobody removes the model under another."""
+    import threading
+    import time
+
+    builds: list[Path] = []
+
+    def build(folder: Path) -> None:
+        builds.append(folder)
+        time.sleep(0.3)  # long enough for every other caller to arrive while it builds
+        (folder / "config.json").write_text("{}")
+
+    target = tmp_path / "models" / "m"
+    errors: list[BaseException] = []
+
+    def resolve() -> None:
+        try:
+            models._build_once(target, build, version=1)
+            assert (target / "config.json").exists()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=resolve) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert not errors and len(builds) == 1
+    models._build_once(target, build, version=2)  # a new build version is built again
+    assert len(builds) == 2

