@@ -7,13 +7,13 @@ after a ``--resume`` a sample trained again replaces its row.
 
 from __future__ import annotations
 
-import sqlite3
 import threading
 from array import array
 from pathlib import Path
 from typing import Any
 
 from agentjet.observe.events import TrainedSample
+from agentjet.storage import open_wal_db
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS trained_samples (
@@ -31,13 +31,9 @@ CREATE TABLE IF NOT EXISTS trained_samples (
 
 class TrainLog:
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")  # a diagnostic log: losing the last step on a crash is fine
-        self._db.executescript(_SCHEMA)
+        self._db = open_wal_db(path, _SCHEMA, synchronous="NORMAL")  # a diagnostic log: losing a step is fine
 
     def record(self, step: int, policy_version: int, samples: list[TrainedSample]) -> None:
         rows = [(s.episode_id, s.sample_index, step, policy_version, s.agent, s.advantage,

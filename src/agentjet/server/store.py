@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from agentjet.server.digest import digest, matches
+from agentjet.storage import open_wal_db
 from agentjet.tracking import EpisodeSample
 
 
@@ -125,13 +126,9 @@ class StoreError(RuntimeError):
 
 class SampleStore:
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(_SCHEMA)
+        self._db = open_wal_db(path, _SCHEMA, synchronous="FULL")  # an acknowledged episode survives a crash
         self._add_missing_columns()
 
     def _add_missing_columns(self) -> None:
