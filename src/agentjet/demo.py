@@ -97,7 +97,7 @@ def server_config(s: DemoSettings, port: int, rec: dict[str, Any], admin_token: 
     training for its periodic evals, so it holds the admin token."""
     return ServerConfig(
         model=s.model, port=port, data_dir=s.out_dir / "server", log_level="INFO", admin_token=admin_token,
-        engine=EngineSettings(kind=s.engine, max_batch_size=s.concurrency or int(rec.get("concurrency", 32))),
+        engine=EngineSettings(kind=s.engine, max_batch_size=concurrency(s, rec)),
         training=TrainingSettings(group_size=rec["group_size"], batch_groups=rec["groups_per_batch"],
                                   learning_rate=rec["learning_rate"], max_staleness=s.max_staleness,
                                   checkpoint_every=0))
@@ -150,7 +150,6 @@ def run_demo(s: DemoSettings, console: Console | None = None) -> DemoResult:
             rec[key] = value
     steps = s.steps or int(rec["steps"])
     s.eval_tasks = s.eval_tasks or int(rec.get("eval_n", 44))
-    s.concurrency = s.concurrency or int(rec.get("concurrency", 32))
     s.out_dir.mkdir(parents=True, exist_ok=True)
     port = s.port or free_port()
     url = f"http://127.0.0.1:{port}"
@@ -182,6 +181,11 @@ def run_demo(s: DemoSettings, console: Console | None = None) -> DemoResult:
     return result
 
 
+def concurrency(s: DemoSettings, rec: dict[str, Any]) -> int:
+    """Episodes in flight, which is also the engine's batch size."""
+    return s.concurrency or int(rec.get("concurrency", 32))
+
+
 def eval_every_s(s: DemoSettings, rec: dict[str, Any]) -> float | None:
     """Seconds between periodic held-out evals (None: only before and after training)."""
     every = s.eval_every_s if s.eval_every_s is not None else float(rec.get("eval_every_s", 120.0))
@@ -202,7 +206,7 @@ async def _client_side(s: DemoSettings, task_mod: ModuleType, rec: dict[str, Any
     pool = train_pool(task_mod, int(rec.get("pool", 1024)))
     curriculum = Curriculum([str(t["task_id"]) for t in pool], seed=0) if s.curriculum else None
     stopping = StoppingRule(StopSettings(**rec.get("stop", {}))) if s.early_stop else None
-    settings = ScheduleSettings(group_size=rec["group_size"], concurrency=s.concurrency, max_steps=steps,
+    settings = ScheduleSettings(group_size=rec["group_size"], concurrency=concurrency(s, rec), max_steps=steps,
                                 time_budget_s=s.time_budget_s, eval_every_s=eval_every_s(s, rec))
 
     def on_eval(p: EvalPoint) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 
 from agentjet import SwarmClient
 from agentjet.client.runner import run_workflow
@@ -75,7 +76,9 @@ def test_no_episode_begins_after_stop(make_server) -> None:
 
     async def main():
         async with SwarmClient(srv.url) as client:
-            return await run_workflow(client, workflow, tasks, group_size=1, concurrency=1, stop=stop)
+            # an endless task source: stop must end the producer too, not only the workers
+            return await run_workflow(client, workflow, itertools.cycle(tasks), group_size=1, concurrency=1,
+                                      stop=stop)
 
     summary = asyncio.run(main())
     assert summary.episodes == 3 and summary.failed == 0

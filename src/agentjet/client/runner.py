@@ -187,6 +187,8 @@ async def run_workflow(
 
     workers = [asyncio.create_task(worker()) for _ in range(concurrency)]
     for position, task in enumerate(tasks):
+        if stop is not None and stop.is_set():
+            break  # an endless task source ends here; what is already queued is skipped by the workers
         if position in cursor.done:
             continue
         remaining[position] = group_size
