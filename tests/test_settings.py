@@ -226,3 +226,22 @@ def test_a_nested_secret_from_a_file_named_in_the_environment(tmp_path: Path) ->
     assert load_server_config(environ=env).observe.read_token == SecretStr("r34d")
     both = {**env, "AGENTJET_OBSERVE__READ_TOKEN": "direct"}  # the variable wins; the _FILE one is not "unknown"
     assert load_server_config(environ=both).observe.read_token == SecretStr("direct")
+
+
+SECRETS = [f for f in FIELDS if f.is_secret]
+
+
+@pytest.mark.parametrize("field", SECRETS, ids=[f.dotted for f in SECRETS])
+def test_every_secret_reaches_a_child_config_file_intact(field: SettingField, tmp_path: Path) -> None:
+    """A secret at any depth survives the file a parent writes for a child server (``ajet up``, the demo,
+    research); a mask written there would lock out the real token and let the mask in."""
+    from agentjet.settings import write_config_file
+    from agentjet.settings.load import dump_config
+
+    companions = COMPANIONS.get(field.dotted, {})
+    cfg = load_server_config(options_values({**companions, field.dotted: "the-real-s3cret"}))
+    assert got(load_server_config(config_file=write_config_file(cfg, tmp_path / "c.yaml")), field) == "the-real-s3cret"
+    masked = dump_config(cfg, reveal_secrets=False)
+    for part in field.path[:-1]:
+        masked = masked[part]
+    assert masked[field.path[-1]] == "**********"

@@ -103,3 +103,36 @@ log_dir: {tmp_path / "logs"}
     out = subprocess.run([sys.executable, "-m", "agentjet.cli", "up", str(spec)], capture_output=True, text=True,
                          timeout=180, env={**os.environ, "COLUMNS": "200"})
     assert out.returncode == 1 and "client bad exited with code 3" in out.stdout and "failed" in out.stdout
+
+
+@pytest.mark.server
+def test_a_nested_secret_reaches_the_server_that_up_starts(tmp_path: Path, tiny_model_path: Path) -> None:
+    """`ajet up` hands each server its settings as a file: a nested read token must arrive as itself, so the
+    real token opens /metrics and pydantic's mask does not."""
+    port = free_port()
+    spec = _write(tmp_path, f"""
+servers:
+  a: {{model: {tiny_model_path}, port: {port}, observe: {{read_token: "r34l-read-t0ken"}}, options: {{engine: "null"}}}}
+log_dir: {tmp_path / "logs"}
+""")
+    proc = subprocess.Popen([sys.executable, "-m", "agentjet.cli", "up", str(spec)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+            assert time.monotonic() < deadline, "the server did not come up"
+            try:
+                if httpx.get(f"{url}/health", timeout=2).json().get("status") == "ready":
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.3)
+        real = httpx.get(f"{url}/metrics", headers={"Authorization": "Bearer r34l-read-t0ken"}, timeout=10)
+        mask = httpx.get(f"{url}/metrics", headers={"Authorization": "Bearer **********"}, timeout=10)
+        assert real.status_code == 200 and "agentjet" in real.text
+        assert mask.status_code == 401
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.communicate(timeout=120)

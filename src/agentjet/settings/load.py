@@ -153,12 +153,21 @@ def load_server_config(cli: Mapping[str, Any] | None = None, config_file: Path |
 
 
 def dump_config(config: ServerConfig, *, reveal_secrets: bool) -> dict[str, Any]:
-    """The config as plain data for a config file. Secrets are written only when asked (the file is then
-    made owner-only by ``write_config_file``)."""
+    """The config as plain data for a config file. Secrets, at any depth, are written only when asked (the file
+    is then made owner-only by ``write_config_file``); otherwise each is masked."""
     data = config.model_dump(mode="json", exclude_none=True)
     for f in server_fields():
-        if f.is_secret and f.path[-1] in data and len(f.path) == 1:
-            data[f.path[0]] = ServerConfig.secret(getattr(config, f.path[0])) if reveal_secrets else "**********"
+        if not f.is_secret:
+            continue
+        value: Any = config
+        for part in f.path:
+            value = getattr(value, part)
+        if value is None:
+            continue
+        node = data
+        for part in f.path[:-1]:
+            node = node[part]
+        node[f.path[-1]] = ServerConfig.secret(value) if reveal_secrets else "**********"
     return data
 
 
