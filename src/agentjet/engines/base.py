@@ -92,8 +92,100 @@ class TrainSample:
         return int(sum(self.loss_mask))
 
 
+@dataclass(frozen=True)
+class StepOutput:
+    """What a learner's train step gives back; the batch it was given is not changed.
+
+    ``trainer_logprobs[i]`` holds, for sample ``i`` of the batch (in the batch's order), the logprob the update
+    used for each of its trained tokens, in order (the trace viewer shows it next to the behaviour logprob)."""
+
+    metrics: dict[str, float]
+    trainer_logprobs: list[list[float]]
+
+
+class Generator(abc.ABC):
+    """The rollout role: generates (or streams) tokens with their behaviour logprobs, says which policy version
+    it serves and how many requests it runs at once, and accepts new weights through a weight-sync seam
+    (``agentjet.engines.sync``). Implementations: the embedded engine (``engines/hf``) and vLLM (``engines/vllm``)."""
+
+    policy_version: int = 0  # the version whose weights serve new requests
+
+    @property
+    @abc.abstractmethod
+    def tokenizer(self) -> Any: ...
+
+    @property
+    def max_context(self) -> int:
+        return 4096
+
+    @property
+    def capacity(self) -> int:
+        """Requests generated concurrently (more wait in a queue)."""
+        return 1
+
+    @abc.abstractmethod
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams,
+                       on_token: TokenCallback | None = None) -> GenerationResult:
+        """As ``Engine.generate``."""
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": type(self).__name__}
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Release background workers and processes."""
+
+
+class Learner(abc.ABC):
+    """The training role: ``train_step(batch) -> StepOutput`` (bumps ``policy_version``), one optimizer config
+    (live: ``set_learning_rate``), scoring for probes, its own save/load, and an export of its weights for a
+    generator. Implementations: in process (``agentjet.learners.inprocess``) and an FSDP2 trainer group
+    (``agentjet.learners.group``). Both run ``engines.policy_step.run_policy_step``."""
+
+    policy_version: int = 0  # the version of the weights it holds (what the next export holds)
+
+    @abc.abstractmethod
+    async def train_step(self, batch: list[TrainSample]) -> StepOutput: ...
+
+    @abc.abstractmethod
+    async def score(self, samples: list[TrainSample]) -> list[list[float]]:
+        """Current-policy logprobs of each sample's trained tokens (teacher forcing, no update)."""
+
+    @abc.abstractmethod
+    async def export_weights(self, dtype: str | None = None) -> Path:
+        """A complete Hugging Face model directory of the current version's weights (untied, by the one rule in
+        ``engines/weights.py``), in a directory of its own per version under the learner's export root; the
+        learner keeps the newest few. ``dtype`` casts floating tensors (a learner may ignore it)."""
+
+    @abc.abstractmethod
+    def save(self, path: Path) -> None:
+        """Weights, optimizer and policy version, so that ``load`` resumes exactly."""
+
+    @abc.abstractmethod
+    def load(self, path: Path) -> None: ...
+
+    @property
+    @abc.abstractmethod
+    def learning_rate(self) -> float: ...
+
+    @abc.abstractmethod
+    def set_learning_rate(self, lr: float) -> None:
+        """Takes effect at the next step."""
+
+    @abc.abstractmethod
+    def set_loss(self, loss: Any) -> None:
+        """``agentjet.settings.LossSettings`` from the next step (a KL term switched on may need a restart)."""
+
+    def describe(self) -> dict[str, Any]:
+        return {"learner": type(self).__name__}
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Release threads and processes."""
+
+
 class Engine(abc.ABC):
-    """Owns a model. Concurrent ``generate`` calls may be batched; ``train_step`` bumps the policy version."""
+    """What the server drives: one model that generates and trains. Concurrent ``generate`` calls may be batched;
+    ``train_step`` bumps the policy version. The real layouts are one ``Generator`` composed with one ``Learner``
+    (``engines/composed.py``); the null engine implements this directly."""
 
     policy_version: int = 0
 

@@ -1,0 +1,79 @@
+"""The weight-sync seam: after a learner's step, bring its generator to the new weights. One seam per
+(generator, learner) pair, chosen where the layout is composed (``agentjet.layouts``):
+
+| generator | learner    | seam                                                                     |
+|-----------|------------|--------------------------------------------------------------------------|
+| embedded  | in process | :class:`InPlace`: they share the module; only the version moves          |
+| embedded  | group      | :class:`CopyIntoModule`: the learner's export is copied into the module  |
+| vLLM      | either     | ``engines.vllm.sync.VLLMReload`` (safetensors + reload + probe), or       |
+|           |            | ``engines.vllm.native_sync.VLLMNativeSync`` (NCCL; unverified on a GPU)  |
+
+Every push has a deadline (``timeout_s``): a transfer that hangs fails the step's sync with
+:class:`WeightSyncTimeout` instead of stalling training.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from agentjet.engines.base import Generator, Learner
+
+
+class WeightSyncTimeout(TimeoutError):
+    """A weight push did not finish within its deadline."""
+
+
+class WeightSync(abc.ABC):
+    """Brings ``generator`` to ``learner.policy_version``'s weights. Returns the push's metrics."""
+
+    transport: str = "none"
+
+    def __init__(self, timeout_s: float = 300.0) -> None:
+        if not timeout_s > 0:
+            raise ValueError("a weight sync needs a timeout > 0")
+        self.timeout_s = timeout_s
+
+    async def push(self, learner: Learner, generator: Generator) -> dict[str, float]:
+        start = time.perf_counter()
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                metrics = await self._push(learner, generator)
+        except TimeoutError as exc:
+            raise WeightSyncTimeout(f"the {self.transport} weight sync to policy v{learner.policy_version} did not "
+                                    f"finish within {self.timeout_s:.0f} s") from exc
+        return {**metrics, "sync_seconds": time.perf_counter() - start}
+
+    @abc.abstractmethod
+    async def _push(self, learner: Learner, generator: Generator) -> dict[str, float]: ...
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Release what the transport holds (process groups, shared memory)."""
+
+
+class InPlace(WeightSync):
+    """The generator and the learner share one module, updated in place by the step: nothing moves but the
+    version the generator serves."""
+
+    transport = "in-place"
+
+    async def _push(self, learner: Learner, generator: Generator) -> dict[str, float]:
+        generator.policy_version = learner.policy_version
+        return {}
+
+
+class CopyIntoModule(WeightSync):
+    """The learner exports a model directory (safetensors, in ``/dev/shm`` when it has room); the embedded
+    generator copies it into its live parameters in place, between decode steps."""
+
+    transport = "safetensors"
+
+    async def _push(self, learner: Learner, generator: Generator) -> dict[str, float]:
+        t0 = time.perf_counter()
+        path = await learner.export_weights()
+        t1 = time.perf_counter()
+        await generator.load_weights(path, learner.policy_version)  # type: ignore[attr-defined]
+        return {"export_seconds": t1 - t0, "load_seconds": time.perf_counter() - t1}
