@@ -153,8 +153,8 @@ def main() -> None:
     p.add_argument("--tag", default="", help="a label for this setting (results are merged by tag and variant)")
     args = p.parse_args()
 
-    from agentjet.engines.hf import HFEngine
     from agentjet.launch import free_port
+    from agentjet.layouts import embedded_engine
     from agentjet.server import SwarmServer
     from agentjet.server.app import BackgroundServer
     from agentjet.settings import EngineSettings, ServerConfig
@@ -171,7 +171,7 @@ def main() -> None:
                "concurrency": args.concurrency}
     results = []
     with tempfile.TemporaryDirectory() as tmp:
-        engine = HFEngine(args.model, EngineSettings(max_batch_size=args.concurrency))
+        engine = embedded_engine(args.model, EngineSettings(max_batch_size=args.concurrency))
         cfg = ServerConfig(model=args.model, port=free_port(), data_dir=Path(tmp),
                            engine=EngineSettings(max_batch_size=args.concurrency))
         with BackgroundServer(SwarmServer(cfg, engine)) as bg:

@@ -16,17 +16,17 @@ import agentjet  # noqa: F401
 import torch
 from transformers import DynamicCache
 
-from agentjet.engines.hf import HFEngine
+from agentjet.layouts import embedded_engine
 from agentjet.settings import EngineSettings
 
 ROWS = 8
 
 
 def main() -> None:
-    engine = HFEngine("smollm2-135m-instruct", EngineSettings(max_batch_size=ROWS, batching="continuous"))
+    engine = embedded_engine("smollm2-135m-instruct", EngineSettings(max_batch_size=ROWS, batching="continuous"))
     ids = list(engine.tokenizer.apply_chat_template([{"role": "user", "content": "Write a long poem about the sea."}],
                                                     add_generation_prompt=True, tokenize=True, return_dict=False))
-    runner, model = engine.runner, engine.causal_lm
+    runner, model = engine.generator.runner, engine.generator.causal_lm
     assert runner is not None
     slots = torch.arange(ROWS)
 

@@ -93,15 +93,15 @@ async def _drive(url: str, task: str, seconds: float, group_size: int, concurren
 
 
 def profile(args: argparse.Namespace) -> dict[str, Any]:
-    from agentjet.engines.hf import HFEngine
     from agentjet.launch import free_port
+    from agentjet.layouts import embedded_engine
     from agentjet.server import SwarmServer
     from agentjet.server.app import BackgroundServer
     from agentjet.settings import EngineSettings, ServerConfig, TrainingSettings
     from agentjet.tasks import get_task
 
     rec = get_task(args.task).RECOMMENDED
-    engine = HFEngine(args.model, EngineSettings(max_batch_size=args.max_batch), learning_rate=rec["learning_rate"])
+    engine = embedded_engine(args.model, EngineSettings(max_batch_size=args.max_batch), learning_rate=rec["learning_rate"])
     timer = EngineTimer(engine)
     with tempfile.TemporaryDirectory() as tmp:
         cfg = ServerConfig(model=args.model, port=free_port(), data_dir=Path(tmp),

@@ -21,7 +21,7 @@ returns (closed loop), until the list is done; tok/s = generated tokens / wall t
 * ablations of it, not run by default: ``continuous-compile`` (``compile=True``: the decode step through
   ``torch.compile``; each (concurrency, workload) is run once untimed first, so compilation is not timed) and
   ``continuous-bf16`` (bf16 weights);
-* ``static``: the earlier engine (``batching="static"``: the request batcher and ``HFGenerator``; a batch runs to
+* ``static``: the earlier engine (``batching="static"``: the request batcher and ``StaticGenerator``; a batch runs to
   its longest request). The ratio continuous / static is the headline;
 * ``hf-generate``: ``model.generate`` on consecutive batches of ``c`` requests (left-padded, static batch, each
   batch generates its longest request's length; only the requested tokens count);
@@ -95,7 +95,7 @@ class AgentJet(Variant):
 
     def __init__(self, name: str, path: Path, device: torch.device, dtype: str, slots: int,
                  cache_tokens: int) -> None:
-        from agentjet.engines.hf import HFEngine
+        from agentjet.layouts import embedded_engine
         from agentjet.settings import EngineSettings
 
         self.name = name
@@ -103,10 +103,10 @@ class AgentJet(Variant):
         batching = "static" if name == "static" else "continuous"
         if name == "continuous-bf16":
             dtype = "bfloat16"
-        self.engine = HFEngine(path, EngineSettings(device=str(device), dtype=dtype, batching=batching,
+        self.engine = embedded_engine(path, EngineSettings(device=str(device), dtype=dtype, batching=batching,
                                                     max_batch_size=slots, kv_cache_tokens=cache_tokens,
                                                     compile=name == "continuous-compile"))
-        self.engine.rules.stop_ids = frozenset()  # no EOS: every request generates exactly its max_tokens
+        self.engine.generator.rules.stop_ids = frozenset()  # no EOS: every request generates exactly its max_tokens
 
     async def run(self, reqs: list[Req], concurrency: int) -> tuple[int, float]:
         from agentjet.engines.base import SamplingParams
@@ -303,7 +303,7 @@ async def bench_generation(args: argparse.Namespace, device: torch.device) -> di
         stats = {}
         for v in variants:
             if isinstance(v, AgentJet):
-                stats[v.name] = {k: val for k, val in v.engine.stats.items() if isinstance(val, int | float)}
+                stats[v.name] = {k: val for k, val in v.engine.generator.stats.items() if isinstance(val, int | float)}
                 stats[v.name]["describe"] = v.engine.describe()
     finally:
         for v in variants:
@@ -412,10 +412,10 @@ def _floor_step(path: Path, device: torch.device, dtype: torch.dtype, ids: torch
 def _engine_step(path: Path, device: torch.device, dtype: str, ids: torch.Tensor, seed: int, checkpointing: bool):
     """Ours: ``HFEngine.train_step_sync`` on the same tokens, every position but the first trained."""
     from agentjet.engines.base import TrainSample
-    from agentjet.engines.hf import HFEngine
+    from agentjet.layouts import embedded_engine
     from agentjet.settings import EngineSettings
 
-    engine = HFEngine(path, EngineSettings(device=str(device), dtype=dtype, max_batch_size=1, kv_cache_tokens=16,
+    engine = embedded_engine(path, EngineSettings(device=str(device), dtype=dtype, max_batch_size=1, kv_cache_tokens=16,
                                            gradient_checkpointing=checkpointing,
                                            micro_batch_tokens=max(4096, ids.numel())))
     g = torch.Generator().manual_seed(seed + 1)
@@ -424,7 +424,7 @@ def _engine_step(path: Path, device: torch.device, dtype: str, ids: torch.Tensor
         adv = (torch.randn(1, generator=g) + 0.1 * torch.randn(len(row), generator=g)).tolist()
         samples.append(TrainSample(row, [0] + [1] * (len(row) - 1), [0.0] * len(row), adv))
     # behaviour logprobs = the current policy's (a no-grad scoring pass), as right after a rollout
-    for s, lps in zip(samples, engine.score(samples), strict=True):
+    for s, lps in zip(samples, engine.learner.score_sync(samples), strict=True):
         s.behaviour_logprobs = [0.0] + lps
 
     def step() -> None:

@@ -131,8 +131,8 @@ def render(result: dict) -> None:
 
 
 def main() -> None:
-    from agentjet.engines.hf import HFEngine
     from agentjet.engines.vllm import VLLMEngine
+    from agentjet.layouts import embedded_engine
     from agentjet.settings import EngineSettings, VLLMSettings
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -158,8 +158,8 @@ def main() -> None:
     for name, batching in (("hf", "continuous"), ("hf-static", "static")):
         if name == "hf-static" and args.no_static:
             continue
-        hf = HFEngine(args.model, EngineSettings(max_batch_size=max(concurrencies), batching=batching))
-        hf.rules.stop_ids = frozenset()  # no stop token: every request generates exactly gen_tokens
+        hf = embedded_engine(args.model, EngineSettings(max_batch_size=max(concurrencies), batching=batching))
+        hf.generator.rules.stop_ids = frozenset()  # no stop token: every request generates exactly gen_tokens
         engines[name] = hf
     settings = VLLMSettings(python=args.vllm_python, enforce_eager=not args.no_eager, kv_cache_gib=args.kv_cache_gib)
     vllm = VLLMEngine(args.model, EngineSettings(vllm=settings), work_dir=ROOT / "runs" / "bench_vllm")

@@ -94,8 +94,8 @@ def main() -> None:
     args.concurrency = args.concurrency or ([1, 8, 64] if cuda else [8, 16])
     device = torch.device(args.device)
 
-    from agentjet.engines.hf import HFEngine
     from agentjet.launch import ServerProcess, free_port
+    from agentjet.layouts import embedded_engine
     from agentjet.server.chat import ChatFormatter
     from agentjet.settings import EngineSettings, ServerConfig
 
@@ -109,7 +109,7 @@ def main() -> None:
             "log_level": "WARNING", "lease_seconds": 3600, "engine": engine_settings,
             "training": {"group_size": 1024, "batch_groups": 1024, "min_group_size": 1024}})
         server = ServerProcess("bench", config, Path(tmp) / "server.log", Path(tmp) / "server.yaml").start()
-        engine = HFEngine(path, EngineSettings(**engine_settings))
+        engine = embedded_engine(path, EngineSettings(**engine_settings))
         formatter = ChatFormatter(engine.tokenizer)
         try:
             server.wait_ready(600)

@@ -162,14 +162,14 @@ def _commit() -> str:
 def added_latency(rounds: int, max_tokens: int) -> dict[str, float]:
     """Direct engine.generate vs the same generation through the HTTP API, on one server and engine."""
     from agentjet.engines.base import SamplingParams
-    from agentjet.engines.hf import HFEngine
     from agentjet.launch import free_port
+    from agentjet.layouts import embedded_engine
     from agentjet.server import SwarmServer
     from agentjet.server.app import BackgroundServer
     from agentjet.settings import EngineSettings, ServerConfig
 
-    engine = HFEngine("smollm2-135m-instruct", EngineSettings(max_batch_size=8))
-    engine.rules.stop_ids = frozenset()  # fixed-length generations, so both paths produce the same tokens
+    engine = embedded_engine("smollm2-135m-instruct", EngineSettings(max_batch_size=8))
+    engine.generator.rules.stop_ids = frozenset()  # fixed-length generations, so both paths produce the same tokens
     with tempfile.TemporaryDirectory() as tmp:
         cfg = ServerConfig(model="smollm2-135m-instruct", port=free_port(), data_dir=Path(tmp))
         with BackgroundServer(SwarmServer(cfg, engine)) as srv:

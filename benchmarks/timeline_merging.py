@@ -5,7 +5,7 @@ Synthetic tool-using episodes with T = 1, 2, 4, 8, 16 calls (SmolLM2 tokenizer, 
 tool results, a final answer), recorded as the server records them (prompt ids = chat template applied; generated
 ids = the reply's text re-encoded + <|im_end|>; one reply in ten spelled with a non-canonical tokenization so
 that drift repair has work to do). Each episode goes through the real tracker (``track_episode``) and the real
-``HFEngine("smollm2-135m-instruct").train_step_sync`` once with merging on and once with merging off (both with
+``embedded_engine("smollm2-135m-instruct").train_step_sync`` once with merging on and once with merging off (both with
 drift repair and the default per-episode loss weights, so both steps see exactly the same trained tokens in
 exactly the same contexts and compute the same loss).
 
@@ -395,7 +395,7 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from agentjet.engines.base import TrainSample
-    from agentjet.engines.hf import HFEngine
+    from agentjet.layouts import embedded_engine
     from agentjet.models import resolve_model
 
     t_start = time.perf_counter()
@@ -403,7 +403,7 @@ def main() -> None:
     tok.chat_template = chatml_tools_template()
     # a learning rate too small to move the weights: every step sees the same model, so the losses of the
     # merged and unmerged batches can be compared directly
-    engine = HFEngine("smollm2-135m-instruct", learning_rate=1e-12)
+    engine = embedded_engine("smollm2-135m-instruct", learning_rate=1e-12)
     engine.train_step_sync(to_train(track_episode(EpisodeMaker(tok, 999).linear(1), tok)[0]))  # warm-up
     # the per-step fixed cost (optimizer step, gradient allocation, ...): steps on a 4-token sample
     tiny = [TrainSample([1, 2, 3, 4], [0, 0, 1, 1], [-1.0] * 4, [0.0, 0.0, 1.0, 1.0])]
@@ -429,7 +429,7 @@ def main() -> None:
         "episodes_per_t": args.episodes, "machine": f"{os.cpu_count()} CPU cores "
         f"({platform.processor() or platform.machine()})", "torch_threads": torch.get_num_threads(),
         "load_avg": " ".join(f"{x:.1f}" for x in os.getloadavg()), "micro_batch_tokens":
-        engine.settings.micro_batch_tokens, "wall_s": time.perf_counter() - t_start,
+        engine.learner.config.micro_batch_tokens, "wall_s": time.perf_counter() - t_start,
         "processed_tokens": "sum of the sample sequence lengths per episode",
         "fixed_step_cost": fixed,
     }

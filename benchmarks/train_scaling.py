@@ -49,8 +49,8 @@ import torch
 
 from agentjet.distributed import TrainerGroup, TrainerGroupSettings
 from agentjet.engines.base import TrainSample
-from agentjet.engines.hf import HFEngine
 from agentjet.engines.policy_step import StepConfig
+from agentjet.layouts import embedded_engine
 from agentjet.models import resolve_model
 from agentjet.settings import EngineSettings, LossSettings
 
@@ -115,7 +115,7 @@ def main() -> None:
     config = StepConfig.from_settings(engine_settings, LossSettings(), 1e-6)
     path = resolve_model(args.model)
 
-    plain = HFEngine(path, engine_settings, LossSettings(), 1e-6)
+    plain = embedded_engine(path, engine_settings, LossSettings(), 1e-6)
     vocab = len(plain.tokenizer)
     batch = make_batch(vocab, args.batch, args.length)
     tokens = sum(s.num_trained_tokens for s in batch)

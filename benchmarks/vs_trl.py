@@ -65,11 +65,11 @@ def trl_config(out_dir: str, seed: int) -> dict[str, Any]:
 def evaluate_checkpoint(path: str, tasks: list[dict[str, Any]]) -> float:
     """Mean reward of the weights in ``path`` on ``tasks`` with the task's EVAL_SAMPLING (seed + index)."""
     from agentjet.engines.base import SamplingParams
-    from agentjet.engines.hf import HFEngine
+    from agentjet.layouts import embedded_engine
     from agentjet.settings import EngineSettings
     from agentjet.tasks import addition
 
-    engine = HFEngine(path, EngineSettings(max_batch_size=len(tasks)))
+    engine = embedded_engine(path, EngineSettings(max_batch_size=len(tasks)))
     tok = engine.tokenizer
     ev = addition.EVAL_SAMPLING
 

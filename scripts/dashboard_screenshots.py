@@ -24,8 +24,8 @@ sys.path.insert(0, str(ROOT / "tests" / "observe"))
 from browser import CHROMIUM_ARGS, chromium_path  # noqa: E402
 
 from agentjet.client.client import SwarmClient  # noqa: E402
-from agentjet.engines.hf import HFEngine  # noqa: E402
 from agentjet.launch import free_port  # noqa: E402
+from agentjet.layouts import embedded_engine  # noqa: E402
 from agentjet.observe import ObserveSettings  # noqa: E402
 from agentjet.observe.schema import EpisodeFilter  # noqa: E402
 from agentjet.server import SwarmServer  # noqa: E402
@@ -123,7 +123,7 @@ def main() -> None:
                                                    "bench_history.jsonl"),
                            training=TrainingSettings(group_size=4, batch_groups=2, learning_rate=rec["learning_rate"],
                                                      checkpoint_every=0, max_staleness=2))
-        engine = HFEngine(args.model, EngineSettings(max_batch_size=16), learning_rate=rec["learning_rate"])
+        engine = embedded_engine(args.model, EngineSettings(max_batch_size=16), learning_rate=rec["learning_rate"])
         srv = BackgroundServer(SwarmServer(cfg, engine)).start()
         try:
             t0 = time.monotonic()

@@ -52,10 +52,10 @@ def tiny_model_path(agentjet_home: Path) -> Path:
 
 @pytest.fixture
 def tiny_engine(tiny_model_path: Path):
-    from agentjet.engines.hf import HFEngine
+    from agentjet.layouts import embedded_engine
     from agentjet.settings import EngineSettings
 
-    engine = HFEngine(tiny_model_path, EngineSettings(max_batch_size=8))
+    engine = embedded_engine(tiny_model_path, EngineSettings(max_batch_size=8))
     yield engine
     engine.shutdown()
 
@@ -72,9 +72,9 @@ def chat_ids(tiny_model_path: Path):
 @pytest.fixture
 def make_server(tmp_path: Path, tiny_model_path: Path):
     """Start real swarm servers (uvicorn on a free loopback port). ``engine``: "tiny", "null" or an Engine."""
-    from agentjet.engines.hf import HFEngine
     from agentjet.engines.null import NullEngine
     from agentjet.launch import free_port
+    from agentjet.layouts import embedded_engine
     from agentjet.server import SwarmServer
     from agentjet.server.app import BackgroundServer
     from agentjet.settings import EngineSettings, ServerConfig, TrainingSettings
@@ -84,7 +84,7 @@ def make_server(tmp_path: Path, tiny_model_path: Path):
     def make(engine="null", data_dir: Path | None = None, resume: bool = False, reply: str = "ok",
              training: dict | None = None, **config):
         if engine == "tiny":
-            engine = HFEngine(tiny_model_path, EngineSettings(max_batch_size=8))
+            engine = embedded_engine(tiny_model_path, EngineSettings(max_batch_size=8))
         elif engine == "null":
             from transformers import AutoTokenizer
 

@@ -11,19 +11,21 @@ import pytest
 import torch
 
 from agentjet.engines.base import GenerationResult, SamplingParams, TrainSample
+from agentjet.engines.composed import ComposedEngine
 from agentjet.engines.errors import EngineUnavailableError
-from agentjet.engines.hf import HFEngine, slot_cache_fits
+from agentjet.engines.hf import slot_cache_fits
 from agentjet.engines.hf.kv_cache import SlotKVCache
+from agentjet.layouts import embedded_engine
 from agentjet.settings import EngineSettings
 
 QUESTIONS = ["a", "what is 12 + 30?", "write the word hello in capital letters", "sort 3 1 2", "yes",
              "tool call please find the city weather", "tell me a long story about a cat and a dog", "hi there"]
 
 
-def teacher_forced(engine: HFEngine, prompt: list[int], completion: list[int], temperature: float) -> list[float]:
-    ids = torch.tensor([prompt + completion], device=engine.device)
+def teacher_forced(engine: ComposedEngine, prompt: list[int], completion: list[int], temperature: float) -> list[float]:
+    ids = torch.tensor([prompt + completion], device=engine.generator.device)
     with torch.no_grad():
-        logits = engine.model(input_ids=ids).logits[0].float()
+        logits = engine.generator.model(input_ids=ids).logits[0].float()
     logp = (logits / temperature).log_softmax(-1)
     return [float(logp[len(prompt) - 1 + i, t]) for i, t in enumerate(completion)]
 
@@ -34,11 +36,11 @@ def max_diff(a: list[float], b: list[float]) -> float:
 
 @pytest.fixture
 def make_engine(tiny_model_path: Path):
-    made: list[HFEngine] = []
+    made: list[ComposedEngine] = []
 
-    def make(**settings) -> HFEngine:
-        engine = HFEngine(tiny_model_path, EngineSettings(**{"max_batch_size": 4, **settings}))
-        engine.rules.stop_ids = frozenset()  # fixed lengths: every request runs to its max_tokens
+    def make(**settings) -> ComposedEngine:
+        engine = embedded_engine(tiny_model_path, EngineSettings(**{"max_batch_size": 4, **settings}))
+        engine.generator.rules.stop_ids = frozenset()  # fixed lengths: every request runs to its max_tokens
         made.append(engine)
         return engine
 
@@ -47,7 +49,7 @@ def make_engine(tiny_model_path: Path):
         engine.shutdown()
 
 
-def staggered(engine: HFEngine, prompts: list[list[int]], params: list[SamplingParams],
+def staggered(engine: ComposedEngine, prompts: list[list[int]], params: list[SamplingParams],
               gaps_s: list[float] | None = None) -> list[GenerationResult]:
     """Submit the requests (optionally a little apart, so they join running batches) and gather them."""
     async def main() -> list[GenerationResult]:
@@ -72,9 +74,9 @@ def test_rows_joining_at_any_step_match_teacher_forcing(make_engine, chat_ids, c
     for p, s, r in zip(prompts, params, results, strict=True):
         assert len(r.token_ids) == s.max_tokens
         assert max_diff(r.logprobs, teacher_forced(engine, p, r.token_ids, s.temperature)) < 1e-4
-    assert engine.stats["decode_steps"] < sum(s.max_tokens for s in params)  # rows really shared steps
+    assert engine.generator.stats["decode_steps"] < sum(s.max_tokens for s in params)  # rows really shared steps
     if capacity == 16:
-        assert engine.stats["cache_grows"] >= 1 and engine.runner.capacity >= max(
+        assert engine.generator.stats["cache_grows"] >= 1 and engine.generator.runner.capacity >= max(
             len(p) + s.max_tokens for p, s in zip(prompts, params, strict=True))
 
 
@@ -100,7 +102,7 @@ def test_a_finished_request_frees_its_slot_at_once(make_engine, chat_ids) -> Non
               SamplingParams(max_tokens=30, seed=3)]
     results = staggered(engine, [ids] * 3, params)
     assert [len(r.token_ids) for r in results] == [2, 30, 30]
-    assert engine.stats["decode_steps"] <= 33
+    assert engine.generator.stats["decode_steps"] <= 33
 
 
 def test_generate_train_generate_matches_a_fresh_engine(make_engine, chat_ids, tmp_path: Path) -> None:
@@ -132,14 +134,14 @@ def test_a_request_arriving_during_a_train_step_waits_and_gets_the_new_weights(m
     engine = make_engine()
     ids = chat_ids("hi", engine)
     entered, release = threading.Event(), threading.Event()
-    real = engine.trainer.train_step
+    real = engine.learner._train  # the step body, run on the shared worker thread
 
     def slow_step(batch):
         entered.set()
         assert release.wait(30)
         return real(batch)
 
-    monkeypatch.setattr(engine.trainer, "train_step", slow_step)
+    monkeypatch.setattr(engine.learner, "_train", slow_step)
     sample = TrainSample(ids + [5, 6], [0] * len(ids) + [1, 1], [0.0] * len(ids) + [-3.0, -3.0],
                          [0.0] * len(ids) + [1.0, 1.0])
 
@@ -246,7 +248,7 @@ def test_compaction_keeps_long_runs_exact(make_engine, chat_ids) -> None:
     results = staggered(engine, prompts, params, gaps_s=[0.0, 0.02])
     for p, r in zip(prompts, results, strict=True):
         assert max_diff(r.logprobs, teacher_forced(engine, p, r.token_ids, 1.0)) < 1e-4
-    assert engine.stats["compactions"] >= 1 and engine.runner.capacity == 64
+    assert engine.generator.stats["compactions"] >= 1 and engine.generator.runner.capacity == 64
 
 
 def test_models_with_sliding_windows_fall_back_to_static_batching() -> None:
@@ -282,7 +284,7 @@ def test_graph_buckets_replay_verify_and_fall_back(make_engine, chat_ids, monkey
     from agentjet.engines.hf.runner import _Graph
 
     engine, reference = make_engine(max_batch_size=8), make_engine(max_batch_size=8)
-    runner = engine.runner
+    runner = engine.generator.runner
     runner.use_graphs = runner.bucketed = True
 
     def capture(n: int, w: int) -> _Graph:
@@ -299,7 +301,7 @@ def test_graph_buckets_replay_verify_and_fall_back(make_engine, chat_ids, monkey
     for p, x, y in zip(prompts, got, want, strict=True):
         assert x.token_ids == y.token_ids
         assert max_diff(x.logprobs, teacher_forced(engine, p, x.token_ids, 1.0)) < 1e-4
-    stats = engine.stats
+    stats = engine.generator.stats
     if mode == "good":
         assert stats["graph_replays"] > stats["graph_captures"] > 0 and stats["graph_failures"] == 0
     else:

@@ -7,25 +7,26 @@ import pytest
 import torch
 
 from agentjet.engines.base import FinishReason, SamplingParams, TrainSample
-from agentjet.engines.hf import HFEngine
+from agentjet.engines.composed import ComposedEngine
+from agentjet.layouts import embedded_engine
 from agentjet.settings import EngineSettings, LoraSettings, LossSettings
 
 
-def gen(engine: HFEngine, ids: list[int], **kw) -> object:
+def gen(engine: ComposedEngine, ids: list[int], **kw) -> object:
     return asyncio.run(engine.generate(ids, SamplingParams(**kw)))
 
 
-def teacher_forced_logprobs(engine: HFEngine, prompt: list[int], completion: list[int], temperature: float):
+def teacher_forced_logprobs(engine: ComposedEngine, prompt: list[int], completion: list[int], temperature: float):
     """Independent reference: one full forward pass, log_softmax(logits / T) at each generated token."""
     ids = torch.tensor([prompt + completion])
     with torch.no_grad():
-        logits = engine.model(input_ids=ids).logits[0].float()
+        logits = engine.generator.model(input_ids=ids).logits[0].float()
     logp = (logits / temperature).log_softmax(-1)
     n = len(prompt)
     return [float(logp[n - 1 + i, t]) for i, t in enumerate(completion)]
 
 
-def test_seed_reproducible_and_seeds_differ(tiny_engine: HFEngine, chat_ids) -> None:
+def test_seed_reproducible_and_seeds_differ(tiny_engine: ComposedEngine, chat_ids) -> None:
     ids = chat_ids("what is 1 + 2?", tiny_engine)
     a = gen(tiny_engine, ids, temperature=1.0, max_tokens=24, seed=7)
     b = gen(tiny_engine, ids, temperature=1.0, max_tokens=24, seed=7)
@@ -34,7 +35,7 @@ def test_seed_reproducible_and_seeds_differ(tiny_engine: HFEngine, chat_ids) -> 
     assert a.token_ids != c.token_ids
 
 
-def test_max_tokens_honoured(tiny_engine: HFEngine, chat_ids) -> None:
+def test_max_tokens_honoured(tiny_engine: ComposedEngine, chat_ids) -> None:
     ids = chat_ids("hello", tiny_engine)
     for n in (1, 5, 17):
         r = gen(tiny_engine, ids, temperature=1.0, max_tokens=n, seed=3, stop_token_ids=())
@@ -43,7 +44,7 @@ def test_max_tokens_honoured(tiny_engine: HFEngine, chat_ids) -> None:
             assert len(r.token_ids) == n
 
 
-def test_stop_string_cuts_text_and_generation(tiny_engine: HFEngine, chat_ids) -> None:
+def test_stop_string_cuts_text_and_generation(tiny_engine: ComposedEngine, chat_ids) -> None:
     ids = chat_ids("write a word", tiny_engine)
     full = gen(tiny_engine, ids, temperature=1.0, max_tokens=40, seed=11)
     text = full.text
@@ -58,7 +59,7 @@ def test_stop_string_cuts_text_and_generation(tiny_engine: HFEngine, chat_ids) -
     assert len(cut.token_ids) < len(full.token_ids)
 
 
-def test_stop_token_ids_honoured(tiny_engine: HFEngine, chat_ids) -> None:
+def test_stop_token_ids_honoured(tiny_engine: ComposedEngine, chat_ids) -> None:
     ids = chat_ids("count", tiny_engine)
     full = gen(tiny_engine, ids, temperature=1.0, max_tokens=30, seed=5)
     target = full.token_ids[6]
@@ -69,7 +70,7 @@ def test_stop_token_ids_honoured(tiny_engine: HFEngine, chat_ids) -> None:
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_logprobs_match_teacher_forcing(tiny_engine: HFEngine, chat_ids, temperature: float) -> None:
+def test_logprobs_match_teacher_forcing(tiny_engine: ComposedEngine, chat_ids, temperature: float) -> None:
     ids = chat_ids("what is the weather in the city?", tiny_engine)
     r = gen(tiny_engine, ids, temperature=temperature, max_tokens=32, seed=1)
     ref = teacher_forced_logprobs(tiny_engine, ids, r.token_ids, temperature)
@@ -77,7 +78,7 @@ def test_logprobs_match_teacher_forcing(tiny_engine: HFEngine, chat_ids, tempera
     assert max(abs(a - b) for a, b in zip(r.logprobs, ref, strict=True)) < 1e-4
 
 
-def test_greedy_and_top_k_one_pick_the_argmax(tiny_engine: HFEngine, chat_ids) -> None:
+def test_greedy_and_top_k_one_pick_the_argmax(tiny_engine: ComposedEngine, chat_ids) -> None:
     ids = chat_ids("sort these numbers", tiny_engine)
     greedy = gen(tiny_engine, ids, temperature=0.0, max_tokens=12)
     topk = gen(tiny_engine, ids, temperature=1.3, top_k=1, max_tokens=12, seed=99)
@@ -85,12 +86,12 @@ def test_greedy_and_top_k_one_pick_the_argmax(tiny_engine: HFEngine, chat_ids) -
     seq = list(ids)
     for t in greedy.token_ids:
         with torch.no_grad():
-            logits = tiny_engine.model(input_ids=torch.tensor([seq])).logits[0, -1]
+            logits = tiny_engine.generator.model(input_ids=torch.tensor([seq])).logits[0, -1]
         assert int(logits.argmax()) == t
         seq.append(t)
 
 
-def test_top_p_restricts_support(tiny_engine: HFEngine, chat_ids) -> None:
+def test_top_p_restricts_support(tiny_engine: ComposedEngine, chat_ids) -> None:
     ids = chat_ids("hello there", tiny_engine)
     top_p = 0.1
     r = gen(tiny_engine, ids, temperature=1.0, top_p=top_p, max_tokens=16, seed=4, top_logprobs=3)
@@ -98,18 +99,18 @@ def test_top_p_restricts_support(tiny_engine: HFEngine, chat_ids) -> None:
     seq = list(ids)
     for chosen in r.token_ids:  # every drawn token lies inside the nucleus of the true distribution
         with torch.no_grad():
-            probs = tiny_engine.model(input_ids=torch.tensor([seq])).logits[0, -1].softmax(-1)
+            probs = tiny_engine.generator.model(input_ids=torch.tensor([seq])).logits[0, -1].softmax(-1)
         order = probs.argsort(descending=True).tolist()
         mass_before = float(probs[order[: order.index(chosen)]].sum())
         assert mass_before < top_p
         seq.append(chosen)
 
 
-def test_dynamic_batching_returns_each_caller_its_own_result(tiny_engine: HFEngine, chat_ids) -> None:
+def test_dynamic_batching_returns_each_caller_its_own_result(tiny_engine: ComposedEngine, chat_ids) -> None:
     prompts = [chat_ids(p, tiny_engine) for p in ("a", "what is 12 + 30?", "write the word hello in capital letters",
                                                    "sort 3 1 2", "yes", "tool call please find the city weather")]
     serial = [gen(tiny_engine, p, temperature=1.0, max_tokens=10 + i, seed=i) for i, p in enumerate(prompts)]
-    before = dict(tiny_engine.stats)
+    before = dict(tiny_engine.generator.stats)
 
     async def concurrent():
         return await asyncio.gather(*[
@@ -117,13 +118,13 @@ def test_dynamic_batching_returns_each_caller_its_own_result(tiny_engine: HFEngi
             for i, p in enumerate(prompts)])
 
     batched = asyncio.run(concurrent())
-    assert tiny_engine.stats["generate_batches"] - before["generate_batches"] < len(prompts)  # really batched
+    assert tiny_engine.generator.stats["generate_batches"] - before["generate_batches"] < len(prompts)  # really batched
     for s, b in zip(serial, batched, strict=True):
         assert b.token_ids == s.token_ids
         assert max(abs(x - y) for x, y in zip(b.logprobs, s.logprobs, strict=True)) < 1e-4
 
 
-def test_invalid_requests_fail_clearly(tiny_engine: HFEngine) -> None:
+def test_invalid_requests_fail_clearly(tiny_engine: ComposedEngine) -> None:
     with pytest.raises(ValueError, match="empty"):
         gen(tiny_engine, [], max_tokens=3)
     with pytest.raises(ValueError, match="context"):
@@ -134,7 +135,7 @@ def test_invalid_requests_fail_clearly(tiny_engine: HFEngine) -> None:
         SamplingParams(top_p=0)
 
 
-def _sample(engine: HFEngine, ids: list[int], seed: int, advantage: float, temperature: float = 1.0) -> TrainSample:
+def _sample(engine: ComposedEngine, ids: list[int], seed: int, advantage: float, temperature: float = 1.0) -> TrainSample:
     r = gen(engine, ids, temperature=temperature, max_tokens=16, seed=seed)
     n = len(ids)
     return TrainSample(
@@ -146,13 +147,13 @@ def _sample(engine: HFEngine, ids: list[int], seed: int, advantage: float, tempe
     )
 
 
-def test_train_step_lowers_loss_on_fixed_batch(tiny_engine: HFEngine, chat_ids) -> None:
+def test_train_step_lowers_loss_on_fixed_batch(tiny_engine: ComposedEngine, chat_ids) -> None:
     ids = chat_ids("what is 4 + 4?", tiny_engine)
     batch = [_sample(tiny_engine, ids, s, adv) for s, adv in ((1, 1.0), (2, -1.0), (3, 1.0), (4, -1.0))]
     tiny_engine.set_learning_rate(1e-3)
-    before = tiny_engine.score(batch)
+    before = tiny_engine.learner.score_sync(batch)
     losses = [asyncio.run(tiny_engine.train_step(batch))["loss"] for _ in range(4)]
-    after = tiny_engine.score(batch)
+    after = tiny_engine.learner.score_sync(batch)
     assert losses[-1] < losses[0]
     assert tiny_engine.policy_version == 4
     for s, b, a in zip(batch, before, after, strict=True):
@@ -161,7 +162,7 @@ def test_train_step_lowers_loss_on_fixed_batch(tiny_engine: HFEngine, chat_ids) 
 
 
 def test_masked_tokens_do_not_affect_the_update(tiny_model_path: Path, chat_ids) -> None:
-    engines = [HFEngine(tiny_model_path) for _ in range(2)]
+    engines = [embedded_engine(tiny_model_path) for _ in range(2)]
     ids = chat_ids("hi", engines[0])
     base = _sample(engines[0], ids, 3, 1.0)
     noisy = TrainSample(base.input_ids, base.loss_mask,
@@ -170,12 +171,12 @@ def test_masked_tokens_do_not_affect_the_update(tiny_model_path: Path, chat_ids)
     for engine, sample in zip(engines, (base, noisy), strict=True):
         engine.set_learning_rate(1e-3)
         asyncio.run(engine.train_step([sample]))
-    for p, q in zip(engines[0].model.parameters(), engines[1].model.parameters(), strict=True):
+    for p, q in zip(engines[0].generator.model.parameters(), engines[1].generator.model.parameters(), strict=True):
         assert torch.equal(p, q)
 
 
 def test_kl_and_bf16_options_run(tiny_model_path: Path, chat_ids) -> None:
-    engine = HFEngine(tiny_model_path, EngineSettings(autocast_bf16=True), LossSettings(kl_coef=0.1), 1e-3)
+    engine = embedded_engine(tiny_model_path, EngineSettings(autocast_bf16=True), LossSettings(kl_coef=0.1), 1e-3)
     ids = chat_ids("hi", engine)
     batch = [_sample(engine, ids, 1, 1.0)]
     first = asyncio.run(engine.train_step(batch))
@@ -185,25 +186,25 @@ def test_kl_and_bf16_options_run(tiny_model_path: Path, chat_ids) -> None:
 
 
 def test_lora_trains_only_adapters(tiny_model_path: Path, chat_ids, tmp_path: Path) -> None:
-    engine = HFEngine(tiny_model_path, EngineSettings(lora=LoraSettings(rank=4, alpha=8)))
+    engine = embedded_engine(tiny_model_path, EngineSettings(lora=LoraSettings(rank=4, alpha=8)))
     engine.set_learning_rate(1e-2)
-    frozen = {n: p.clone() for n, p in engine.model.named_parameters() if not p.requires_grad}
-    lora = {n: p.clone() for n, p in engine.model.named_parameters() if p.requires_grad}
+    frozen = {n: p.clone() for n, p in engine.generator.model.named_parameters() if not p.requires_grad}
+    lora = {n: p.clone() for n, p in engine.generator.model.named_parameters() if p.requires_grad}
     assert lora and all("lora_" in n for n in lora)
     ids = chat_ids("hi", engine)
     asyncio.run(engine.train_step([_sample(engine, ids, 1, 1.0)]))
-    named = dict(engine.model.named_parameters())
+    named = dict(engine.generator.model.named_parameters())
     assert all(torch.equal(named[n], p) for n, p in frozen.items())
     assert any(not torch.equal(named[n], p) for n, p in lora.items())
     engine.save(tmp_path / "ckpt")
-    other = HFEngine(tiny_model_path, EngineSettings(lora=LoraSettings(rank=4, alpha=8)))
+    other = embedded_engine(tiny_model_path, EngineSettings(lora=LoraSettings(rank=4, alpha=8)))
     other.load(tmp_path / "ckpt")
-    other_named = dict(other.model.named_parameters())
+    other_named = dict(other.generator.model.named_parameters())
     assert all(torch.equal(other_named[n], named[n]) for n in lora)
 
 
 def test_save_load_round_trip(tiny_model_path: Path, chat_ids, tmp_path: Path) -> None:
-    engine = HFEngine(tiny_model_path)
+    engine = embedded_engine(tiny_model_path)
     engine.set_learning_rate(1e-3)
     ids = chat_ids("what is 1 + 1?", engine)
     batch = [_sample(engine, ids, 1, 1.0), _sample(engine, ids, 2, -1.0)]
@@ -211,26 +212,26 @@ def test_save_load_round_trip(tiny_model_path: Path, chat_ids, tmp_path: Path) -
     engine.save(tmp_path / "ckpt")
     assert (tmp_path / "ckpt" / "config.json").exists() and (tmp_path / "ckpt" / "tokenizer.json").exists()
 
-    fresh = HFEngine(tiny_model_path)
+    fresh = embedded_engine(tiny_model_path)
     fresh.set_learning_rate(1e-3)
     fresh.load(tmp_path / "ckpt")
     assert fresh.policy_version == 1
-    for p, q in zip(engine.model.state_dict().values(), fresh.model.state_dict().values(), strict=True):
+    for p, q in zip(engine.generator.model.state_dict().values(), fresh.generator.model.state_dict().values(), strict=True):
         assert torch.equal(p, q)
     # the optimizer state came back too: the next step is identical on both
     asyncio.run(engine.train_step(batch))
     asyncio.run(fresh.train_step(batch))
-    for p, q in zip(engine.model.parameters(), fresh.model.parameters(), strict=True):
+    for p, q in zip(engine.generator.model.parameters(), fresh.generator.model.parameters(), strict=True):
         assert torch.allclose(p, q, atol=1e-6)
     # the checkpoint is a plain Hugging Face directory
     from transformers import AutoModelForCausalLM
 
-    assert AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt").config.vocab_size == engine.model.config.vocab_size
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt").config.vocab_size == engine.generator.model.config.vocab_size
 
 
 @pytest.mark.slow
 def test_smollm2_generate_and_train() -> None:
-    engine = HFEngine("smollm2-135m-instruct")
+    engine = embedded_engine("smollm2-135m-instruct")
     ids = list(engine.tokenizer.apply_chat_template([{"role": "user", "content": "What is 2 + 3?"}],
                                                     add_generation_prompt=True, tokenize=True, return_dict=False))
     r = gen(engine, ids, temperature=0.8, max_tokens=16, seed=0)

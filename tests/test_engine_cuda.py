@@ -15,13 +15,14 @@ import torch
 from tests.test_continuous import teacher_forced
 
 from agentjet.engines.base import SamplingParams, TrainSample
-from agentjet.engines.hf import HFEngine
+from agentjet.engines.composed import ComposedEngine
+from agentjet.layouts import embedded_engine
 from agentjet.settings import EngineSettings, LoraSettings
 
 cuda = pytest.mark.cuda  # skipped without a CUDA device (tests/conftest.py)
 
 
-def run_all(engine: HFEngine, prompts: list[list[int]], params: list[SamplingParams]) -> list:
+def run_all(engine: ComposedEngine, prompts: list[list[int]], params: list[SamplingParams]) -> list:
     async def main() -> list:
         return await asyncio.wait_for(asyncio.gather(*(engine.generate(p, s) for p, s in
                                                        zip(prompts, params, strict=True))), 300)
@@ -38,9 +39,9 @@ def report(name: str, value: dict) -> None:
             f.write(json.dumps({"test": name, **value}) + "\n")
 
 
-def workload(engine: HFEngine, chat_ids, n: int = 6) -> tuple[list[list[int]], list[SamplingParams]]:
+def workload(engine: ComposedEngine, chat_ids, n: int = 6) -> tuple[list[list[int]], list[SamplingParams]]:
     """``n`` chat prompts and fixed-length sampling parameters (the engine's EOS is turned off)."""
-    engine.rules.stop_ids = frozenset()
+    engine.generator.rules.stop_ids = frozenset()
     questions = ["a", "what is 12 + 30?", "write hello in capitals", "sort 3 1 2", "yes", "tell me a story"]
     prompts = [chat_ids(questions[i % len(questions)], engine) for i in range(n)]
     params = [SamplingParams(temperature=1.0, max_tokens=8 + 5 * i, seed=i, stop_token_ids=()) for i in range(n)]
@@ -49,12 +50,12 @@ def workload(engine: HFEngine, chat_ids, n: int = 6) -> tuple[list[list[int]], l
 
 @cuda
 def test_auto_device_is_cuda_and_dtype_bf16(tiny_model_path: Path) -> None:
-    engine = HFEngine(tiny_model_path, EngineSettings())
+    engine = embedded_engine(tiny_model_path, EngineSettings())
     try:
         info = engine.describe()
         assert info["device"].startswith("cuda") and info["dtype"] == "bfloat16"
         assert info["cuda_graphs"] is True and info["batching"] == "continuous"
-        assert next(engine.model.parameters()).is_cuda
+        assert next(engine.generator.model.parameters()).is_cuda
     finally:
         engine.shutdown()
 
@@ -62,8 +63,8 @@ def test_auto_device_is_cuda_and_dtype_bf16(tiny_model_path: Path) -> None:
 @cuda
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_cuda_graphs_agree_with_the_eager_step(tiny_model_path: Path, chat_ids, dtype: str) -> None:
-    graphs = HFEngine(tiny_model_path, EngineSettings(device="cuda", dtype=dtype, max_batch_size=8))
-    eager = HFEngine(tiny_model_path, EngineSettings(device="cuda", dtype=dtype, max_batch_size=8, cuda_graphs=False))
+    graphs = embedded_engine(tiny_model_path, EngineSettings(device="cuda", dtype=dtype, max_batch_size=8))
+    eager = embedded_engine(tiny_model_path, EngineSettings(device="cuda", dtype=dtype, max_batch_size=8, cuda_graphs=False))
     try:
         eager.rules.stop_ids = frozenset()
         prompts, params = workload(graphs, chat_ids)
@@ -83,7 +84,7 @@ def test_cuda_graphs_agree_with_the_eager_step(tiny_model_path: Path, chat_ids, 
 
 @cuda
 def test_fp32_behaviour_logprobs_are_exact_on_cuda(tiny_model_path: Path, chat_ids) -> None:
-    engine = HFEngine(tiny_model_path, EngineSettings(device="cuda", dtype="float32", max_batch_size=4))
+    engine = embedded_engine(tiny_model_path, EngineSettings(device="cuda", dtype="float32", max_batch_size=4))
     try:
         prompts, params = workload(engine, chat_ids)
         worst = 0.0
@@ -112,7 +113,7 @@ def test_bf16_behaviour_logprobs_against_teacher_forcing(tiny_model_path: Path) 
     """bf16 with graphs: the recorded logprobs against one teacher-forced pass of the same weights. bf16 rounds
     differently in a batched decode step and in a full forward, so the difference is reported and bounded."""
     name, path = _trained_or_tiny(tiny_model_path)
-    engine = HFEngine(path, EngineSettings(device="cuda", dtype="bfloat16", max_batch_size=16))
+    engine = embedded_engine(path, EngineSettings(device="cuda", dtype="bfloat16", max_batch_size=16))
     try:
         tok = engine.tokenizer
         texts = ["Write a story about a lighthouse.", "Explain how a refrigerator works.", "What is 17 * 23?",
@@ -140,25 +141,25 @@ def test_generate_train_generate_keeps_graphs_valid(tiny_model_path: Path, chat_
     what the engine generates next equals what a fresh engine holding the trained weights generates."""
     settings = EngineSettings(device="cuda", dtype="float32", max_batch_size=4,
                               lora=LoraSettings(rank=4, alpha=8) if lora else LoraSettings())
-    engine = HFEngine(tiny_model_path, settings)
-    fresh = HFEngine(tiny_model_path, settings)
-    fresh.rules.stop_ids = frozenset()
+    engine = embedded_engine(tiny_model_path, settings)
+    fresh = embedded_engine(tiny_model_path, settings)
+    fresh.generator.rules.stop_ids = frozenset()
     try:
         engine.set_learning_rate(1e-2)
         prompts, params = workload(engine, chat_ids, 4)
         first = run_all(engine, prompts, params)
-        captures = engine.stats["graph_captures"]
+        captures = engine.generator.stats["graph_captures"]
         batch = [TrainSample(p + r.token_ids, [0] * len(p) + [1] * len(r.token_ids), [0.0] * len(p) + r.logprobs,
                              [0.0] * len(p) + [1.0 if i % 2 else -1.0] * len(r.token_ids))
                  for i, (p, r) in enumerate(zip(prompts, first, strict=True))]
-        frozen = {n: p.detach().clone() for n, p in engine.model.named_parameters() if not p.requires_grad}
+        frozen = {n: p.detach().clone() for n, p in engine.generator.model.named_parameters() if not p.requires_grad}
         metrics = asyncio.run(engine.train_step(batch))
         assert metrics["grad_norm"] > 0
         if lora:  # only the adapters moved
-            named = dict(engine.model.named_parameters())
+            named = dict(engine.generator.model.named_parameters())
             assert all(torch.equal(named[n], p) for n, p in frozen.items())
         after = run_all(engine, prompts, params)
-        assert engine.stats["graph_captures"] == captures  # the same buckets replayed, nothing recaptured
+        assert engine.generator.stats["graph_captures"] == captures  # the same buckets replayed, nothing recaptured
         engine.save(tmp_path / "ckpt")
         fresh.load(tmp_path / "ckpt")
         again = run_all(fresh, prompts, params)
@@ -175,9 +176,9 @@ def test_generate_train_generate_keeps_graphs_valid(tiny_model_path: Path, chat_
 @cuda
 def test_compile_and_graphs_match_eager(tiny_model_path: Path, chat_ids) -> None:
     """``compile=True`` on CUDA: the compiled decode step, captured in graphs, gives the eager step's tokens."""
-    plain = HFEngine(tiny_model_path, EngineSettings(device="cuda", dtype="float32", max_batch_size=4,
+    plain = embedded_engine(tiny_model_path, EngineSettings(device="cuda", dtype="float32", max_batch_size=4,
                                                      cuda_graphs=False))
-    compiled = HFEngine(tiny_model_path, EngineSettings(device="cuda", dtype="float32", max_batch_size=4,
+    compiled = embedded_engine(tiny_model_path, EngineSettings(device="cuda", dtype="float32", max_batch_size=4,
                                                         compile=True))
     try:
         prompts, params = workload(plain, chat_ids, 4)
@@ -195,7 +196,7 @@ def test_compile_and_graphs_match_eager(tiny_model_path: Path, chat_ids) -> None
 
 @cuda
 def test_full_fine_tuning_in_bf16_lowers_the_loss(tiny_model_path: Path, chat_ids) -> None:
-    engine = HFEngine(tiny_model_path, EngineSettings(device="cuda", max_batch_size=4))
+    engine = embedded_engine(tiny_model_path, EngineSettings(device="cuda", max_batch_size=4))
     try:
         engine.set_learning_rate(1e-3)
         prompts, params = workload(engine, chat_ids, 4)

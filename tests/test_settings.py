@@ -204,9 +204,11 @@ def test_engine_settings_reach_the_engine(captured: list[ServerConfig], monkeypa
     info = engine.describe()
     assert info["device"] == "cpu" and info["dtype"] == "bfloat16" and info["max_batch_size"] == 3
     assert info["lora"] == {"rank": 8, "alpha": 16.0, "targets": list(captured[-1].engine.lora.targets)}
-    assert any("lora_" in n for n, p in engine.model.named_parameters() if p.requires_grad)
-    assert next(engine.model.parameters()).dtype.is_floating_point and engine.dtype.__str__() == "torch.bfloat16"
-    assert engine.trainer.loss.kl_coef == 0.05 and engine.trainer.learning_rate == 0.002
+    assert any("lora_" in n for n, p in engine.generator.model.named_parameters() if p.requires_grad)
+    assert engine.generator.model is engine.learner.policy.model  # one module, shared (the in-place seam)
+    assert str(engine.generator.dtype) == "torch.bfloat16"
+    assert engine.learner.config.kl_coef == 0.05 and engine.learner.learning_rate == 0.002
+    engine.shutdown()
 
 
 def test_config_file_written_for_a_child_reads_back(tmp_path: Path) -> None:

@@ -9,11 +9,12 @@ from pathlib import Path
 import torch
 
 from agentjet.engines.base import SamplingParams, TrainSample
-from agentjet.engines.hf import HFEngine
+from agentjet.engines.composed import ComposedEngine
+from agentjet.layouts import embedded_engine
 from agentjet.settings import EngineSettings
 
 
-def _batch(engine: HFEngine, chat_ids) -> list[TrainSample]:
+def _batch(engine: ComposedEngine, chat_ids) -> list[TrainSample]:
     ids = chat_ids("what is 4 + 4?", engine)
     out = []
     for seed, adv in ((1, 1.0), (2, -1.0)):
@@ -24,9 +25,9 @@ def _batch(engine: HFEngine, chat_ids) -> list[TrainSample]:
 
 
 def test_bf16_weights_train_through_fp32_masters(tiny_model_path: Path, chat_ids, tmp_path: Path) -> None:
-    engine = HFEngine(tiny_model_path, EngineSettings(dtype="bfloat16", max_batch_size=2), learning_rate=2e-5)
+    engine = embedded_engine(tiny_model_path, EngineSettings(dtype="bfloat16", max_batch_size=2), learning_rate=2e-5)
     try:
-        trainer = engine.trainer
+        trainer = engine.learner
         assert trainer.masters == []  # made at the first step: an engine that only generates holds none
         batch = _batch(engine, chat_ids)
         asyncio.run(engine.train_step(batch))
@@ -41,14 +42,14 @@ def test_bf16_weights_train_through_fp32_masters(tiny_model_path: Path, chat_ids
             assert p.dtype == torch.bfloat16 and torch.equal(p.detach(), m.to(torch.bfloat16))
 
         engine.save(tmp_path / "ckpt")
-        other = HFEngine(tiny_model_path, EngineSettings(dtype="bfloat16", max_batch_size=2), learning_rate=2e-5)
+        other = embedded_engine(tiny_model_path, EngineSettings(dtype="bfloat16", max_batch_size=2), learning_rate=2e-5)
         try:
             other.load(tmp_path / "ckpt")
-            for (_, a), (_, b) in zip(trainer.masters, other.trainer.masters, strict=True):
+            for (_, a), (_, b) in zip(trainer.masters, other.learner.masters, strict=True):
                 assert torch.equal(a, b)  # the exact masters came back, not the rounded weights
             asyncio.run(engine.train_step(batch))
             asyncio.run(other.train_step(batch))
-            for (_, a), (_, b) in zip(trainer.masters, other.trainer.masters, strict=True):
+            for (_, a), (_, b) in zip(trainer.masters, other.learner.masters, strict=True):
                 assert torch.allclose(a, b, atol=1e-7)
         finally:
             other.shutdown()
@@ -56,6 +57,6 @@ def test_bf16_weights_train_through_fp32_masters(tiny_model_path: Path, chat_ids
         engine.shutdown()
 
 
-def test_fp32_weights_have_no_masters(tiny_engine: HFEngine, chat_ids) -> None:
+def test_fp32_weights_have_no_masters(tiny_engine: ComposedEngine, chat_ids) -> None:
     asyncio.run(tiny_engine.train_step(_batch(tiny_engine, chat_ids)))
-    assert tiny_engine.trainer.masters == []
+    assert tiny_engine.learner.masters == []

@@ -56,10 +56,10 @@ class SuiteSettings:
 # ------------------------------------------------------------------------------------------------ 1. engine
 def engine_metrics(model: str, quick: bool) -> dict[str, BenchMetric]:
     from agentjet.engines.base import SamplingParams, TrainSample
-    from agentjet.engines.hf import HFEngine
+    from agentjet.layouts import embedded_engine
     from agentjet.settings import EngineSettings
 
-    engine = HFEngine(model, EngineSettings(max_batch_size=8))
+    engine = embedded_engine(model, EngineSettings(max_batch_size=8))
     prompt = list(engine.tokenizer.apply_chat_template([{"role": "user", "content": "Count from one to twenty."}],
                                                        add_generation_prompt=True, tokenize=True, return_dict=False))
     max_tokens = 32
@@ -219,8 +219,8 @@ def merging_metrics(turns: int = 8, episodes: int = 4) -> dict[str, BenchMetric]
 
 # ------------------------------------------------------------------------------------------------ 4. learning
 def learning_metrics(model: str, steps: int, quick: bool) -> tuple[dict[str, BenchMetric], dict[str, list[float]]]:
-    from agentjet.engines.hf import HFEngine
     from agentjet.launch import free_port
+    from agentjet.layouts import embedded_engine
     from agentjet.server import SwarmServer
     from agentjet.server.app import BackgroundServer
     from agentjet.settings import EngineSettings, ServerConfig, TrainingSettings
@@ -230,7 +230,7 @@ def learning_metrics(model: str, steps: int, quick: bool) -> tuple[dict[str, Ben
     rec = task.RECOMMENDED
     group = 4 if quick else int(rec["group_size"])
     lr = 1e-3 if quick else float(rec["learning_rate"])
-    engine = HFEngine(model, EngineSettings(max_batch_size=8), learning_rate=lr)
+    engine = embedded_engine(model, EngineSettings(max_batch_size=8), learning_rate=lr)
     with tempfile.TemporaryDirectory() as tmp:
         cfg = ServerConfig(model=model, port=free_port(), data_dir=Path(tmp), training=TrainingSettings(
             group_size=group, batch_groups=1 if quick else int(rec["groups_per_batch"]), learning_rate=lr,

@@ -16,11 +16,11 @@ pytestmark = [pytest.mark.cuda, pytest.mark.timeout(300),
 
 
 def test_group_on_cuda_tracks_the_single_process_trainer(tiny_model_path: Path, batches, tmp_path: Path) -> None:
-    from agentjet.engines.hf import HFEngine
+    from agentjet.layouts import embedded_engine
 
     engine = EngineSettings(device="cuda", dtype="float32", autocast_bf16=True)  # plain: autocast; group: bf16 params
     config = StepConfig.from_settings(engine, LossSettings(), 1e-3)
-    plain = HFEngine(tiny_model_path, engine, LossSettings(), 1e-3)
+    plain = embedded_engine(tiny_model_path, engine, LossSettings(), 1e-3)
     procs = min(2, torch.cuda.device_count())
     settings = TrainerGroupSettings(procs=procs, device="cuda", work_dir=tmp_path, startup_timeout_s=180,
                                     step_timeout_s=60)

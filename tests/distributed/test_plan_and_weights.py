@@ -10,12 +10,13 @@ import torch
 from pydantic import ValidationError
 from tests.distributed.conftest import train_config
 
-from agentjet.distributed import TrainerGroup, TrainerGroupSettings, copy_weights_into
+from agentjet.distributed import TrainerGroup, TrainerGroupSettings
 from agentjet.distributed.launch import torchrun_command
 from agentjet.distributed.plan import padding_sample, plan_step, split_by_tokens
-from agentjet.distributed.weights import write_weights
 from agentjet.engines.base import TrainSample
 from agentjet.engines.policy_step import StepConfig, collate, micro_batch_loss, total_loss_weight
+from agentjet.engines.weights import copy_weights_into
+from agentjet.engines.weights import write_safetensors as write_weights
 from agentjet.settings import EngineSettings, LossSettings
 
 
@@ -26,11 +27,18 @@ def sample(n: int, trained: int = 1, weight: float = 1.0) -> TrainSample:
 
 def test_split_balances_tokens_and_keeps_every_sample_once() -> None:
     batch = [sample(n) for n in (40, 5, 30, 7, 22, 9, 3)]
-    parts = split_by_tokens(batch, 3)
-    assert sorted(id(s) for p in parts for s in p) == sorted(id(s) for s in batch)
-    loads = [sum(len(s.input_ids) for s in p) for p in parts]
+    parts = split_by_tokens(batch, 3)  # indices into the batch
+    assert sorted(i for p in parts for i in p) == list(range(len(batch)))
+    loads = [sum(len(batch[i].input_ids) for i in p) for p in parts]
     assert max(loads) - min(loads) <= 40  # at most the longest sample apart
     assert loads == [40, 37, 39]  # 40 | 30+7 | 22+9+5+3
+
+
+def test_plan_gathers_per_sample_results_back_in_batch_order() -> None:
+    batch = [sample(n) for n in (40, 5, 30, 7, 22, 9, 3)]
+    plan = plan_step(batch, 3, micro_batch_tokens=45)
+    sent_back = [[[[float(len(s.input_ids))] for s in mb] for mb in rank] for rank in plan.shares]
+    assert plan.gather(sent_back, len(batch)) == [[float(len(s.input_ids))] for s in batch]
 
 
 def test_more_ranks_than_samples_leaves_ranks_to_padding() -> None:
@@ -58,8 +66,8 @@ def test_padding_pass_has_exactly_zero_loss_and_gradient() -> None:
     pad = padding_sample(0)
     batch = collate([pad], pad_id=0)
     lp = torch.tensor([-3.0], requires_grad=True)
-    res = micro_batch_loss(lp, [pad], StepConfig.from_settings(EngineSettings(), LossSettings(kl_coef=0.1), 1e-3),
-                           ref_logprobs=torch.tensor([-2.0]))
+    res, _ = micro_batch_loss(lp, [pad], StepConfig.from_settings(EngineSettings(), LossSettings(kl_coef=0.1), 1e-3),
+                              ref_logprobs=torch.tensor([-2.0]))
     res.loss_sum.backward()
     assert float(res.loss_sum.detach()) == 0.0 and float(lp.grad.abs().sum()) == 0.0
     assert batch.predicted_mask.sum() == 1
@@ -118,7 +126,7 @@ def test_weights_round_trip_in_place(tmp_path: Path) -> None:
     assert dst.a.weight is weight
     for k, v in src.state_dict().items():
         assert torch.equal(dst.state_dict()[k], v)
-    assert not list(tmp_path.glob(".*.tmp"))
+    assert not list(tmp_path.glob(".*.tmp*"))
 
 
 def test_weights_that_do_not_fit_leave_the_model_untouched(tmp_path: Path) -> None:

@@ -16,7 +16,8 @@ from tests.conftest import wait_until
 
 from agentjet import SwarmClient
 from agentjet.distributed import TrainerGroupSettings
-from agentjet.distributed.engine import GroupEngine, build_group_engine
+from agentjet.engines.composed import ComposedEngine
+from agentjet.layouts import group_engine as build_group_engine
 from agentjet.settings import ServerConfig
 
 pytestmark = pytest.mark.timeout(400)
@@ -39,7 +40,7 @@ def run_group(srv, task_id: str) -> list[str]:
     return asyncio.run(main())
 
 
-def group_engine(model: Path, work: Path) -> GroupEngine:
+def group_engine(model: Path, work: Path) -> ComposedEngine:
     settings = TrainerGroupSettings(procs=1, work_dir=work, export_dir=work / "export", startup_timeout_s=120,
                                     step_timeout_s=60, push_timeout_s=60, collective_timeout_s=30)
     config = ServerConfig.model_validate({"model": str(model), "data_dir": str(work), "trainer": settings,
@@ -52,7 +53,7 @@ def test_server_trains_through_a_group_survives_a_dead_rank_and_resumes(make_ser
     data = tmp_path / "server"
     engine = group_engine(tiny_model_path, tmp_path / "g1")
     srv = make_server(engine, data_dir=data, training={"group_size": 2, "batch_groups": 1, "checkpoint_every": 1})
-    rollout = engine.rollout
+    rollout = engine.generator
     before = {k: v.clone() for k, v in rollout.model.state_dict().items()}
 
     first = run_group(srv, "a")
@@ -65,23 +66,23 @@ def test_server_trains_through_a_group_survives_a_dead_rank_and_resumes(make_ser
     after = rollout.model.state_dict()
     assert any(not torch.equal(after[k], before[k]) for k in before)  # the new weights reached the rollouts
 
-    _, _, pid = engine.group.rank_processes[0]
+    _, _, pid = engine.learner.group.rank_processes[0]
     os.kill(pid, signal.SIGKILL)  # dies between steps: the next step fails, its episodes stay pending
     second = run_group(srv, "b")
     wait_until(lambda: engine.policy_version == 2, timeout=200)
-    assert engine.group.counters["faults"] == 1 and engine.group.counters["restarts"] == 1
+    assert engine.learner.group.counters["faults"] == 1 and engine.learner.group.counters["restarts"] == 1
     wait_until(lambda: latest.read_text().strip() == "step-000002", timeout=60)
     consumed = srv.server.store.consumed_steps()
     assert {i: consumed[i] for i in first} == {i: [1] for i in first}
     assert {i: consumed[i] for i in second} == {i: [2] for i in second}  # trained once, by step 2
     weights = {k: v.clone() for k, v in rollout.model.state_dict().items()}
     srv.stop()
-    assert engine.group.exit_codes[-1] == 0
+    assert engine.learner.group.exit_codes[-1] == 0
 
     engine2 = group_engine(tiny_model_path, tmp_path / "g2")
     srv2 = make_server(engine2, data_dir=data, resume=True, training={"group_size": 2, "batch_groups": 1})
-    assert engine2.policy_version == 2 and engine2.rollout.policy_version == 2
-    for k, v in engine2.rollout.model.state_dict().items():
+    assert engine2.policy_version == 2 and engine2.generator.policy_version == 2
+    for k, v in engine2.generator.model.state_dict().items():
         assert torch.equal(v, weights[k])
     run_group(srv2, "c")
     wait_until(lambda: engine2.policy_version == 3, timeout=120)

@@ -64,6 +64,14 @@ def test_two_ranks_match_the_single_process_trainer(group2, batches, reference) 
         for key in ("loss", "pg_loss", "kl", "grad_norm", "mean_abs_logprob_diff"):
             assert m[key] == pytest.approx(r[key], rel=LOSS_RTOL), key
         assert m["clip_frac"] == pytest.approx(r["clip_frac"], abs=1e-9)
+        # every sample's trainer logprobs come back from the rank that trained it, in the batch's order
+        assert len(m.trainer_logprobs) == len(batch)
+        for got, want, s in zip(m.trainer_logprobs, r.trainer_logprobs, batch, strict=True):
+            assert len(got) == s.num_trained_tokens
+            assert max(abs(x - y) for x, y in zip(got, want, strict=True)) < 1e-4
+    assert group.policy_version == 3
+    scored = group.score(batches[4][:3])  # a probe's scoring, split across the ranks, no update
+    assert [len(x) for x in scored] == [s.num_trained_tokens for s in batches[4][:3]]
     assert group.policy_version == 3
     diff = max_weight_diff(group.latest_weights, ref_state)
     assert diff < WEIGHT_ATOL
@@ -184,5 +192,5 @@ def test_a_single_process_checkpoint_starts_a_group_with_fresh_optimizer(tiny_mo
         again = plain_engine(tmp_path / "plain")
         r = again.train_step_sync(batches[1])
         assert m["loss"] == pytest.approx(r["loss"], rel=LOSS_RTOL)
-        state = {k: v.detach() for k, v in again.model.state_dict().items()}
+        state = {k: v.detach() for k, v in again.generator.model.state_dict().items()}
         assert max_weight_diff(group.latest_weights, state) < WEIGHT_ATOL

@@ -18,12 +18,21 @@ def fake_settings(**overrides):
     return VLLMSettings(**{**base, **overrides})
 
 
-def _build(work_dir: Path, model: Path, lora=None, lr: float = 1e-3, **settings):
-    from agentjet.engines.vllm import VLLMEngine
-    from agentjet.settings import EngineSettings, LoraSettings
+def fake_config(model: Path, lora=None, lr: float = 1e-3, train_procs: int = 0, **settings):
+    """A server config with vLLM (the fake) as the generator; the in-process learner, or a trainer group."""
+    from agentjet.settings import EngineSettings, LoraSettings, ServerConfig, TrainerGroupSettings
 
-    engine = EngineSettings(vllm=fake_settings(**settings), lora=lora or LoraSettings())
-    return VLLMEngine(model, engine, learning_rate=lr, work_dir=work_dir)
+    engine = EngineSettings(kind="vllm", vllm=fake_settings(**settings), lora=lora or LoraSettings())
+    trainer = TrainerGroupSettings(procs=train_procs, startup_timeout_s=120, step_timeout_s=120, push_timeout_s=60,
+                                   collective_timeout_s=60)
+    return ServerConfig(model=str(model), engine=engine, trainer=trainer, training={"learning_rate": lr})
+
+
+def _build(work_dir: Path, model: Path, lora=None, lr: float = 1e-3, train_procs: int = 0, **settings):
+    from agentjet.layouts import vllm_engine
+
+    config = fake_config(model, lora, lr, train_procs, **settings).model_copy(update={"data_dir": work_dir})
+    return vllm_engine(config, work_dir)
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +40,7 @@ def shared_vllm_engine(tmp_path_factory, tiny_model_path: Path):
     """One engine on the fake vLLM for the tests that change nothing (one start instead of several)."""
     engine = _build(tmp_path_factory.mktemp("vllm-shared"), tiny_model_path)
     yield engine
-    engine.close_sync()
+    engine.shutdown()
 
 
 @pytest.fixture
@@ -39,11 +48,11 @@ def make_vllm_engine(tmp_path: Path, tiny_model_path: Path):
     """Build VLLMEngines on the tiny model, served by the fake vLLM subprocess; all stopped at teardown."""
     made = []
 
-    def make(lora=None, lr: float = 1e-3, **settings):
-        engine = _build(tmp_path / f"vllm{len(made)}", tiny_model_path, lora, lr, **settings)
+    def make(lora=None, lr: float = 1e-3, train_procs: int = 0, **settings):
+        engine = _build(tmp_path / f"vllm{len(made)}", tiny_model_path, lora, lr, train_procs, **settings)
         made.append(engine)
         return engine
 
     yield make
     for engine in made:
-        engine.close_sync()
+        engine.shutdown()

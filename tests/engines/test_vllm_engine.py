@@ -23,11 +23,11 @@ from agentjet.settings import LoraSettings
 
 
 def calls(engine) -> list[dict]:
-    return httpx.get(f"{engine.url}/calls").json()
+    return httpx.get(f"{engine.generator.url}/calls").json()
 
 
 def fault(engine, **kw) -> None:
-    httpx.post(f"{engine.url}/fault", json=kw).raise_for_status()
+    httpx.post(f"{engine.generator.url}/fault", json=kw).raise_for_status()
 
 
 def prompt(engine, text: str = "What is 2 + 3?") -> list[int]:
@@ -71,17 +71,17 @@ def test_generate_gives_vllm_ids_and_true_logprobs(shared_vllm_engine):
     seq = ids + a.token_ids
     sample = TrainSample(seq, [0] * len(ids) + [1] * len(a.token_ids), [0.0] * len(seq), [0.0] * len(seq),
                          temperature=0.7)
-    assert engine.trainer.score([sample])[0] == pytest.approx(a.logprobs, abs=1e-4)
+    assert engine.learner.score_sync([sample])[0] == pytest.approx(a.logprobs, abs=1e-4)
     assert a.text == engine.tokenizer.decode(a.token_ids, skip_special_tokens=True)
 
 
 def test_request_body_asks_for_ids_logprobs_and_our_stop_rule(shared_vllm_engine):
     engine = shared_vllm_engine
-    body = engine.request_body([1, 2, 3], SamplingParams(temperature=0.5, max_tokens=5000, top_k=7, seed=3,
+    body = engine.generator.request_body([1, 2, 3], SamplingParams(temperature=0.5, max_tokens=5000, top_k=7, seed=3,
                                                          stop=("\n",), stop_token_ids=(9,)), "policy")
     assert body["return_token_ids"] and body["return_tokens_as_token_ids"] and body["logprobs"] == 1
     assert body["max_tokens"] == engine.max_context - 3  # clipped to the context window
-    assert body["ignore_eos"] and set(body["stop_token_ids"]) == engine.stop_token_ids | {9}
+    assert body["ignore_eos"] and set(body["stop_token_ids"]) == engine.generator.stop_token_ids | {9}
     assert (body["top_k"], body["seed"], body["stop"]) == (7, 3, ["\n"])
 
 
@@ -118,7 +118,7 @@ def test_train_step_syncs_weights_in_order_and_probe_agrees(make_vllm_engine):
     for key in ("mismatch_kl", "tis_weight_mean", "sync_seconds", "export_seconds", "loss", "grad_norm"):
         assert key in metrics
     assert metrics["mismatch_kl"] < 1e-6  # fresh samples, same numerics: no mismatch
-    assert engine.engine_stats()["syncs"] == 1
+    assert engine.generator.engine_stats()["syncs"] == 1
 
 
 def test_generation_waits_for_the_swap_and_sees_the_new_version(make_vllm_engine):
@@ -128,7 +128,7 @@ def test_generation_waits_for_the_swap_and_sees_the_new_version(make_vllm_engine
     async def go():
         batch = await rollout_batch(engine)
         step = asyncio.create_task(engine.train_step(batch))
-        while not engine._syncing:
+        while not engine.generator._syncing:
             await asyncio.sleep(0.01)
         res = await engine.generate(prompt(engine), SamplingParams(max_tokens=3, seed=2))
         assert step.done()  # the request was held until the swap had finished
@@ -144,11 +144,11 @@ def test_closing_the_gate_holds_a_request_started_in_the_same_loop_turn(make_vll
     engine = make_vllm_engine()
 
     async def go():
-        assert engine._serving_event().is_set()
-        engine._set_gate(False)
-        closed_now = not engine._serving_event().is_set()
-        engine._set_gate(True)
-        return closed_now, engine._serving_event().is_set()
+        assert engine.generator._serving_event().is_set()
+        engine.generator._set_gate(False)
+        closed_now = not engine.generator._serving_event().is_set()
+        engine.generator._set_gate(True)
+        return closed_now, engine.generator._serving_event().is_set()
 
     assert asyncio.run(go()) == (True, True)
 
@@ -159,15 +159,15 @@ def test_sync_timeout_stops_training_with_a_clear_error(make_vllm_engine):
 
     async def go():
         batch = await rollout_batch(engine)
-        with pytest.raises(TrainingHaltedError, match="did not finish within"):
-            await engine.train_step(batch)
-        with pytest.raises(TrainingHaltedError):  # and it stays stopped
+        out = await engine.train_step(batch)  # the learner's step is committed and reported (trained once)
+        assert out["weight_sync_halted"] == 1.0 and "did not finish within" in engine.halted_reason
+        with pytest.raises(TrainingHaltedError, match="did not finish within"):  # and it stays stopped
             await engine.train_step(batch)
         with pytest.raises(EngineUnavailableError, match="generation is stopped"):
             await engine.generate(prompt(engine), SamplingParams(max_tokens=2))
 
     asyncio.run(go())
-    assert engine.policy_version == 0
+    assert engine.generator.policy_version == 0 and engine.policy_version == 1
     assert calls(engine)[-1]["route"] == "resume"  # vLLM was not left paused
 
 
@@ -177,13 +177,14 @@ def test_probe_catches_weights_that_did_not_load(make_vllm_engine):
 
     async def go():
         batch = await rollout_batch(engine, 4)
+        await engine.train_step(batch)
         with pytest.raises(TrainingHaltedError, match="disagree on the probe"):
             await engine.train_step(batch)
 
     asyncio.run(go())
-    assert engine.policy_version == 0
-    assert engine.stats["probe_logprob_diff"] > 0.01
-    assert "probe_threshold" in (engine.halted_reason or "")
+    assert engine.generator.policy_version == 0
+    assert engine.generator.stats["probe_logprob_diff"] > 0.01
+    assert "probe_threshold" in (engine.generator.halted_reason or "")
 
 
 def test_lora_sync_uses_versioned_adapters(make_vllm_engine):
@@ -191,11 +192,11 @@ def test_lora_sync_uses_versioned_adapters(make_vllm_engine):
 
     async def go():
         await engine.train_step(await rollout_batch(engine))
-        assert engine._served_name() == "policy-v1"
+        assert engine.generator._served_name() == "policy-v1"
         batch = await rollout_batch(engine)
         fault(engine, token_delay_s=0.05)  # ~3 s for the slow request: in flight across the next sync
         slow = asyncio.create_task(engine.generate(prompt(engine), SamplingParams(max_tokens=60, seed=1)))
-        while "policy-v1" not in engine._inflight:
+        while "policy-v1" not in engine.generator._inflight:
             await asyncio.sleep(0.01)
         await engine.train_step(batch)
         loaded = [c for c in calls(engine) if c["route"].endswith("lora_adapter")]
@@ -219,7 +220,7 @@ def test_lora_sync_uses_versioned_adapters(make_vllm_engine):
 def test_crash_mid_request_gives_a_clear_error_and_vllm_restarts(make_vllm_engine):
     engine = make_vllm_engine()
     fault(engine, token_delay_s=0.05)
-    first_pid = engine.process.pid
+    first_pid = engine.generator.process.pid
 
     async def go():
         got_token = asyncio.Event()
@@ -232,20 +233,20 @@ def test_crash_mid_request_gives_a_clear_error_and_vllm_restarts(make_vllm_engin
 
     asyncio.run(go())
     for _ in range(200):  # the supervisor notices within watch_interval_s
-        if engine.process.counters.crashes:
+        if engine.generator.process.counters.crashes:
             break
         time.sleep(0.05)
-    assert engine.process.wait_ready(60)
-    assert engine.process.pid != first_pid and engine.process.counters.restarts == 1
+    assert engine.generator.process.wait_ready(60)
+    assert engine.generator.process.pid != first_pid and engine.generator.process.counters.restarts == 1
     res = asyncio.run(engine.generate(prompt(engine), SamplingParams(max_tokens=3, seed=1)))
     assert len(res.token_ids) == 3
 
 
 def test_requests_during_a_restart_fail_fast(make_vllm_engine):
     engine = make_vllm_engine(restart_backoff_s=30)  # the restart waits; requests must not
-    os.kill(engine.process.pid, signal.SIGKILL)
+    os.kill(engine.generator.process.pid, signal.SIGKILL)
     for _ in range(100):
-        if engine.process.state is ProcessState.RESTARTING:
+        if engine.generator.process.state is ProcessState.RESTARTING:
             break
         time.sleep(0.05)
     with pytest.raises(EngineUnavailableError, match="restarting") as err:
@@ -253,7 +254,7 @@ def test_requests_during_a_restart_fail_fast(make_vllm_engine):
     assert err.value.retry_after_s
 
 
-def test_load_restarts_vllm_on_the_checkpoint(make_vllm_engine, tmp_path):
+def test_load_brings_vllm_to_the_checkpoint(make_vllm_engine, tmp_path):
     engine = make_vllm_engine()
 
     async def go():
@@ -262,11 +263,10 @@ def test_load_restarts_vllm_on_the_checkpoint(make_vllm_engine, tmp_path):
     asyncio.run(go())
     engine.save(tmp_path / "ckpt")
     other = make_vllm_engine()
-    pid = other.process.pid
-    other.load(tmp_path / "ckpt")
-    assert other.policy_version == 1 and other.process.pid != pid
-    probe = asyncio.run(other.probe())
-    assert probe.diff < 1e-3  # the restarted vLLM serves the checkpoint's weights
+    other.load(tmp_path / "ckpt")  # the learner loads it; the seam reloads vLLM and probes
+    assert other.policy_version == 1 and other.generator.policy_version == 1
+    probe = asyncio.run(other.generator.probe(other.learner.score))
+    assert probe.diff < 1e-3  # vLLM serves the checkpoint's weights
 
 
 def begin(url: str) -> str:
@@ -278,16 +278,16 @@ def begin(url: str) -> str:
 def test_fake_vllm_crash_mid_request_through_the_server(make_server, make_vllm_engine):
     engine = make_vllm_engine()
     srv = make_server(engine)
-    httpx.post(f"{engine.url}/fault", json={"token_delay_s": 0.05}).raise_for_status()
+    httpx.post(f"{engine.generator.url}/fault", json={"token_delay_s": 0.05}).raise_for_status()
     headers = {"Authorization": f"Bearer {begin(srv.url)}"}
-    pid = engine.process.pid
+    pid = engine.generator.process.pid
     threading.Timer(1.0, lambda: os.kill(pid, signal.SIGKILL)).start()
     r = httpx.post(f"{srv.url}/v1/chat/completions", headers=headers, timeout=60,
                    json={"model": "tiny", "messages": [{"role": "user", "content": "what is 2 + 2?"}], "max_tokens": 200})
     assert r.status_code == 503 and r.json()["error"]["code"] == "engine_unavailable", r.text
     assert httpx.get(f"{srv.url}/health").status_code == 200
-    wait_until(lambda: engine.process.counters.restarts == 1, timeout=60)
-    assert engine.process.wait_ready(60)
+    wait_until(lambda: engine.generator.process.counters.restarts == 1, timeout=60)
+    assert engine.generator.process.wait_ready(60)
     r = httpx.post(f"{srv.url}/v1/chat/completions", headers=headers, timeout=60,
                    json={"model": "tiny", "messages": [{"role": "user", "content": "what is 2 + 2?"}], "max_tokens": 3})
     assert r.status_code == 200, r.text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -11,15 +12,17 @@ from pydantic import ValidationError
 
 from agentjet.algorithms.tis import mismatch_stats, tis_weights
 from agentjet.engines.base import TrainSample
-from agentjet.engines.vllm import VLLMEngine, VLLMSettings
+from agentjet.engines.policy_step import StepConfig, micro_batch_loss
+from agentjet.engines.vllm import VLLMSettings
 from agentjet.engines.vllm.probe import compare, probe_prompt_ids
-from agentjet.engines.vllm.weights import export_full, prune_versions, version_dir
+from agentjet.engines.weights import export_full, prune_versions, version_dir
+from agentjet.settings import EngineSettings, LossSettings
 
 
 def test_export_full_is_untied_and_reloads_to_the_same_model(tiny_engine, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    model = tiny_engine.model
+    model = tiny_engine.generator.model
     assert model.config.tie_word_embeddings
     out = export_full(model, tiny_engine.tokenizer, tmp_path / "v000003", dtype="float32")
     config = json.loads((out / "config.json").read_text())
@@ -38,9 +41,9 @@ def test_export_full_is_untied_and_reloads_to_the_same_model(tiny_engine, tmp_pa
 def test_export_casts_to_the_served_dtype(tiny_engine, tmp_path):
     from safetensors.torch import load_file
 
-    out = export_full(tiny_engine.model, tiny_engine.tokenizer, tmp_path / "v000001", dtype="bfloat16")
+    out = export_full(tiny_engine.generator.model, tiny_engine.tokenizer, tmp_path / "v000001", dtype="bfloat16")
     assert {t.dtype for t in load_file(str(out / "model.safetensors")).values()} == {torch.bfloat16}
-    assert tiny_engine.model.model.embed_tokens.weight.dtype == torch.float32  # the trainer's copy is untouched
+    assert tiny_engine.generator.model.model.embed_tokens.weight.dtype == torch.float32  # the trainer's copy is untouched
 
 
 def test_prune_keeps_the_newest_and_the_protected(tmp_path):
@@ -73,37 +76,23 @@ def test_mismatch_stats():
     assert mismatch_stats(torch.tensor([]), torch.tensor([]), cap=None).tokens == 0
 
 
-class _ScoringTrainer:
-    """Just enough of the training half for ``prepare_batch``."""
-
-    def __init__(self, scores: list[list[float]]) -> None:
-        self.scores = scores
-
-    def score(self, batch: list[TrainSample]) -> list[list[float]]:
-        return self.scores
-
-
-def _engine_with(trainer, cap):
-    engine = VLLMEngine.__new__(VLLMEngine)  # no process: only prepare_batch is exercised
-    engine.trainer = trainer
-    engine.settings = VLLMSettings(tis_cap=cap)
-    return engine
-
-
-def test_prepare_batch_uses_trainer_logprobs_as_proximal_and_weights_advantages():
+def test_tis_in_the_policy_step_weights_each_token_against_the_trainers_own_logprobs():
+    """With a TIS cap the PPO ratio is taken against the trainer's detached logprobs (so it is 1 in the one
+    update) and each token's advantage is scaled by min(p_trainer / p_behaviour, cap): the gradient of token t is
+    -weight * adv_t * w_t. No separate scoring pass: the step's own forward gives the trainer logprobs."""
     sample = TrainSample(input_ids=[1, 2, 3, 4], loss_mask=[0, 0, 1, 1], behaviour_logprobs=[0.0, 0.0, -1.0, -2.0],
                          advantages=[0.0, 0.0, 0.5, 0.5], temperature=0.7, weight=0.5)
-    engine = _engine_with(_ScoringTrainer([[-1.5, -0.5]]), cap=2.0)
-    (out,), metrics = engine.prepare_batch([sample])
-    assert out.behaviour_logprobs == [0.0, 0.0, -1.5, -0.5]
-    assert out.advantages == pytest.approx([0.0, 0.0, 0.5 * math.exp(-0.5), 0.5 * 2.0])  # e^1.5 capped at 2
-    assert (out.temperature, out.weight, out.loss_mask) == (0.7, 0.5, sample.loss_mask)
-    assert metrics["mismatch_tokens"] == 2 and metrics["tis_truncated_frac"] == 0.5
-    assert metrics["mismatch_abs_diff"] == pytest.approx(1.0)
-
-    off = _engine_with(_ScoringTrainer([[-1.5, -0.5]]), cap=None)
-    (same,), metrics = off.prepare_batch([sample])
-    assert same is sample and metrics["tis_weight_mean"] == 1.0 and metrics["mismatch_kl"] > 0
+    base = StepConfig.from_settings(EngineSettings(), LossSettings(), 1e-3)
+    lp = torch.tensor([-1.5, -0.5], requires_grad=True)
+    res, mismatch = micro_batch_loss(lp, [sample], dataclasses.replace(base, tis_cap=2.0))
+    res.loss_sum.backward()
+    w = [math.exp(-0.5), 2.0]  # e^1.5 is capped at 2
+    assert lp.grad.tolist() == pytest.approx([-0.5 * 0.5 * w[0], -0.5 * 0.5 * w[1]])
+    assert mismatch.tis_weight == pytest.approx(sum(w)) and mismatch.truncated == 1.0
+    assert res.abs_logprob_diff_sum == pytest.approx(0.5 + 1.5)  # |trainer - behaviour|, not against the proximal
+    lp2 = torch.tensor([-1.5, -0.5], requires_grad=True)  # without a cap: PPO-clip against the behaviour
+    res2, mismatch2 = micro_batch_loss(lp2, [sample], base)
+    assert mismatch2.tis_weight == 2.0 and mismatch2.k3 > 0 and res2.clipped > 0
 
 
 def test_probe_prompt_spans_more_than_one_cpu_kv_block(tiny_engine):

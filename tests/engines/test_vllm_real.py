@@ -44,7 +44,7 @@ def chat(engine, text: str) -> list[int]:
 def scored(engine, prompt: list[int], ids: list[int], temperature: float) -> list[float]:
     seq = prompt + ids
     sample = TrainSample(seq, [0] * len(prompt) + [1] * len(ids), [0.0] * len(seq), [0.0] * len(seq), temperature)
-    return engine.trainer.score([sample])[0]
+    return engine.learner.score_sync([sample])[0]
 
 
 @pytest.fixture(scope="module")

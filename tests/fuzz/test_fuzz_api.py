@@ -839,10 +839,10 @@ HOSTILE_PARAMS = st.dictionaries(
 @pytest.fixture(scope="module")
 def engine_api(fuzz_server_factory: Any, tiny_model_path: Any) -> Api:
     """A server with the real, batching tiny engine: hostile and normal calls share its batches."""
-    from agentjet.engines.hf import HFEngine
+    from agentjet.layouts import embedded_engine
     from agentjet.settings import EngineSettings
 
-    return fuzz_server_factory(engine=HFEngine(tiny_model_path, EngineSettings(max_batch_size=8, batch_wait_ms=20)))
+    return fuzz_server_factory(engine=embedded_engine(tiny_model_path, EngineSettings(max_batch_size=8, batch_wait_ms=20)))
 
 
 @settings(FUZZ, max_examples=max(10, examples() // 2))  # three calls through the real engine per example

@@ -10,7 +10,8 @@ import httpx
 import pytest
 
 from agentjet.engines.base import GenerationError, SamplingParams
-from agentjet.engines.hf import HFEngine
+from agentjet.engines.composed import ComposedEngine
+from agentjet.layouts import embedded_engine
 
 USER = [{"role": "user", "content": "what is 1 + 2?"}]
 HOSTILE = [
@@ -22,7 +23,7 @@ HOSTILE = [
 ]
 
 
-def test_engine_fails_only_the_request_it_cannot_prepare(tiny_engine: HFEngine, chat_ids) -> None:
+def test_engine_fails_only_the_request_it_cannot_prepare(tiny_engine: ComposedEngine, chat_ids) -> None:
     ids = chat_ids("hello", tiny_engine)
 
     async def main() -> list:
@@ -33,10 +34,10 @@ def test_engine_fails_only_the_request_it_cannot_prepare(tiny_engine: HFEngine, 
     *good, bad = asyncio.run(main())
     assert all(len(r.token_ids) == 6 for r in good)
     assert isinstance(bad, GenerationError) and bad.param == "stop_token_ids"
-    assert tiny_engine.stats["batches"] >= 1
+    assert tiny_engine.generator.stats["batches"] >= 1
 
 
-def _poison(engine: HFEngine, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+def _poison(engine: ComposedEngine, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
     """Make every batch (static), prefill or decode step (continuous) that holds a row with seed 13 fail."""
     def poisoned(real):
         def run(rows, *args):
@@ -45,7 +46,7 @@ def _poison(engine: HFEngine, monkeypatch: pytest.MonkeyPatch, where: str) -> No
             return real(rows, *args)
         return run
 
-    target = engine.generator if where == "static" else engine.scheduler
+    target = engine.generator.generator if where == "static" else engine.generator.scheduler
     name = {"static": "generate_batch", "prefill": "_prefill_logits", "decode": "_decode_logits"}[where]
     monkeypatch.setattr(target, name, poisoned(getattr(target, name)))
 
@@ -57,7 +58,7 @@ def test_a_batch_that_fails_is_rerun_request_by_request(tiny_model_path, chat_id
     batch, a prefill of several joiners, or a decode step of several rows."""
     from agentjet.settings import EngineSettings
 
-    engine = HFEngine(tiny_model_path, EngineSettings(max_batch_size=8, batch_wait_ms=50,
+    engine = embedded_engine(tiny_model_path, EngineSettings(max_batch_size=8, batch_wait_ms=50,
                                                       batching="static" if where == "static" else "continuous"))
     try:
         ids = chat_ids("hello", engine)
@@ -70,7 +71,7 @@ def test_a_batch_that_fails_is_rerun_request_by_request(tiny_model_path, chat_id
 
         results = asyncio.run(main())
         assert [isinstance(r, Exception) for r in results] == [False, False, True, False], results
-        assert engine.stats["isolated_failures"] >= 1
+        assert engine.generator.stats["isolated_failures"] >= 1
         # the same seeds alone give the same tokens: the survivors were really generated, not placeholders
         for seed, res in zip((1, 2, 4), (results[0], results[1], results[3]), strict=True):
             alone = asyncio.run(engine.generate(ids, SamplingParams(max_tokens=5, seed=seed, stop_token_ids=())))
@@ -79,12 +80,12 @@ def test_a_batch_that_fails_is_rerun_request_by_request(tiny_model_path, chat_id
         engine.shutdown()
 
 
-def test_a_failed_decode_step_fails_streamed_rows_and_never_hangs(tiny_engine: HFEngine, chat_ids,
+def test_a_failed_decode_step_fails_streamed_rows_and_never_hangs(tiny_engine: ComposedEngine, chat_ids,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """Rows that already streamed tokens cannot be re-run (their tokens were sent): they get the error; the
     others are re-run on their own and succeed."""
     ids = chat_ids("hello", tiny_engine)
-    real = tiny_engine.scheduler._decode_logits
+    real = tiny_engine.generator.scheduler._decode_logits
     calls = {"n": 0}
 
     def flaky(rows):  # the third decode step fails, once
@@ -93,7 +94,7 @@ def test_a_failed_decode_step_fails_streamed_rows_and_never_hangs(tiny_engine: H
             raise RuntimeError("device hiccup")
         return real(rows)
 
-    monkeypatch.setattr(tiny_engine.scheduler, "_decode_logits", flaky)
+    monkeypatch.setattr(tiny_engine.generator.scheduler, "_decode_logits", flaky)
     streamed: list[int] = []
 
     async def main() -> list:

@@ -27,7 +27,7 @@ async def one_episode(client: SwarmClient, task_id: str, reward: float, **chat) 
 
 def test_full_loop_bumps_policy_version_on_tiny_model(make_server) -> None:
     srv = make_server("tiny", training={"group_size": 2, "batch_groups": 1})
-    before = [p.detach().clone() for p in srv.server.engine.model.parameters()]
+    before = [p.detach().clone() for p in srv.server.engine.generator.model.parameters()]
 
     async def main() -> list[str]:
         async with SwarmClient(srv.url) as client:
@@ -40,7 +40,7 @@ def test_full_loop_bumps_policy_version_on_tiny_model(make_server) -> None:
     assert status["last_train_metrics"]["mean_abs_logprob_diff"] < 1e-3  # exact behaviour logprobs
     consumed = srv.server.store.consumed_steps()
     assert {i: consumed[i] for i in ids} == {i: [1] for i in ids}
-    after = list(srv.server.engine.model.parameters())
+    after = list(srv.server.engine.generator.model.parameters())
     assert any(not (a == b).all() for a, b in zip(before, after, strict=True))
 
 
@@ -231,13 +231,13 @@ def test_resume_from_checkpoint(make_server, tmp_path: Path) -> None:
             await one_episode(client, "b", 1.0)  # half a group: stays pending in the store
 
     asyncio.run(phase1())
-    weights = {k: v.clone() for k, v in srv.server.engine.model.state_dict().items()}
+    weights = {k: v.clone() for k, v in srv.server.engine.generator.model.state_dict().items()}
     srv.stop()
     assert (data / "checkpoints" / "latest").exists()
 
     srv2 = make_server("tiny", data_dir=data, resume=True, training={"group_size": 2, "batch_groups": 1})
     assert srv2.server.engine.policy_version == 1
-    for k, v in srv2.server.engine.model.state_dict().items():
+    for k, v in srv2.server.engine.generator.model.state_dict().items():
         assert (v == weights[k]).all()
     assert srv2.server.status().buffer.pending_episodes == 1
 

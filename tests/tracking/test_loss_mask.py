@@ -100,7 +100,7 @@ def test_merged_and_unmerged_samples_score_the_same(toks, tiny_engine):
         return [TrainSample(s.input_ids, s.loss_mask, s.behaviour_logprobs, [1.0] * len(s.input_ids),
                             s.temperature, s.weight) for s in samples]
 
-    lp_merged = [x for row in tiny_engine.score(train_samples(merged)) for x in row]
-    lp_unmerged = [x for row in tiny_engine.score(train_samples(unmerged)) for x in row]
+    lp_merged = [x for row in tiny_engine.learner.score_sync(train_samples(merged)) for x in row]
+    lp_unmerged = [x for row in tiny_engine.learner.score_sync(train_samples(unmerged)) for x in row]
     assert len(lp_merged) == len(lp_unmerged) == sum(len(c.completion_ids) for c in sim.calls)
     assert lp_merged == pytest.approx(lp_unmerged, abs=2e-4)

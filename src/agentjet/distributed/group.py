@@ -43,19 +43,22 @@ from agentjet.distributed.messages import (
     Init,
     Load,
     Save,
+    Score,
     Shutdown,
     Step,
 )
 from agentjet.distributed.plan import plan_step
-from agentjet.engines.base import TrainSample
+from agentjet.engines.base import StepOutput, TrainSample
 from agentjet.engines.policy_step import StepConfig
+from agentjet.engines.weights import WEIGHTS_FILE, prune_versions, version_dir
 from agentjet.models import resolve_model
-from agentjet.settings import TrainerGroupSettings
+from agentjet.settings import LossSettings, TrainerGroupSettings
 
 log = logging.getLogger(__name__)
 
 SHARDED_DIR = "sharded"  # the torch.distributed.checkpoint directory inside a saved checkpoint
 GROUP_STATE = "trainer_group.json"
+KEEP_EXPORTS = 2  # exported versions kept: the one a generator may still be loading or serving, and the newest
 
 
 class TrainerGroupError(RuntimeError):
@@ -146,7 +149,7 @@ class TrainerGroup:
         self.policy_version = 0
         self.state = GroupState.STOPPED
         self.counters = {"steps": 0, "faults": 0, "restarts": 0, "failed_restarts": 0}
-        self.latest_weights: Path | None = None  # the newest exported weights (safetensors)
+        self.latest_weights: Path | None = None  # the newest exported weights (``<export_dir>/vN/model.safetensors``)
         self.exit_codes: list[int | None] = []  # torchrun's exit code, per generation of the group
         self._own_work_dir = self.settings.work_dir is None
         self.work_dir = Path(self.settings.work_dir or tempfile.mkdtemp(prefix="agentjet-trainer-"))
@@ -192,14 +195,14 @@ class TrainerGroup:
         with self._lock:
             self._ensure_started()
 
-    def train_step(self, batch: list[TrainSample]) -> dict[str, float]:
+    def train_step(self, batch: list[TrainSample]) -> StepOutput:
         """One step over ``batch`` split across the ranks. On success the new weights are in
         :attr:`latest_weights`; on :class:`TrainerGroupError` nothing was applied."""
         plan = plan_step(batch, self.world_size, self.config.micro_batch_tokens)
         with self._lock:
             self._ensure_started()
             version = self.policy_version + 1
-            export = self.export_dir / f"weights-v{version:06d}.safetensors"
+            export = version_dir(self.export_dir, version) / WEIGHTS_FILE
             snapshot = self.recovery_dir / f"v{version:06d}-g{self._generation}"
             if snapshot.exists():
                 shutil.rmtree(snapshot)
@@ -215,15 +218,26 @@ class TrainerGroup:
             except TrainerGroupError as exc:
                 self._fault(exc)
                 shutil.rmtree(snapshot, ignore_errors=True)  # what the failed step may have half written
-                export.unlink(missing_ok=True)
+                shutil.rmtree(export.parent, ignore_errors=True)
                 raise
             self.state = GroupState.READY
             self._advance(version, snapshot, export)
+            logprobs = plan.gather([d.info.pop("trainer_logprobs") for d in trained], len(batch))
             metrics = {k: float(v) for k, v in trained[0].info.items()}
             commit = {k: max(float(d.info[k]) for d in committed) for k in committed[0].info}
-            return {**metrics, **commit, "samples": float(len(batch)), "ranks": float(self.world_size),
-                    "micro_batches": float(plan.n_micro), "step_seconds": trained_at - started,
-                    "push_seconds": time.monotonic() - trained_at, "policy_version": float(version)}
+            return StepOutput({**metrics, **commit, "samples": float(len(batch)), "ranks": float(self.world_size),
+                               "micro_batches": float(plan.n_micro), "group_step_seconds": trained_at - started,
+                               "push_seconds": time.monotonic() - trained_at, "policy_version": float(version)},
+                              logprobs)
+
+    def score(self, samples: list[TrainSample]) -> list[list[float]]:
+        """Logprobs of each sample's trained tokens under the current weights (no update), split across the
+        ranks like a step."""
+        plan = plan_step(samples, self.world_size, self.config.micro_batch_tokens, need_trained_tokens=False)
+        with self._lock:
+            self._ensure_started()
+            done = self._command(lambda r: Score(plan.shares[r], plan.n_micro), "scored")
+        return plan.gather([d.info["logprobs"] for d in done], len(samples))
 
     @property
     def learning_rate(self) -> float:
@@ -235,11 +249,10 @@ class TrainerGroup:
             raise ValueError("learning rate must be > 0")
         self.config = dataclasses.replace(self.config, learning_rate=lr)
 
-    def set_loss(self, clip_eps_low: float, clip_eps_high: float, kl_coef: float) -> None:
+    def set_loss(self, loss: LossSettings) -> None:
         """Takes effect at the next step. A KL penalty needs the reference model the ranks build at start only
         when ``kl_coef`` > 0 then: turning it on later takes effect at the group's next (re)start."""
-        self.config = dataclasses.replace(self.config, clip_eps_low=clip_eps_low, clip_eps_high=clip_eps_high,
-                                          kl_coef=kl_coef)
+        self.config = self.config.with_loss(loss)
 
     def save(self, path: Path) -> Path:
         """A sharded checkpoint (``torch.distributed.checkpoint``) of model and optimizer under ``path/sharded``,
@@ -369,9 +382,7 @@ class TrainerGroup:
         self.policy_version = version
         self.latest_weights = export
         self.counters["steps"] += 1
-        for old in self.export_dir.glob("weights-v*.safetensors"):
-            if old != export:
-                old.unlink(missing_ok=True)
+        prune_versions(self.export_dir, KEEP_EXPORTS, {export.parent})
 
     def _set_restore(self, target: Path | None) -> None:
         """A new recovery point; the previous one goes if it is one of this group's snapshots."""

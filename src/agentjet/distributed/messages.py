@@ -8,6 +8,7 @@ batch); every rank answers, so the parent sees at once which rank failed or went
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from agentjet.engines.base import TrainSample
 from agentjet.engines.policy_step import StepConfig
@@ -31,7 +32,7 @@ class Done:
 
     rank: int
     kind: str
-    info: dict[str, float | str] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)  # numbers and paths; a step's trainer logprobs
 
 
 @dataclass(frozen=True)
@@ -66,8 +67,17 @@ class Step:
     micro_batches: list[list[TrainSample]]
     n_micro: int
     total_weight: float
-    export_path: str  # rank 0 writes the full weights here (safetensors)
+    export_path: str  # rank 0 writes the full weights here (safetensors, untied)
     snapshot_dir: str  # every rank writes its shard of model + optimizer here (the recovery point)
+
+
+@dataclass(frozen=True)
+class Score:
+    """Logprobs of each sample's trained tokens under the current weights, no update (a probe). Shares and
+    passes as in :class:`Step`."""
+
+    micro_batches: list[list[TrainSample]]
+    n_micro: int
 
 
 @dataclass(frozen=True)
@@ -85,5 +95,5 @@ class Shutdown:
     pass
 
 
-Command = Init | Step | Save | Load | Shutdown
+Command = Init | Step | Score | Save | Load | Shutdown
 Reply = Hello | Done | Failed

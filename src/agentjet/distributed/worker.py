@@ -24,16 +24,28 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from agentjet.distributed.messages import TOKEN_ENV, Done, Failed, Hello, Init, Load, Save, Shutdown, Step
+from agentjet.distributed.messages import (
+    TOKEN_ENV,
+    Done,
+    Failed,
+    Hello,
+    Init,
+    Load,
+    Save,
+    Score,
+    Shutdown,
+    Step,
+)
 from agentjet.distributed.plan import padding_sample
-from agentjet.distributed.weights import tied_keys, write_weights
 from agentjet.engines.policy_step import (
     PaddedBatch,
+    PolicyOptimizer,
     StepSums,
     collate,
-    micro_batch_loss,
+    run_policy_step,
     trained_token_logprobs,
 )
+from agentjet.engines.weights import untie, write_safetensors
 
 
 class PolicyLogprobs(torch.nn.Module):
@@ -114,8 +126,8 @@ class RankTrainer:
         self.model = build(trainable=True)
         self.lm = self.model.lm
         self.reference = build(trainable=False) if self.config.kl_coef > 0 else None
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.config.learning_rate,
-                                           betas=self.config.betas, weight_decay=self.config.weight_decay)
+        self.policy_optimizer = PolicyOptimizer(list(self.model.parameters()), self.config)
+        self.optimizer = self.policy_optimizer.optimizer  # what the sharded checkpoints hold
         self._materialise_optimizer_state()
         if init.restore:
             self.load(init.restore)
@@ -143,39 +155,47 @@ class RankTrainer:
                 state["step"] = 0
 
     # ------------------------------------------------------------- a step
-    def train(self, step: Step) -> dict[str, float | str]:
-        start = time.perf_counter()
-        cfg = self.config = step.config
-        for group in self.optimizer.param_groups:
-            group["lr"] = cfg.learning_rate
-        self.model.train()
-        sums = StepSums()
-        padding = [padding_sample(self.pad_id)]
-        for i in range(step.n_micro):
-            real = i < len(step.micro_batches)
-            mb = step.micro_batches[i] if real else padding
-            batch = collate(mb, self.pad_id, self.device)
-            lp = self.model(batch)
-            ref = None
-            if self.reference is not None and cfg.kl_coef > 0:
-                with torch.no_grad():
-                    ref = self.reference(batch)
-            res = micro_batch_loss(lp, mb, cfg, ref)
-            (res.loss_sum / step.total_weight).backward()
-            if real:
-                sums.add(res, lp.numel())
+    def _forward(self, samples: list) -> torch.Tensor:
+        return self.model(collate(samples, self.pad_id, self.device))
+
+    def _reference_forward(self, samples: list) -> torch.Tensor:
+        assert self.reference is not None
+        return self.reference(collate(samples, self.pad_id, self.device))
+
+    def _reduce(self, sums: StepSums) -> StepSums:
         summed = sums.sums_tensor().to(self.device)
         dist.all_reduce(summed, op=dist.ReduceOp.SUM)
         ratio_max = torch.tensor([sums.ratio_max], dtype=torch.float64, device=self.device)
         dist.all_reduce(ratio_max, op=dist.ReduceOp.MAX)
-        total = StepSums.from_reduced(summed.cpu(), float(ratio_max.item()))
-        grad_norm = torch.nn.utils.clip_grad_norm_(list(self.model.parameters()), cfg.max_grad_norm)
-        full_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        return StepSums.from_reduced(summed.cpu(), float(ratio_max.item()))
+
+    def train(self, step: Step) -> dict[str, object]:
+        """This rank's share of the one policy step (``engines/policy_step.run_policy_step``); the sums are
+        all-reduced, so every rank reports the whole step's metrics. ``trainer_logprobs``: this rank's samples'."""
+        self.config = step.config
+        self.model.train()
+        try:
+            metrics, used = run_policy_step(
+                step.micro_batches, forward=self._forward,
+                reference=self._reference_forward if self.reference is not None else None,
+                total_weight=step.total_weight, config=step.config, optimizer=self.policy_optimizer,
+                reduce=self._reduce, n_passes=step.n_micro, padding=[padding_sample(self.pad_id)])
+        finally:
+            self.model.eval()
+        return {**metrics, "trainer_logprobs": used}
+
+    @torch.no_grad()
+    def score(self, cmd: Score) -> dict[str, object]:
+        """Logprobs of this rank's share (no update); every rank runs ``n_micro`` passes (FSDP gathers)."""
         self.model.eval()
-        return {**total.metrics(step.total_weight), "grad_norm": float(full_norm),
-                "train_seconds": time.perf_counter() - start}
+        used = []
+        padding = [padding_sample(self.pad_id)]
+        for i in range(cmd.n_micro):
+            mb = cmd.micro_batches[i] if i < len(cmd.micro_batches) else padding
+            lp = self._forward(mb).float()
+            if i < len(cmd.micro_batches):
+                used.append([part.tolist() for part in lp.split([s.num_trained_tokens for s in mb])])
+        return {"logprobs": used}
 
     def commit(self, step: Step) -> dict[str, float | str]:
         """The weight export (gathered on every rank, written by rank 0), then the recovery snapshot."""
@@ -190,8 +210,8 @@ class RankTrainer:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         state = get_model_state_dict(self.lm, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        if self.rank == 0:
-            write_weights(state, path, skip=tied_keys(self.lm))
+        if self.rank == 0:  # untied, by the one rule (engines/weights.py): vLLM and the embedded engine read it
+            write_safetensors(untie(state), path)
 
     def _state(self) -> dict[str, dict]:
         from torch.distributed.checkpoint.state_dict import get_state_dict
@@ -248,6 +268,8 @@ def run_command(conn: Connection, trainer: RankTrainer, rank: int, cmd: object) 
     if isinstance(cmd, Step):
         conn.send(Done(rank, "trained", trainer.train(cmd)))
         conn.send(Done(rank, "committed", trainer.commit(cmd)))
+    elif isinstance(cmd, Score):
+        conn.send(Done(rank, "scored", trainer.score(cmd)))
     elif isinstance(cmd, Save):
         trainer.save(cmd.path)
         conn.send(Done(rank, "saved"))

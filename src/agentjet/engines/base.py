@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import abc
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,10 +75,6 @@ class TrainSample:
     advantages: list[float]
     temperature: float = 1.0
     weight: float = 1.0  # multiplies every token's loss (per-episode normalisation uses 1/k)
-    # Output, filled by engines that can: the logprob the update used for each trained token, in order (the trace
-    # viewer shows it next to the behaviour logprob).
-    trainer_logprobs: list[float] | None = field(default=None, compare=False, repr=False)
-
     def __post_init__(self) -> None:
         n = len(self.input_ids)
         for name in ("loss_mask", "behaviour_logprobs", "advantages"):
@@ -93,14 +89,24 @@ class TrainSample:
 
 
 @dataclass(frozen=True)
-class StepOutput:
-    """What a learner's train step gives back; the batch it was given is not changed.
+class StepOutput(Mapping[str, float]):
+    """What a train step gives back; the batch it was given is not changed. It reads as its metrics
+    (``out["loss"]``, ``{**out}``).
 
     ``trainer_logprobs[i]`` holds, for sample ``i`` of the batch (in the batch's order), the logprob the update
     used for each of its trained tokens, in order (the trace viewer shows it next to the behaviour logprob)."""
 
     metrics: dict[str, float]
-    trainer_logprobs: list[list[float]]
+    trainer_logprobs: list[list[float]] = field(default_factory=list)
+
+    def __getitem__(self, key: str) -> float:
+        return self.metrics[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.metrics)
+
+    def __len__(self) -> int:
+        return len(self.metrics)
 
 
 class Generator(abc.ABC):
@@ -133,6 +139,9 @@ class Generator(abc.ABC):
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release background workers and processes."""
+
+    def shutdown(self) -> None:  # noqa: B027 - optional hook
+        """``close`` from synchronous code (tests, benchmarks, scripts)."""
 
 
 class Learner(abc.ABC):
@@ -181,6 +190,9 @@ class Learner(abc.ABC):
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release threads and processes."""
 
+    def shutdown(self) -> None:  # noqa: B027 - optional hook
+        """``close`` from synchronous code (tests, benchmarks, scripts)."""
+
 
 class Engine(abc.ABC):
     """What the server drives: one model that generates and trains. Concurrent ``generate`` calls may be batched;
@@ -188,6 +200,7 @@ class Engine(abc.ABC):
     (``engines/composed.py``); the null engine implements this directly."""
 
     policy_version: int = 0
+    halted_reason: str | None = None  # set when training must stop (the server pauses and reports it)
 
     @property
     @abc.abstractmethod
@@ -204,7 +217,7 @@ class Engine(abc.ABC):
         token as it is produced (engines without streaming call it for all tokens at the end)."""
 
     @abc.abstractmethod
-    async def train_step(self, batch: list[TrainSample]) -> dict[str, float]: ...
+    async def train_step(self, batch: list[TrainSample]) -> StepOutput: ...
 
     @abc.abstractmethod
     def save(self, path: Path) -> None: ...

@@ -13,6 +13,7 @@ from agentjet.engines.base import (
     FinishReason,
     GenerationResult,
     SamplingParams,
+    StepOutput,
     TokenCallback,
     TrainSample,
 )
@@ -48,10 +49,11 @@ class NullEngine(Engine):
         return GenerationResult(ids, [-0.1] * len(ids), finish, self.policy_version,
                                 text=self._tokenizer.decode(ids, skip_special_tokens=True))
 
-    async def train_step(self, batch: list[TrainSample]) -> dict[str, float]:
+    async def train_step(self, batch: list[TrainSample]) -> StepOutput:
         self.trained.append(batch)
         self.policy_version += 1
-        return {"loss": 0.0, "samples": float(len(batch)), "policy_version": float(self.policy_version)}
+        # no trainer logprobs: nothing was computed (the trace viewer shows none)
+        return StepOutput({"loss": 0.0, "samples": float(len(batch)), "policy_version": float(self.policy_version)})
 
     def save(self, path: Path) -> None:
         Path(path).mkdir(parents=True, exist_ok=True)

@@ -1,22 +1,36 @@
-"""The pieces of one policy-gradient train step, shared by the embedded engine (``engines/hf.py``) and the
-FSDP2 trainer group (``agentjet.distributed``), so that both compute the same thing.
+"""The one policy-gradient train step, run by both learners: in process (``agentjet.learners.inprocess``) and
+each rank of an FSDP2 trainer group (``agentjet.distributed.worker``). They differ only in how a micro-batch's
+logprobs are computed (a plain module, or an FSDP root) and in how the sums are reduced (a no-op, or an
+all-reduce); the loop, the clipping, the optimizer and the metric names live here once.
 
-A step over a batch is: split it into micro-batches (:func:`micro_batches`), pad each one
+A step over a batch is: split it into micro-batches (:func:`micro_batch_indices`), pad each one
 (:func:`collate`), compute the logprob of every trained token (:func:`trained_token_logprobs`), take the
-PPO-clip loss against the samples' behaviour logprobs and advantages (:func:`micro_batch_loss`), and
+PPO-clip loss against the samples' behaviour logprobs and advantages (:func:`micro_batch_loss`; with a TIS cap,
+against the trainer's own detached logprobs, each token weighted by its truncated importance ratio), and
 backpropagate ``loss_sum / total_weight`` where the total weight is over the WHOLE batch
 (:func:`total_loss_weight`), so that splitting the batch (into micro-batches or across ranks) sums to the
-same gradient. :class:`StepSums` accumulates the metrics and turns them into the step's metrics dict.
+same gradient. :class:`StepSums` accumulates the metrics; :class:`PolicyOptimizer` clips and steps AdamW
+(through fp32 master copies when the weights are in low precision). :func:`run_policy_step` is the loop.
+
+Metric names (every learner reports these): ``loss``, ``pg_loss``, ``kl``, ``clip_frac``, ``ratio_max``,
+``mean_abs_logprob_diff`` (mean |trainer - behaviour| logprob of the trained tokens before the update: the
+train/sampler mismatch plus any staleness), ``mismatch_kl``, ``mismatch_k1``, ``tis_weight_mean``,
+``tis_truncated_frac``, ``trained_tokens``, ``grad_norm``, ``step_seconds`` (the loop, forward to optimizer
+step), ``samples``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 
 from agentjet.algorithms.loss import PolicyLossOutput, ppo_clip_loss
+from agentjet.algorithms.tis import tis_weights
 from agentjet.engines.base import TrainSample
 from agentjet.engines.logprobs import chunked_token_logprobs
 from agentjet.settings import EngineSettings, LossSettings
@@ -38,13 +52,27 @@ class StepConfig:
     logprob_chunk_tokens: int
     bf16: bool  # autocast the forward pass to bfloat16
     betas: tuple[float, float] = (0.9, 0.999)  # AdamW's defaults
+    # Truncated importance sampling against the sampler (vLLM): the PPO ratio is taken against the trainer's own
+    # detached logprobs and each token's advantage is scaled by min(p_trainer / p_behaviour, cap). None: PPO-clip
+    # against the behaviour logprobs.
+    tis_cap: float | None = None
 
     @classmethod
     def from_settings(cls, engine: EngineSettings, loss: LossSettings, learning_rate: float) -> StepConfig:
+        from agentjet.settings import EngineKind
+
         return cls(learning_rate=learning_rate, weight_decay=engine.weight_decay, max_grad_norm=engine.max_grad_norm,
                    clip_eps_low=loss.clip_eps_low, clip_eps_high=loss.clip_eps_high, kl_coef=loss.kl_coef,
                    micro_batch_tokens=engine.micro_batch_tokens, logprob_chunk_tokens=engine.logprob_chunk_tokens,
-                   bf16=engine.autocast_bf16)
+                   bf16=engine.autocast_bf16,
+                   tis_cap=engine.vllm.tis_cap if engine.kind is EngineKind.VLLM else None)
+
+    def with_loss(self, loss: LossSettings) -> StepConfig:
+        """This config with the live loss settings (clip range, KL coefficient) replaced."""
+        import dataclasses
+
+        return dataclasses.replace(self, clip_eps_low=loss.clip_eps_low, clip_eps_high=loss.clip_eps_high,
+                                   kl_coef=loss.kl_coef)
 
 
 def total_loss_weight(batch: list[TrainSample]) -> float:
@@ -52,17 +80,25 @@ def total_loss_weight(batch: list[TrainSample]) -> float:
     return float(sum(s.weight * s.num_trained_tokens for s in batch))
 
 
-def micro_batches(batch: list[TrainSample], max_tokens: int) -> list[list[TrainSample]]:
-    """Samples sorted by length, cut into groups whose padded size (width x rows) stays within ``max_tokens``
-    (a sample longer than that gets a group of its own)."""
-    order = sorted(batch, key=lambda s: len(s.input_ids))
-    groups: list[list[TrainSample]] = [[]]
-    for s in order:
-        width = max([len(s.input_ids)] + [len(x.input_ids) for x in groups[-1]])
-        if groups[-1] and width * (len(groups[-1]) + 1) > max_tokens:
+def micro_batch_indices(batch: Sequence[TrainSample], max_tokens: int) -> list[list[int]]:
+    """Indices into ``batch``, sorted by sample length, cut into groups whose padded size (width x rows) stays
+    within ``max_tokens`` (a sample longer than that gets a group of its own)."""
+    order = sorted(range(len(batch)), key=lambda i: len(batch[i].input_ids))
+    groups: list[list[int]] = [[]]
+    width = 0
+    for i in order:
+        n = len(batch[i].input_ids)
+        if groups[-1] and max(width, n) * (len(groups[-1]) + 1) > max_tokens:
             groups.append([])
-        groups[-1].append(s)
+            width = 0
+        groups[-1].append(i)
+        width = max(width, n)
     return groups if groups[0] else []
+
+
+def micro_batches(batch: list[TrainSample], max_tokens: int) -> list[list[TrainSample]]:
+    """:func:`micro_batch_indices` as the samples themselves."""
+    return [[batch[i] for i in mb] for mb in micro_batch_indices(batch, max_tokens)]
 
 
 @dataclass(frozen=True)
@@ -125,12 +161,44 @@ def token_targets(samples: list[TrainSample], device: torch.device | str = "cpu"
     return old, adv, w
 
 
+@dataclass(frozen=True)
+class Mismatch:
+    """Trainer vs behaviour logprobs of a micro-batch's trained tokens, as sums (summable across ranks)."""
+
+    k3: float  # sum of exp(r) - r - 1 with r = log p_trainer - log p_behaviour: KL(p_s || p_t) per token
+    k1: float  # sum of -r
+    tis_weight: float  # sum of the TIS weights (the token count when no cap)
+    truncated: float  # tokens whose weight hit the cap
+
+
+def mismatch_of(trainer: torch.Tensor, behaviour: torch.Tensor, cap: float | None) -> tuple[Mismatch, torch.Tensor]:
+    """The sums and the per-token TIS weights (ones when ``cap`` is None)."""
+    log_r = (trainer.detach() - behaviour).double()
+    k3 = torch.exp(log_r.clamp(max=20.0)) - log_r - 1.0
+    if cap is None:
+        weights = torch.ones_like(log_r)
+        truncated = 0.0
+    else:
+        weights = tis_weights(trainer.detach().double(), behaviour.double(), cap)
+        truncated = float((log_r >= torch.log(torch.tensor(cap, dtype=torch.float64))).sum())
+    return Mismatch(float(k3.sum()), float((-log_r).sum()), float(weights.sum()), truncated), weights
+
+
 def micro_batch_loss(logprobs: torch.Tensor, samples: list[TrainSample], config: StepConfig,
-                     ref_logprobs: torch.Tensor | None = None) -> PolicyLossOutput:
-    """The PPO-clip loss (a weighted sum, not yet normalised) of one micro-batch's trained tokens."""
-    old, adv, w = token_targets(samples, logprobs.device)
-    return ppo_clip_loss(logprobs, old, adv, w, config.clip_eps_low, config.clip_eps_high, ref_logprobs,
-                         config.kl_coef)
+                     ref_logprobs: torch.Tensor | None = None) -> tuple[PolicyLossOutput, Mismatch]:
+    """The PPO-clip loss (a weighted sum, not yet normalised) of one micro-batch's trained tokens, and its
+    trainer/behaviour mismatch. With ``config.tis_cap`` the ratio is taken against the trainer's own detached
+    logprobs (the proximal policy) and each advantage is scaled by its truncated importance weight."""
+    behaviour, adv, w = token_targets(samples, logprobs.device)
+    mismatch, tis = mismatch_of(logprobs, behaviour, config.tis_cap)
+    old = behaviour
+    if config.tis_cap is not None:
+        old = logprobs.detach()
+        adv = adv * tis.to(adv.dtype)
+    res = ppo_clip_loss(logprobs, old, adv, w, config.clip_eps_low, config.clip_eps_high, ref_logprobs,
+                        config.kl_coef)
+    res.abs_logprob_diff_sum = float((logprobs.detach() - behaviour).abs().sum())
+    return res, mismatch
 
 
 @dataclass
@@ -142,19 +210,28 @@ class StepSums:
     kl: float = 0.0
     clipped: float = 0.0
     absdiff: float = 0.0
+    mismatch_k3: float = 0.0
+    mismatch_k1: float = 0.0
+    tis_weight: float = 0.0
+    tis_truncated: float = 0.0
     tokens: float = 0.0
     ratio_max: float = 0.0  # a maximum, not a sum
 
-    def add(self, res: PolicyLossOutput, n_tokens: int) -> None:
+    def add(self, res: PolicyLossOutput, mismatch: Mismatch, n_tokens: int) -> None:
         self.loss += float(res.loss_sum.detach())
         self.pg += res.pg_sum
         self.kl += res.kl_sum
         self.clipped += res.clipped
         self.absdiff += res.abs_logprob_diff_sum
+        self.mismatch_k3 += mismatch.k3
+        self.mismatch_k1 += mismatch.k1
+        self.tis_weight += mismatch.tis_weight
+        self.tis_truncated += mismatch.truncated
         self.tokens += n_tokens
         self.ratio_max = max(self.ratio_max, res.ratio_max)
 
-    SUMMED = ("loss", "pg", "kl", "clipped", "absdiff", "tokens")
+    SUMMED = ("loss", "pg", "kl", "clipped", "absdiff", "mismatch_k3", "mismatch_k1", "tis_weight", "tis_truncated",
+              "tokens")
 
     def sums_tensor(self) -> torch.Tensor:
         """The summed fields as one float64 tensor (for an all-reduce with SUM)."""
@@ -166,12 +243,113 @@ class StepSums:
         return cls(**dict(zip(cls.SUMMED, sums.tolist(), strict=True)), ratio_max=ratio_max)
 
     def metrics(self, total_weight: float) -> dict[str, float]:
+        n = max(self.tokens, 1)
         return {
             "loss": self.loss / total_weight,
             "pg_loss": self.pg / total_weight,
             "kl": self.kl / total_weight,
-            "clip_frac": self.clipped / max(self.tokens, 1),
+            "clip_frac": self.clipped / n,
             "ratio_max": self.ratio_max,
-            "mean_abs_logprob_diff": self.absdiff / max(self.tokens, 1),
+            "mean_abs_logprob_diff": self.absdiff / n,
+            "mismatch_kl": self.mismatch_k3 / n,
+            "mismatch_k1": self.mismatch_k1 / n,
+            "tis_weight_mean": self.tis_weight / n if self.tokens else 1.0,
+            "tis_truncated_frac": self.tis_truncated / n,
             "trained_tokens": float(self.tokens),
         }
+
+
+class PolicyOptimizer:
+    """AdamW over the trained parameters, built once from a :class:`StepConfig` whose learning rate, betas and
+    weight decay are re-applied at every step (so live changes take effect at the next step). Weights in bf16 or
+    fp16 get fp32 master copies that AdamW steps; the weights are then copied from them in place (stepped
+    directly, bf16 weights round most small updates away: tests/test_training_precision.py). Gradient clipping
+    handles plain tensors and FSDP2's DTensors alike."""
+
+    def __init__(self, params: list[torch.nn.Parameter], config: StepConfig) -> None:
+        self.params = params
+        low = any(p.dtype in (torch.bfloat16, torch.float16) for p in params)
+        self.masters: list[torch.Tensor] = [p.detach().float().clone() for p in params] if low else []
+        self.optimizer = torch.optim.AdamW(self.masters or params, lr=config.learning_rate, betas=config.betas,
+                                           weight_decay=config.weight_decay)
+
+    def apply(self, config: StepConfig) -> None:
+        for group in self.optimizer.param_groups:
+            group.update(lr=config.learning_rate, betas=config.betas, weight_decay=config.weight_decay)
+
+    def step(self, config: StepConfig) -> float:
+        """Clip the gradients to ``config.max_grad_norm`` and step; returns the (total) gradient norm."""
+        self.apply(config)
+        stepped = self.masters or self.params
+        if self.masters:
+            for p, m in zip(self.params, self.masters, strict=True):
+                m.grad = p.grad.float() if p.grad is not None else None
+                p.grad = None
+        grad_norm = torch.nn.utils.clip_grad_norm_(stepped, config.max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.masters:
+            with torch.no_grad():
+                for p, m in zip(self.params, self.masters, strict=True):
+                    p.copy_(m)
+        full = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+        return float(full)
+
+    def sync_masters(self) -> None:
+        """The weights changed outside a step (a checkpoint was loaded): the masters follow."""
+        if not self.masters:
+            return
+        with torch.no_grad():
+            for p, m in zip(self.params, self.masters, strict=True):
+                m.copy_(p)
+
+    def state_dict(self) -> dict[str, Any]:
+        state = self.optimizer.state_dict()
+        return {"optimizer": state, "masters": self.masters} if self.masters else state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.sync_masters()  # from the loaded weights, unless the state holds the exact masters
+        if "masters" in state:
+            with torch.no_grad():
+                for m, saved in zip(self.masters, state["masters"], strict=False):
+                    if saved.shape == m.shape:
+                        m.copy_(saved)
+            state = state["optimizer"]
+        self.optimizer.load_state_dict(state)
+
+
+LogprobFn = Callable[[list[TrainSample]], torch.Tensor]
+
+
+def run_policy_step(micro: Sequence[list[TrainSample]], *, forward: LogprobFn, reference: LogprobFn | None,
+                    total_weight: float, config: StepConfig, optimizer: PolicyOptimizer,
+                    reduce: Callable[[StepSums], StepSums] = lambda s: s, n_passes: int | None = None,
+                    padding: list[TrainSample] | None = None) -> tuple[dict[str, float], list[list[list[float]]]]:
+    """One policy-gradient step over this process's micro-batches: forward, loss, backward per micro-batch, then
+    reduce the sums (a trainer group all-reduces them), clip and step. A trainer-group rank runs ``n_passes``
+    passes in all (FSDP collectives must match across ranks), the extra ones over ``padding``, a zero-weight
+    sample. Returns the metrics and, per micro-batch and sample, the trained tokens' logprobs the update used."""
+    start = time.perf_counter()
+    if total_weight <= 0:
+        raise ValueError("train_step: the batch has no trained tokens (all loss masks are 0)")
+    sums = StepSums()
+    used: list[list[list[float]]] = []
+    for i in range(n_passes if n_passes is not None else len(micro)):
+        real = i < len(micro)
+        mb = micro[i] if real else padding
+        if mb is None:
+            raise ValueError("run_policy_step: more passes than micro-batches and no padding sample")
+        lp = forward(mb)
+        ref = None
+        if reference is not None and config.kl_coef > 0:
+            with torch.no_grad():
+                ref = reference(mb)
+        res, mismatch = micro_batch_loss(lp, mb, config, ref)
+        (res.loss_sum / total_weight).backward()
+        if real:
+            sums.add(res, mismatch, lp.numel())
+            used.append([part.tolist() for part in lp.detach().float().split([s.num_trained_tokens for s in mb])])
+    total = reduce(sums)
+    grad_norm = optimizer.step(config)
+    return {**total.metrics(total_weight), "grad_norm": grad_norm,
+            "step_seconds": time.perf_counter() - start}, used

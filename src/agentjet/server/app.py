@@ -13,11 +13,12 @@ import uvicorn
 from fastapi import FastAPI
 
 from agentjet.engines.base import Engine
+from agentjet.layouts import build_engine
 from agentjet.observe import dashboard
 from agentjet.server import control, openai_api, swarm_api
 from agentjet.server.errors import BodySizeLimit, install_error_handlers
 from agentjet.server.swarm import SwarmServer
-from agentjet.settings import EngineKind, ServerConfig
+from agentjet.settings import ServerConfig
 
 log = logging.getLogger(__name__)
 
@@ -47,30 +48,6 @@ def create_app(server: SwarmServer) -> FastAPI:
     dashboard.install(app, server.observe, server.metrics, server.config.observe,
                       cookie_name=f"ajet_dash_{server.config.port}")  # /dashboard, its APIs and /metrics
     return app
-
-
-def build_engine(config: ServerConfig) -> Engine:
-    """The engine the settings ask for; the whole ``engine`` block (and the loss settings) goes to it."""
-    if config.engine.kind is EngineKind.NULL:
-        from transformers import AutoTokenizer
-
-        from agentjet.engines.null import NullEngine
-        from agentjet.models import resolve_model
-
-        return NullEngine(AutoTokenizer.from_pretrained(resolve_model(config.model)), reply=config.engine.null_reply,
-                          delay_s=config.engine.null_delay_ms / 1000)
-    from agentjet.engines.hf import HFEngine
-
-    if config.trainer.procs:  # the embedded engine generates, an FSDP2 trainer group trains
-        from agentjet.distributed.engine import build_group_engine
-
-        return build_group_engine(config)
-    if config.engine.kind is EngineKind.VLLM:  # vLLM generates, the embedded engine's training half trains
-        from agentjet.engines.vllm import VLLMEngine
-
-        return VLLMEngine(config.model, config.engine, config.loss, config.training.learning_rate,
-                          work_dir=config.data_dir / "vllm")
-    return HFEngine(config.model, config.engine, config.loss, config.training.learning_rate)
 
 
 def serve(config: ServerConfig, engine: Engine | None = None) -> None:

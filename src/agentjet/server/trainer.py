@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agentjet.algorithms import AdvantageEstimator, compute_advantages
-from agentjet.engines.base import Engine, TrainSample
+from agentjet.engines.base import Engine, StepOutput, TrainSample
 from agentjet.engines.errors import TrainingHaltedError
 from agentjet.observe.events import StepObserver, StepRecord, TrainedSample, staleness_metrics
 from agentjet.protocol import reward_mean
@@ -281,7 +281,9 @@ class Trainer:
             return {}
         version_before = self.engine.policy_version
         t1 = self.clock.monotonic()
-        metrics = await self.engine.train_step(batch)
+        out = await self.engine.train_step(batch)
+        metrics = dict(out)
+        trainer_logprobs = out.trainer_logprobs if isinstance(out, StepOutput) else []
         t2 = self.clock.monotonic()
         staleness = [version_before - ep.min_policy_version for g in groups for ep in g.episodes]
         metrics = {**metrics, "reward_mean": sum(rewards) / max(len(rewards), 1), "groups": float(len(groups)),
@@ -302,8 +304,9 @@ class Trainer:
         if self.observer is not None:
             record = StepRecord(step=step, policy_version=self.engine.policy_version, time=self.clock.time(),
                                 metrics=metrics, staleness=staleness,
-                                samples=[TrainedSample(eid, i, agent, adv, ts.trainer_logprobs)
-                                         for (eid, i, agent, adv), ts in zip(refs, batch, strict=True)])
+                                samples=[TrainedSample(eid, i, agent, adv,
+                                                       trainer_logprobs[k] if k < len(trainer_logprobs) else None)
+                                         for k, (eid, i, agent, adv) in enumerate(refs)])
             await asyncio.to_thread(self.observer.on_step, record)
         if self.settings.checkpoint_every and step % self.settings.checkpoint_every == 0:
             try:
@@ -346,7 +349,7 @@ class Trainer:
         self._waited_s = self.clock.monotonic() - self._idle_since
         try:
             async with self.step_lock:
-                return await self.train_on(batch)
+                metrics = await self.train_on(batch)
         except BaseException:
             for g in batch:  # not consumed: back into the pool
                 for ep in g.episodes:
@@ -355,6 +358,9 @@ class Trainer:
         finally:
             self.in_step = 0
             self._idle_since = self.clock.monotonic()
+        if self.engine.halted_reason is not None:  # the step counted; the engine cannot go on: pause now
+            raise TrainingHaltedError(self.engine.halted_reason)
+        return metrics
 
     async def run(self) -> None:
         while not self._stopping:

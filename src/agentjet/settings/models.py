@@ -191,8 +191,8 @@ class LoraSettings(_Section):
 
 
 class EngineKind(enum.StrEnum):
-    HF = "hf"  # the embedded transformers engine (CPU or one CUDA device)
-    VLLM = "vllm"  # vLLM generates (a managed subprocess), the embedded engine trains (docs/vllm.md)
+    HF = "hf"  # the embedded transformers generator (CPU or one CUDA device)
+    VLLM = "vllm"  # vLLM generates (a managed subprocess); the learner trains (docs/vllm.md)
     NULL = "null"  # canned replies and no-op training (benchmarks, protocol tests)
 
 
@@ -221,6 +221,9 @@ class VLLMSettings(_Section):
                                "(VLLM_CPU_NUM_OF_RESERVED_CPU)")
     extra_args: Annotated[list[str], BeforeValidator(_split_args)] = Field(default_factory=list, description="more command-line arguments for vLLM's "
                                   "server, passed as given (e.g. ['--tensor-parallel-size', '2'])")
+    cuda_visible_devices: str | None = Field(None, pattern=r"^\d+(,\d+)*$", description="GPU builds: the GPUs of "
+                                             "this node vLLM uses, e.g. '0,1' when the trainer group holds 2-7 "
+                                             "(None: every GPU the server sees)")
     extra_env: Annotated[dict[str, str], BeforeValidator(_parse_mapping)] = Field(default_factory=dict, description="more environment variables for vLLM "
                                       "(e.g. {'CUDA_VISIBLE_DEVICES': '0'})")
     startup_timeout_s: float = Field(600.0, gt=0, le=7200, description="how long a start may take to answer "
@@ -263,8 +266,9 @@ class VLLMSettings(_Section):
 class EngineSettings(_Section):
     """The engine that owns the weights: where it runs, how it batches, how it trains (restart to change)."""
 
-    kind: EngineKind = Field(EngineKind.HF, description="hf (the embedded engine), vllm (vLLM generates, "
-                             "make setup-vllm) or null (canned replies)",
+    kind: EngineKind = Field(EngineKind.HF, description="the generator: hf (the embedded engine), vllm (vLLM "
+                             "generates, make setup-vllm) or null (canned replies); the learner is in process, or a "
+                             "trainer group with trainer.procs",
                              json_schema_extra={"flag": "engine"})
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$", description="auto (CUDA when present), "
                         "cpu, cuda or cuda:N")
@@ -296,6 +300,9 @@ class EngineSettings(_Section):
     null_reply: str = Field("The answer is 7.", max_length=10_000, description="the null engine's canned reply")
     null_delay_ms: float = Field(0.0, ge=0, le=60_000, description="the null engine's time per generation "
                                  "(to simulate a model in benchmarks)")
+    colocate: bool = Field(False, description="let the generator and the learner share GPUs on purpose (e.g. vLLM "
+                           "with a low gpu_memory_utilization beside a one-rank trainer group); otherwise an "
+                           "overlap is an error at start-up")
     lora: LoraSettings = Field(default_factory=LoraSettings)
     vllm: VLLMSettings = Field(default_factory=VLLMSettings)
 
@@ -432,10 +439,10 @@ class ServerConfig(_Section):
     trainer: TrainerGroupSettings = Field(default_factory=TrainerGroupSettings)
 
     @model_validator(mode="after")
-    def _trainer_group_needs_the_embedded_engine(self) -> ServerConfig:
-        if self.trainer.procs and self.engine.kind is not EngineKind.HF:
-            raise ValueError(f"trainer.procs ({self.trainer.procs}) trains the embedded engine's model: it needs "
-                             f"engine.kind hf, not {self.engine.kind.value}")
+    def _trainer_group_trains_full_weights(self) -> ServerConfig:
+        if self.trainer.procs and self.engine.lora.enabled:
+            raise ValueError(f"trainer.procs ({self.trainer.procs}) trains the full weights with FSDP2: it cannot "
+                             "train LoRA adapters (engine.lora.rank 0, or trainer.procs 0)")
         return self
 
     @field_validator("log_level", mode="before")

@@ -16,7 +16,7 @@ from agentjet.engines.hf.rows import Row, RowRules, top_lists
 from agentjet.engines.sampling import sample_next
 
 
-class HFGenerator:
+class StaticGenerator:
     def __init__(self, model: torch.nn.Module, rules: RowRules, device: torch.device) -> None:
         self.model = model
         self.rules = rules

@@ -1,5 +1,6 @@
-"""``VLLMEngine``: vLLM (a managed subprocess on loopback) generates; the embedded engine's training half
-trains; after every train step the new weights go to vLLM and a probe checks that they serve.
+"""``VLLMGenerator``: vLLM (a managed subprocess on loopback) generates. It trains nothing: a learner does, and
+the new weights reach vLLM through a seam after every step (``engines/vllm/sync.py``: safetensors + reload, or
+``native_sync.py``: NCCL), each checked by a probe re-scored against the learner.
 
 Policy versions: ``policy_version`` is the version vLLM *serves*. A request records the version current when
 it was sent to vLLM. New requests wait while weights are being swapped, and the version changes only once
@@ -17,23 +18,19 @@ import os
 import socket
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from agentjet.algorithms.tis import mismatch_stats, tis_weights
 from agentjet.engines.base import (
-    Engine,
     FinishReason,
     GenerationResult,
+    Generator,
     SamplingParams,
     TokenCallback,
     TrainSample,
 )
 from agentjet.engines.errors import EngineUnavailableError, TrainingHaltedError
-from agentjet.engines.vllm import weights
 from agentjet.engines.vllm.client import (
     Completion,
     VLLMClient,
@@ -42,14 +39,16 @@ from agentjet.engines.vllm.client import (
     VLLMRequestError,
 )
 from agentjet.engines.vllm.probe import ProbeResult, compare, probe_prompt_ids
-from agentjet.engines.vllm.process import LaunchSpec, ManagedProcess, ProcessStartError, ProcessState, Timing
-from agentjet.settings import EngineSettings, LossSettings
+from agentjet.engines.vllm.process import LaunchSpec, ManagedProcess, ProcessState, Timing
+from agentjet.settings import VLLMSettings
 
 log = logging.getLogger(__name__)
 
 BASE_NAME = "policy"  # the name vLLM serves the base (full-weights) model under
 PROBE_SEED = 1234
 RETRY_AFTER_S = 30.0
+
+Scorer = Callable[[list[TrainSample]], Awaitable[list[list[float]]]]  # a learner's ``score``
 
 
 def _free_port(host: str) -> int:
@@ -58,34 +57,29 @@ def _free_port(host: str) -> int:
         return int(s.getsockname()[1])
 
 
-class VLLMEngine(Engine):
+class VLLMGenerator(Generator):
     def __init__(
         self,
-        model: str | Path = "smollm2-135m-instruct",
-        engine: EngineSettings | None = None,
-        loss: LossSettings | None = None,
-        learning_rate: float = 1e-5,
+        model_dir: Path,
+        tokenizer: Any,
+        settings: VLLMSettings,
         *,
+        stop_ids: set[int],
+        max_context: int,
+        seed: int = 0,
+        lora_adapters: bool = False,
         work_dir: Path = Path("runs/vllm"),
-        trainer: Any = None,
         start: bool = True,
     ) -> None:
-        """``engine.vllm`` configures vLLM; the rest of ``engine`` (device, dtype, LoRA, ...) configures the training
-        half. ``trainer``: the training half (default: an ``HFEngine``). Only its ``train_step_sync``, ``score``,
-        ``save``, ``load``, ``model``, ``tokenizer``, ``lora``, ``policy_version``, ``max_context`` and
-        ``set_learning_rate`` are used."""
-        engine = engine or EngineSettings()
-        self.settings = engine.vllm
-        if trainer is None:
-            from agentjet.engines.hf import HFEngine
-
-            trainer = HFEngine(model, engine.model_copy(update={"max_batch_size": 1}), loss, learning_rate)
-        self.trainer = trainer
-        self.seed = engine.seed
-        self.uses_lora = getattr(trainer, "lora", None) is not None
+        """vLLM serving the model directory ``model_dir`` (for full-weight training an untied export: see
+        ``engines/weights.py``). ``lora_adapters``: new weights arrive as LoRA adapters under versioned names.
+        ``max_context``: the model's own limit (vLLM serves ``min(max_model_len, max_context)``)."""
+        self.settings = s = settings
+        self._tokenizer = tokenizer
+        self.seed = seed
+        self.uses_lora = lora_adapters
+        self._model_limit = max_context
         self.work_dir = Path(work_dir).resolve()
-        self.base_model_dir = Path(trainer.model_path).resolve()
-        s = self.settings
         self.port = s.port or _free_port(s.host)
         self.url = f"http://{s.host}:{self.port}"
         self.client = VLLMClient(self.url, request_timeout_s=s.request_timeout_s,
@@ -93,9 +87,8 @@ class VLLMEngine(Engine):
         self.process = ManagedProcess(self._launch_spec, Timing(
             startup_timeout_s=s.startup_timeout_s, stop_timeout_s=s.stop_timeout_s, max_restarts=s.max_restarts,
             restart_backoff_s=s.restart_backoff_s, watch_interval_s=s.watch_interval_s))
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentjet-vllm-trainer")
-        self.policy_version = int(trainer.policy_version)
-        self._model_dir = self.base_model_dir  # what vLLM (re)starts from; an untied export for full weights
+        self.policy_version = 0
+        self._model_dir = Path(model_dir).resolve()  # what vLLM (re)starts from
         self._adapter: tuple[str, Path] | None = None  # LoRA: the adapter that serves now
         self._inflight: Counter[str] = Counter()  # requests in flight per served model / adapter name
         self._retired: set[str] = set()  # adapters to unload once their last request finishes
@@ -103,7 +96,7 @@ class VLLMEngine(Engine):
         self._syncing = False
         self._serving_events: dict[asyncio.AbstractEventLoop, asyncio.Event] = {}
         self.halted_reason: str | None = None
-        self._stop_ids = self._default_stop_ids()
+        self._stop_ids = set(stop_ids)
         self._probe_ids = probe_prompt_ids(self.tokenizer, self.max_context)
         self.stats: dict[str, float] = {"generate_requests": 0, "generated_tokens": 0, "train_steps": 0,
                                         "syncs": 0, "last_sync_seconds": 0.0, "probe_logprob_diff": float("nan"),
@@ -114,11 +107,15 @@ class VLLMEngine(Engine):
     # ------------------------------------------------------------------ properties
     @property
     def tokenizer(self) -> Any:
-        return self.trainer.tokenizer
+        return self._tokenizer
 
     @property
     def max_context(self) -> int:
-        return min(self.settings.max_model_len, int(self.trainer.max_context))
+        return min(self.settings.max_model_len, int(self._model_limit))
+
+    @property
+    def capacity(self) -> int:
+        return 256  # vLLM schedules its own batch; the client's connection pool bounds what is in flight
 
     @property
     def stop_token_ids(self) -> set[int]:
@@ -129,16 +126,6 @@ class VLLMEngine(Engine):
     def stop_token_ids(self, ids: set[int]) -> None:
         self._stop_ids = set(ids)
 
-    def _default_stop_ids(self) -> set[int]:
-        ids: set[int] = set()
-        gen = getattr(self.trainer.model, "generation_config", None)
-        for value in (getattr(gen, "eos_token_id", None), self.tokenizer.eos_token_id):
-            if isinstance(value, int):
-                ids.add(value)
-            elif isinstance(value, list):
-                ids.update(value)
-        return ids
-
     def engine_stats(self) -> dict[str, Any]:
         c = self.process.counters
         return {**self.stats, "policy_version": self.policy_version, "process_state": self.process.state.value,
@@ -147,11 +134,7 @@ class VLLMEngine(Engine):
 
     # ------------------------------------------------------------------ the subprocess
     def start(self) -> None:
-        """Export the starting weights (full: untied, see weights.py) and start vLLM; blocks until healthy."""
-        if not self.uses_lora:
-            self._model_dir = weights.export_full(self.trainer.model, self.tokenizer,
-                                                  weights.version_dir(self.work_dir / "weights", self.policy_version),
-                                                  self.settings.dtype)
+        """Start vLLM; blocks until healthy."""
         self.process.start()
 
     def _launch_spec(self) -> LaunchSpec:
@@ -184,6 +167,8 @@ class VLLMEngine(Engine):
             "TORCHINDUCTOR_CACHE_DIR": str(run / "cache/inductor"),
             "TMPDIR": str(run / "tmp"),
         })
+        if s.cuda_visible_devices is not None:
+            env["CUDA_VISIBLE_DEVICES"] = s.cuda_visible_devices
         if s.platform == "cpu":
             env["VLLM_CPU_KVCACHE_SPACE"] = f"{s.kv_cache_gib:g}"
             env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(s.reserved_cpus)
@@ -353,94 +338,24 @@ class VLLMEngine(Engine):
         except VLLMError as exc:  # a restart already dropped it, or vLLM is down: nothing to free
             log.info("unloading LoRA adapter %s: %s", name, exc)
 
-    # ------------------------------------------------------------------ training
-    async def train_step(self, batch: list[TrainSample]) -> dict[str, float]:
-        if not batch:
-            raise ValueError("train_step needs at least one sample")
-        if self.halted_reason is not None:
-            raise TrainingHaltedError(self.halted_reason)
-        loop = asyncio.get_running_loop()
-        start = time.perf_counter()
-        prepared, mismatch = await loop.run_in_executor(self._executor, self.prepare_batch, batch)
-        metrics = await loop.run_in_executor(self._executor, self.trainer.train_step_sync, prepared)
-        sync = await self.sync_weights()
-        self.stats["train_steps"] += 1
-        return {**metrics, **mismatch, **sync, "mean_abs_logprob_diff": mismatch["mismatch_abs_diff"],
-                "step_seconds": time.perf_counter() - start, "policy_version": float(self.policy_version)}
+    # ------------------------------------------------------------------ new weights (called by the seams)
+    @property
+    def syncing(self) -> bool:
+        return self._syncing
 
-    def prepare_batch(self, batch: list[TrainSample]) -> tuple[list[TrainSample], dict[str, float]]:
-        """The trainer recomputes every trained token's logprob. With ``tis_cap``, these become the proximal
-        logprobs of the PPO ratio and each token's advantage is scaled by its truncated importance weight
-        ``min(p_trainer / p_vllm, cap)`` (equivalent to weighting its loss: the weight is positive and
-        detached). Returns the samples to train on and the mismatch metrics."""
-        scored = self.trainer.score(batch)
-        cap = self.settings.tis_cap
-        out: list[TrainSample] = []
-        all_t: list[float] = []
-        all_b: list[float] = []
-        for sample, lps in zip(batch, scored, strict=True):
-            idx = [j for j, m in enumerate(sample.loss_mask) if m]
-            if len(idx) != len(lps):
-                raise RuntimeError(f"the trainer scored {len(lps)} tokens, the sample trains {len(idx)}")
-            behaviour = [sample.behaviour_logprobs[j] for j in idx]
-            all_t += lps
-            all_b += behaviour
-            if cap is None:
-                out.append(sample)
-                continue
-            w = tis_weights(torch.tensor(lps, dtype=torch.float64), torch.tensor(behaviour, dtype=torch.float64),
-                            cap).tolist()
-            new_lp = list(sample.behaviour_logprobs)
-            new_adv = list(sample.advantages)
-            for j, lp, wj in zip(idx, lps, w, strict=True):
-                new_lp[j] = lp
-                new_adv[j] = sample.advantages[j] * wj
-            out.append(TrainSample(input_ids=sample.input_ids, loss_mask=sample.loss_mask,
-                                   behaviour_logprobs=new_lp, advantages=new_adv, temperature=sample.temperature,
-                                   weight=sample.weight))
-        stats = mismatch_stats(torch.tensor(all_t, dtype=torch.float64), torch.tensor(all_b, dtype=torch.float64), cap)
-        return out, stats.as_metrics()
+    def open_gate(self) -> None:
+        self._set_gate(True)
 
-    # ------------------------------------------------------------------ weight sync
-    async def sync_weights(self) -> dict[str, float]:
-        """Bring vLLM to the trainer's weights; raise TrainingHaltedError (and stop serving) if that fails or
-        the probe shows that vLLM does not serve them."""
-        version = int(self.trainer.policy_version)
-        s = self.settings
-        t0 = time.perf_counter()
-        try:
-            async with asyncio.timeout(s.sync_timeout_s):
-                metrics = await (self._sync_lora(version) if self.uses_lora else self._sync_full(version))
-        except TimeoutError as exc:
-            await self._best_effort_resume()
-            self._halt(f"the weight sync to policy v{version} did not finish within {s.sync_timeout_s:.0f}s "
-                       "(sync_timeout_s); vLLM may still serve the old weights")
-            raise TrainingHaltedError(self.halted_reason or "") from exc
-        except (VLLMError, ProcessStartError) as exc:
-            await self._best_effort_resume()
-            self._halt(f"the weight sync to policy v{version} failed: {exc}")
-            raise TrainingHaltedError(self.halted_reason or "") from exc
-        finally:
-            self._set_gate(True)
-        seconds = time.perf_counter() - t0
-        self.stats["syncs"] += 1
-        self.stats["last_sync_seconds"] = seconds
-        return {**metrics, "sync_seconds": seconds, "vllm_restarts": float(self.process.counters.restarts)}
-
-    async def _best_effort_resume(self) -> None:
+    async def best_effort_resume(self) -> None:
         if self.uses_lora:
             return
         with contextlib.suppress(VLLMError):
             await self.client.resume()
 
-    async def _sync_full(self, version: int) -> dict[str, float]:
-        loop = asyncio.get_running_loop()
-        t0 = time.perf_counter()
-        target = weights.version_dir(self.work_dir / "weights", version)
-        path = await loop.run_in_executor(self._executor, weights.export_full, self.trainer.model, self.tokenizer,
-                                          target, self.settings.dtype)
-        export_s = time.perf_counter() - t0
-        self._model_dir = path  # a restart from now on loads these weights from disk
+    async def swap_full(self, path: Path, version: int, scorer: Scorer) -> dict[str, float]:
+        """Serve the full weights of the model directory ``path`` as ``version``: pause -> reload -> reset the
+        prefix cache -> resume (requests wait meanwhile), then the probe against ``scorer``."""
+        self._model_dir = Path(path)  # a restart from now on loads these weights from disk
         t1 = time.perf_counter()
         for attempt in (1, 2):  # one retry when vLLM went down mid-swap (it restarts from `path`)
             await self._wait_process_ready(self.settings.sync_timeout_s)
@@ -453,10 +368,10 @@ class VLLMEngine(Engine):
                     raise
                 log.warning("vLLM went away during the weight swap; retrying once it is back")
         swap_s = time.perf_counter() - t1
-        probe = await self._checked_probe(BASE_NAME, version)
+        probe = await self._checked_probe(BASE_NAME, version, scorer)
         self.policy_version = version
-        weights.prune_versions(self.work_dir / "weights", self.settings.keep_weight_versions, {path})
-        return {**probe.as_metrics(), "export_seconds": export_s, "swap_seconds": swap_s}
+        self._after_sync(swap_s)
+        return {**probe.as_metrics(), "swap_seconds": swap_s}
 
     async def _swap(self, path: Path) -> None:
         """pause -> reload -> reset prefix cache -> resume (resume also when a step in between fails)."""
@@ -469,43 +384,44 @@ class VLLMEngine(Engine):
         finally:
             await self.client.resume()
 
-    async def _sync_lora(self, version: int) -> dict[str, float]:
-        loop = asyncio.get_running_loop()
-        t0 = time.perf_counter()
-        target = weights.version_dir(self.work_dir / "adapters", version)
-        path = await loop.run_in_executor(self._executor, weights.export_lora, self.trainer.model, target)
-        export_s = time.perf_counter() - t0
-        name = f"{BASE_NAME}-v{version}"  # a new name per version: its prefix cache is its own
+    async def swap_adapter(self, path: Path, version: int, scorer: Scorer) -> dict[str, float]:
+        """Serve the LoRA adapter at ``path`` as ``version``, under a new name (its prefix cache is its own);
+        the previous adapter is unloaded once its last request has finished."""
+        name = f"{BASE_NAME}-v{version}"
         await self._wait_process_ready(self.settings.sync_timeout_s)
         t1 = time.perf_counter()
         await self.client.load_lora(name, str(path))
         swap_s = time.perf_counter() - t1
-        probe = await self._checked_probe(name, version)
+        probe = await self._checked_probe(name, version, scorer)
         old = self._adapter
-        self._adapter = (name, path)  # new requests use it from here on; restarts load it
+        self._adapter = (name, Path(path))  # new requests use it from here on; restarts load it
         self.policy_version = version
         if old is not None:
             self._retired.add(old[0])
             if not self._inflight.get(old[0]):
                 await self._unload_adapter(old[0])
-        weights.prune_versions(self.work_dir / "adapters", self.settings.keep_weight_versions, {path})
-        return {**probe.as_metrics(), "export_seconds": export_s, "swap_seconds": swap_s}
+        self._after_sync(swap_s)
+        return {**probe.as_metrics(), "swap_seconds": swap_s}
 
-    async def _checked_probe(self, model: str, version: int) -> ProbeResult:
-        probe = await self.probe(model)
+    def _after_sync(self, seconds: float) -> None:
+        self.stats["syncs"] += 1
+        self.stats["last_sync_seconds"] = seconds
+
+    async def _checked_probe(self, model: str, version: int, scorer: Scorer) -> ProbeResult:
+        probe = await self.probe(scorer, model)
         self.stats["probe_logprob_diff"] = probe.diff
         log.info("probe after the sync to v%d: mean |logprob diff| prompt %.4f, sampled %.4f", version,
                  probe.prompt_diff, probe.gen_diff)
         if probe.diff > self.settings.probe_threshold:
-            self._halt(f"after the sync to policy v{version}, vLLM and the trainer disagree on the probe prompt: "
-                       f"mean |logprob difference| {probe.diff:.3f} (prompt {probe.prompt_diff:.3f}, sampled "
-                       f"{probe.gen_diff:.3f}) > probe_threshold {self.settings.probe_threshold}; vLLM does not "
-                       "serve the trained weights (stale or half-loaded weights, or a stale prefix cache)")
+            self.halt(f"after the sync to policy v{version}, vLLM and the trainer disagree on the probe prompt: "
+                      f"mean |logprob difference| {probe.diff:.3f} (prompt {probe.prompt_diff:.3f}, sampled "
+                      f"{probe.gen_diff:.3f}) > probe_threshold {self.settings.probe_threshold}; vLLM does not "
+                      "serve the trained weights (stale or half-loaded weights, or a stale prefix cache)")
             raise TrainingHaltedError(self.halted_reason or "")
         return probe
 
-    async def probe(self, model: str | None = None) -> ProbeResult:
-        """Score the probe prompt (and a few tokens sampled after it) on vLLM and on the trainer."""
+    async def probe(self, scorer: Scorer, model: str | None = None) -> ProbeResult:
+        """Score the probe prompt (and a few tokens sampled after it) on vLLM and with ``scorer``."""
         model = model or self._served_name()
         ids = self._probe_ids
         prompt_lps = await self.client.prompt_logprobs(model, ids, temperature=1.0)
@@ -516,42 +432,17 @@ class VLLMEngine(Engine):
         seq = ids + gen.token_ids
         sample = TrainSample(input_ids=seq, loss_mask=[0] + [1] * (len(seq) - 1), behaviour_logprobs=[0.0] * len(seq),
                              advantages=[0.0] * len(seq), temperature=1.0)
-        loop = asyncio.get_running_loop()
-        trainer_lps = (await loop.run_in_executor(self._executor, self.trainer.score, [sample]))[0]
+        trainer_lps = (await scorer([sample]))[0]
         return compare(prompt_lps, gen.logprobs, trainer_lps)
 
-    def _halt(self, reason: str) -> None:
+    def halt(self, reason: str) -> None:
         if self.halted_reason is None:
             self.halted_reason = reason
             log.error("training halted: %s", reason)
 
-    # ------------------------------------------------------------------ persistence and the rest
-    def save(self, path: Path) -> None:
-        self.trainer.save(path)
-
-    def load(self, path: Path) -> None:
-        """Load a checkpoint into the trainer and restart vLLM on its weights (a fresh load from disk)."""
-        self.trainer.load(path)
-        version = int(self.trainer.policy_version)
-        if self.uses_lora:
-            adapter = weights.export_lora(self.trainer.model, weights.version_dir(self.work_dir / "adapters", version))
-            self._adapter = (f"{BASE_NAME}-v{version}", adapter)
-        else:
-            self._model_dir = weights.export_full(self.trainer.model, self.tokenizer,
-                                                  weights.version_dir(self.work_dir / "weights", version),
-                                                  self.settings.dtype)
-        self.process.restart()
-        self.policy_version = version
-
-    def set_learning_rate(self, lr: float) -> None:
-        self.trainer.set_learning_rate(lr)
-
-    def set_loss(self, loss: Any) -> None:
-        self.trainer.set_loss(loss)
-
+    # ------------------------------------------------------------------ the rest
     def describe(self) -> dict[str, Any]:
-        trainer = self.trainer.describe() if hasattr(self.trainer, "describe") else {}
-        return {**trainer, "kind": "vllm", "vllm_url": self.url, "vllm_platform": self.settings.platform,
+        return {"kind": "vllm", "vllm_url": self.url, "vllm_platform": self.settings.platform,
                 "vllm_dtype": self.settings.dtype, "halted": self.halted_reason,
                 "probe_logprob_diff": self.stats.get("probe_logprob_diff")}
 
@@ -561,12 +452,10 @@ class VLLMEngine(Engine):
         await asyncio.to_thread(self.process.stop)
         with contextlib.suppress(Exception):
             await self.client.aclose()
-        self._executor.shutdown(wait=False, cancel_futures=True)
-        close = getattr(self.trainer, "close", None)
-        if close is not None:
-            await close()
+
+    def shutdown(self) -> None:
+        self.close_sync()
 
     def close_sync(self) -> None:
         """Stop vLLM without an event loop (scripts, test teardown)."""
         self.process.stop()
-        self._executor.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,248 @@
+"""The in-process learner: PPO-clip on precomputed per-token advantages, memory-bounded, on one device, through
+the one policy step (``engines/policy_step.py``).
+
+``train_step`` runs the decoder over micro-batches of at most ``micro_batch_tokens`` padded tokens, gathers only
+the trained positions and computes their logprobs a chunk of rows at a time (``agentjet.engines.logprobs``), so
+full-vocabulary logits never exist for the whole batch; then the loss (+ optional k3 KL to a frozen reference),
+gradient clipping and AdamW (through fp32 masters for bf16/fp16 weights). The weights are updated in place.
+
+All torch work runs on one worker thread: the embedded generator's when the two share the module (its step then
+runs between two decode steps), else a thread of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agentjet.engines.base import Learner, StepOutput, TrainSample
+from agentjet.engines.hf.model import PolicyModel
+from agentjet.engines.hf.worker import EngineWorker
+from agentjet.engines.policy_step import (
+    PolicyOptimizer,
+    StepConfig,
+    collate,
+    micro_batch_indices,
+    run_policy_step,
+    total_loss_weight,
+    trained_token_logprobs,
+)
+from agentjet.engines.weights import (
+    export_full,
+    export_lora,
+    load_state_into,
+    prune_versions,
+    version_dir,
+)
+from agentjet.settings import EngineSettings, LossSettings
+
+OPTIMIZER_FILE = "optimizer.pt"
+STATE_FILE = "agentjet_state.json"
+
+
+def read_policy_version(path: Path) -> int:
+    """The policy version a checkpoint directory records (0 when it records none)."""
+    state = Path(path) / STATE_FILE
+    return int(json.loads(state.read_text())["policy_version"]) if state.exists() else 0
+
+
+class InProcessLearner(Learner):
+    """Trains ``policy.model`` in place. ``worker``: the thread its torch work runs on (the embedded generator's
+    when they share the module); None gives it a thread of its own."""
+
+    def __init__(self, policy: PolicyModel, settings: EngineSettings, loss: LossSettings, learning_rate: float,
+                 *, worker: EngineWorker | None = None, export_root: Path | None = None,
+                 keep_exports: int = 2) -> None:
+        self.policy = policy
+        self.settings = settings
+        self.config = StepConfig.from_settings(settings, loss, learning_rate)
+        self._own_worker = worker is None
+        self.worker = worker or EngineWorker(name="agentjet-learner")
+        self.params = [p for p in policy.model.parameters() if p.requires_grad]
+        self._optimizer: PolicyOptimizer | None = None  # made at the first step: a generate-only run holds none
+        self._reference = self._frozen_copy() if self.config.kl_coef > 0 else None
+        self.export_root = export_root
+        self.keep_exports = keep_exports
+        self.policy_version = 0
+
+    # ------------------------------------------------------------ settings
+    @property
+    def learning_rate(self) -> float:
+        return self.config.learning_rate
+
+    def set_learning_rate(self, lr: float) -> None:
+        if not lr > 0:
+            raise ValueError("learning rate must be > 0")
+        import dataclasses
+
+        self.config = dataclasses.replace(self.config, learning_rate=lr)
+
+    def set_loss(self, loss: LossSettings) -> None:
+        """From the next step. Turning the KL term on copies the reference from the weights at that moment (the
+        initial weights only when it was on from the start: set it at start-up for that)."""
+        self.config = self.config.with_loss(loss)
+
+    @property
+    def lora(self) -> Any:
+        return self.policy.lora
+
+    @property
+    def optimizer(self) -> PolicyOptimizer:
+        if self._optimizer is None:
+            self._optimizer = PolicyOptimizer(self.params, self.config)
+        return self._optimizer
+
+    @property
+    def masters(self) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:
+        """(weight, fp32 master) pairs when the weights are in low precision (empty before the first step)."""
+        if self._optimizer is None:
+            return []
+        return list(zip(self._optimizer.params, self._optimizer.masters, strict=False))
+
+    def describe(self) -> dict[str, Any]:
+        return {"learner": "in-process", "learning_rate": self.learning_rate}
+
+    # ------------------------------------------------------------ training
+    def _frozen_copy(self) -> torch.nn.Module:
+        return copy.deepcopy(self.policy.causal_lm).eval().requires_grad_(False)
+
+    def _logprobs(self, samples: list[TrainSample], lm: Any | None = None) -> torch.Tensor:
+        """Logprobs of every trained token (loss_mask == 1) in ``samples``, flattened in row-major order."""
+        lm = lm if lm is not None else self.policy.causal_lm
+        batch = collate(samples, self.policy.pad_id, self.policy.device)
+        return trained_token_logprobs(lm.base_model, lm.get_output_embeddings().weight, batch,
+                                      self.config.logprob_chunk_tokens, self.config.bf16)
+
+    def _reference_logprobs(self, samples: list[TrainSample]) -> torch.Tensor:
+        if self._reference is None:
+            self._reference = self._frozen_copy()
+        return self._logprobs(samples, self._reference)
+
+    def train_step_sync(self, batch: list[TrainSample]) -> StepOutput:
+        """One step, on the learner's thread, waited for by the caller."""
+        if not batch:
+            raise ValueError("train_step needs at least one sample")
+        return self.worker.run_sync(self._train, batch)
+
+    async def train_step(self, batch: list[TrainSample]) -> StepOutput:
+        if not batch:
+            raise ValueError("train_step needs at least one sample")
+        return await self.worker.run(self._train, batch)
+
+    def _train(self, batch: list[TrainSample]) -> StepOutput:
+        cfg = self.config
+        groups = micro_batch_indices(batch, cfg.micro_batch_tokens)
+        self.policy.model.train()
+        try:
+            metrics, used = run_policy_step(
+                [[batch[i] for i in g] for g in groups], forward=self._logprobs,
+                reference=self._reference_logprobs if cfg.kl_coef > 0 else None,
+                total_weight=total_loss_weight(batch), config=cfg, optimizer=self.optimizer)
+        finally:
+            self.policy.model.eval()
+        trainer_logprobs: list[list[float]] = [[] for _ in batch]
+        for g, parts in zip(groups, used, strict=True):
+            for i, lps in zip(g, parts, strict=True):
+                trainer_logprobs[i] = lps
+        self.policy_version += 1
+        return StepOutput({**metrics, "samples": float(len(batch)), "policy_version": float(self.policy_version)},
+                          trainer_logprobs)
+
+    @torch.no_grad()
+    def _score(self, samples: list[TrainSample]) -> list[list[float]]:
+        self.policy.model.eval()
+        return [self._logprobs([s]).tolist() for s in samples]
+
+    async def score(self, samples: list[TrainSample]) -> list[list[float]]:
+        return await self.worker.run(self._score, samples)
+
+    def score_sync(self, samples: list[TrainSample]) -> list[list[float]]:
+        return self.worker.run_sync(self._score, samples)
+
+    # ------------------------------------------------------------ weights out
+    def _export_root(self) -> Path:
+        if self.export_root is None:
+            import tempfile
+
+            self.export_root = Path(tempfile.mkdtemp(prefix="agentjet-learner-export-"))
+        return self.export_root
+
+    def export_weights_sync(self, dtype: str | None = None) -> Path:
+        root = self._export_root() / "weights"
+        path = self.worker.run_sync(self._export_full, version_dir(root, self.policy_version), dtype)
+        prune_versions(root, self.keep_exports, {path})
+        return path
+
+    def _export_full(self, target: Path, dtype: str | None) -> Path:
+        """Full weights; under LoRA, a merged copy (the live module keeps its adapters)."""
+        lm = self.policy.causal_lm if self.lora is None else copy.deepcopy(self.policy.model).merge_and_unload()
+        return export_full(lm, self.policy.tokenizer, target, dtype)
+
+    async def export_weights(self, dtype: str | None = None) -> Path:
+        return await asyncio.to_thread(self.export_weights_sync, dtype)
+
+    def export_adapter_sync(self) -> Path:
+        """The LoRA adapter of the current version (PEFT layout), for a generator that loads adapters."""
+        if self.lora is None:
+            raise ValueError("export_adapter: this learner trains the full weights, not LoRA adapters")
+        root = self._export_root() / "adapters"
+        path = self.worker.run_sync(export_lora, self.policy.model, version_dir(root, self.policy_version))
+        prune_versions(root, self.keep_exports, {path})
+        return path
+
+    async def export_adapter(self) -> Path:
+        return await asyncio.to_thread(self.export_adapter_sync)
+
+    # ------------------------------------------------------------ persistence
+    def save(self, path: Path) -> None:
+        self.worker.run_sync(self._save, Path(path))
+
+    def _save(self, path: Path) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        self.policy.model.save_pretrained(path, safe_serialization=True)
+        self.policy.tokenizer.save_pretrained(path)
+        torch.save(self.optimizer.state_dict(), path / OPTIMIZER_FILE)
+        state = {"policy_version": self.policy_version, "engine": self.settings.model_dump(mode="json"),
+                 "source_model": str(self.policy.path)}
+        (path / STATE_FILE).write_text(json.dumps(state, indent=2))
+
+    def load(self, path: Path) -> None:
+        """Load a checkpoint into the weights in place (on the learner's thread: between decode steps when the
+        module is shared)."""
+        self.worker.run_sync(self._load, Path(path))
+
+    def _load(self, path: Path) -> None:
+        from safetensors.torch import load_file
+
+        files = sorted(path.glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"no .safetensors weights in {path}")
+        state: dict[str, torch.Tensor] = {}
+        for f in files:
+            state.update(load_file(str(f), device=str(self.policy.device)))
+        if self.lora is not None:
+            from peft import set_peft_model_state_dict
+
+            set_peft_model_state_dict(self.policy.model, state)
+        else:
+            load_state_into(self.policy.model, state, path)
+        opt_file = path / OPTIMIZER_FILE
+        if self._optimizer is not None or opt_file.exists():
+            if opt_file.exists():
+                self.optimizer.load_state_dict(torch.load(opt_file, map_location=self.policy.device,
+                                                          weights_only=True))
+            else:
+                self.optimizer.sync_masters()
+        self.policy_version = read_policy_version(path)
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self.shutdown)
+
+    def shutdown(self) -> None:
+        if self._own_worker:
+            self.worker.close()
