@@ -75,6 +75,6 @@ def test_demo_trains_and_evaluates_on_held_out_episodes(tiny_model_path: Path, t
     saved = json.loads((out / "demo_result.json").read_text())
     assert saved["eval_before"] == result.eval_before and saved["train_steps"] == result.train_steps
     assert saved["merge_ratio"] == pytest.approx(1.0)  # one call per episode: one sample each
-    assert saved["provenance"]["engine"] == "HFEngine" and saved["provenance"]["device"] == "cpu"
+    assert saved["provenance"]["engine"] == "hf+in-process" and saved["provenance"]["device"] == "cpu"
     assert saved["provenance"]["commit"] and saved["provenance"]["machine"]  # where the figure was measured
     assert (out / "reward_curve.png").stat().st_size > 1000

@@ -25,7 +25,7 @@ from agentjet.client.scheduled import EvalPoint, ScheduleSettings, StepPoint, ru
 from agentjet.launch import ServerProcess
 from agentjet.provenance import git_commit, machine
 from agentjet.schedule import Curriculum, StoppingRule, StopSettings
-from agentjet.settings import EngineSettings, ServerConfig, TrainingSettings
+from agentjet.settings import EngineSettings, ServerConfig, TrainerGroupSettings, TrainingSettings
 from agentjet.tasks import get_task
 
 
@@ -45,6 +45,7 @@ class DemoSettings:
     out_dir: Path = Path("runs/demo")
     port: int | None = None
     engine: str = "hf"  # or "vllm": the server rolls out on a managed vLLM subprocess
+    train_procs: int = 0  # > 0: an FSDP2 trainer group of this many ranks trains (beside either generator)
     eval_every_s: float | None = None  # periodic held-out eval (None: the task's RECOMMENDED, else 120; 0: none)
     curriculum: bool = True  # draw each group's task by its recent group results (retire solved tasks)
     early_stop: bool = True  # stop on an eval plateau or when the groups stop teaching (agentjet.schedule)
@@ -98,6 +99,7 @@ def server_config(s: DemoSettings, port: int, rec: dict[str, Any], admin_token: 
     return ServerConfig(
         model=s.model, port=port, data_dir=s.out_dir / "server", log_level="INFO", admin_token=admin_token,
         engine=EngineSettings(kind=s.engine, max_batch_size=concurrency(s, rec)),
+        trainer=TrainerGroupSettings(procs=s.train_procs),
         training=TrainingSettings(group_size=rec["group_size"], batch_groups=rec["groups_per_batch"],
                                   learning_rate=rec["learning_rate"], max_staleness=s.max_staleness,
                                   checkpoint_every=0))

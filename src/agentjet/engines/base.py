@@ -235,5 +235,10 @@ class Engine(abc.ABC):
         """What runs where (device, dtype, LoRA...), for the status."""
         return {"kind": type(self).__name__}
 
+    @property
+    def layout(self) -> str:
+        """A short name of what generates and what trains (the status and results files record it)."""
+        return type(self).__name__
+
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release background workers."""

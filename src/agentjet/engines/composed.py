@@ -112,7 +112,13 @@ class ComposedEngine(Engine):
         self.learner.set_loss(loss)
 
     def describe(self) -> dict[str, Any]:
-        return {**self.generator.describe(), **self.learner.describe(), "weight_sync": self.seam.transport}
+        return {**self.generator.describe(), **self.learner.describe(), "weight_sync": self.seam.transport,
+                "layout": self.layout}
+
+    @property
+    def layout(self) -> str:
+        """``<generator>+<learner>``: hf+in-process, hf+trainer-group, vllm+in-process, vllm+trainer-group."""
+        return f"{self.generator.describe().get('kind', 'generator')}+{self.learner.describe().get('learner')}"
 
     def train_step_sync(self, batch: list[TrainSample]) -> StepOutput:
         """``train_step`` from synchronous code (scripts, benchmarks, tests): not from a running event loop."""

@@ -88,7 +88,7 @@ class ServerSource:
         c = srv.trainer.counters
         reg = srv.registry
         return RunSnapshot(
-            model=srv.config.name, engine=type(srv.engine).__name__, engine_state="paused" if srv.trainer.paused else srv.state.value,
+            model=srv.config.name, engine=srv.engine.layout, engine_state="paused" if srv.trainer.paused else srv.state.value,
             paused=srv.trainer.paused, policy_version=srv.engine.policy_version, train_steps=c.train_steps,
             uptime_s=srv.clock.monotonic() - srv.throughput.started, open_episodes=reg.open_count,
             pending_episodes=counts["pending"], trained_episodes=counts["trained"], eval_episodes=counts["eval"],

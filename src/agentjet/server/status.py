@@ -51,7 +51,7 @@ def build_status(server: SwarmServer) -> ServerStatus:
     state = "paused" if server.trainer.paused else server.state.value
     engine: dict[str, Any] = server.engine.describe()
     return ServerStatus(
-        model=server.config.name, engine=type(server.engine).__name__, engine_info=engine, engine_state=state,
+        model=server.config.name, engine=server.engine.layout, engine_info=engine, engine_state=state,
         policy_version=server.engine.policy_version, train_steps=c.train_steps, buffer=buffer,
         clients=sorted(server.registry.clients),
         throughput={**server.throughput.as_dict(), **server.tito.as_dict(),
