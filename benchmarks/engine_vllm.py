@@ -11,7 +11,7 @@ It prints a table and writes ``benchmarks/results/engine_vllm.json`` (machine, c
 What is measured: N callers each ask ``engine.generate`` for ``--gen-tokens`` new tokens (no stop token,
 so every request generates exactly that many) from short chat prompts, temperature 1, distinct seeds, all N
 issued at once with ``asyncio.gather``. tok/s is aggregate generated tokens / wall time. The vLLM side goes
-through ``VLLMEngine.generate`` (our HTTP adapter included), the embedded side through ``HFEngine.generate``
+through ``VLLMGenerator.generate`` (our HTTP adapter included), the embedded side through ``HFGenerator.generate``
 with ``max_batch_size`` = the largest concurrency: ``hf`` is the default (continuous batching), ``hf-static``
 the static-batching engine (``--no-static`` leaves it out). The engines take turns within each repeat (the
 order reverses every other repeat), so a slow phase of the machine hits all of them; each ratio vllm / X is
@@ -131,9 +131,8 @@ def render(result: dict) -> None:
 
 
 def main() -> None:
-    from agentjet.engines.vllm import VLLMEngine
-    from agentjet.layouts import embedded_engine
-    from agentjet.settings import EngineSettings, VLLMSettings
+    from agentjet.layouts import embedded_engine, vllm_engine
+    from agentjet.settings import EngineSettings, ServerConfig, VLLMSettings
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="smollm2-135m-instruct")
@@ -162,15 +161,17 @@ def main() -> None:
         hf.generator.rules.stop_ids = frozenset()  # no stop token: every request generates exactly gen_tokens
         engines[name] = hf
     settings = VLLMSettings(python=args.vllm_python, enforce_eager=not args.no_eager, kv_cache_gib=args.kv_cache_gib)
-    vllm = VLLMEngine(args.model, EngineSettings(vllm=settings), work_dir=ROOT / "runs" / "bench_vllm")
-    vllm.stop_token_ids = set()
-    start_s = vllm.process.counters.last_start_seconds
+    work = ROOT / "runs" / "bench_vllm"
+    vllm = vllm_engine(ServerConfig(model=args.model, data_dir=work, engine=EngineSettings(kind="vllm", vllm=settings)),
+                       work)
+    vllm.generator.stop_token_ids = set()
+    start_s = vllm.generator.process.counters.last_start_seconds
     print(f"  engines up in {time.perf_counter() - t0:.0f}s (vLLM start {start_s:.0f}s)", file=sys.stderr, flush=True)
     try:
         rows = asyncio.run(bench({**engines, "vllm": vllm}, concurrencies, gen_tokens, repeats,
                                  seeded=not args.unseeded))
     finally:
-        vllm.close_sync()
+        vllm.shutdown()
         for engine in engines.values():
             engine.shutdown()
     result = {

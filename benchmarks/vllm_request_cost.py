@@ -1,6 +1,6 @@
 """What our vLLM adapter costs: the same concurrent requests sent to the vLLM it manages as a minimal
 ``/v1/completions`` body, with logprobs and token ids, with the adapter's full body, and through
-``VLLMEngine.generate``. Prints one line per concurrency (median of 2 rounds, tok/s).
+``VLLMGenerator.generate``. Prints one line per concurrency (median of 2 rounds, tok/s).
 
     flock /tmp/aj-cpu.lock .venv/bin/python benchmarks/vllm_request_cost.py     # needs make setup-vllm, ~4 min
 """
@@ -12,11 +12,13 @@ from pathlib import Path
 import httpx
 
 from agentjet.engines.base import SamplingParams
-from agentjet.engines.vllm import VLLMEngine
-from agentjet.settings import EngineSettings, VLLMSettings
+from agentjet.layouts import vllm_engine
+from agentjet.settings import EngineSettings, ServerConfig, VLLMSettings
 
 ROOT = Path(__file__).resolve().parents[1]
-eng = VLLMEngine("smollm2-135m-instruct", EngineSettings(vllm=VLLMSettings(python=ROOT / ".venv-vllm/bin/python", kv_cache_gib=2.0)), work_dir=ROOT / "runs" / "vprobe")
+_settings = VLLMSettings(python=ROOT / ".venv-vllm/bin/python", kv_cache_gib=2.0)
+eng = vllm_engine(ServerConfig(model="smollm2-135m-instruct", data_dir=ROOT / "runs" / "vprobe",
+                               engine=EngineSettings(kind="vllm", vllm=_settings)), ROOT / "runs" / "vprobe").generator
 tok = eng.tokenizer
 ids = list(tok.apply_chat_template([{"role": "user", "content": "Write a long poem about the ocean at night."}], add_generation_prompt=True, tokenize=True, return_dict=False))
 N_TOK = 64
