@@ -1,11 +1,11 @@
 """Weight export for vLLM: the trainer's weights as a loadable model directory (full fine-tuning) or a
 PEFT adapter directory (LoRA), each in its own versioned directory.
 
-Full exports are always *untied*: ``tie_word_embeddings: false`` and an explicit ``lm_head.weight``. vLLM's
-CPU build keeps a prepacked copy of the output head, and a tied checkpoint has no ``lm_head`` tensor to
-trigger its re-processing on reload: the served model would be the new body with the old head (see
-docs/vllm.md). vLLM is started from an untied export too, so its head is a parameter of its own that every
-reload replaces.
+Full exports are always *untied*: ``tie_word_embeddings: false`` and an explicit ``lm_head.weight`` (the rule
+is :func:`untied_named_tensors`, which the NCCL transfer follows too). vLLM's CPU build keeps a prepacked copy
+of the output head, and a tied checkpoint has no ``lm_head`` tensor to trigger its re-processing on reload: the
+served model would be the new body with the old head (see docs/vllm.md). vLLM is started from an untied export
+too, so its head is a parameter of its own that every reload replaces.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import copy
 import os
 import re
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,23 +29,33 @@ def version_dir(root: Path, version: int) -> Path:
     return root / f"v{version:06d}"
 
 
+def untied_named_tensors(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """The tied-head rule, for every writer (safetensors export, NCCL transfer): the model's state tensors by
+    checkpoint name, detached and where they live (no copy, no cast), then ``lm_head.weight`` when the state
+    dict has none although the model has an output head (a tied one). A tied head may share storage with the
+    input embedding; a writer that needs separate storage copies it."""
+    names: set[str] = set()
+    for name, tensor in model.state_dict().items():
+        names.add(name)
+        yield name, tensor.detach()
+    head = model.get_output_embeddings()
+    if "lm_head.weight" not in names and head is not None:
+        yield "lm_head.weight", head.weight.detach()
+
+
 def untied_state_dict(model: torch.nn.Module, dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
     """The model's tensors, each its own contiguous copy (no shared storage, as safetensors requires), with
     ``lm_head.weight`` present even when the model ties it to the input embedding."""
     out: dict[str, torch.Tensor] = {}
     seen: set[int] = set()
-    for name, tensor in model.state_dict().items():
-        t = tensor.detach()
+    for name, tensor in untied_named_tensors(model):
+        t = tensor
         if dtype is not None and t.is_floating_point():
             t = t.to(dtype)
         if t.data_ptr() in seen:  # tied to a tensor already taken (the output head)
             t = t.clone()
         seen.add(t.data_ptr())
         out[name] = t.contiguous().cpu()
-    head = model.get_output_embeddings()
-    if "lm_head.weight" not in out and head is not None:
-        w = head.weight.detach()
-        out["lm_head.weight"] = (w.to(dtype) if dtype is not None else w).clone().contiguous().cpu()
     return out
 
 
