@@ -288,6 +288,22 @@ def test_a_source_that_differs_from_its_announcement_is_caught_naming_the_tensor
                              torch.bfloat16))
 
 
+def test_the_settings_configure_the_seam(tiny):
+    from agentjet.engines.vllm.native_sync import native_sync
+    from agentjet.settings.models import VLLMSettings
+
+    settings = VLLMSettings(platform="gpu", weight_transfer="nccl", nccl_buffer_mib=8, dtype="float16",
+                            sync_timeout_s=42, control_timeout_s=7, pause_mode="wait")
+    sync = native_sync(VLLMClient("http://127.0.0.1:1"), ModuleTensors(tiny), settings)
+    sender = sync.sender
+    assert (sender.buffer_bytes, sender.dtype, sender.device.type) == (8 << 20, torch.float16, "cuda")
+    assert (sync.timeout_s, sync.init_timeout_s, sync.pause_mode, sync.transport) == (42, 7, "wait", "nccl")
+    assert native_sync(VLLMClient("http://127.0.0.1:1"), ModuleTensors(tiny),
+                       settings.model_copy(update={"dtype": "auto"})).sender.dtype is None
+    with pytest.raises(ValueError, match="weight_transfer nccl needs platform gpu"):
+        VLLMSettings(weight_transfer="nccl")
+
+
 def test_the_nccl_sender_refuses_a_group_without_a_vllm_worker(tiny):
     with pytest.raises(ValueError, match="at least one vLLM worker"):
         TorchNcclSender(ModuleTensors(tiny)).init_info(1)

@@ -35,10 +35,11 @@ import torch
 
 from agentjet.engines.sync import WeightSync, WeightSyncTimeout
 from agentjet.engines.vllm.client import VLLMClient, VLLMError
-from agentjet.engines.vllm.weights import untied_named_tensors
+from agentjet.engines.vllm.weights import DTYPES, untied_named_tensors
 
 if TYPE_CHECKING:
     from agentjet.engines.base import Generator, Learner
+    from agentjet.settings.models import VLLMSettings
 
 T = TypeVar("T")
 
@@ -387,6 +388,17 @@ async def _together(*calls: Any) -> None:
     finally:
         for task in tasks:
             task.cancel()
+
+
+def native_sync(client: VLLMClient, source: NamedTensorSource, settings: VLLMSettings,
+                device: torch.device | str = "cuda") -> VLLMNativeSync:
+    """The seam as ``engine.vllm`` configures it (``weight_transfer: nccl``): tensors cast to vLLM's dtype
+    (``auto`` sends the learner's own), ``nccl_buffer_mib`` buffers, the push bounded by ``sync_timeout_s`` and
+    the rendezvous by ``control_timeout_s``."""
+    sender = TorchNcclSender(source, device=device, dtype=DTYPES.get(settings.dtype),
+                             buffer_bytes=settings.nccl_buffer_mib << 20)
+    return VLLMNativeSync(client, sender, timeout_s=settings.sync_timeout_s,
+                          init_timeout_s=settings.control_timeout_s, pause_mode=settings.pause_mode)
 
 
 def vllm_args() -> list[str]:
