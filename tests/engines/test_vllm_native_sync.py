@@ -270,11 +270,26 @@ def test_pack_plan_closes_a_buffer_once_it_is_over_the_size():
 def test_pack_lays_bytes_out_as_the_receiver_splits_them():
     tensors = [torch.arange(6, dtype=torch.float32).view(2, 3).t(), torch.tensor([1, 2], dtype=torch.int64),
                torch.tensor([0.5], dtype=torch.bfloat16)]  # the first one is not contiguous
-    buf = pack(tensors)
-    assert buf.dtype == torch.uint8 and buf.numel() == 24 + 16 + 2
-    parts = buf.split([24, 16, 2])
-    for t, part in zip(tensors, parts, strict=True):
+    specs = [TensorSpec(f"t{i}", t.dtype, tuple(t.shape)) for i, t in enumerate(tensors)]
+    it = iter(tensors)
+    buf = pack(it, specs[:2], torch.device("cpu"))
+    assert buf.dtype == torch.uint8 and buf.numel() == 24 + 16
+    assert pack(it, specs[2:], torch.device("cpu")).view(torch.bfloat16).item() == 0.5  # takes up where it was
+    for t, part in zip(tensors, buf.split([24, 16]), strict=False):
         assert torch.equal(part.view(t.dtype).view(t.shape), t)
+
+
+def test_pack_copies_each_tensor_before_drawing_the_next():
+    """A gathered shard may be freed or overwritten once the source moves on (TRL #6765's packed-sync bug)."""
+    scratch = torch.zeros(3)
+
+    def reused():  # yields the same storage each time, overwritten on resume
+        for v in (1.0, 2.0):
+            scratch.fill_(v)
+            yield scratch
+
+    specs = [TensorSpec("a", torch.float32, (3,)), TensorSpec("b", torch.float32, (3,))]
+    assert pack(reused(), specs, torch.device("cpu")).view(torch.float32).tolist() == [1.0] * 3 + [2.0] * 3
 
 
 def test_a_source_that_differs_from_its_announcement_is_caught_naming_the_tensor(tiny):

@@ -152,9 +152,17 @@ def pack_plan(specs: Sequence[TensorSpec], buffer_bytes: int) -> list[range]:
     return chunks
 
 
-def pack(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Tensors' raw bytes back to back, as one uint8 buffer (the receiver splits it by the specs' sizes)."""
-    return torch.cat([t.contiguous().view(-1).view(torch.uint8) for t in tensors])
+def pack(tensors: Iterator[torch.Tensor], specs: Sequence[TensorSpec], device: torch.device) -> torch.Tensor:
+    """The next ``len(specs)`` tensors' raw bytes back to back in one uint8 buffer on ``device`` (the receiver
+    splits it by the specs' sizes). Each tensor is copied in before the next is drawn: a source may free or
+    re-shard a tensor once it moves on (a gathered shard), so no view of it is kept."""
+    buffer = torch.empty(sum(s.nbytes for s in specs), dtype=torch.uint8, device=device)
+    offset = 0
+    for _ in specs:
+        flat = next(tensors).contiguous().view(-1).view(torch.uint8)
+        buffer[offset:offset + flat.numel()].copy_(flat)
+        offset += flat.numel()
+    return buffer
 
 
 # ---------------------------------------------------------------------------------------------- the data plane
@@ -261,7 +269,7 @@ class TorchNcclSender:
     def _send(self, specs: list[TensorSpec]) -> None:
         tensors = checked_tensors(self.source, specs, self.dtype)
         for chunk in pack_plan(specs, self.buffer_bytes):
-            self._broadcast(pack([next(tensors).to(self.device) for _ in chunk]))
+            self._broadcast(pack(tensors, specs[chunk.start:chunk.stop], self.device))
         for _ in tensors:  # runs the source's end-of-pass check (nothing is left to send)
             pass
         self._synchronize()
