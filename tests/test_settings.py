@@ -74,6 +74,7 @@ COMPANIONS: dict[str, dict[str, str]] = {
     "training.min_group_size": {"training.group_size": "4"},
     "trainer.nnodes": _MULTI_NODE,
     "trainer.node_rank": {**_MULTI_NODE, "trainer.nnodes": "8", "trainer.export_dir": "/tmp/aj-e"},
+    "engine.vllm.weight_transfer": {"engine.vllm.platform": "gpu"},
 }
 
 

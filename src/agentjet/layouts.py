@@ -150,7 +150,12 @@ def vllm_engine(config: ServerConfig, work_dir: Path) -> ComposedEngine:
     generator = VLLMGenerator(start_dir, tokenizer, engine.vllm, stop_ids=stop_ids,
                               max_context=min(engine.max_context or context, context), seed=engine.seed,
                               lora_adapters=lora, work_dir=work_dir)
-    return ComposedEngine(generator, learner, VLLMReload(engine.vllm))
+    seam: Any = VLLMReload(engine.vllm)
+    if engine.vllm.weight_transfer == "nccl":  # unverified on a GPU: docs/vllm.md
+        from agentjet.engines.vllm.native_sync import ModuleTensors, native_sync
+
+        seam = native_sync(generator.client, ModuleTensors(policy.causal_lm), engine.vllm, device=policy.device)
+    return ComposedEngine(generator, learner, seam)
 
 
 def group_engine(config: ServerConfig) -> ComposedEngine:

@@ -113,3 +113,14 @@ def test_vllm_generator_with_either_learner_shows_the_trainer_view(make_server, 
         assert engine.layout == f"vllm+{learner}"
     finally:
         engine.shutdown()
+
+
+def test_the_nccl_seam_is_chosen_by_the_setting_and_refused_where_it_is_not_built() -> None:
+    gpu = {"kind": "vllm", "vllm": {"platform": "gpu", "weight_transfer": "nccl"}}
+    assert config(engine=gpu).engine.vllm.weight_transfer == "nccl"
+    with pytest.raises(ValueError, match="not built yet"):
+        config(engine=gpu, trainer={"procs": 2})
+    with pytest.raises(ValueError, match="LoRA adapters go by reload"):
+        config(engine={**gpu, "lora": {"rank": 4}})
+    with pytest.raises(ValueError, match="needs platform gpu"):
+        config(engine={"kind": "vllm", "vllm": {"weight_transfer": "nccl"}})

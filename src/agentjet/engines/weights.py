@@ -22,7 +22,7 @@ import copy
 import os
 import re
 import shutil
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -67,10 +67,23 @@ def untie(state: Mapping[str, torch.Tensor], dtype: torch.dtype | None = None,
     return out
 
 
+def untied_named_tensors(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """The rule for a live module (safetensors export, the NCCL transfer): its state tensors by checkpoint name,
+    detached and where they live (no copy, no cast), then ``lm_head.weight`` when the state dict has none although
+    the model has an output head (a tied one). A tied head may share storage with the input embedding; a writer
+    that needs separate storage copies it (:func:`untie`)."""
+    names: set[str] = set()
+    for name, tensor in model.state_dict().items():
+        names.add(name)
+        yield name, tensor.detach()
+    head = model.get_output_embeddings()  # type: ignore[operator]
+    if HEAD_KEY not in names and head is not None:
+        yield HEAD_KEY, head.weight.detach()
+
+
 def untied_state_dict(model: Any, dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
-    """A ``*ForCausalLM``'s tensors, untied (see :func:`untie`)."""
-    head = model.get_output_embeddings()
-    return untie(model.state_dict(), dtype, head.weight if head is not None else None)
+    """A ``*ForCausalLM``'s tensors, untied, as separate contiguous CPU copies (see :func:`untie`)."""
+    return untie(dict(untied_named_tensors(model)), dtype)
 
 
 def write_safetensors(state: Mapping[str, torch.Tensor], path: Path) -> Path:

@@ -247,6 +247,12 @@ class VLLMSettings(_Section):
     sync_timeout_s: float = Field(300.0, gt=0, le=3600, description="the whole swap (pause -> reload -> "
                                   "reset prefix cache -> resume); past it training stops with an error")
     keep_weight_versions: int = Field(2, ge=1, le=100, description="exported weight directories kept on disk")
+    weight_transfer: Literal["reload", "nccl"] = Field(
+        "reload", description="how full weights reach vLLM: reload (safetensors in /dev/shm or on disk, then "
+        "vLLM's reload_weights) or nccl (vLLM's native weight transfer, GPU to GPU; needs platform gpu; "
+        "unverified on a GPU, see docs/vllm.md)")
+    nccl_buffer_mib: int = Field(1024, ge=1, le=65536, description="weight_transfer nccl: size of each packed "
+                                 "broadcast buffer; vLLM and the trainer each hold two")
     lora_max_rank: int = Field(64, ge=1, le=512, description="--max-lora-rank when training LoRA")
 
     # ---------------------------------------------------------------- staleness and mismatch
@@ -257,6 +263,13 @@ class VLLMSettings(_Section):
     tis_cap: Annotated[float | None, BeforeValidator(_none_word)] = Field(2.0, gt=0, le=1e6, description="truncated importance sampling: per-token weight "
                                   "min(p_trainer / p_vLLM, cap) on the trainer's recomputed logprobs; "
                                   "None trains on vLLM's logprobs as behaviour (PPO-clip only)")
+
+    @model_validator(mode="after")
+    def _nccl_needs_a_gpu(self) -> VLLMSettings:
+        if self.weight_transfer == "nccl" and self.platform != "gpu":
+            raise ValueError(f"weight_transfer nccl needs platform gpu (got {self.platform}): vLLM's "
+                             "weight-transfer backends are CUDA-only")
+        return self
 
     def python_path(self) -> Path:
         return self.python.expanduser()
@@ -443,6 +456,12 @@ class ServerConfig(_Section):
         if self.trainer.procs and self.engine.lora.enabled:
             raise ValueError(f"trainer.procs ({self.trainer.procs}) trains the full weights with FSDP2: it cannot "
                              "train LoRA adapters (engine.lora.rank 0, or trainer.procs 0)")
+        if self.engine.kind is EngineKind.VLLM and self.engine.vllm.weight_transfer == "nccl":
+            if self.trainer.procs:
+                raise ValueError("engine.vllm.weight_transfer nccl sends from the in-process learner; from a "
+                                 "trainer group's rank 0 it is not built yet: use reload with trainer.procs")
+            if self.engine.lora.enabled:
+                raise ValueError("engine.vllm.weight_transfer nccl sends full weights; LoRA adapters go by reload")
         return self
 
     @field_validator("log_level", mode="before")

@@ -1,6 +1,6 @@
 """HTTP client for a vLLM OpenAI-compatible server: token-id completions, prompt scoring and the RL routes
-(pause / reload weights / reset prefix cache / resume, runtime LoRA). Routes marked *dev* need the server
-started with ``VLLM_SERVER_DEV_MODE=1``.
+(pause / reload weights / reset prefix cache / resume, the native weight-transfer routes, runtime LoRA). The
+control routes need the server started with ``VLLM_SERVER_DEV_MODE=1``.
 
 Errors: a transport failure (refused, reset, timed out) raises :class:`VLLMConnectionError`; a 4xx answer
 raises :class:`VLLMRequestError` (the request was wrong); a 5xx answer raises :class:`VLLMServerError`.
@@ -138,6 +138,13 @@ class VLLMClient:
             raise VLLMConnectionError(f"POST {path}: {type(exc).__name__}: {exc}") from exc
         return self._decode(path, resp)
 
+    async def _get(self, path: str, *, params: dict[str, str] | None = None) -> Any:
+        try:
+            resp = await self._http().get(path, params=params, timeout=self.control_timeout_s)
+        except httpx.TransportError as exc:
+            raise VLLMConnectionError(f"GET {path}: {type(exc).__name__}: {exc}") from exc
+        return self._decode(path, resp)
+
     @staticmethod
     def _decode(path: str, resp: httpx.Response) -> Any:
         if 400 <= resp.status_code < 500:
@@ -230,6 +237,45 @@ class VLLMClient:
         data = await self._post("/reset_prefix_cache",
                                 params={"reset_running_requests": str(reset_running_requests).lower()})
         return bool(data.get("success", True)) if isinstance(data, dict) else True
+
+    # ------------------------------------------------------------------ native weight transfer (vLLM >= 0.16)
+    # The routes of vllm/entrypoints/rl/online/api_router.py (vLLM 0.32); they answer 500 unless vLLM was started
+    # with --weight-transfer-config. One round: start_weight_update -> update_weights (blocks while the trainer
+    # broadcasts) -> finish_weight_update. See docs/vllm.md, "NCCL weight transfer".
+    async def world_size(self, include_dp: bool = True) -> int:
+        """vLLM's workers (TP x PP, times DP with ``include_dp``): the NCCL group is these plus the trainer."""
+        data = await self._get("/get_world_size", params={"include_dp": str(include_dp).lower()})
+        try:
+            return int(data["world_size"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise VLLMError(f"unexpected /get_world_size body: {str(data)[:300]}") from exc
+
+    async def init_weight_transfer_engine(self, init_info: dict[str, Any], timeout: float | None = None) -> None:
+        """Join vLLM's workers to the trainer's group; returns once the rendezvous is done (the trainer must be
+        joining at the same time), so ``timeout`` bounds the rendezvous."""
+        await self._post("/init_weight_transfer_engine", json_body={"init_info": init_info}, timeout=timeout)
+
+    async def start_weight_update(self) -> None:
+        await self._post("/start_weight_update")
+
+    async def update_weights(self, update_info: dict[str, Any], timeout: float | None = None) -> None:
+        """Announce the tensors (``names``, ``dtype_names``, ``shapes``, in send order); returns once the workers
+        have received and loaded them, so it must run while the trainer sends, and ``timeout`` bounds the
+        transfer."""
+        await self._post("/update_weights", json_body={"update_info": update_info}, timeout=timeout)
+
+    async def finish_weight_update(self, weight_version: str | None = None) -> None:
+        """Finalize the round (layerwise post-processing) and record ``weight_version`` (``GET /weight_info``)."""
+        body = {"weight_version": weight_version} if weight_version is not None else None
+        await self._post("/finish_weight_update", json_body=body)
+
+    async def shutdown_weight_transfer_engine(self) -> None:
+        """Release the trainer's group on vLLM's side (refused while a round is open)."""
+        await self._post("/shutdown_weight_transfer_engine")
+
+    async def weight_version(self) -> str | None:
+        data = await self._get("/weight_info")
+        return data.get("weight_version") if isinstance(data, dict) else None
 
     # ------------------------------------------------------------------ LoRA
     async def load_lora(self, name: str, path: str) -> None:

@@ -152,6 +152,10 @@ class VLLMGenerator(Generator):
                 argv += ["--lora-modules", f"{self._adapter[0]}={self._adapter[1]}"]
         if s.platform == "gpu":
             argv += ["--gpu-memory-utilization", str(s.gpu_memory_utilization)]
+        if s.weight_transfer == "nccl":
+            from agentjet.engines.vllm.native_sync import vllm_args
+
+            argv += vllm_args()
         argv += s.extra_args
         run = self.work_dir
         for sub in ("cache/vllm", "cache/inductor", "tmp"):
