@@ -12,7 +12,6 @@ keep the batch's episodes pending and train them again later without training an
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import enum
 import json
 import logging
@@ -245,9 +244,7 @@ class TrainerGroup:
 
     def set_learning_rate(self, lr: float) -> None:
         """Takes effect at the next step (each step carries its config to the ranks)."""
-        if not lr > 0:
-            raise ValueError("learning rate must be > 0")
-        self.config = dataclasses.replace(self.config, learning_rate=lr)
+        self.config = self.config.with_learning_rate(lr)
 
     def set_loss(self, loss: LossSettings) -> None:
         """Takes effect at the next step. A KL penalty needs the reference model the ranks build at start only

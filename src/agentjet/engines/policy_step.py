@@ -67,6 +67,14 @@ class StepConfig:
                    bf16=engine.autocast_bf16,
                    tis_cap=engine.vllm.tis_cap if engine.kind is EngineKind.VLLM else None)
 
+    def with_learning_rate(self, lr: float) -> StepConfig:
+        """This config with a new learning rate (a live change: every learner applies it at its next step)."""
+        import dataclasses
+
+        if not lr > 0:
+            raise ValueError("learning rate must be > 0")
+        return dataclasses.replace(self, learning_rate=lr)
+
     def with_loss(self, loss: LossSettings) -> StepConfig:
         """This config with the live loss settings (clip range, KL coefficient) replaced."""
         import dataclasses

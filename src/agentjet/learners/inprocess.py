@@ -76,11 +76,7 @@ class InProcessLearner(Learner):
         return self.config.learning_rate
 
     def set_learning_rate(self, lr: float) -> None:
-        if not lr > 0:
-            raise ValueError("learning rate must be > 0")
-        import dataclasses
-
-        self.config = dataclasses.replace(self.config, learning_rate=lr)
+        self.config = self.config.with_learning_rate(lr)
 
     def set_loss(self, loss: LossSettings) -> None:
         """From the next step. Turning the KL term on copies the reference from the weights at that moment (the
