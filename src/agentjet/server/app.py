@@ -15,7 +15,7 @@ from fastapi import FastAPI
 from agentjet.engines.base import Engine
 from agentjet.observe import dashboard
 from agentjet.server import control, openai_api, swarm_api
-from agentjet.server.errors import BodySizeLimit, install_error_handlers
+from agentjet.server.http_errors import BodySizeLimit, install_error_handlers
 from agentjet.server.swarm import SwarmServer
 from agentjet.settings import EngineKind, ServerConfig
 

@@ -5,8 +5,8 @@
   without one generates it (``ensure_admin_token``) and leaves it in an owner-only file;
 - an episode key authorises its own episode only.
 
-``Auth`` holds digests of the tokens, never the tokens. The FastAPI dependencies below read the bearer
-token with ``HTTPBearer`` and check it against the ``Auth`` kept on the app's state.
+``Auth`` holds digests of the tokens, never the tokens. The FastAPI dependencies in ``routes.py`` read the
+bearer token with ``HTTPBearer`` and check it against the ``Auth`` kept on the app's state.
 """
 
 from __future__ import annotations
@@ -16,17 +16,12 @@ import os
 import secrets
 from pathlib import Path
 
-from fastapi import Depends, Request
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-
 from agentjet.server.digest import digest, matches
 from agentjet.server.errors import unauthorized
 from agentjet.settings import ServerConfig
 from agentjet.settings.paths import admin_token_path, local_admin_token_file
 
 log = logging.getLogger(__name__)
-
-_bearer_scheme = HTTPBearer(auto_error=False, description="the swarm token, the admin token or an episode key")
 
 
 class Auth:
@@ -87,25 +82,3 @@ def ensure_admin_token(config: ServerConfig, data_dir: Path, home: Path) -> Path
     log.warning("no admin token was given: generated one, in %s (owner-only); `ajet ctl` on this machine finds "
                 "it by itself", path)
     return path
-
-
-def bearer(credentials: HTTPAuthorizationCredentials | None = Depends(_bearer_scheme)) -> str | None:
-    """The bearer token of the request, or None."""
-    token = credentials.credentials.strip() if credentials is not None else ""
-    return token or None
-
-
-def _auth(request: Request) -> Auth:
-    return request.app.state.auth
-
-
-def require_swarm(request: Request, token: str | None = Depends(bearer)) -> None:
-    _auth(request).check_swarm(token)
-
-
-def require_admin(request: Request, token: str | None = Depends(bearer)) -> None:
-    _auth(request).check_admin(token)
-
-
-def require_swarm_or_admin(request: Request, token: str | None = Depends(bearer)) -> None:
-    _auth(request).check_swarm_or_admin(token)

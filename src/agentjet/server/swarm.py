@@ -3,6 +3,9 @@
 - ``registry`` (open episodes, keys, leases), ``store`` (durable samples), ``trainer`` (batching, steps);
 - ``episodes`` (``episodes.py``: the episode lifecycle), ``teams`` (``teams.py``: two-phase commit);
 - ``auth`` (``auth.py``), the status (``status.py``), and the reaper that expires leases.
+
+The read side (status, dashboard, metrics) gets the parts it reads as one explicit ``RunParts``
+(``run_state.py``), never this object. The routes find it through ``routes.server_of``.
 """
 
 from __future__ import annotations
@@ -13,12 +16,11 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from fastapi import Request
-
 from agentjet.engines.base import Engine
 from agentjet.models import agentjet_home
 from agentjet.observe.events import TrackingTotals
-from agentjet.observe.metrics import MetricsHub
+from agentjet.observe.metrics import TRAINLOG_FILE, MetricsHub
+from agentjet.observe.trainlog import TrainLog
 from agentjet.protocol import ChangeRecord, ServerStatus
 from agentjet.server.auth import Auth, ensure_admin_token
 from agentjet.server.chat import ChatFormatter
@@ -27,10 +29,12 @@ from agentjet.server.episodes import Episodes
 from agentjet.server.locks import KeyedLocks
 from agentjet.server.observe_source import ServerSource
 from agentjet.server.registry import EpisodeRegistry
+from agentjet.server.run_state import RunParts
 from agentjet.server.state import ServerState
-from agentjet.server.status import Throughput, build_status
+from agentjet.server.status import build_status
 from agentjet.server.store import SampleStore
 from agentjet.server.teams import Teams
+from agentjet.server.throughput import Throughput
 from agentjet.server.tito import TitoCounters
 from agentjet.server.trainer import Trainer
 from agentjet.settings import ServerConfig
@@ -65,8 +69,14 @@ class SwarmServer:
         self.on_stop: Callable[[], None] | None = None  # set by whoever runs the HTTP server
         self._reaper: asyncio.Task[None] | None = None
         # observe: the dashboard's read side and the metrics (Prometheus, metrics.jsonl, TensorBoard / W&B)
-        self.observe = ServerSource(self)
-        self.metrics = MetricsHub(config.observe, config.data_dir, self.observe.snapshot, self.public_config())
+        trainlog = TrainLog(config.data_dir / TRAINLOG_FILE)
+        self.run = RunParts(config=config, engine=engine, clock=self.clock, registry=self.registry, store=self.store,
+                            trainer=self.trainer, episodes=self.episodes, teams=self.teams, throughput=self.throughput,
+                            tito=self.tito, tracking_totals=self.tracking_totals, trainlog=trainlog,
+                            lifecycle=lambda: self.state)
+        self.observe = ServerSource(self.run)
+        self.metrics = MetricsHub(config.observe, config.data_dir, self.observe.snapshot, self.public_config(),
+                                  trainlog=trainlog)
         self.trainer.observer = self.metrics
 
     # ------------------------------------------------------------------ lifecycle
@@ -112,11 +122,8 @@ class SwarmServer:
 
     # ------------------------------------------------------------------ views
     def status(self) -> ServerStatus:
-        return build_status(self)
+        return build_status(self.run)
 
     def public_config(self) -> dict[str, Any]:
         return self.config.public_dict()
 
-
-def server_of(request: Request) -> SwarmServer:
-    return request.app.state.swarm
