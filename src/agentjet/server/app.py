@@ -44,7 +44,7 @@ def create_app(server: SwarmServer) -> FastAPI:
     app.include_router(openai_api.router)
     app.include_router(swarm_api.router)
     app.include_router(control.router)
-    dashboard.install(app, server.observe, server.metrics, server.config.observe,
+    dashboard.install(app, server, server.config.observe,
                       cookie_name=f"ajet_dash_{server.config.port}")  # /dashboard, its APIs and /metrics
     return app
 
