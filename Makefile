@@ -34,6 +34,7 @@ bench-vs-trl: setup-bench
 # printed, when none is.
 test: setup
 	$(PY) -m ruff check src tests benchmarks examples scripts
+	$(VENV)/bin/lint-imports  # the layering contracts in pyproject.toml ([tool.importlinter])
 	@if [ -n "$$AGENTJET_CHROMIUM" ] || [ -x /usr/bin/chromium ] || command -v chromium >/dev/null 2>&1; then \
 	  echo "==> dashboard browser tests: ON (chromium found)"; \
 	else \

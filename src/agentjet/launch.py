@@ -5,9 +5,6 @@ and the chaos suite."""
 from __future__ import annotations
 
 import os
-import signal
-import socket
-import subprocess
 import sys
 import time
 from collections.abc import Mapping
@@ -15,13 +12,10 @@ from pathlib import Path
 
 import httpx
 
+from agentjet.proc import Child, free_port
 from agentjet.settings import ServerConfig, write_config_file
 
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+__all__ = ["ServerExited", "ServerProcess", "free_port"]
 
 
 class ServerExited(RuntimeError):
@@ -36,7 +30,7 @@ class ServerProcess:
         self.log_path = log_path
         self.config_path = config_path
         self.env = dict(env or {})
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.child: Child | None = None
 
     @property
     def url(self) -> str:
@@ -47,26 +41,23 @@ class ServerProcess:
 
     def start(self) -> ServerProcess:
         write_config_file(self.config, self.config_path)
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as log:  # the child keeps its own copy of the descriptor
-            self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
-                                         start_new_session=True, env={**os.environ, **self.env})
+        self.child = Child.spawn(self.command(), self.log_path, env={**os.environ, **self.env})
         return self
 
     @property
     def pid(self) -> int:
-        assert self.proc is not None, "not started"
-        return self.proc.pid
+        assert self.child is not None, "not started"
+        return self.child.pid
 
     def poll(self) -> int | None:
-        return self.proc.poll() if self.proc is not None else None
+        return self.child.poll() if self.child is not None else None
 
     def wait_ready(self, timeout: float = 300.0) -> None:
         """Until ``/health`` says ready. Raises ``ServerExited`` (with the log's tail) or ``TimeoutError``."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.poll() is not None:
-                tail = self.log_path.read_text(errors="replace")[-2000:] if self.log_path.exists() else ""
+                tail = self.child.tail() if self.child is not None else ""
                 raise ServerExited(f"server {self.name} exited with code {self.poll()}; see {self.log_path}:\n{tail}")
             try:
                 if httpx.get(f"{self.url}/health", timeout=2).json().get("status") == "ready":
@@ -77,17 +68,9 @@ class ServerProcess:
         raise TimeoutError(f"server {self.name} was not ready within {timeout:.0f}s; see {self.log_path}")
 
     def signal(self, sig: int) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, sig)
+        if self.child is not None:
+            self.child.signal(sig)
 
     def stop(self, grace: float = 60.0) -> int | None:
         """SIGTERM (the server checkpoints and exits), then SIGKILL after ``grace`` seconds."""
-        if self.proc is None:
-            return None
-        self.signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            self.signal(signal.SIGKILL)
-            self.proc.wait()
-        return self.proc.returncode
+        return self.child.stop(grace) if self.child is not None else None

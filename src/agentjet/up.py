@@ -18,8 +18,6 @@ checkpoint), then SIGKILL after a grace period.
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -28,6 +26,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agentjet.launch import ServerProcess
+from agentjet.proc import Child, Timer, stop_all
 from agentjet.settings import ServerConfig, SettingsError, deep_merge, options_values, validate
 
 
@@ -96,12 +95,13 @@ def load_spec(path: Path) -> SwarmSpec:
 
 
 class Swarm:
-    def __init__(self, spec: SwarmSpec, echo: Any = print) -> None:
+    def __init__(self, spec: SwarmSpec, echo: Any = print, timer: Timer | None = None) -> None:
         self.spec = spec
         self.log_dir = spec.log_dir
         self.echo = echo
+        self.timer = timer or Timer()
         self.servers: dict[str, ServerProcess] = {}
-        self.clients: dict[str, subprocess.Popen[bytes]] = {}
+        self.clients: dict[str, Child] = {}
 
     def _log(self, name: str) -> Path:
         return self.log_dir / f"{name}.log"
@@ -115,10 +115,7 @@ class Swarm:
             proc.wait_ready(timeout)
             self.echo(f"{name} is ready at {proc.url}")
         for name, spec in self.spec.clients.items():
-            self.log_dir.mkdir(parents=True, exist_ok=True)
-            with open(self._log(name), "ab") as log:
-                self.clients[name] = subprocess.Popen(spec.command, stdout=log, stderr=subprocess.STDOUT,
-                                                      start_new_session=True, env={**os.environ, **spec.env})
+            self.clients[name] = Child.spawn(spec.command, self._log(name), env={**os.environ, **spec.env})
             self.echo(f"started {name} (pid {self.clients[name].pid}), log {self._log(name)}")
 
     def wait(self) -> dict[str, int]:
@@ -140,19 +137,13 @@ class Swarm:
             time.sleep(0.5)
 
     def stop(self, grace: float = 60) -> None:
-        for proc in self.clients.values():
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        for name, proc in self.clients.items():
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            self.echo(f"stopped {name} (code {proc.returncode})")
-        for server in self.servers.values():
-            server.signal(signal.SIGTERM)
-        for name, server in self.servers.items():
-            code = server.stop(grace=max(0.1, deadline - time.monotonic()))
-            self.echo(f"stopped {name} (code {code})")
+        """The clients first, then the servers (they checkpoint on SIGTERM), all within one ``grace``."""
+        deadline = self.timer.clock() + grace
+        self._stop_group(self.clients, grace)
+        servers = {name: s.child for name, s in self.servers.items() if s.child is not None}
+        self._stop_group(servers, max(0.1, deadline - self.timer.clock()))
+
+    def _stop_group(self, children: dict[str, Child], grace: float) -> None:
+        codes = stop_all(children.values(), grace, self.timer)
+        for name, child in children.items():
+            self.echo(f"stopped {name} (code {codes[child.pid]})")

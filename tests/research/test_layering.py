@@ -8,7 +8,7 @@ from pathlib import Path
 import agentjet
 
 SRC = Path(agentjet.__file__).parent
-ALLOWED = {"agentjet.up", "agentjet.launch", "agentjet.settings", "agentjet.client", "agentjet.protocol",
+ALLOWED = {"agentjet.up", "agentjet.launch", "agentjet.proc", "agentjet.settings", "agentjet.client", "agentjet.protocol",
            "agentjet.tasks", "agentjet.research"}
 
 

@@ -63,3 +63,33 @@ def test_a_given_admin_token_is_used_and_no_file_is_written(make_server) -> None
     assert not (srv.server.config.data_dir / "admin_token").exists()
     r = httpx.get(f"{srv.url}/swarm/v1/control/config", headers={"Authorization": "Bearer adm1n"})
     assert r.status_code == 200 and "adm1n" not in r.text  # the token is never shown
+
+
+def test_building_a_server_leaves_its_config_alone_and_writes_nothing_until_start(tmp_path, tiny_model_path) -> None:
+    """The caller's config is not changed (no generated token, no resolved data dir written into it), and no file
+    appears before start(): the token files, the store and the metric files are written when the server starts."""
+    from transformers import AutoTokenizer
+
+    from agentjet.engines.null import NullEngine
+    from agentjet.launch import free_port
+    from agentjet.server.app import BackgroundServer, create_app
+    from agentjet.server.swarm import SwarmServer
+    from agentjet.settings import ServerConfig
+
+    data_dir = tmp_path / "data"
+    config = ServerConfig(model=str(tiny_model_path), served_model_name="tiny", port=free_port(), data_dir=data_dir)
+    before = config.model_dump(mode="json")
+    local = local_admin_token_file(agentjet_home(), config.port)
+    server = SwarmServer(config, NullEngine(AutoTokenizer.from_pretrained(tiny_model_path)))
+    create_app(server)
+    assert config.model_dump(mode="json") == before and config.admin_token is None
+    assert server.config.admin_token is not None and server.config is not config
+    assert not data_dir.exists() and not local.exists()
+    bg = BackgroundServer(server).start()
+    try:
+        token = (data_dir / "admin_token").read_text().strip()
+        assert token == server.config.admin_token.get_secret_value() == local.read_text().strip()
+        assert (data_dir / "store.sqlite").exists() and server.admin_token_file == data_dir / "admin_token"
+        assert config.admin_token is None  # still the caller's own
+    finally:
+        bg.stop()

@@ -21,7 +21,6 @@ import secrets
 import shutil
 import signal
 import socket
-import subprocess
 import tempfile
 import threading
 import time
@@ -30,7 +29,6 @@ from dataclasses import dataclass
 from multiprocessing.connection import Client, Connection, Listener
 from multiprocessing.connection import wait as wait_connections
 from pathlib import Path
-from typing import IO
 
 from agentjet.distributed.launch import torchrun_command
 from agentjet.distributed.messages import (
@@ -51,6 +49,7 @@ from agentjet.engines.base import StepOutput, TrainSample
 from agentjet.engines.policy_step import StepConfig
 from agentjet.engines.weights import WEIGHTS_FILE, prune_versions, version_dir
 from agentjet.models import resolve_model
+from agentjet.proc import Child
 from agentjet.settings import LossSettings, TrainerGroupSettings
 
 log = logging.getLogger(__name__)
@@ -169,8 +168,7 @@ class TrainerGroup:
         self._listener: Listener | None = None
         self._accepted: queue.Queue[Connection] = queue.Queue()
         self._stop_accepting = threading.Event()
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._log: IO[bytes] | None = None
+        self._proc: Child | None = None
         self._ranks: list[_Rank] = []
         self._generation = 0
 
@@ -337,9 +335,7 @@ class TrainerGroup:
             env["CUDA_VISIBLE_DEVICES"] = s.cuda_visible_devices
         cmd = torchrun_command(procs=s.procs, nnodes=s.nnodes, node_rank=s.node_rank, rdzv_endpoint=s.rdzv_endpoint,
                                control=f"{address[0]}:{address[1]}")
-        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in _kill
-        self._proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=self._log,
-                                      stderr=subprocess.STDOUT, start_new_session=True)
+        self._proc = Child.spawn(cmd, self.log_path, env=env, append=False)
         log.info("trainer group %d: %d ranks starting (%s, %s), restore=%s", self._generation, self.world_size,
                  self.device, self.backend, self._restore)
         deadline = time.monotonic() + s.startup_timeout_s
@@ -392,8 +388,9 @@ class TrainerGroup:
         if proc is not None and proc.poll() is None and self.state in (GroupState.READY, GroupState.BUSY):
             try:
                 self._send_all(lambda _: Shutdown(), time.monotonic() + self.settings.shutdown_timeout_s, "shutdown")
-                proc.wait(timeout=self.settings.shutdown_timeout_s)
-            except (TrainerGroupError, subprocess.TimeoutExpired) as exc:
+                if proc.wait(self.settings.shutdown_timeout_s) is None:
+                    raise GroupTimeout(f"torchrun still runs {self.settings.shutdown_timeout_s:.0f} s after shutdown")
+            except TrainerGroupError as exc:
                 log.warning("trainer group did not shut down cleanly: %s", exc)
         self._kill()
 
@@ -408,18 +405,9 @@ class TrainerGroup:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(r.pid, signal.SIGKILL)
         self._ranks = []
-        proc = self._proc
+        proc, self._proc = self._proc, None
         if proc is not None:
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=30)
-            self.exit_codes.append(proc.returncode)
-            self._proc = None
-        if self._log is not None:
-            self._log.close()
-            self._log = None
+            self.exit_codes.append(proc.kill())  # torchrun's group, and its code if it already exited
 
     # ------------------------------------------------------------ the ranks' connections
     def _ensure_listener(self) -> tuple[str, int]:
@@ -488,8 +476,6 @@ class TrainerGroup:
             raise RankFailure(f"torchrun exited with code {self._proc.returncode} while {during}{self._log_tail()}")
 
     def _log_tail(self, lines: int = 15) -> str:
-        if self._log is not None:
-            self._log.flush()
         try:
             text = self.log_path.read_text(errors="replace").strip().splitlines()[-lines:]
         except OSError:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Protocol
 from urllib.parse import parse_qs, urlencode
 
 from fastapi import APIRouter, FastAPI, Query, Request
@@ -47,13 +47,31 @@ def _error(status: int, message: str, type_: str, code: str) -> JSONResponse:
                         headers={"Cache-Control": "no-store"})
 
 
+class ObservedRun(Protocol):
+    """What the dashboard reads. A server opens these when it starts (they hold files); its routes serve only
+    after that, so the dashboard asks for them on each request instead of at install time."""
+
+    @property
+    def observe(self) -> DashboardSource: ...
+
+    @property
+    def metrics(self) -> MetricsHub: ...
+
+
 class Dashboard:
-    def __init__(self, source: DashboardSource, hub: MetricsHub, settings: ObserveSettings, cookie_name: str) -> None:
-        self.source = source
-        self.hub = hub
+    def __init__(self, run: ObservedRun, settings: ObserveSettings, cookie_name: str) -> None:
+        self.run = run
         self.settings = settings
         self.cookie_name = cookie_name
         self.sessions = Sessions(settings.session_ttl_s, settings.max_sessions)
+
+    @property
+    def source(self) -> DashboardSource:
+        return self.run.observe
+
+    @property
+    def hub(self) -> MetricsHub:
+        return self.run.metrics
 
     # ------------------------------------------------------------------ access
     def _bearer(self, request: Request) -> str | None:
@@ -192,10 +210,9 @@ class Dashboard:
         return r
 
 
-def install(app: FastAPI, source: DashboardSource, hub: MetricsHub, settings: ObserveSettings,
-            cookie_name: str) -> Dashboard:
+def install(app: FastAPI, run: ObservedRun, settings: ObserveSettings, cookie_name: str) -> Dashboard:
     """Mount the dashboard, its APIs and /metrics on ``app``."""
-    dash = Dashboard(source, hub, settings, cookie_name)
+    dash = Dashboard(run, settings, cookie_name)
 
     @app.exception_handler(DashboardAuthError)
     async def _denied(_: Request, __: DashboardAuthError) -> JSONResponse:

@@ -178,7 +178,9 @@ class MetricsHub:
     log. Implements the trainer's ``StepObserver`` hook."""
 
     def __init__(self, settings: ObserveSettings, data_dir: Path, snapshot: Callable[[], RunSnapshot],
-                 run_config: dict[str, Any] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 run_config: dict[str, Any] | None = None, clock: Callable[[], float] = time.monotonic,
+                 trainlog: TrainLog | None = None) -> None:
+        """``trainlog``: the per-token train log to record into (and close); default: one in ``data_dir``."""
         self.settings = settings
         self._snapshot = snapshot
         self._clock = clock
@@ -195,7 +197,7 @@ class MetricsHub:
                              ["task_type"], registry=self.registry)
         self.jsonl = JsonlSink(data_dir / METRICS_FILE)
         self.sinks: list[MetricSink] = open_sinks(settings, data_dir, run_config or {})
-        self.trainlog = TrainLog(data_dir / TRAINLOG_FILE)
+        self.trainlog = trainlog or TrainLog(data_dir / TRAINLOG_FILE)
         self._prev_at = clock()
         self._prev: RunSnapshot | None = None
         self._lock = threading.Lock()

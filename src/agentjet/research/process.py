@@ -10,22 +10,23 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
+
+from agentjet.proc import REAL_TIME, Child, Timer
 
 START_TIME_TOLERANCE_S = 0.05
 
 
 class TrialProcess:
-    def __init__(self, pid: int, create_time: float, popen: subprocess.Popen[bytes] | None = None,
-                 children: list[tuple[int, float]] | None = None) -> None:
+    def __init__(self, pid: int, create_time: float, child: Child | None = None,
+                 children: list[tuple[int, float]] | None = None, timer: Timer = REAL_TIME) -> None:
         self.pid = pid
         self.create_time = create_time
-        self._popen = popen
+        self._child = child
+        self.timer = timer
         self.children: list[tuple[int, float]] = list(children or [])  # (pid, start time) of servers, clients
 
     def refresh_children(self) -> bool:
@@ -44,19 +45,15 @@ class TrialProcess:
         return bool(added)
 
     @classmethod
-    def launch(cls, swarm_file: Path, log_path: Path, env: dict[str, str] | None = None) -> TrialProcess:
-        log = open(log_path, "ab")  # noqa: SIM115 - handed to the child process
+    def launch(cls, swarm_file: Path, log_path: Path, env: dict[str, str] | None = None,
+               timer: Timer = REAL_TIME) -> TrialProcess:
+        child = Child.spawn([sys.executable, "-m", "agentjet.cli", "up", str(swarm_file)], log_path,
+                            env={**os.environ, **(env or {})}, timer=timer)
         try:
-            popen = subprocess.Popen([sys.executable, "-m", "agentjet.cli", "up", str(swarm_file)], stdout=log,
-                                     stderr=subprocess.STDOUT, start_new_session=True,
-                                     env={**os.environ, **(env or {})})
-        finally:
-            log.close()
-        try:
-            created = psutil.Process(popen.pid).create_time()
+            created = psutil.Process(child.pid).create_time()
         except psutil.Error:  # it already exited: alive() says so
             created = 0.0
-        return cls(popen.pid, created, popen)
+        return cls(child.pid, created, child, timer=timer)
 
     @classmethod
     def attach(cls, pid: int, create_time: float, children: list[tuple[int, float]] | None = None) -> TrialProcess:
@@ -75,8 +72,8 @@ class TrialProcess:
             return None
 
     def alive(self) -> bool:
-        if self._popen is not None:
-            return self._popen.poll() is None
+        if self._child is not None:
+            return self._child.alive()
         return self._process() is not None
 
     def stop(self, grace_s: float) -> None:
@@ -86,17 +83,11 @@ class TrialProcess:
         if self.alive():
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(self.pid, signal.SIGTERM)
-            deadline = time.monotonic() + grace_s
-            while self.alive() and time.monotonic() < deadline:
-                time.sleep(0.2)
+            self.timer.wait_until(lambda: not self.alive(), grace_s)
         for pid, created in [(self.pid, self.create_time), *self.children]:
             _kill_if_same(pid, created)
-        self._reap()
-
-    def _reap(self) -> None:
-        if self._popen is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._popen.wait(timeout=5)
+        if self._child is not None:  # reap it
+            self._child.kill()
 
 
 def _kill_if_same(pid: int, create_time: float) -> None:

@@ -16,7 +16,7 @@ from agentjet.engines.base import Engine
 from agentjet.layouts import build_engine
 from agentjet.observe import dashboard
 from agentjet.server import control, openai_api, swarm_api
-from agentjet.server.errors import BodySizeLimit, install_error_handlers
+from agentjet.server.http_errors import BodySizeLimit, install_error_handlers
 from agentjet.server.swarm import SwarmServer
 from agentjet.settings import ServerConfig
 
@@ -45,7 +45,7 @@ def create_app(server: SwarmServer) -> FastAPI:
     app.include_router(openai_api.router)
     app.include_router(swarm_api.router)
     app.include_router(control.router)
-    dashboard.install(app, server.observe, server.metrics, server.config.observe,
+    dashboard.install(app, server, server.config.observe,
                       cookie_name=f"ajet_dash_{server.config.port}")  # /dashboard, its APIs and /metrics
     return app
 

@@ -2,11 +2,11 @@
 
 - the swarm token gates join and begin (open when none is set, on a loopback bind);
 - the admin token gates the control plane and other episodes' traces. It is always set: a server started
-  without one generates it (``ensure_admin_token``) and leaves it in an owner-only file;
+  without one generates it (``new_admin_token``) and leaves it in an owner-only file (``save_admin_token``);
 - an episode key authorises its own episode only.
 
-``Auth`` holds digests of the tokens, never the tokens. The FastAPI dependencies below read the bearer
-token with ``HTTPBearer`` and check it against the ``Auth`` kept on the app's state.
+``Auth`` holds digests of the tokens, never the tokens. The FastAPI dependencies in ``routes.py`` read the
+bearer token with ``HTTPBearer`` and check it against the ``Auth`` kept on the app's state.
 """
 
 from __future__ import annotations
@@ -16,17 +16,12 @@ import os
 import secrets
 from pathlib import Path
 
-from fastapi import Depends, Request
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-
 from agentjet.server.digest import digest, matches
 from agentjet.server.errors import unauthorized
 from agentjet.settings import ServerConfig
 from agentjet.settings.paths import admin_token_path, local_admin_token_file
 
 log = logging.getLogger(__name__)
-
-_bearer_scheme = HTTPBearer(auto_error=False, description="the swarm token, the admin token or an episode key")
 
 
 class Auth:
@@ -38,7 +33,7 @@ class Auth:
     def from_config(cls, config: ServerConfig) -> Auth:
         admin = ServerConfig.secret(config.admin_token)
         if admin is None:
-            raise ValueError("the admin token is not set: call ensure_admin_token first")
+            raise ValueError("the admin token is not set: generate one with new_admin_token first")
         return cls(ServerConfig.secret(config.swarm_token), admin)
 
     def is_admin(self, token: str | None) -> bool:
@@ -70,42 +65,18 @@ def _write_owner_only(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
-def ensure_admin_token(config: ServerConfig, data_dir: Path, home: Path) -> Path | None:
-    """Generate an admin token when none was given: 256 random bits, written owner-only to the data dir and
-    to ``$AGENTJET_HOME/tokens/admin-<port>`` (where ``ajet ctl`` on this machine looks). Returns the file,
-    or None when the user gave a token."""
-    if config.admin_token is not None:
-        return None
-    from pydantic import SecretStr
+def new_admin_token() -> str:
+    """A fresh admin token: 256 random bits."""
+    return "aj-admin-" + secrets.token_urlsafe(32)
 
-    token = "aj-admin-" + secrets.token_urlsafe(32)
+
+def save_admin_token(token: str, data_dir: Path, home: Path, port: int) -> Path:
+    """Write a generated admin token owner-only to the data dir and to ``$AGENTJET_HOME/tokens/admin-<port>``
+    (where ``ajet ctl`` on this machine looks). Returns the data dir's file."""
     path = admin_token_path(data_dir)
     _write_owner_only(path, token)
-    if config.port:
-        _write_owner_only(local_admin_token_file(home, config.port), token)
-    config.admin_token = SecretStr(token)
+    if port:
+        _write_owner_only(local_admin_token_file(home, port), token)
     log.warning("no admin token was given: generated one, in %s (owner-only); `ajet ctl` on this machine finds "
                 "it by itself", path)
     return path
-
-
-def bearer(credentials: HTTPAuthorizationCredentials | None = Depends(_bearer_scheme)) -> str | None:
-    """The bearer token of the request, or None."""
-    token = credentials.credentials.strip() if credentials is not None else ""
-    return token or None
-
-
-def _auth(request: Request) -> Auth:
-    return request.app.state.auth
-
-
-def require_swarm(request: Request, token: str | None = Depends(bearer)) -> None:
-    _auth(request).check_swarm(token)
-
-
-def require_admin(request: Request, token: str | None = Depends(bearer)) -> None:
-    _auth(request).check_admin(token)
-
-
-def require_swarm_or_admin(request: Request, token: str | None = Depends(bearer)) -> None:
-    _auth(request).check_swarm_or_admin(token)

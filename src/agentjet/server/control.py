@@ -16,9 +16,9 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 
 from agentjet.protocol import SWARM_PREFIX, ChangeRecord, ConfigChange
-from agentjet.server.auth import require_admin
 from agentjet.server.errors import bad_request, conflict
-from agentjet.server.swarm import SwarmServer, server_of
+from agentjet.server.routes import require_admin, server_of
+from agentjet.server.swarm import SwarmServer
 from agentjet.settings import LIVE_SECTIONS, ServerConfig, SettingsError, deep_merge, validate
 
 log = logging.getLogger(__name__)

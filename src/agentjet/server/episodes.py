@@ -43,9 +43,9 @@ from agentjet.server.errors import (
 from agentjet.server.locks import KeyedLocks
 from agentjet.server.registry import Episode, EpisodeRegistry
 from agentjet.server.state import ServerState
-from agentjet.server.status import Throughput
 from agentjet.server.store import SampleStore, StoredEpisode, StoredStatus, StoreError
 from agentjet.server.teams import Teams
+from agentjet.server.throughput import Throughput
 from agentjet.server.tito import TitoCounters, may_splice, request_prompt_ids
 from agentjet.server.trainer import Trainer
 from agentjet.settings import ServerConfig

@@ -1,17 +1,8 @@
-"""Errors in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``. Never a bare 500."""
+"""Errors in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``. Never a bare 500.
+
+The domain raises these; ``http_errors.py`` turns them (and the web framework's own errors) into responses."""
 
 from __future__ import annotations
-
-import json
-import logging
-
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Receive, Scope, Send
-
-log = logging.getLogger(__name__)
 
 
 class APIError(Exception):
@@ -50,89 +41,3 @@ def unavailable(message: str, code: str, retry_after_s: float | None = None) -> 
 
 def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict:
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
-
-
-def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
-    parts, param = [], None
-    for err in exc.errors()[:5]:
-        loc = [str(x) for x in err.get("loc", ()) if x != "body"]
-        where = ".".join(loc)
-        param = param or where or None
-        parts.append(f"{where}: {err.get('msg')}" if where else str(err.get("msg")))
-    return "; ".join(parts) or "invalid request", param
-
-
-def install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(APIError)
-    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-        return JSONResponse(error_body(exc.message, exc.type, exc.param, exc.code), exc.status, headers=exc.headers)
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        message, param = _validation_message(exc)
-        return JSONResponse(error_body(message, "invalid_request_error", param, "invalid_request"), 400)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        type_ = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        if exc.status_code == 413:
-            return JSONResponse(error_body(str(exc.detail), type_, code="body_too_large"), 413)
-        return JSONResponse(error_body(str(exc.detail), type_), exc.status_code)
-
-    @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
-        log.exception("unexpected server error")
-        return JSONResponse(error_body(f"internal error: {type(exc).__name__}", "server_error"), 500)
-
-
-class BodySizeLimit:
-    """Bodies over ``max_bytes`` get a 413 in OpenAI's shape: when Content-Length declares it, after the body
-    has been read and discarded (a client still sending would otherwise see its connection reset instead of
-    the answer), up to ``DRAIN_LIMIT`` bytes; or as soon as a chunked body crosses the limit while it is read."""
-
-    DRAIN_LIMIT = 256 * 1024 * 1024
-
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app = app
-        self.max_bytes = max_bytes
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            declared = dict(scope["headers"]).get(b"content-length", b"")
-            if declared.isdigit() and int(declared) > self.max_bytes:
-                await self._drain(receive, int(declared))
-                body = json.dumps(error_body(f"request body of {int(declared)} bytes exceeds the limit of "
-                                             f"{self.max_bytes} bytes", "invalid_request_error",
-                                             code="body_too_large")).encode()
-                await send({"type": "http.response.start", "status": 413,
-                            "headers": [(b"content-type", b"application/json"),
-                                        (b"content-length", str(len(body)).encode()), (b"connection", b"close")]})
-                await send({"type": "http.response.body", "body": body})
-                return
-            receive = self._counting(receive)
-        await self.app(scope, receive, send)
-
-    async def _drain(self, receive: Receive, declared: int) -> None:
-        if declared > self.DRAIN_LIMIT:
-            return  # not worth reading: answer at once and close
-        seen = 0
-        while seen <= declared:
-            message = await receive()
-            if message["type"] != "http.request":
-                return  # the client went away
-            seen += len(message.get("body", b""))
-            if not message.get("more_body", False):
-                return
-
-    def _counting(self, receive: Receive) -> Receive:
-        seen = 0
-
-        async def wrapped() -> dict:
-            nonlocal seen
-            message = await receive()
-            seen += len(message.get("body", b""))
-            if seen > self.max_bytes:
-                raise StarletteHTTPException(413, f"request body exceeds the limit of {self.max_bytes} bytes")
-            return message
-
-        return wrapped

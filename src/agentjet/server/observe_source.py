@@ -1,6 +1,6 @@
 """The read side of a running server for the observe room (dashboard pages and metrics).
 
-``ServerSource`` implements ``agentjet.observe.schema.DashboardSource`` on a ``SwarmServer``. It reads the
+``ServerSource`` implements ``agentjet.observe.schema.DashboardSource`` on a server's ``RunParts``. It reads the
 sample store through a connection of its own (``query_only``), so dashboard polls never wait on the store
 lock that the request path and the trainer hold.
 """
@@ -12,7 +12,7 @@ import sqlite3
 import threading
 import time
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agentjet.observe.schema import (
     ClientRow,
@@ -25,12 +25,10 @@ from agentjet.observe.schema import (
     StepPoint,
 )
 from agentjet.protocol import EpisodeStatus, reward_mean
+from agentjet.server.registry import Episode
+from agentjet.server.run_state import RunParts
 from agentjet.settings import ServerConfig
 from agentjet.tracking import sample_trace
-
-if TYPE_CHECKING:
-    from agentjet.server.registry import Episode
-    from agentjet.server.swarm import SwarmServer
 
 _STORED_STATUSES = {
     EpisodeStatusFilter.PENDING: ("pending",),
@@ -51,10 +49,10 @@ _EP_COLS = ("episode_id, client_id, task_id, task_type, status, reward, begin_po
 
 
 class ServerSource:
-    def __init__(self, server: SwarmServer, counts_ttl_s: float = 2.0) -> None:
-        self.server = server
+    def __init__(self, run: RunParts, counts_ttl_s: float = 2.0) -> None:
+        self.run = run
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(str(server.store.path), check_same_thread=False, isolation_level=None)
+        self._db = sqlite3.connect(str(run.store.path), check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA query_only=1")
         self._counts_ttl_s = counts_ttl_s
         self._counts: tuple[float, tuple[int, ...], dict[str, int]] = (-1e18, (), {})
@@ -70,7 +68,7 @@ class ServerSource:
     def _status_counts(self) -> dict[str, int]:
         """Episodes per stored status. Many pollers share one count while nothing that moves it has happened
         (and for at most ``counts_ttl_s``: team resolutions are not in the key)."""
-        srv, c = self.server, self.server.trainer.counters
+        srv, c = self.run, self.run.trainer.counters
         key = (srv.throughput.ended, c.train_steps, c.trained_episodes, c.dropped_stale, c.dropped_uniform,
                len(srv.teams.prepared))
         at, cached_key, counts = self._counts
@@ -83,12 +81,12 @@ class ServerSource:
 
     # ------------------------------------------------------------------ DashboardSource
     def snapshot(self) -> RunSnapshot:
-        srv = self.server
+        srv = self.run
         counts = self._status_counts()
         c = srv.trainer.counters
         reg = srv.registry
         return RunSnapshot(
-            model=srv.config.name, engine=srv.engine.layout, engine_state="paused" if srv.trainer.paused else srv.state.value,
+            model=srv.config.name, engine=srv.engine.layout, engine_state=srv.engine_state(),
             paused=srv.trainer.paused, policy_version=srv.engine.policy_version, train_steps=c.train_steps,
             uptime_s=srv.clock.monotonic() - srv.throughput.started, open_episodes=reg.open_count,
             pending_episodes=counts["pending"], trained_episodes=counts["trained"], eval_episodes=counts["eval"],
@@ -117,7 +115,7 @@ class ServerSource:
                 for (v, t, a), rs in sorted(acc.items())]
 
     def clients(self) -> list[ClientRow]:
-        reg = self.server.registry
+        reg = self.run.registry
         stored: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         for client, status, n in self._query("SELECT client_id, status, COUNT(*) FROM episodes "
                                              "GROUP BY client_id, status"):
@@ -146,7 +144,7 @@ class ServerSource:
         want = (_LIVE_STATUSES[q.status] if q.status is not None
                 else _LIVE_STATUSES[EpisodeStatusFilter.OPEN] + _LIVE_STATUSES[EpisodeStatusFilter.FAILED])
         out = []
-        for ep in reversed(self.server.registry.episodes()):
+        for ep in reversed(self.run.registry.episodes()):
             if ep.status not in want or not _live_match(ep, q):
                 continue
             out.append(EpisodeRow(episode_id=ep.episode_id, client_id=ep.client_id, task_id=ep.task_id,
@@ -195,9 +193,9 @@ class ServerSource:
         if not rows:
             return None
         r = rows[0]
-        srv = self.server
+        srv = self.run
         samples = srv.store.samples_for([episode_id])[episode_id]
-        trained = srv.metrics.trainlog.for_episode(episode_id)
+        trained = srv.trainlog.for_episode(episode_id)
         metadata = json.loads(r[14]) if r[14] else {}
         out_samples = []
         for i, smp in enumerate(samples):
@@ -219,7 +217,7 @@ class ServerSource:
         return [r[0] for r in self._query("SELECT episode_id FROM episodes WHERE team_id=? ORDER BY seq", (team_id,))]
 
     def tokens(self) -> list[str]:
-        cfg = self.server.config
+        cfg = self.run.config
         return [t for t in (ServerConfig.secret(cfg.observe.read_token), ServerConfig.secret(cfg.admin_token)) if t]
 
 

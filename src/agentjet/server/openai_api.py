@@ -23,7 +23,6 @@ from agentjet.engines.base import MAX_SEED, GenerationResult, SamplingParams
 from agentjet.engines.detokenize import IncrementalDetokenizer
 from agentjet.engines.errors import EngineUnavailableError, GenerationError
 from agentjet.protocol import AGENT_HEADER, DEFAULT_AGENT
-from agentjet.server.auth import bearer
 from agentjet.server.chat import (
     ChatFormatError,
     ChatFormatter,
@@ -33,7 +32,8 @@ from agentjet.server.chat import (
 )
 from agentjet.server.errors import APIError, bad_request, conflict, error_body, unavailable
 from agentjet.server.registry import Episode
-from agentjet.server.swarm import SwarmServer, server_of
+from agentjet.server.routes import bearer, server_of
+from agentjet.server.swarm import SwarmServer
 from agentjet.tracking import CallRecord
 
 router = APIRouter(prefix="/v1")

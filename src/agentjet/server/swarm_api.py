@@ -22,8 +22,7 @@ from agentjet.protocol import (
     ServerStatus,
     TeamDecisionResponse,
 )
-from agentjet.server.auth import bearer, require_swarm, require_swarm_or_admin
-from agentjet.server.swarm import server_of
+from agentjet.server.routes import bearer, require_swarm, require_swarm_or_admin, server_of
 
 router = APIRouter(prefix=SWARM_PREFIX)
 

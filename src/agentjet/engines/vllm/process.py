@@ -6,13 +6,10 @@ process group (vLLM forks an engine-core process): stopping signals the whole gr
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import logging
-import os
 import queue
 import signal
-import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -20,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+
+from agentjet.proc import Child, tail
 
 log = logging.getLogger(__name__)
 
@@ -71,15 +70,6 @@ def http_healthy(url: str) -> bool:
         return False
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    """Linux: the child gets SIGTERM if the thread that started it dies (a hard-killed server leaves no
-    orphan vLLM behind)."""
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
 @dataclass
 class ProcessCounters:
     starts: int = 0
@@ -122,7 +112,7 @@ class ManagedProcess:
         self._sleep = sleep or self._stopping.wait
         self._changed = threading.Condition()
         self._commands: queue.Queue[_Command] = queue.Queue()
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._proc: Child | None = None
         self._state = ProcessState.STOPPED
         self._supervisor: threading.Thread | None = None
         self._done = 0  # commands finished (callers wait for their own)
@@ -240,13 +230,10 @@ class ManagedProcess:
 
     def _spawn_and_wait(self) -> None:
         spec = self._launch()
-        spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         started = self._clock()
-        with open(spec.log_path, "ab") as logf:
-            logf.write(f"\n==> agentjet: starting {' '.join(spec.argv)}\n".encode())
-            logf.flush()
-            proc = subprocess.Popen(spec.argv, env=spec.env, cwd=spec.cwd, stdout=logf, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent)
+        # a hard-killed server leaves no orphan vLLM behind: SIGTERM when the supervisor thread dies
+        proc = Child.spawn(spec.argv, spec.log_path, env=spec.env, cwd=spec.cwd,
+                           header=f"\n==> agentjet: starting {' '.join(spec.argv)}", parent_death_signal=signal.SIGTERM)
         self._proc = proc
         self.counters.starts += 1
         log.info("started %s (pid %d); waiting for %s", spec.argv[0], proc.pid, spec.health_url)
@@ -255,7 +242,7 @@ class ManagedProcess:
             code = proc.poll()
             if code is not None:
                 self.counters.last_exit_code = code
-                self._kill_group(proc)
+                proc.kill()
                 raise ProcessStartError(f"the process exited with code {code} while starting; last lines of "
                                         f"{spec.log_path}:\n{tail(spec.log_path)}")
             if self._stopping.is_set():
@@ -272,22 +259,9 @@ class ManagedProcess:
         self.counters.last_start_seconds = self._clock() - started
         log.info("pid %d healthy after %.1fs", proc.pid, self.counters.last_start_seconds)
 
-    def _terminate(self, proc: subprocess.Popen[bytes]) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=self.timing.stop_timeout_s)
-        except subprocess.TimeoutExpired:
-            log.warning("pid %d ignored SIGTERM for %.0fs; killing it", proc.pid, self.timing.stop_timeout_s)
-        self._kill_group(proc)
-
-    @staticmethod
-    def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-        """SIGKILL whatever is left of the group (the leader, or children it left behind)."""
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=10)
+    def _terminate(self, proc: Child) -> None:
+        if proc.stop(self.timing.stop_timeout_s) == -signal.SIGKILL:
+            log.warning("pid %d ignored SIGTERM for %.0fs; killed it", proc.pid, self.timing.stop_timeout_s)
 
     def recover(self, exit_code: int | None) -> None:
         """The process died: clean up its group, then restart with backoff until it is healthy or
@@ -300,7 +274,7 @@ class ManagedProcess:
         log.error("the managed process (pid %s) exited unexpectedly with code %s; restarting",
                   proc.pid if proc else None, exit_code)
         if proc is not None:
-            self._kill_group(proc)
+            proc.kill()
         while not self._stopping.is_set():
             if self.counters.restarts >= self.timing.max_restarts:
                 self.last_error = f"gave up after {self.counters.restarts} restarts (last exit code {exit_code})"
@@ -321,9 +295,3 @@ class ManagedProcess:
             self._set_state(ProcessState.READY)
             return
 
-
-def tail(path: Path, lines: int = 25) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"

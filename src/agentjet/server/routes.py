@@ -1,0 +1,40 @@
+"""What every route module shares (the HTTP edge; the domain root, ``swarm.py``, imports no web framework):
+the ``SwarmServer`` behind a request, and the bearer-token dependencies that check a request against the
+``Auth`` kept on the app's state."""
+
+from __future__ import annotations
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from agentjet.server.auth import Auth
+from agentjet.server.swarm import SwarmServer
+
+_bearer_scheme = HTTPBearer(auto_error=False, description="the swarm token, the admin token or an episode key")
+
+
+def server_of(request: Request) -> SwarmServer:
+    server: SwarmServer = request.app.state.swarm
+    return server
+
+
+def bearer(credentials: HTTPAuthorizationCredentials | None = Depends(_bearer_scheme)) -> str | None:
+    """The bearer token of the request, or None."""
+    token = credentials.credentials.strip() if credentials is not None else ""
+    return token or None
+
+
+def _auth(request: Request) -> Auth:
+    return request.app.state.auth
+
+
+def require_swarm(request: Request, token: str | None = Depends(bearer)) -> None:
+    _auth(request).check_swarm(token)
+
+
+def require_admin(request: Request, token: str | None = Depends(bearer)) -> None:
+    _auth(request).check_admin(token)
+
+
+def require_swarm_or_admin(request: Request, token: str | None = Depends(bearer)) -> None:
+    _auth(request).check_swarm_or_admin(token)

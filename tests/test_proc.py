@@ -1,0 +1,156 @@
+"""The one process supervisor (agentjet.proc): a child in its own session logging to a file, SIGTERM then SIGKILL
+after a grace period on a fake clock, one grace period for several children, the parent-death signal."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+from agentjet.proc import Child, Timer, free_port, stop_all, tail
+from agentjet.server.clock import FakeClock
+
+IGNORE_TERM = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); "
+               "time.sleep(120)")
+SLEEP = "import time; print('ready', flush=True); time.sleep(120)"
+
+
+def fake_timer() -> tuple[Timer, FakeClock]:
+    """Grace periods on a fake clock. Each poll also yields 20 ms of real time, so a child that obeys SIGTERM
+    has been seen to exit (by the kernel) before a short grace period of fake time runs out."""
+    clock = FakeClock()
+
+    def sleep(seconds: float) -> None:
+        clock.advance(seconds)
+        time.sleep(0.02)
+
+    return Timer(clock=clock.monotonic, sleep=sleep, poll_s=5), clock
+
+
+def python(code: str) -> list[str]:
+    return [sys.executable, "-c", code]
+
+
+def wait_ready(child: Child) -> None:
+    """Until the child has printed 'ready' (its signal handler is in place): an event, not a sleep."""
+    assert Timer().wait_until(lambda: "ready" in tail(child.log_path), 30), tail(child.log_path)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_free_port_can_be_bound() -> None:
+    port = free_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+
+
+def test_a_child_runs_in_its_own_session_and_logs_to_its_file(tmp_path: Path) -> None:
+    log = tmp_path / "logs" / "child.log"
+    log.parent.mkdir()
+    log.write_text("earlier run\n")
+    child = Child.spawn(python("import os; print('sid', os.getsid(0), 'pid', os.getpid())"), log,
+                        env={**os.environ, "X": "1"}, header="==> starting")
+    assert child.wait(30) == 0
+    assert os.getpgid(os.getpid()) != child.pid
+    lines = log.read_text().splitlines()
+    assert lines == ["earlier run", "==> starting", f"sid {child.pid} pid {child.pid}"]  # appended, own session
+
+
+def test_append_false_truncates_and_env_is_the_whole_environment(tmp_path: Path) -> None:
+    log = tmp_path / "child.log"
+    log.write_text("stale\n")
+    child = Child.spawn(python("import os; print(sorted(k for k in os.environ if k.startswith('AJ_T')))"), log,
+                        env={"AJ_T1": "x", "PATH": os.environ.get("PATH", "")}, append=False)
+    assert child.wait(30) == 0
+    assert log.read_text() == "['AJ_T1']\n"
+
+
+def test_stop_is_sigterm_when_the_child_obeys(tmp_path: Path) -> None:
+    timer, clock = fake_timer()
+    child = Child.spawn(python(SLEEP), tmp_path / "c.log", timer=timer)
+    wait_ready(child)
+    assert child.stop(grace=60) == -signal.SIGTERM
+    assert clock.now < 1000 + 60  # it did not need the whole grace period
+
+
+def test_stop_sigkills_after_the_grace_period_on_the_fake_clock(tmp_path: Path) -> None:
+    timer, clock = fake_timer()
+    child = Child.spawn(python(IGNORE_TERM), tmp_path / "c.log", timer=timer)
+    wait_ready(child)
+    started = time.monotonic()
+    assert child.stop(grace=300) == -signal.SIGKILL
+    assert clock.now >= 1000 + 300  # the whole grace period passed, on the fake clock
+    assert time.monotonic() - started < 30  # ... not in real time
+    assert not alive(child.pid)
+
+
+def test_signals_reach_the_whole_group(tmp_path: Path) -> None:
+    grandchild_pid = tmp_path / "grandchild.pid"
+    code = (f"import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', {IGNORE_TERM!r}]); "
+            f"open({str(grandchild_pid)!r}, 'w').write(str(p.pid)); print('ready', flush=True); time.sleep(120)")
+    timer, _ = fake_timer()
+    child = Child.spawn(python(code), tmp_path / "c.log", timer=timer)
+    assert Timer().wait_until(lambda: grandchild_pid.exists() and grandchild_pid.read_text() != "" and
+                              tail(child.log_path).count("ready") == 2, 30), tail(child.log_path)
+    gpid = int(grandchild_pid.read_text())
+    assert child.stop(grace=30) == -signal.SIGTERM
+    assert Timer().wait_until(lambda: not alive(gpid) or _zombie(gpid), 30)  # the SIGKILL reached it too
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
+    except (OSError, IndexError):
+        return True
+
+
+def test_stop_all_shares_one_grace_period(tmp_path: Path) -> None:
+    timer, clock = fake_timer()
+    stubborn = [Child.spawn(python(IGNORE_TERM), tmp_path / f"s{i}.log", timer=timer) for i in range(2)]
+    polite = Child.spawn(python(SLEEP), tmp_path / "p.log", timer=timer)
+    for c in [*stubborn, polite]:
+        wait_ready(c)
+    codes = stop_all([*stubborn, polite], grace=100, timer=timer)
+    assert codes == {stubborn[0].pid: -signal.SIGKILL, stubborn[1].pid: -signal.SIGKILL,
+                     polite.pid: -signal.SIGTERM}
+    assert 1000 + 100 <= clock.now < 1000 + 101  # one grace period for all, not one each
+
+
+def test_wait_until_polls_on_the_timer() -> None:
+    timer, clock = fake_timer()
+    assert timer.wait_until(lambda: clock.now >= 1003, 10)
+    assert clock.now == 1005
+    assert not timer.wait_until(lambda: False, 12)
+    assert clock.now == 1017  # the last sleep is cut to the deadline
+
+
+def test_the_parent_death_signal_fires_when_the_spawning_thread_ends(tmp_path: Path) -> None:
+    spawned: list[Child] = []
+    plain: list[Child] = []
+
+    def spawn() -> None:
+        spawned.append(Child.spawn(python(SLEEP), tmp_path / "a.log", parent_death_signal=signal.SIGTERM))
+        plain.append(Child.spawn(python(SLEEP), tmp_path / "b.log"))
+
+    thread = threading.Thread(target=spawn)
+    thread.start()
+    thread.join()
+    assert spawned[0].wait(30) == -signal.SIGTERM  # its parent thread is gone
+    assert plain[0].wait(0.5) is None  # the one without it lives on
+    assert plain[0].stop(grace=10) == -signal.SIGTERM
+
+
+def test_tail_of_a_missing_log(tmp_path: Path) -> None:
+    assert tail(tmp_path / "nope.log") == "(no log)"
+    (tmp_path / "l.log").write_text("\n".join(str(i) for i in range(100)))
+    assert tail(tmp_path / "l.log", 3) == "97\n98\n99"
