@@ -50,27 +50,31 @@ def create_app(server: SwarmServer) -> FastAPI:
 
 
 def build_engine(config: ServerConfig) -> Engine:
-    """The engine the settings ask for; the whole ``engine`` block (and the loss settings) goes to it."""
+    """The engine the settings ask for; the whole ``engine`` block (and the loss settings) goes to it. The model
+    is resolved here once (a hub id to its cached snapshot at one commit), and that one local directory goes to
+    every part: the rollout engine, vLLM and the trainer group."""
+    from agentjet.models import resolve_model
+
+    model_dir = str(resolve_model(config.model, config.model_revision))
     if config.engine.kind is EngineKind.NULL:
         from transformers import AutoTokenizer
 
         from agentjet.engines.null import NullEngine
-        from agentjet.models import resolve_model
 
-        return NullEngine(AutoTokenizer.from_pretrained(resolve_model(config.model)), reply=config.engine.null_reply,
+        return NullEngine(AutoTokenizer.from_pretrained(model_dir), reply=config.engine.null_reply,
                           delay_s=config.engine.null_delay_ms / 1000)
     from agentjet.engines.hf import HFEngine
 
     if config.trainer.procs:  # the embedded engine generates, an FSDP2 trainer group trains
         from agentjet.distributed.engine import build_group_engine
 
-        return build_group_engine(config)
+        return build_group_engine(config.model_copy(update={"model": model_dir, "model_revision": None}))
     if config.engine.kind is EngineKind.VLLM:  # vLLM generates, the embedded engine's training half trains
         from agentjet.engines.vllm import VLLMEngine
 
-        return VLLMEngine(config.model, config.engine, config.loss, config.training.learning_rate,
+        return VLLMEngine(model_dir, config.engine, config.loss, config.training.learning_rate,
                           work_dir=config.data_dir / "vllm")
-    return HFEngine(config.model, config.engine, config.loss, config.training.learning_rate)
+    return HFEngine(model_dir, config.engine, config.loss, config.training.learning_rate)
 
 
 def serve(config: ServerConfig, engine: Engine | None = None) -> None:

@@ -403,7 +403,11 @@ _NAME_RE = re.compile(r"[^A-Za-z0-9_.-]+")
 class ServerConfig(_Section):
     """A swarm server: one trainable model behind an OpenAI-compatible API."""
 
-    model: str = Field("smollm2-135m-instruct", min_length=1, description="model name or local HF directory")
+    model: str = Field("smollm2-135m-instruct", min_length=1, description="a built-in name (smollm2-135m-instruct, "
+                       "tiny-random), a local HF model directory, or a Hugging Face Hub id ORG/NAME (from the HF "
+                       "cache; downloaded when missing and the hub can be reached)")
+    model_revision: str | None = Field(None, min_length=1, max_length=200, pattern=r"^[\w./-]+$",
+                                       description="branch, tag or commit of a hub model (default: main)")
     served_model_name: str | None = Field(None, min_length=1, max_length=200, description="the name /v1/models "
                                           "reports (default: model)")
     host: str = Field("127.0.0.1", min_length=1, description="bind address (loopback by default)")
