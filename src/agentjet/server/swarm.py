@@ -47,7 +47,7 @@ class SwarmServer:
         config.data_dir = config.resolved_data_dir(home)
         self.admin_token_file = ensure_admin_token(config, config.data_dir, home)
         self.auth = Auth.from_config(config)
-        self.formatter = ChatFormatter(engine.tokenizer)
+        self.formatter = ChatFormatter(engine.tokenizer, config.tool_parser)
         self.registry = EpisodeRegistry(config.lease_seconds, clock=self.clock)
         self.store = SampleStore(config.data_dir / "store.sqlite")
         self.trainer = Trainer(engine, self.store, config, config.data_dir / "checkpoints", clock=self.clock)
