@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Awaitable
 import uvicorn
 from fastapi import FastAPI
 
+from agentjet import __version__
 from agentjet.engines.base import Engine
 from agentjet.observe import dashboard
 from agentjet.server import control, openai_api, swarm_api
@@ -31,7 +32,7 @@ def create_app(server: SwarmServer) -> FastAPI:
         finally:
             await server.stop()
 
-    app = FastAPI(title="AgentJet swarm server", version="0.1.0", lifespan=lifespan)
+    app = FastAPI(title="AgentJet swarm server", version=__version__, lifespan=lifespan)
     app.state.swarm = server
     app.state.auth = server.auth
     install_error_handlers(app)
