@@ -1,6 +1,6 @@
 """The package as a user installs it: a wheel built from this tree, installed into a clean venv, runs
-``ajet --version``, ``ajet --help``, ``ajet model tiny-random`` and a 2-step training through ``ajet server`` and
-``ajet run``, with nothing imported from the source tree.
+``ajet --version``, ``ajet --help``, ``ajet model tiny-random``, a 2-step training through ``ajet server`` and
+``ajet run``, and ``ajet export`` of the run, with nothing imported from the source tree.
 
 No download: the wheel is built without build isolation, and the venv sees this interpreter's packages (torch
 included, as the README pins it) through a path file, so pip finds every dependency already installed
@@ -73,7 +73,7 @@ def test_wheel_installs_into_a_clean_venv_and_trains(tmp_path: Path, agentjet_ho
     where = run([str(py), "-c", "import agentjet; print(agentjet.__file__)"], env, work).strip()
     assert where.startswith(str(tmp_path / "venv")), where  # the installed package, not the source tree
     assert run([ajet, "--version"], env, work).strip() == f"agentjet {__version__}"
-    assert "server" in run([ajet, "--help"], env, work)
+    assert {"server", "run", "model", "export"} <= set(run([ajet, "--help"], env, work).split())
     model_dir = run([ajet, "model", "tiny-random"], env, work).strip()
     assert (Path(model_dir) / "config.json").exists()
 
@@ -109,3 +109,5 @@ def test_wheel_installs_into_a_clean_venv_and_trains(tmp_path: Path, agentjet_ho
         server.wait(timeout=60)
         log.close()
     assert list((work / "data" / "checkpoints").glob("step-*")), "no checkpoint written"
+    run([ajet, "export", str(work / "data"), str(work / "model")], env, work)
+    assert {"config.json", "model.safetensors", "README.md"} <= {p.name for p in (work / "model").iterdir()}

@@ -1,11 +1,12 @@
 """The ``ajet`` command line: ``server`` (generated from the settings), ``run``, ``status``, ``ctl``, ``up``,
-``demo``, ``model``."""
+``demo``, ``model``, ``export``."""
 
 from __future__ import annotations
 
 import typer
 
 from agentjet.cli import bench, client, ctl, research, swarm
+from agentjet.cli.export import export
 from agentjet.cli.server import EPILOG, make_server_command
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
@@ -32,6 +33,7 @@ app.command("status")(client.status)
 app.command("up")(swarm.up)
 app.command("demo")(swarm.demo)
 app.command("model")(swarm.model)
+app.command("export")(export)
 app.command("bench")(bench.bench)
 app.command("research")(research.research)
 app.add_typer(ctl.app, name="ctl")
