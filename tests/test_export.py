@@ -183,3 +183,30 @@ def test_push_to_hub_uploads_the_export(make_server, tmp_path: Path, monkeypatch
     assert upload[1]["repo_id"] == "me/tiny-rl" and upload[1]["folder_path"] == str(tmp_path / "p")
     assert {"README.md", "model.safetensors", "config.json"} <= set(upload[1]["files"])
     assert network_attempts == []
+
+
+@pytest.mark.server
+def test_a_hub_model_run_names_its_base_on_the_card(offline: None, hub_cache: dict[str, Path], tmp_path: Path) -> None:
+    """A run on a hub id: the card's ``base_model`` is the id at the snapshot's commit, and an adapter exported
+    alone points at the hub id (not at this machine's cache path), so it loads anywhere."""
+    pytest.importorskip("peft")
+    from tests.conftest import SHA_V1
+
+    from agentjet.launch import free_port
+    from agentjet.server import SwarmServer
+    from agentjet.server.app import BackgroundServer, build_engine
+    from agentjet.settings import EngineSettings, LoraSettings, ServerConfig, TrainingSettings
+
+    config = ServerConfig(model="acme/tiny-chat", model_revision="v1", port=free_port(), data_dir=tmp_path / "run",
+                          engine=EngineSettings(max_batch_size=8, lora=LoraSettings(rank=4, alpha=8)),
+                          training=TrainingSettings(group_size=2, batch_groups=1, learning_rate=1e-2,
+                                                    checkpoint_every=1))
+    with BackgroundServer(SwarmServer(config, build_engine(config))) as srv:
+        train_one_step(srv)
+    export(tmp_path / "run", tmp_path / "merged")
+    card = (tmp_path / "merged" / "README.md").read_text()
+    assert "base_model: acme/tiny-chat\n" in card and f"`acme/tiny-chat` (revision `{SHA_V1}`)" in card
+    assert str(hub_cache["cache"]) not in card
+    export(tmp_path / "run", tmp_path / "adapter", "--adapter-only")
+    adapter = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert adapter["base_model_name_or_path"] == "acme/tiny-chat" and adapter["revision"] == SHA_V1
