@@ -1,9 +1,17 @@
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
+import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+# No test downloads: huggingface_hub and transformers stay off the network (read at their import, so set here,
+# before any test imports them). The hub tests also guard sockets (``network_attempts``).
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 SERVER_FIXTURES = {"make_server", "fuzz_server_factory", "api", "control_api", "engine_api"}
 TINY_FIXTURES = {"tiny_model_path", "tiny_engine"}
@@ -112,3 +120,73 @@ def wait_until(predicate, timeout: float = 30.0, interval: float = 0.05) -> None
         if time.monotonic() > deadline:
             raise AssertionError("condition not reached in time")
         time.sleep(interval)
+
+
+# ---------------------------------------------------------------- a Hugging Face hub cache, built offline
+SHA_MAIN = "a" * 40
+SHA_V1 = "b" * 40
+LOOPBACK = {"127.0.0.1", "::1", "localhost"}
+
+
+@pytest.fixture
+def network_attempts(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """Refuse every connection and name lookup off loopback with the errors a machine without a route gives,
+    and record each (a library swallows them and falls back to its cache): the test checks the record."""
+    attempts: list[str] = []
+    real_connect, real_getaddrinfo = socket.socket.connect, socket.getaddrinfo
+
+    def connect(sock: socket.socket, address: object) -> object:
+        host = address[0] if isinstance(address, tuple) else str(address)
+        if sock.family in (socket.AF_INET, socket.AF_INET6) and host not in LOOPBACK:
+            attempts.append(f"connect {address}")
+            raise ConnectionRefusedError(f"test socket guard: no connection to {address}")
+        return real_connect(sock, address)
+
+    def getaddrinfo(host: object, *args: object, **kwargs: object) -> object:
+        if host not in LOOPBACK and host is not None:
+            attempts.append(f"resolve {host}")
+            raise socket.gaierror(socket.EAI_NONAME, f"test socket guard: no lookup of {host}")
+        return real_getaddrinfo(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket.socket, "connect", connect)
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    yield attempts
+
+
+@pytest.fixture
+def offline(monkeypatch: pytest.MonkeyPatch, network_attempts: list[str]) -> Iterator[None]:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    yield
+    assert network_attempts == [], "HF_HUB_OFFLINE was set, but something tried the network"
+
+
+def add_hub_snapshot(cache: Path, repo_id: str, sha: str, source: Path, refs: tuple[str, ...]) -> Path:
+    """One snapshot of ``repo_id`` as huggingface_hub stores it: files in blobs/ by hash, snapshots/<sha>/ of
+    relative symlinks to them, and refs/<name> holding the commit."""
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    snap = repo / "snapshots" / sha
+    snap.mkdir(parents=True)
+    (repo / "blobs").mkdir(exist_ok=True)
+    for f in sorted(source.iterdir()):
+        if not f.is_file() or f.name.startswith(("agentjet-", ".")):
+            continue
+        digest = hashlib.sha256(f.read_bytes()).hexdigest()
+        blob = repo / "blobs" / digest
+        if not blob.exists():
+            shutil.copyfile(f, blob)
+        (snap / f.name).symlink_to(Path("..") / ".." / "blobs" / digest)
+    (repo / "refs").mkdir(exist_ok=True)
+    for ref in refs:
+        (repo / "refs" / ref).write_text(sha)
+    return snap
+
+
+@pytest.fixture
+def hub_cache(tmp_path: Path, tiny_model_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
+    cache = tmp_path / "hf-cache"
+    snaps = {"main": add_hub_snapshot(cache, "acme/tiny-chat", SHA_MAIN, tiny_model_path, ("main",))}
+    snaps["v1"] = add_hub_snapshot(cache, "acme/tiny-chat", SHA_V1, tiny_model_path, ("v1",))
+    monkeypatch.delenv("HF_HOME", raising=False)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    snaps["cache"] = cache
+    return snaps

@@ -43,7 +43,8 @@ def sample_value(f: SettingField) -> tuple[str, Any]:
                "extra_args": ("--seed 3", ["--seed", "3"]), "extra_env": ("A=1,B=x", {"A": "1", "B": "x"}), "bench_history": ("/tmp/h.jsonl", Path("/tmp/h.jsonl")),
                "rdzv_endpoint": ("node0:29400", "node0:29400"), "cuda_visible_devices": ("0,1", "0,1"),
                "control_host": ("0.0.0.0", "0.0.0.0"), "work_dir": ("/tmp/aj-w", Path("/tmp/aj-w")),
-               "export_dir": ("/tmp/aj-e", Path("/tmp/aj-e")), "recovery_dir": ("/tmp/aj-r", Path("/tmp/aj-r"))}
+               "export_dir": ("/tmp/aj-e", Path("/tmp/aj-e")), "recovery_dir": ("/tmp/aj-r", Path("/tmp/aj-r")),
+               "model_revision": ("v1", "v1")}
     if f.path[-1] in special:
         return special[f.path[-1]]
     inner = _strip_optional(f.annotation)
@@ -75,6 +76,7 @@ COMPANIONS: dict[str, dict[str, str]] = {
     "trainer.nnodes": _MULTI_NODE,
     "trainer.node_rank": {**_MULTI_NODE, "trainer.nnodes": "8", "trainer.export_dir": "/tmp/aj-e"},
     "engine.vllm.weight_transfer": {"engine.vllm.platform": "gpu"},
+    "model_revision": {"model": "acme/tiny-chat"},  # a revision is a hub model's (the offline hub_cache has it)
 }
 
 
@@ -104,8 +106,12 @@ FIELDS = server_fields()
 
 
 @pytest.mark.parametrize("field", FIELDS, ids=[f.dotted for f in FIELDS])
-def test_every_setting_reaches_the_cli(field: SettingField, captured: list[ServerConfig]) -> None:
+def test_every_setting_reaches_the_cli(field: SettingField, captured: list[ServerConfig],
+                                      request: pytest.FixtureRequest) -> None:
     typed, want = sample_value(field)
+    if field.dotted == "model_revision":
+        request.getfixturevalue("offline")
+        request.getfixturevalue("hub_cache")
     args = [f"--{field.flag}" if field.info.default is False else f"--no-{field.flag}"] if field.is_bool \
         else [f"--{field.flag}", typed]
     result = CliRunner().invoke(app, ["server", "--model", "tiny-random", *companion_args(field), *args])

@@ -1,6 +1,6 @@
 """AgentJet: decoupled swarm RL training for LLM agents."""
 
 from agentjet.client import Episode, SwarmClient, SwarmError, SyncSwarmClient, Team
+from agentjet.version import __version__
 
-__version__ = "0.1.0"
 __all__ = ["Episode", "SwarmClient", "SwarmError", "SyncSwarmClient", "Team", "__version__"]

@@ -169,14 +169,19 @@ def group_engine(config: ServerConfig) -> ComposedEngine:
 
 
 def build_engine(config: ServerConfig) -> Engine:
-    """The engine the settings ask for; the whole ``engine`` block (and the loss settings) goes to it."""
+    """The engine the settings ask for; the whole ``engine`` block (and the loss settings) goes to it. The model
+    is resolved here once (a hub id to its cached snapshot at one commit), and that one local directory goes to
+    every part: the generator, vLLM and the trainer group."""
+    from agentjet.models import resolve_model
+
+    model_dir = str(resolve_model(config.model, config.model_revision))
+    config = config.model_copy(update={"model": model_dir, "model_revision": None})
     if config.engine.kind is EngineKind.NULL:
         from transformers import AutoTokenizer
 
         from agentjet.engines.null import NullEngine
-        from agentjet.models import resolve_model
 
-        return NullEngine(AutoTokenizer.from_pretrained(resolve_model(config.model)), reply=config.engine.null_reply,
+        return NullEngine(AutoTokenizer.from_pretrained(model_dir), reply=config.engine.null_reply,
                           delay_s=config.engine.null_delay_ms / 1000)
     check_placement(config)
     if config.engine.kind is EngineKind.VLLM:

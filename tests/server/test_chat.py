@@ -56,13 +56,19 @@ def test_tools_are_described_when_the_template_has_no_tool_support(tokenizer) ->
     assert "add two numbers" in text and "<tool_call>" in text
 
 
-def test_parse_assistant() -> None:
-    content, calls = ChatFormatter.parse_assistant(
-        'ok <tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call><tool_call>{"name": "x"}</tool_call>', True)
+def test_parse_assistant(tiny_model_path: Path) -> None:
+    fmt = ChatFormatter(AutoTokenizer.from_pretrained(tiny_model_path))
+    assert fmt.tool_parser.kind == "hermes"  # the tiny template renders <tool_call> blocks
+
+    def parse(text: str, tools_given: bool = True):
+        return fmt.parse_reply(text, [], tools_given)
+
+    content, calls = parse(
+        'ok <tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call><tool_call>{"name": "x"}</tool_call>')
     assert content == "ok" and [c["function"]["name"] for c in calls] == ["add", "x"]
     assert json.loads(calls[0]["function"]["arguments"]) == {"a": 1}
-    assert ChatFormatter.parse_assistant('<tool_call>{"name": oops}</tool_call>', True)[1] is None  # falls back
-    assert ChatFormatter.parse_assistant('<tool_call>{"name": "add"}</tool_call>', False)[1] is None
+    assert parse('<tool_call>{"name": oops}</tool_call>')[1] is None  # falls back
+    assert parse('<tool_call>{"name": "add"}</tool_call>', False)[1] is None
 
 
 def test_normalize_rejects_bad_messages() -> None:
@@ -73,7 +79,7 @@ def test_normalize_rejects_bad_messages() -> None:
     assert normalize_messages([{"role": "developer", "content": "x"}])[0]["role"] == "system"
 
 
-def test_tool_call_parser_on_recorded_smollm2_replies() -> None:
+def test_tool_call_parser_on_recorded_smollm2_replies(tiny_model_path: Path) -> None:
     """Real SmolLM2 replies to prompts with tools (Hermes format): valid calls, calls to made-up functions, calls
     cut off by max_tokens, invalid JSON and plain text. Each parses to what was checked by hand."""
     import json
@@ -81,9 +87,10 @@ def test_tool_call_parser_on_recorded_smollm2_replies() -> None:
 
     doc = json.loads((Path(__file__).parents[1] / "fixtures" / "smollm2_tool_replies.json").read_text())
     kinds = {"call": 0, "text": 0}
+    fmt = ChatFormatter(AutoTokenizer.from_pretrained(tiny_model_path))
     for reply in doc["replies"]:
         text, want = reply["text"], reply["expected"]
-        content, calls = ChatFormatter.parse_assistant(text, tools_given=True)
+        content, calls = fmt.parse_reply(text, [], tools_given=True)
         kinds[want["kind"]] += 1
         if want["kind"] == "text":
             assert calls is None and content == text, text
@@ -92,5 +99,5 @@ def test_tool_call_parser_on_recorded_smollm2_replies() -> None:
             fn = calls[0]["function"]
             assert fn["name"] == want["name"] and json.loads(fn["arguments"]) == want["arguments"]
             assert calls[0]["type"] == "function" and calls[0]["id"].startswith("call_")
-        assert ChatFormatter.parse_assistant(text, tools_given=False) == (text, None)  # no tools: always text
+        assert fmt.parse_reply(text, [], tools_given=False) == (text, None)  # no tools: always text
     assert kinds["call"] >= 3 and kinds["text"] >= 40 and sum("<tool_call>" in r["text"] for r in doc["replies"]) >= 6

@@ -155,3 +155,50 @@ HEADERS = {
     "gemma": "<start_of_turn>model\n",
     "chatml_strip_thinking": "<|im_start|>assistant\n",
 }
+
+# Mistral's v3 tokenizer format (Mistral-7B-Instruct-v0.3 and its tool-calling kin), written from Mistral's
+# documented rendering: ``[INST] ...[/INST]`` turns with no generation prompt, the tools as ``[AVAILABLE_TOOLS]``
+# JSON before the last user turn (which also carries the system prompt), assistant tool calls as
+# ``[TOOL_CALLS] [{"name": ..., "arguments": {...}, "id": ...}]`` with ids of exactly 9 letters or digits (other
+# ids are refused), ``</s>`` after every assistant turn, and tool results as
+# ``[TOOL_RESULTS] {"content": ..., "call_id": ...}[/TOOL_RESULTS]``. Not in TEMPLATES (its system prompt moves to
+# the last user turn, so a multi-turn chat does not keep the prefix property): the tool-family tests use it.
+MISTRAL_TOOLS = (
+    "{{- bos_token }}"
+    "{%- if messages[0]['role'] == 'system' %}"
+    "{%- set system_message = messages[0]['content'] %}{%- set loop_messages = messages[1:] %}"
+    "{%- else %}{%- set loop_messages = messages %}{%- endif %}"
+    "{%- set ns = namespace(last_user=-1) %}"
+    "{%- for m in loop_messages %}{%- if m['role'] == 'user' %}{%- set ns.last_user = loop.index0 %}{%- endif %}"
+    "{%- endfor %}"
+    "{%- for message in loop_messages %}"
+    "{%- if message['role'] == 'user' %}"
+    "{%- if tools and loop.index0 == ns.last_user %}"
+    "{{- '[AVAILABLE_TOOLS] ' + (tools | tojson) + '[/AVAILABLE_TOOLS]' }}"
+    "{%- endif %}"
+    "{%- if system_message is defined and loop.index0 == ns.last_user %}"
+    "{{- '[INST] ' + system_message + '\\n\\n' + message['content'] + '[/INST]' }}"
+    "{%- else %}{{- '[INST] ' + message['content'] + '[/INST]' }}{%- endif %}"
+    "{%- elif message['role'] == 'assistant' and message.get('tool_calls') %}"
+    "{{- '[TOOL_CALLS] [' }}"
+    "{%- for tc in message['tool_calls'] %}"
+    "{%- if tc['id'] is not string or tc['id'] | length != 9 %}"
+    "{{- raise_exception('Tool call IDs should be alphanumeric strings with length 9!') }}"
+    "{%- endif %}"
+    "{{- '{\"name\": \"' + tc['function']['name'] + '\", \"arguments\": ' + (tc['function']['arguments'] | tojson)"
+    " + ', \"id\": \"' + tc['id'] + '\"}' }}"
+    "{%- if not loop.last %}{{- ', ' }}{%- endif %}"
+    "{%- endfor %}"
+    "{{- ']' + eos_token }}"
+    "{%- elif message['role'] == 'assistant' %}"
+    "{{- ' ' + message['content'] | trim + eos_token }}"
+    "{%- elif message['role'] == 'tool' %}"
+    "{{- '[TOOL_RESULTS] {\"content\": ' + (message['content'] | tojson) + ', \"call_id\": \"' "
+    "+ message['tool_call_id'] + '\"}[/TOOL_RESULTS]' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+)
+MISTRAL_SPECIAL = ["<s>", "</s>", "[INST]", "[/INST]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_CALLS]",
+                   "[TOOL_RESULTS]", "[/TOOL_RESULTS]"]
+MISTRAL_BOS = "<s>"
+MISTRAL_EOT = "</s>"

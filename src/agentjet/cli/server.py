@@ -106,7 +106,7 @@ def server(**kwargs: Any) -> None:
 
     logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        resolve_model(config.model)
+        resolve_model(config.model, config.model_revision)
     except ModelNotFoundError as exc:
         fail(str(exc))
     vllm_python = config.engine.vllm.python_path()

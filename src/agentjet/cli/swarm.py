@@ -11,12 +11,14 @@ from agentjet.models import DEFAULT_MODEL
 from agentjet.settings import EngineKind
 
 
-def model(name: str = typer.Argument(DEFAULT_MODEL, help="registry name or local HF directory")) -> None:
-    """Resolve (and on first use convert or build) a model; print its local directory."""
+def model(name: str = typer.Argument(DEFAULT_MODEL, help="built-in name, local HF directory or hub id ORG/NAME"),
+          revision: str | None = typer.Option(None, help="branch, tag or commit of a hub model (default: main)"),
+          ) -> None:
+    """Resolve (and on first use convert, build or download) a model; print its local directory."""
     from agentjet.models import ModelNotFoundError, resolve_model
 
     try:
-        console.print(str(resolve_model(name)))
+        console.print(str(resolve_model(name, revision)), soft_wrap=True)
     except ModelNotFoundError as exc:
         fail(str(exc))
 

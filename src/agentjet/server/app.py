@@ -19,6 +19,7 @@ from agentjet.server import control, openai_api, swarm_api
 from agentjet.server.http_errors import BodySizeLimit, install_error_handlers
 from agentjet.server.swarm import SwarmServer
 from agentjet.settings import ServerConfig
+from agentjet.version import __version__
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +33,7 @@ def create_app(server: SwarmServer) -> FastAPI:
         finally:
             await server.stop()
 
-    app = FastAPI(title="AgentJet swarm server", version="0.1.0", lifespan=lifespan)
+    app = FastAPI(title="AgentJet swarm server", version=__version__, lifespan=lifespan)
     app.state.swarm = server
     app.state.auth = server.auth
     install_error_handlers(app)

@@ -1,17 +1,19 @@
 """Chat formatting: OpenAI messages -> prompt token ids through the model's own chat template, and the
-model's output text -> an assistant message (content and Hermes-style ``<tool_call>`` JSON)."""
+model's output -> an assistant message (content and tool calls, in the model family's format:
+``agentjet.server.tool_parsers``)."""
 
 from __future__ import annotations
 
 import json
-import re
-import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from jinja2 import TemplateError
 
+from agentjet.server.tool_parsers import ToolCallParser, tool_parser_for
+from agentjet.settings import ToolParserKind
+
 KNOWN_ROLES = {"system", "developer", "user", "assistant", "tool", "function"}
-_TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 
 
 class ChatFormatError(ValueError):
@@ -128,23 +130,15 @@ def validate_tool_choice(choice: Any, tools: list[dict[str, Any]] | None) -> Non
                               f"{known}", "tool_choice")
 
 
-def tools_system_text(tools: list[dict[str, Any]]) -> str:
-    """Tool instructions for templates that have no tool support of their own (Hermes format)."""
-    specs = "\n".join(json.dumps(t["function"], ensure_ascii=False) for t in tools)
-    return ("You can call functions. Their signatures are listed between <tools> and </tools>:\n"
-            f"<tools>\n{specs}\n</tools>\n"
-            "To call a function, reply with one JSON object per call inside <tool_call></tool_call> tags:\n"
-            '<tool_call>\n{"name": "function-name", "arguments": {"arg": "value"}}\n</tool_call>')
-
-
 class ChatFormatter:
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, tool_parser: ToolParserKind = ToolParserKind.AUTO) -> None:
         self.tokenizer = tokenizer
         template = tokenizer.chat_template or ""
         if not template:
             raise ValueError("the tokenizer has no chat template")
         self.native_tools = "tools" in template
         self.native_tool_calls = "tool_calls" in template
+        self.tool_parser: ToolCallParser = tool_parser_for(tool_parser, template)
         # The Rust tokenizer behind a fast tokenizer: encoding through it directly skips the Python layers
         # of ``apply_chat_template(tokenize=True)`` (the same ids; a test checks this).
         self._backend = getattr(tokenizer, "backend_tokenizer", None)
@@ -156,11 +150,10 @@ class ChatFormatter:
         if not self.native_tool_calls:
             for m in out:
                 if m.get("tool_calls"):
-                    blocks = "\n".join("<tool_call>\n" + json.dumps(tc["function"], ensure_ascii=False)
-                                       + "\n</tool_call>" for tc in m.pop("tool_calls"))
+                    blocks = self.tool_parser.render_calls(m.pop("tool_calls"))
                     m["content"] = (m["content"] + "\n" if m["content"] else "") + blocks
         if tools and not self.native_tools:
-            text = tools_system_text(tools)
+            text = self.tool_parser.system_text(tools)
             if out and out[0]["role"] == "system":
                 out[0] = {**out[0], "content": out[0]["content"] + "\n\n" + text}
             else:
@@ -195,24 +188,17 @@ class ChatFormatter:
                                       f"surrogate such as {text[uexc.start]!r})", "messages") from exc
             raise ChatFormatError(f"the messages cannot be tokenized: {exc}", "messages") from exc
 
-    @staticmethod
-    def parse_assistant(text: str, tools_given: bool) -> tuple[str, list[dict[str, Any]] | None]:
-        """Split model output into content and tool calls. Unparseable calls stay as plain text."""
-        if not tools_given or "<tool_call>" not in text:
+    def parse_reply(self, text: str, token_ids: Sequence[int], tools_given: bool
+                    ) -> tuple[str, list[dict[str, Any]] | None]:
+        """Split a reply into content and tool calls (in the model family's format). Without tools, or when no
+        call parses, the reply is plain text. A parser whose marker is a special token (Mistral's
+        ``[TOOL_CALLS]``) reads the ids decoded with special tokens kept, less a final end-of-sequence."""
+        if not tools_given:
             return text, None
-        calls = []
-        for raw in _TOOL_CALL_RE.findall(text):
-            try:
-                obj = json.loads(raw)
-            except json.JSONDecodeError:
-                return text, None
-            if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-                return text, None
-            args = obj.get("arguments", {})
-            calls.append({"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
-                          "function": {"name": obj["name"],
-                                       "arguments": args if isinstance(args, str) else json.dumps(args)}})
-        if not calls:
-            return text, None
-        content = text[: text.index("<tool_call>")].strip()
-        return content, calls
+        if self.tool_parser.reads_special_tokens:
+            full = self.tokenizer.decode(list(token_ids), skip_special_tokens=False)
+            eos = self.tokenizer.eos_token
+            full = full.removesuffix(eos) if eos else full
+            content, calls = self.tool_parser.parse(full)
+            return (content, calls) if calls else (text, None)
+        return self.tool_parser.parse(text)

@@ -25,7 +25,6 @@ from agentjet.engines.errors import EngineUnavailableError, GenerationError
 from agentjet.protocol import AGENT_HEADER, DEFAULT_AGENT
 from agentjet.server.chat import (
     ChatFormatError,
-    ChatFormatter,
     normalize_messages,
     validate_tool_choice,
     validate_tools,
@@ -159,7 +158,7 @@ class ChatCall:
         return p
 
     def assistant_message(self, result: GenerationResult) -> dict[str, Any]:
-        content, tool_calls = ChatFormatter.parse_assistant(result.text, self.parse_tools)
+        content, tool_calls = self.server.formatter.parse_reply(result.text, result.token_ids, self.parse_tools)
         msg: dict[str, Any] = {"role": "assistant", "content": content if (content or not tool_calls) else None}
         if tool_calls:
             msg["tool_calls"] = tool_calls

@@ -70,7 +70,7 @@ class SwarmServer:
         self.engine = engine
         self.clock = clock or SystemClock()
         self.auth = Auth.from_config(self.config)
-        self.formatter = ChatFormatter(engine.tokenizer)
+        self.formatter = ChatFormatter(engine.tokenizer, self.config.tool_parser)
         self.registry = EpisodeRegistry(self.config.lease_seconds, clock=self.clock)
         self.throughput = Throughput(clock=self.clock)
         self.tito = TitoCounters()

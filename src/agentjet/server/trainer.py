@@ -33,6 +33,7 @@ from agentjet.tracking import EpisodeSample
 log = logging.getLogger(__name__)
 
 CHECKPOINT_STATE = "trainer_state.json"
+CHECKPOINT_RUN = "agentjet_run.json"  # the model as the user named it and the public settings (ajet export's card)
 
 
 @dataclass
@@ -405,6 +406,9 @@ class Trainer:
                  "dropped_stale": self.counters.dropped_stale, "dropped_uniform": self.counters.dropped_uniform,
                  "trained_episodes": self.counters.trained_episodes, "saved_at": self.clock.time()}
         (tmp / CHECKPOINT_STATE).write_text(json.dumps(state, indent=2))
+        run = {"model": self.config.model, "model_revision": self.config.model_revision,
+               "served_model_name": self.config.name, "settings": self.config.public_dict()}
+        (tmp / CHECKPOINT_RUN).write_text(json.dumps(run, indent=2, default=str))
         if target.exists():
             shutil.rmtree(target)
         tmp.rename(target)

@@ -196,6 +196,15 @@ class EngineKind(enum.StrEnum):
     NULL = "null"  # canned replies and no-op training (benchmarks, protocol tests)
 
 
+class ToolParserKind(enum.StrEnum):
+    """How tool calls are read from a reply (``agentjet.server.tool_parsers``)."""
+
+    AUTO = "auto"  # from the chat template
+    HERMES = "hermes"  # <tool_call>{...}</tool_call> (Qwen2.5, Qwen3, SmolLM2)
+    LLAMA3_JSON = "llama3_json"  # {"name": ..., "parameters": {...}} (Llama 3.x)
+    MISTRAL = "mistral"  # [TOOL_CALLS] [{"name": ..., "arguments": {...}, "id": ...}]
+
+
 class VLLMSettings(_Section):
     """How the managed vLLM subprocess is started, watched and kept in sync with the trainer."""
 
@@ -423,9 +432,15 @@ _NAME_RE = re.compile(r"[^A-Za-z0-9_.-]+")
 class ServerConfig(_Section):
     """A swarm server: one trainable model behind an OpenAI-compatible API."""
 
-    model: str = Field("smollm2-135m-instruct", min_length=1, description="model name or local HF directory")
+    model: str = Field("smollm2-135m-instruct", min_length=1, description="a built-in name (smollm2-135m-instruct, "
+                       "tiny-random), a local HF model directory, or a Hugging Face Hub id ORG/NAME (from the HF "
+                       "cache; downloaded when missing and the hub can be reached)")
+    model_revision: str | None = Field(None, min_length=1, max_length=200, pattern=r"^[\w./-]+$",
+                                       description="branch, tag or commit of a hub model (default: main)")
     served_model_name: str | None = Field(None, min_length=1, max_length=200, description="the name /v1/models "
                                           "reports (default: model)")
+    tool_parser: ToolParserKind = Field(ToolParserKind.AUTO, description="the tool-call format read from replies: "
+                                        "auto (from the chat template), hermes, llama3_json or mistral")
     host: str = Field("127.0.0.1", min_length=1, description="bind address (loopback by default)")
     port: int = Field(10086, ge=0, le=65535, description="listen port")
     public_url: str | None = Field(None, description="base URL clients should use, if not http://host:port")

@@ -1,0 +1,221 @@
+"""``ajet export``: a run's checkpoint as a standalone Hugging Face model directory that transformers, vLLM or
+the hub take as is: the weights (LoRA merged into the base model, or the adapter alone), config, the tokenizer
+with its chat template, and a ``README.md`` model card (base model, run, step, eval reward, settings). Optionally
+pushed to the hub with ``huggingface_hub``.
+
+A run directory is a server's data dir: ``checkpoints/step-NNNNNN/`` (Hugging Face weights as the engine saved
+them, plus its optimizer and state files, which are not exported) and ``store.sqlite`` (eval rewards)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agentjet.models import hub_offline
+from agentjet.protocol import reward_mean
+from agentjet.server.trainer import CHECKPOINT_RUN, CHECKPOINT_STATE
+
+ENGINE_STATE = "agentjet_state.json"  # written by the engine's save (agentjet.engines.hf.STATE_FILE)
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+WEIGHT_FILES = ("config.json", "generation_config.json", "*.safetensors", "*.safetensors.index.json")
+
+
+class ExportError(RuntimeError):
+    """The run, the checkpoint or the destination is not usable; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    path: Path
+    step: int
+    policy_version: int
+    state: dict[str, Any]  # the trainer's state file
+    engine_state: dict[str, Any]  # the engine's state file (source model, engine settings)
+    run: dict[str, Any]  # the model as named and the public settings (absent in checkpoints of older versions)
+
+    @property
+    def is_adapter(self) -> bool:
+        return (self.path / "adapter_config.json").exists()
+
+    @property
+    def base_model(self) -> str:
+        """The model as the user named it (a hub id, a built-in name or a directory)."""
+        return str(self.run.get("model") or self.engine_state.get("source_model") or "unknown")
+
+    @property
+    def base_dir(self) -> Path:
+        """The local directory the engine loaded (for a hub id, its snapshot)."""
+        source = self.engine_state.get("source_model")
+        if not source:
+            raise ExportError(f"{self.path / ENGINE_STATE} does not name the source model; cannot merge the adapter")
+        return Path(source)
+
+    @property
+    def base_revision(self) -> str | None:
+        """The hub commit of the base model, when it was loaded from a hub snapshot."""
+        source = self.engine_state.get("source_model")
+        path = Path(source) if source else None
+        return path.name if path is not None and path.parent.name == "snapshots" else None
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        raise ExportError(f"cannot read {path}: {exc}") from exc
+
+
+def list_checkpoints(run_dir: Path) -> list[Checkpoint]:
+    ckpt_dir = run_dir / "checkpoints"
+    if not ckpt_dir.is_dir():
+        raise ExportError(f"{run_dir} is not a run directory: it has no checkpoints/ (pass the server's --data-dir)")
+    out = []
+    for path in sorted(p for p in ckpt_dir.glob("step-*") if (p / CHECKPOINT_STATE).exists()):
+        state = _read_json(path / CHECKPOINT_STATE)
+        out.append(Checkpoint(path, int(state["train_steps"]), int(state["policy_version"]), state,
+                              _read_json(path / ENGINE_STATE), _read_json(path / CHECKPOINT_RUN)))
+    if not out:
+        raise ExportError(f"{ckpt_dir} holds no complete checkpoint yet (the server writes one every "
+                          "--checkpoint-every steps and on stop)")
+    return out
+
+
+def find_checkpoint(run_dir: Path, step: int | None = None, version: int | None = None) -> Checkpoint:
+    """The checkpoint at ``step`` or at policy ``version``, else the latest."""
+    if step is not None and version is not None:
+        raise ExportError("give --step or --version, not both")
+    ckpts = list_checkpoints(run_dir)
+    if step is None and version is None:
+        return max(ckpts, key=lambda c: c.step)
+    found = [c for c in ckpts if (c.step == step if step is not None else c.policy_version == version)]
+    if not found:
+        what = f"step {step}" if step is not None else f"policy version {version}"
+        have = ", ".join(f"step {c.step} (version {c.policy_version})" for c in ckpts)
+        raise ExportError(f"no checkpoint at {what} in {run_dir / 'checkpoints'}; kept: {have} "
+                          "(--keep-checkpoints sets how many are kept)")
+    return found[-1]
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    mean: float | None
+    episodes: int
+
+
+def eval_reward_at(run_dir: Path, version: int) -> EvalResult:
+    """The mean eval reward of the episodes begun at ``version`` (eval episodes are never trained on)."""
+    store_path = run_dir / "store.sqlite"
+    if not store_path.exists():
+        return EvalResult(None, 0)
+    from agentjet.server.store import SampleStore
+
+    store = SampleStore(store_path)
+    try:
+        rewards = [reward_mean(r) for v, r in store.eval_rewards() if v == version]
+    finally:
+        store.close()
+    return EvalResult(sum(rewards) / len(rewards) if rewards else None, len(rewards))
+
+
+def _copy_patterns(src: Path, out: Path, patterns: tuple[str, ...]) -> None:
+    for pattern in patterns:
+        for f in src.glob(pattern):
+            shutil.copy2(f, out / f.name)
+
+
+def _write_weights(ckpt: Checkpoint, out: Path, adapter_only: bool) -> None:
+    if adapter_only:
+        if not ckpt.is_adapter:
+            raise ExportError(f"--adapter-only: {ckpt.path} holds full weights (the run trained without LoRA)")
+        _copy_patterns(ckpt.path, out, ADAPTER_FILES)
+        config = json.loads((out / "adapter_config.json").read_text())
+        if ckpt.base_revision is not None:  # a hub model: name it as the hub does, so the adapter loads anywhere
+            config["base_model_name_or_path"] = ckpt.base_model
+            config["revision"] = ckpt.base_revision
+        (out / "adapter_config.json").write_text(json.dumps(config, indent=2))
+    elif ckpt.is_adapter:
+        import torch
+        from peft import PeftModel
+        from transformers import AutoModelForCausalLM
+
+        base = AutoModelForCausalLM.from_pretrained(ckpt.base_dir, dtype=torch.float32)
+        merged = PeftModel.from_pretrained(base, ckpt.path).merge_and_unload()
+        merged.save_pretrained(out, safe_serialization=True)
+    else:
+        _copy_patterns(ckpt.path, out, WEIGHT_FILES)
+
+
+def export_checkpoint(run_dir: Path, out: Path, step: int | None = None, version: int | None = None,
+                      adapter_only: bool = False) -> Checkpoint:
+    """Write the chosen checkpoint of ``run_dir`` to ``out`` as a standalone model directory."""
+    from transformers import AutoTokenizer
+
+    ckpt = find_checkpoint(run_dir, step, version)
+    if out.exists() and any(out.iterdir()):
+        raise ExportError(f"{out} exists and is not empty; choose a new directory")
+    out.mkdir(parents=True, exist_ok=True)
+    _write_weights(ckpt, out, adapter_only)
+    tokenizer = AutoTokenizer.from_pretrained(ckpt.path)
+    if not tokenizer.chat_template:
+        raise ExportError(f"the tokenizer in {ckpt.path} has no chat template")
+    tokenizer.save_pretrained(out)
+    (out / "README.md").write_text(model_card(ckpt, run_dir, eval_reward_at(run_dir, ckpt.policy_version),
+                                              adapter_only))
+    return ckpt
+
+
+def model_card(ckpt: Checkpoint, run_dir: Path, evals: EvalResult, adapter_only: bool) -> str:
+    hub_base = ckpt.base_revision is not None
+    front = ["---", f"library_name: {'peft' if adapter_only else 'transformers'}",
+             "tags:", "- agentjet", "- reinforcement-learning"]
+    if hub_base:
+        front.append(f"base_model: {ckpt.base_model}")
+    front.append("---")
+    kind = ("a LoRA adapter" if adapter_only else
+            "the LoRA adapter merged into the base weights" if ckpt.is_adapter else "full weights")
+    base = f"`{ckpt.base_model}`" + (f" (revision `{ckpt.base_revision}`)" if hub_base else "")
+    reward = (f"{evals.mean:.4f} (mean of {evals.episodes} eval episodes begun at this version)"
+              if evals.mean is not None else "not measured (no eval episodes began at this version)")
+    settings = ckpt.run.get("settings")
+    lines = [
+        *front, "", f"# {Path(str(ckpt.run.get('served_model_name') or ckpt.base_model)).name} (AgentJet)", "",
+        f"Trained with reinforcement learning by AgentJet from {base}; {kind}.", "",
+        "| | |", "|---|---|",
+        f"| base model | {base} |",
+        f"| run | `{run_dir.resolve()}` |",
+        f"| checkpoint | `{ckpt.path.name}` |",
+        f"| step | {ckpt.step} |",
+        f"| policy version | {ckpt.policy_version} |",
+        f"| trained episodes | {ckpt.state.get('trained_episodes', 'unknown')} |",
+        f"| eval reward | {reward} |", "",
+        "## Settings", "",
+        "The server's settings when this checkpoint was written (secrets left out):", "",
+        "```json", json.dumps(settings, indent=2, sort_keys=True, default=str) if settings else
+        "(not recorded: the checkpoint predates agentjet_run.json)", "```", "",
+        "## Use", "",
+        "```python", "from transformers import AutoModelForCausalLM, AutoTokenizer", "",
+        'tok = AutoTokenizer.from_pretrained("THIS_DIR")',
+        'model = AutoModelForCausalLM.from_pretrained("THIS_DIR")' if not adapter_only else
+        'from peft import AutoPeftModelForCausalLM\nmodel = AutoPeftModelForCausalLM.from_pretrained("THIS_DIR")',
+        "```", "",
+    ]
+    return "\n".join(lines)
+
+
+def upload_to_hub(out: Path, repo_id: str, ckpt: Checkpoint, private: bool = True) -> str:
+    """Upload ``out`` to the hub repo ``repo_id`` (created if missing; private unless asked otherwise)."""
+    from huggingface_hub import HfApi
+
+    if hub_offline():
+        raise ExportError(f"--push-to-hub {repo_id}: HF_HUB_OFFLINE is set; the export in {out} was kept")
+    api = HfApi(token=os.environ.get("HF_TOKEN") or None)
+    api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True)
+    info = api.upload_folder(repo_id=repo_id, repo_type="model", folder_path=str(out),
+                             commit_message=f"AgentJet export: step {ckpt.step}, policy version {ckpt.policy_version}")
+    return str(getattr(info, "commit_url", None) or f"https://huggingface.co/{repo_id}")

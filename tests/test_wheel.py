@@ -1,0 +1,113 @@
+"""The package as a user installs it: a wheel built from this tree, installed into a clean venv, runs
+``ajet --version``, ``ajet --help``, ``ajet model tiny-random``, a 2-step training through ``ajet server`` and
+``ajet run``, and ``ajet export`` of the run, with nothing imported from the source tree.
+
+No download: the wheel is built without build isolation, and the venv sees this interpreter's packages (torch
+included, as the README pins it) through a path file, so pip finds every dependency already installed
+(``--no-index``: a missing one fails the install instead of fetching it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+import time
+import venv
+from pathlib import Path
+
+import httpx
+import pytest
+
+from agentjet import __version__
+from agentjet.launch import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKFLOW = '''
+import random
+
+
+async def workflow(task, ep):
+    reply = await ep.openai().chat.completions.create(
+        model="agent", messages=[{"role": "user", "content": task["question"]}], max_tokens=6)
+    return random.random() + len(reply.choices[0].message.content or "") * 0.0
+'''
+
+
+def run(args: list[str], env: dict[str, str], cwd: Path, timeout: float = 120) -> str:
+    done = subprocess.run(args, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, f"{args} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def build_wheel(out: Path) -> Path:
+    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
+         "-w", str(out), str(ROOT)], dict(os.environ), ROOT, timeout=300)
+    (wheel,) = out.glob("agentjet-*.whl")
+    return wheel
+
+
+def clean_venv(where: Path) -> Path:
+    """A venv whose ``site-packages`` also reads this interpreter's (torch, transformers, pip...) after its own,
+    and not the source tree. No bundled pip: its older bundled setuptools would shadow the one torch needs."""
+    venv.EnvBuilder(system_site_packages=True, with_pip=False, symlinks=True).create(where)
+    py = where / "bin" / "python"
+    own = run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], {}, where).strip()
+    (Path(own) / "zz_parent_site.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    return py
+
+
+@pytest.mark.server
+def test_wheel_installs_into_a_clean_venv_and_trains(tmp_path: Path, agentjet_home: Path) -> None:
+    wheel = build_wheel(tmp_path / "dist")
+    assert wheel.name == f"agentjet-{__version__}-py3-none-any.whl"
+    py = clean_venv(tmp_path / "venv")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
+    env |= {"AGENTJET_HOME": str(agentjet_home), "HF_HUB_OFFLINE": "1",
+            "PATH": f"{py.parent}{os.pathsep}{env.get('PATH', '')}"}
+    work = tmp_path / "work"
+    work.mkdir()
+    run([str(py), "-m", "pip", "install", "--no-index", "-q", str(wheel)], env, work, timeout=300)
+    ajet = str(py.parent / "ajet")
+    where = run([str(py), "-c", "import agentjet; print(agentjet.__file__)"], env, work).strip()
+    assert where.startswith(str(tmp_path / "venv")), where  # the installed package, not the source tree
+    assert run([ajet, "--version"], env, work).strip() == f"agentjet {__version__}"
+    assert {"server", "run", "model", "export"} <= set(run([ajet, "--help"], env, work).split())
+    model_dir = run([ajet, "model", "tiny-random"], env, work).strip()
+    assert (Path(model_dir) / "config.json").exists()
+
+    (work / "wf.py").write_text(WORKFLOW)
+    (work / "tasks.jsonl").write_text("".join(json.dumps({"task_id": f"t{i}", "question": f"what is {i} + 1?"})
+                                              + "\n" for i in range(6)))
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = (work / "server.log").open("w")
+    server = subprocess.Popen(
+        [ajet, "server", "--model", "tiny-random", "--port", str(port), "--data-dir", str(work / "data"),
+         "--device", "cpu", "--group-size", "2", "--batch-groups", "1", "--no-drop-uniform-groups",
+         "--max-tokens", "6", "--checkpoint-every", "1"], env=env, cwd=work, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert server.poll() is None, (work / "server.log").read_text()
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "the installed server did not start"
+            time.sleep(0.2)
+        run([ajet, "run", "wf.py:workflow", "--server", url, "--dataset", "tasks.jsonl", "--group-size", "2",
+             "--concurrency", "4"], env, work, timeout=180)
+        deadline = time.monotonic() + 120
+        while (steps := httpx.get(f"{url}/swarm/v1/status", timeout=5).json()["train_steps"]) < 2:
+            assert time.monotonic() < deadline, f"only {steps} train steps"
+            time.sleep(0.2)
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+        log.close()
+    assert list((work / "data" / "checkpoints").glob("step-*")), "no checkpoint written"
+    run([ajet, "export", str(work / "data"), str(work / "model")], env, work)
+    assert {"config.json", "model.safetensors", "README.md"} <= {p.name for p in (work / "model").iterdir()}
