@@ -279,3 +279,9 @@ def test_sequence_objectives_need_seq_index() -> None:
             policy_loss(t([0.0]), t([0.0]), t([1.0]), t([1.0]), None, cfg)
     with pytest.raises(ValueError, match="correction_low"):
         PolicyLossConfig(correction_low=1.5)
+
+
+def test_default_settings_give_the_default_objective() -> None:
+    from agentjet.settings import LossSettings
+
+    assert LossSettings().policy_loss_config() == PolicyLossConfig()

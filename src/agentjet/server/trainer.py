@@ -65,7 +65,7 @@ def episode_reward(reward: float | dict[str, float], agent: str) -> float:
 
 
 def group_advantages(
-    group: Group, samples: dict[str, list[EpisodeSample]], estimator: AdvantageEstimator
+    group: Group, samples: dict[str, list[EpisodeSample]], estimator: AdvantageEstimator, scale_by_std: bool = True
 ) -> dict[tuple[str, str], float]:
     """(episode id, agent) -> advantage, computed among the group's episodes that have that agent."""
     by_agent: dict[str, list[tuple[str, float]]] = defaultdict(list)
@@ -74,7 +74,7 @@ def group_advantages(
             by_agent[agent].append((ep.episode_id, episode_reward(ep.reward, agent)))
     out: dict[tuple[str, str], float] = {}
     for agent, pairs in by_agent.items():
-        advs = compute_advantages([r for _, r in pairs], estimator)
+        advs = compute_advantages([r for _, r in pairs], estimator, scale_by_std=scale_by_std)
         for (eid, _), a in zip(pairs, advs, strict=True):
             out[(eid, agent)] = a
     return out
@@ -263,7 +263,7 @@ class Trainer:
         refs: list[tuple[str, int, str, float]] = []  # observe: (episode, sample index, agent, advantage) per sample
         agent_rewards: dict[str, list[float]] = defaultdict(list)
         for g in groups:
-            advs = group_advantages(g, samples, self.config.loss.estimator)
+            advs = group_advantages(g, samples, self.config.loss.estimator, self.config.loss.scale_by_std)
             for ep in g.episodes:
                 by_agent: dict[str, list[tuple[int, EpisodeSample]]] = defaultdict(list)
                 for i, s in enumerate(samples[ep.episode_id]):
