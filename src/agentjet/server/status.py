@@ -56,7 +56,10 @@ def build_status(server: SwarmServer) -> ServerStatus:
         clients=sorted(server.registry.clients),
         throughput={**server.throughput.as_dict(), **server.tito.as_dict(),
                     "admission_capacity": server.episodes.capacity(),
-                    "admission_refusals": server.episodes.admission_refusals},
+                    "admission_refusals": server.episodes.admission_refusals,
+                    "admission_reserved": server.episodes.reserved(),
+                    "admission_waiting": len(server.episodes.admission_queue),
+                    "admission_held": server.episodes.admission_held},
         eval_reward=eval_reward_by_version(server), last_train_metrics=c.last_metrics,
         task_types={t: {"episodes": v["episodes"], "reward_mean": v["reward_sum"] / max(v["episodes"], 1)}
                     for t, v in c.by_type.items()},

@@ -68,6 +68,7 @@ class SwarmServer:
         self.observe = ServerSource(self)
         self.metrics = MetricsHub(config.observe, config.data_dir, self.observe.snapshot, self.public_config())
         self.trainer.observer = self.metrics
+        self.trainer.on_capacity = self.episodes.pump_admission
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -107,6 +108,7 @@ class SwarmServer:
         """Expire episodes whose lease ran out; resolve team episodes whose commit never came."""
         for ep in self.registry.expire_due():
             log.info("episode %s (client %s) expired: lease ran out", ep.episode_id, ep.client_id)
+        self.episodes.pump_admission()  # expired places are free; held begins past their wait are answered
         if self.teams.prepared:
             await self.teams.resolve_expired()
 

@@ -127,7 +127,11 @@ class TrainingSettings(_Section):
     max_staleness: int = Field(4, ge=0, le=1000, description="max policy versions between generation and "
                                "training; older episodes are dropped and counted")
     admission: bool = Field(True, description="admit new training episodes only within the staleness bound "
-                            "(AReaL's capacity rule): beyond it, begin answers 429 and clients wait")
+                            "(AReaL's capacity rule): beyond it, begin is held until its group fits, or answers "
+                            "429 (admission_wait_s)")
+    admission_wait_s: float = Field(30.0, ge=0, le=3600, description="how long a begin beyond capacity is held on "
+                                    "the server until its group fits (a long poll), before it is answered 429; a "
+                                    "request may ask for less (wait_s; 0: 429 at once, the earlier behaviour)")
     max_concurrent: int | None = Field(None, ge=1, le=10_000_000, description="most open training episodes "
                                        "at once (admission; default: no limit but the staleness bound)")
     learning_rate: float = Field(1e-5, gt=0, lt=1, description="AdamW learning rate",
