@@ -263,6 +263,28 @@ def test_a_client_gone_while_held_leaves_nothing(held_server) -> None:
     asyncio.run(main())
 
 
+def test_a_server_shutting_down_answers_held_begins_at_once(held_server) -> None:
+    from agentjet.server.errors import APIError
+
+    async def main() -> None:
+        srv = held_server()
+        await srv.start()
+        try:
+            for i in range(2):
+                await srv.episodes.begin(req("a", n=i))
+            held = asyncio.create_task(srv.episodes.begin(req("b")))
+            await settle()
+            srv.exiting = lambda: True  # uvicorn is shutting down: it waits for the requests in flight
+            await srv.reap()
+            await settle()
+            assert isinstance(held.exception(), APIError) and held.exception().status == 503
+            assert len(srv.episodes.admission_queue) == 0
+        finally:
+            await srv.stop(checkpoint=False)
+
+    asyncio.run(main())
+
+
 def test_batches_take_groups_in_admission_order(tmp_path) -> None:
     from agentjet.server.clock import FakeClock
     from agentjet.server.store import SampleStore, StoredEpisode, StoredStatus

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -218,6 +219,11 @@ class Episodes:
     def pump_admission(self) -> None:
         """Capacity may have changed (an episode closed, a step trained, settings changed): admit what fits now,
         and answer the held begins whose wait is over."""
+        state = self.state()
+        if state is not ServerState.READY:  # stopping: answer every held begin now
+            self.admission_queue.expire(math.inf, lambda _: unavailable(f"the server is {state.value}", "not_ready",
+                                                                        retry_after_s=1))
+            return
         self.admission_queue.expire(self.clock.monotonic(), self._held_too_long)
         self.admission_queue.release(self._decide, self._admit_held)
 

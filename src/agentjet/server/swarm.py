@@ -58,11 +58,14 @@ class SwarmServer:
         self.teams = Teams(self.store, self.registry, locks, self.clock, lambda: self.config.lease_seconds,
                            on_committed=lambda stored: self.episodes.acknowledged(stored))
         self.episodes = Episodes(config, engine, self.formatter, self.registry, self.store, self.trainer, self.teams,
-                                 self.throughput, self.tito, locks, self.clock, lambda: self.state,
+                                 self.throughput, self.tito, locks, self.clock, self.effective_state,
                                  self.tracking_totals)
         self.state = ServerState.STARTING
         self.change_log: list[ChangeRecord] = []  # live config changes, with the version they took effect at
         self.on_stop: Callable[[], None] | None = None  # set by whoever runs the HTTP server
+        # set by whoever runs the HTTP server: True once it is shutting down (it then waits for the requests in
+        # flight, so held begins are answered at once instead of at the end of their wait)
+        self.exiting: Callable[[], bool] = lambda: False
         self._reaper: asyncio.Task[None] | None = None
         # observe: the dashboard's read side and the metrics (Prometheus, metrics.jsonl, TensorBoard / W&B)
         self.observe = ServerSource(self)
@@ -113,6 +116,10 @@ class SwarmServer:
             await self.teams.resolve_expired()
 
     # ------------------------------------------------------------------ views
+    def effective_state(self) -> ServerState:
+        """The state requests see: STOPPING as soon as the HTTP server is shutting down."""
+        return ServerState.STOPPING if self.state is ServerState.READY and self.exiting() else self.state
+
     def status(self) -> ServerStatus:
         return build_status(self)
 
