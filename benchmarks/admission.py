@@ -154,8 +154,8 @@ def main() -> None:
                       f"{r['stale_share']:.1%}", str(r["refused"]), str(r["held"]), str(r["errors"]))
     Console().print(table)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout
-    dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "src", "benchmarks"],
-                                capture_output=True, text=True, cwd=ROOT).stdout.strip())  # the code measured
+    dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "src", "benchmarks/*.py"],
+                                capture_output=True, text=True, cwd=ROOT).stdout.strip())  # the code measured (not results)
     by_mode = {r["mode"]: r for r in rows}
     result = {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "commit": commit.strip(),
               "dirty": dirty, "machine": {"cpus": os.cpu_count(), "platform": platform.platform()}, "device": "cpu",
