@@ -1,12 +1,13 @@
-"""Admission within the staleness bound: how many rollouts a fast swarm wastes as too stale, with admission off
-and on, measured in one run.
+"""Admission within the staleness bound: how many rollouts a fast swarm wastes as too stale, with admission off,
+on with 429 refusals, and on with held begins (a long poll), measured in one run.
 
 A null-engine server (a generation takes ``--gen-ms``; training is instant, so the policy version moves as
-fast as batches fill) and ``--clients`` concurrent client loops. Each loop plays whole episodes: begin (waiting
-out 429 ``at_capacity`` as the SDK does), one chat call, end with a random 0/1 reward. Groups of
-``--group-size`` form by task id. With ``max_staleness=1`` and admission off, most episodes finish several
-versions after they began and are dropped; with admission on, the server only admits what can still be
-trained.
+fast as batches fill) and ``--clients`` concurrent client loops. Each loop plays whole episodes: begin, one chat
+call, end with a random 0/1 reward. Groups of ``--group-size`` form by task id. With ``max_staleness=1`` and
+admission off, most episodes finish several versions after they began and are dropped. With admission on, the
+server only admits what can still be trained: in ``429`` mode the clients ask not to wait (``wait_s: 0``) and
+wait out each 429 ``at_capacity`` as the SDK does; in ``wait`` mode the server holds a begin until its group fits
+(the default), and a client asks again at once if a hold runs out.
 
     .venv/bin/python benchmarks/admission.py                 # 256 clients, 60 s per mode
     .venv/bin/python benchmarks/admission.py --quick         # 64 clients, 15 s per mode
@@ -40,7 +41,10 @@ RESULTS = ROOT / "benchmarks" / "results" / "admission.json"
 MESSAGES = [{"role": "user", "content": "What is 3 + 4?"}]
 
 
-async def swarm(url: str, clients: int, seconds: float, group_size: int, seed: int) -> dict[str, float]:
+MODES = ("off", "429", "wait")  # admission off; on, refusing with 429; on, holding the begin (a long poll)
+
+
+async def swarm(url: str, clients: int, seconds: float, group_size: int, seed: int, mode: str) -> dict[str, float]:
     import aiohttp
 
     rng = random.Random(seed)
@@ -60,7 +64,12 @@ async def swarm(url: str, clients: int, seconds: float, group_size: int, seed: i
         async def loop(i: int) -> None:
             task = next_task()
             while time.monotonic() < stop_at:
-                async with http.post("/swarm/v1/episodes", json={"client_id": f"c{i}", "task_id": task}) as r:
+                begin: dict[str, Any] = {"client_id": f"c{i}", "task_id": task}
+                if mode == "429":
+                    begin["wait_s"] = 0
+                elif mode == "wait":
+                    begin["wait_s"] = max(0.05, stop_at - time.monotonic())  # never held past the run
+                async with http.post("/swarm/v1/episodes", json=begin) as r:
                     body = await r.json()
                     if r.status == 429:
                         counts["refused"] += 1
@@ -88,27 +97,32 @@ async def swarm(url: str, clients: int, seconds: float, group_size: int, seed: i
     return counts
 
 
-def run_mode(admission: bool, args: argparse.Namespace) -> dict[str, Any]:
+def server_config(mode: str, args: argparse.Namespace, port: int, data_dir: str) -> ServerConfig:
+    return ServerConfig.model_validate({
+        "model": "tiny-random", "port": port, "data_dir": data_dir, "log_level": "WARNING", "lease_seconds": 300,
+        "engine": {"kind": "null", "null_delay_ms": args.gen_ms},
+        "training": {"group_size": args.group_size, "batch_groups": args.batch_groups, "max_staleness": 1,
+                     "admission": mode != "off", "group_timeout_s": 5, "checkpoint_every": 0}})
+
+
+def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
-        config = ServerConfig.model_validate({
-            "model": "tiny-random", "port": port, "data_dir": tmp, "log_level": "WARNING", "lease_seconds": 300,
-            "engine": {"kind": "null", "null_delay_ms": args.gen_ms},
-            "training": {"group_size": args.group_size, "batch_groups": args.batch_groups, "max_staleness": 1,
-                         "admission": admission, "group_timeout_s": 5, "checkpoint_every": 0}})
+        config = server_config(mode, args, port, tmp)
         server = ServerProcess("admission", config, Path(tmp) / "server.log", Path(tmp) / "server.yaml").start()
         try:
             server.wait_ready(120)
-            client = asyncio.run(swarm(server.url, args.clients, args.seconds, args.group_size, args.seed))
+            client = asyncio.run(swarm(server.url, args.clients, args.seconds, args.group_size, args.seed, mode))
             time.sleep(2.0)  # the last groups train or time out
             status = httpx.get(f"{server.url}/swarm/v1/status", timeout=30).json()
         finally:
             server.stop(grace=30)
     buf = status["buffer"]
     used, stale = buf["trained_episodes"], buf["dropped_stale_episodes"]
-    return {"admission": admission, **client, "trained": used, "dropped_stale": stale,
+    return {"mode": mode, "admission": mode != "off", **client, "trained": used, "dropped_stale": stale,
             "dropped_uniform": buf["dropped_uniform_episodes"], "pending": buf["pending_episodes"],
             "train_steps": status["train_steps"], "stale_share": stale / max(1, used + stale),
+            "held": status["throughput"].get("admission_held", 0),
             "episodes_per_s": client["episodes"] / client["seconds"], "trained_per_s": used / client["seconds"]}
 
 
@@ -121,25 +135,37 @@ def main() -> None:
     p.add_argument("--batch-groups", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args()
     if args.quick:
         args.clients, args.seconds = 64, 15.0
-    rows = [run_mode(False, args), run_mode(True, args)]
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not modes or set(modes) - set(MODES):
+        p.error(f"--modes: choose from {', '.join(MODES)}")
+    rows = [run_mode(mode, args) for mode in modes]
     table = Table(title=f"admission: {args.clients} clients, max_staleness=1, batch "
                         f"{args.batch_groups}x{args.group_size}, {args.seconds:.0f} s per mode")
-    for col in ("admission", "episodes/s", "trained/s", "dropped stale", "stale share", "429 refusals", "errors"):
+    for col in ("admission", "episodes/s", "trained/s", "dropped stale", "stale share", "429 refusals", "held",
+                "errors"):
         table.add_column(col)
     for r in rows:
-        table.add_row("on" if r["admission"] else "off", f"{r['episodes_per_s']:.1f}", f"{r['trained_per_s']:.1f}",
-                      str(r["dropped_stale"]), f"{r['stale_share']:.1%}", str(r["refused"]), str(r["errors"]))
+        table.add_row(r["mode"], f"{r['episodes_per_s']:.1f}", f"{r['trained_per_s']:.1f}", str(r["dropped_stale"]),
+                      f"{r['stale_share']:.1%}", str(r["refused"]), str(r["held"]), str(r["errors"]))
     Console().print(table)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout
+    dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "src", "benchmarks/*.py"],
+                                capture_output=True, text=True, cwd=ROOT).stdout.strip())  # the code measured (not results)
+    by_mode = {r["mode"]: r for r in rows}
     result = {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "commit": commit.strip(),
-              "machine": {"cpus": os.cpu_count(), "platform": platform.platform()}, "device": "cpu",
-              "settings": {k: v for k, v in vars(args).items() if k != "out"}, "modes": rows,
-              "stale_share_ratio_on_vs_off": rows[1]["stale_share"] / max(rows[0]["stale_share"], 1e-9),
-              "trained_per_s_ratio_on_vs_off": rows[1]["trained_per_s"] / max(rows[0]["trained_per_s"], 1e-9)}
+              "dirty": dirty, "machine": {"cpus": os.cpu_count(), "platform": platform.platform()}, "device": "cpu",
+              "settings": {k: v for k, v in vars(args).items() if k != "out"},
+              "loss": server_config(modes[0], args, 0, "/tmp").loss.model_dump(mode="json"), "modes": rows}
+    for a, b in (("429", "off"), ("wait", "off"), ("wait", "429")):
+        if a in by_mode and b in by_mode:
+            result[f"stale_share_ratio_{a}_vs_{b}"] = by_mode[a]["stale_share"] / max(by_mode[b]["stale_share"], 1e-9)
+            result[f"trained_per_s_ratio_{a}_vs_{b}"] = (by_mode[a]["trained_per_s"]
+                                                         / max(by_mode[b]["trained_per_s"], 1e-9))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"saved {args.out}")

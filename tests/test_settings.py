@@ -44,7 +44,8 @@ def sample_value(f: SettingField) -> tuple[str, Any]:
                "rdzv_endpoint": ("node0:29400", "node0:29400"), "cuda_visible_devices": ("0,1", "0,1"),
                "control_host": ("0.0.0.0", "0.0.0.0"), "work_dir": ("/tmp/aj-w", Path("/tmp/aj-w")),
                "export_dir": ("/tmp/aj-e", Path("/tmp/aj-e")), "recovery_dir": ("/tmp/aj-r", Path("/tmp/aj-r")),
-               "model_revision": ("v1", "v1")}
+               "model_revision": ("v1", "v1"),
+               "correction_high": ("3.5", 3.5)}
     if f.path[-1] in special:
         return special[f.path[-1]]
     inner = _strip_optional(f.annotation)

@@ -52,6 +52,9 @@ class BeginEpisodeRequest(_Model):
     group_id: Identifier | None = Field(default=None, description="GRPO group key; defaults to task_id")
     eval: bool = Field(default=False, description="eval episodes are never trained on")
     metadata: Metadata
+    wait_s: float | None = Field(default=None, ge=0, le=3600, description="beyond capacity, how long the server "
+                                 "may hold this begin until its group fits (a long poll); default: the server's "
+                                 "training.admission_wait_s (the most it holds); 0: answer 429 at once")
 
 
 class BeginEpisodeResponse(_Model):

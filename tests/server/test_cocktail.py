@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -59,8 +60,9 @@ def test_batches_follow_the_ratios_and_wait_for_a_missing_type(make_server) -> N
 
 def test_over_represented_type_is_deferred_with_retry_after(make_server) -> None:
     srv = make_server(training={"group_size": 2, "batch_groups": 2, "task_ratios": {"math": 0.5, "code": 0.5}})
-    begin = lambda t: httpx.post(f"{srv.url}/swarm/v1/episodes",  # noqa: E731
-                                 json={"client_id": "c", "task_id": f"{t}-1", "task_type": t})
+    begin = lambda t, wait=0.0: httpx.post(f"{srv.url}/swarm/v1/episodes",  # noqa: E731
+                                           json={"client_id": "c", "task_id": f"{t}-1", "task_type": t,
+                                                 "wait_s": wait})
     for _ in range(4):  # two batches' worth of math's share (1 group x 2 episodes x 2)
         assert begin("math").status_code == 200
     r = begin("math")
@@ -69,6 +71,18 @@ def test_over_represented_type_is_deferred_with_retry_after(make_server) -> None
     assert begin("code").status_code == 200
     bad = begin("poetry")
     assert bad.status_code == 400 and "no ratio" in bad.json()["error"]["message"]
+    assert begin("poetry", wait=5).status_code == 400  # a held begin is checked first too
+    # held (a long poll): math waits for its share; code is not blocked behind it; math's wait ends deferred
+    with ThreadPoolExecutor(1) as pool:
+        held = pool.submit(begin, "math", 1.0)
+        wait_until(lambda: srv.server.status().throughput["admission_waiting"] == 1, timeout=10)
+        fresh = httpx.post(f"{srv.url}/swarm/v1/episodes", json={"client_id": "c", "task_id": "code-2",
+                                                                 "task_type": "code", "wait_s": 5})
+        assert fresh.status_code == 200  # a new code group, queued behind the held math group, goes first
+        assert srv.server.status().throughput["admission_waiting"] == 1
+        r = held.result(timeout=10)
+    assert r.status_code == 429 and r.json()["error"]["code"] == "deferred"
+    assert r.headers["retry-after-ms"] == "0"  # a long poll: ask again at once
 
 
 @pytest.mark.parametrize(("policy", "trains"), [("fill", True), ("strict", False)])

@@ -108,3 +108,32 @@ def test_ajet_ctl_cli(make_server) -> None:
     out = ctl("stop")
     assert out.returncode == 0
     wait_until(lambda: not srv._thread.is_alive(), timeout=30)
+
+
+def test_loss_objective_settings_are_live(make_server) -> None:
+    """The objective settings change through the control plane like the other loss settings; Dr. GRPO's
+    unscaled advantages reach the next batch; an out-of-band correction bound is refused, naming the field."""
+    srv = make_server(admin_token="adm1n", training={"group_size": 2, "batch_groups": 1})
+
+    async def main() -> None:
+        async with SwarmClient(srv.url) as client:
+            await group(client, "a")
+            await asyncio.to_thread(wait_until, lambda: srv.server.trainer.counters.train_steps == 1)
+            r = httpx.post(f"{srv.url}/swarm/v1/control/config", headers=ADMIN, json={"loss": {
+                "objective": "cispo", "aggregation": "seq_mean", "ratio_level": "sequence", "scale_by_std": False,
+                "correction": "mask_sequence", "correction_low": 0.8, "kl_estimator": "k2"}})
+            assert r.status_code == 200, r.text
+            bad = httpx.post(f"{srv.url}/swarm/v1/control/config", headers=ADMIN,
+                             json={"loss": {"correction_low": 1.5}})
+            assert bad.status_code == 400 and "correction_low" in bad.json()["error"]["message"]
+            await group(client, "b")
+            await asyncio.to_thread(wait_until, lambda: srv.server.trainer.counters.train_steps == 2)
+
+    asyncio.run(main())
+    cfg = srv.server.config.loss.policy_loss_config()
+    assert (cfg.objective, cfg.aggregation, cfg.ratio_level, cfg.correction, cfg.correction_low,
+            cfg.kl_estimator) == ("cispo", "seq_mean", "sequence", "mask_sequence", 0.8, "k2")
+    first = sorted({a for s in srv.server.engine.trained[0] for a in s.advantages if a})
+    second = sorted({a for s in srv.server.engine.trained[1] for a in s.advantages if a})
+    assert first[1] == -first[0] and abs(first[1] - 2 ** -0.5) < 1e-5  # divided by the std of (1, 0)
+    assert second == [-0.5, 0.5]  # rewards 1 and 0, mean-centred only

@@ -39,7 +39,9 @@ log = logging.getLogger(__name__)
 
 RETRY_STATUSES = {429, 502, 503, 504}
 # 429s that mean "not yet", not "failed": a cocktail quota ahead of its share, or the swarm at capacity (admission
-# within the staleness bound). Waited out for up to ``defer_timeout`` seconds.
+# within the staleness bound). Waited out for up to ``defer_timeout`` seconds. By default the server holds a begin
+# beyond capacity until its group fits (a long poll) and answers these only when that wait runs out; the client
+# then asks again at once.
 DEFER_CODES = {"deferred", "at_capacity"}
 
 
@@ -95,12 +97,16 @@ def _error_of(resp: httpx.Response) -> SwarmError:
 
 class SwarmClient:
     def __init__(self, url: str, token: str | None = None, client_id: str | None = None, *,
-                 retries: int = 6, timeout: float = 600.0, join: bool = True, defer_timeout: float = 3600.0) -> None:
+                 retries: int = 6, timeout: float = 600.0, join: bool = True, defer_timeout: float = 3600.0,
+                 admission_wait_s: float | None = None) -> None:
+        """``admission_wait_s``: how long the server may hold a begin beyond capacity (a long poll); None: the
+        server's ``training.admission_wait_s``; 0: answer 429 at once, and the client backs off and retries."""
         self.url = url.rstrip("/")
         self.token = token
         self.client_id = client_id or f"client-{uuid.uuid4().hex[:12]}"
         self.retries = retries
         self.defer_timeout = defer_timeout  # how long to wait out "deferred" answers (cocktail quotas)
+        self.admission_wait_s = admission_wait_s
         self._auto_join = join
         self._joined: JoinResponse | None = None
         self._http = httpx.AsyncClient(base_url=self.url, timeout=timeout)
@@ -180,7 +186,7 @@ class SwarmClient:
     def episode(self, task_id: str, task_type: str = "default", group_id: str | None = None, eval: bool = False,
                 metadata: dict[str, Any] | None = None) -> Episode:
         req = BeginEpisodeRequest(client_id=self.client_id, task_id=task_id, task_type=task_type, group_id=group_id,
-                                  eval=eval, metadata=metadata or {})
+                                  eval=eval, metadata=metadata or {}, wait_s=self.admission_wait_s)
         return Episode(self, req)
 
 
@@ -236,7 +242,10 @@ class Episode:
 
     # ---------------------------------------------------------------- lifecycle
     async def begin(self) -> Episode:
-        data = await self.client.request("POST", f"{SWARM_PREFIX}/episodes", json=self.request.model_dump())
+        body = self.request.model_dump()
+        if body["wait_s"] is None:  # the server's own wait (and a server that predates the field accepts it)
+            del body["wait_s"]
+        data = await self.client.request("POST", f"{SWARM_PREFIX}/episodes", json=body)
         self.info = BeginEpisodeResponse.model_validate(data)
         self._heartbeat = asyncio.get_running_loop().create_task(self._beat(self.info.lease_seconds / 3))
         return self

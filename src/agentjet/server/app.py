@@ -57,6 +57,7 @@ def serve(config: ServerConfig, engine: Engine | None = None) -> None:
     runner = uvicorn.Server(uvicorn.Config(create_app(server), host=config.host, port=config.port,
                                            log_level="warning"))
     server.on_stop = lambda: setattr(runner, "should_exit", True)
+    server.exiting = lambda: bool(runner.should_exit)
     runner.run()
 
 
@@ -71,6 +72,7 @@ class BackgroundServer:
                                                       lifespan="on"))
         self._thread = threading.Thread(target=self._uvicorn.run, name="agentjet-server", daemon=True)
         server.on_stop = lambda: setattr(self._uvicorn, "should_exit", True)
+        server.exiting = lambda: bool(self._uvicorn.should_exit)
 
     @property
     def url(self) -> str:

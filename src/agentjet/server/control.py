@@ -60,6 +60,8 @@ def apply_change(server: SwarmServer, change: ConfigChange) -> ChangeRecord:
         server.engine.set_learning_rate(new.training.learning_rate)
     if any(key.startswith("loss.") for key in applied):
         server.engine.set_loss(new.loss)
+    if any(key.startswith("training.") for key in applied):
+        server.episodes.pump_admission()  # a larger bound or batch may admit held begins at once
     record = ChangeRecord(at=server.clock.time(), policy_version=server.engine.policy_version,
                           train_step=server.trainer.counters.train_steps, changes=applied)
     if applied:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+import math
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from agentjet.engines.base import Engine
@@ -27,7 +28,7 @@ from agentjet.protocol import (
     JoinResponse,
     PrepareEpisodeRequest,
 )
-from agentjet.server.admission import admits, capacity
+from agentjet.server.admission import AdmissionQueue, Decision, Waiter, admits, capacity, reserved
 from agentjet.server.chat import ChatFormatter
 from agentjet.server.clock import Clock
 from agentjet.server.digest import matches
@@ -77,6 +78,8 @@ class Episodes:
         self.tracking_totals = tracking_totals
         self.store_healthy = True  # False after a failed write, until a probe succeeds
         self.admission_refusals = 0  # begins refused at capacity (admission within the staleness bound)
+        self.admission_queue: AdmissionQueue[BeginEpisodeRequest, BeginEpisodeResponse] = AdmissionQueue()
+        self.admission_held = 0  # begins that waited on the server before they were admitted
 
     # ------------------------------------------------------------------ keys
     def by_key(self, key: str | None, episode_id: str | None = None) -> Episode:
@@ -110,6 +113,7 @@ class Episodes:
         released = self.registry.release_client(req.client_id)
         if released:
             log.info("client %s rejoined: released %d open episodes of its earlier process", req.client_id, released)
+            self.pump_admission()
         return JoinResponse(client_id=req.client_id, model=self.config.name, policy_version=self.engine.policy_version,
                             lease_seconds=self.config.lease_seconds, released_episodes=released,
                             group_size=self.config.training.group_size,
@@ -125,7 +129,60 @@ class Episodes:
                               "(disk full or read-only?)", "store_unavailable", retry_after_s=10) from exc
         self.store_healthy = True
 
-    def begin(self, req: BeginEpisodeRequest) -> BeginEpisodeResponse:
+    async def begin(self, req: BeginEpisodeRequest,
+                    client_gone: Callable[[], Awaitable[object]] | None = None) -> BeginEpisodeResponse:
+        """Begin an episode. A training episode beyond capacity is held until its group fits, for at most its
+        wait (``admission.py``), then answered 429 ``at_capacity``. ``client_gone`` returns when the client
+        disconnects: a held begin then leaves the queue (or, admitted in that instant, is aborted)."""
+        self._check_open(req)
+        wait_s = self._wait_s(req)
+        group_key = req.group_id or req.task_id
+        if req.eval or not self.config.training.admission or wait_s <= 0:
+            if not req.eval:
+                self._check_quota(req.task_type)
+                self._check_capacity(group_key)
+            return self._admit(req)
+        self._check_task_type(req.task_type)
+        if self._begun_in_group(group_key) % self.config.training.group_size:
+            return self._admit(req)  # its group is begun: its place is held
+        waiter = self.admission_queue.join(req, group_key, self.clock.monotonic() + wait_s)
+        self.pump_admission()
+        if waiter.future.done():
+            return waiter.future.result()
+        self.admission_held += 1
+        gone = asyncio.ensure_future(client_gone()) if client_gone is not None else None
+        try:
+            await asyncio.wait([waiter.future, *([gone] if gone else [])], return_when=asyncio.FIRST_COMPLETED)
+            if gone is not None and gone.done():  # (admitted in the same instant: _withdraw aborts it)
+                raise APIError(499, "the client went away while its begin was held", code="client_gone")
+            return waiter.future.result()
+        except BaseException:
+            self._withdraw(waiter)
+            raise
+        finally:
+            if gone is not None:
+                gone.cancel()
+
+    def _withdraw(self, waiter: Waiter[BeginEpisodeRequest, BeginEpisodeResponse]) -> None:
+        """A held begin ends without an answer reaching its client: out of the queue, or, if it was admitted in
+        that instant, its episode aborted, so that no place stays taken by a client that is gone."""
+        if self.admission_queue.leave(waiter):
+            self.pump_admission()  # the head of the queue may have changed
+            return
+        fut = waiter.future
+        if fut.done() and not fut.cancelled() and fut.exception() is None:
+            ep = self.registry.get(fut.result().episode_id)
+            if ep is not None and ep.is_open:
+                log.info("episode %s aborted: its client went away as it was admitted", ep.episode_id)
+                self.registry.close(ep, EpisodeStatus.ABORTED)
+                self.pump_admission()
+
+    def _wait_s(self, req: BeginEpisodeRequest) -> float:
+        most = self.config.training.admission_wait_s
+        return most if req.wait_s is None else min(req.wait_s, most)
+
+    def _check_open(self, req: BeginEpisodeRequest) -> None:
+        """What refuses a begin whatever the capacity: the server's state, its store, the client's own limit."""
         state = self.state()
         if state is not ServerState.READY:
             raise unavailable(f"the server is {state.value}", "not_ready", retry_after_s=1)
@@ -135,16 +192,71 @@ class Episodes:
             raise APIError(429, f"client {req.client_id!r} already has {cap} open episodes (the limit); end or "
                            "abort some first", "rate_limit_error", code="too_many_open_episodes",
                            headers={"Retry-After": "1"})
-        if not req.eval:
-            self._check_quota(req.task_type)
-            self._check_capacity(req.group_id or req.task_id)
+
+    def _admit(self, req: BeginEpisodeRequest) -> BeginEpisodeResponse:
+        if not req.eval and not self._begun_in_group(req.group_id or req.task_id) % self.config.training.group_size:
+            self.trainer.note_admitted(req.group_id or req.task_id)
         ep, key = self.registry.begin(req, self.engine.policy_version)
         self.trainer.note_begin(req.task_type)
         return BeginEpisodeResponse(episode_id=ep.episode_id, api_key=key, base_url=self.config.base_url(),
                                     lease_seconds=self.config.lease_seconds, policy_version=self.engine.policy_version)
 
-    def _check_quota(self, task_type: str) -> None:
-        """Cocktail training: defer a type that already has two batches' worth of its share in flight."""
+    def _admit_held(self, req: BeginEpisodeRequest) -> BeginEpisodeResponse:
+        self._check_open(req)
+        return self._admit(req)
+
+    def _decide(self, req: BeginEpisodeRequest) -> Decision:
+        """For the queue: may this held begin go now (``admission.py``)?"""
+        t = self.config.training
+        if self._ahead_of_share(req.task_type):
+            return Decision.PASS
+        group_key = req.group_id or req.task_id
+        if not t.admission or admits(capacity_now=self.capacity() - self.reserved(), group_size=t.group_size,
+                                     begun_in_group=self._begun_in_group(group_key)):
+            return Decision.ADMIT
+        return Decision.BLOCK
+
+    def pump_admission(self) -> None:
+        """Capacity may have changed (an episode closed, a step trained, settings changed): admit what fits now,
+        and answer the held begins whose wait is over."""
+        state = self.state()
+        if state is not ServerState.READY:  # stopping: answer every held begin now
+            self.admission_queue.expire(math.inf, lambda _: unavailable(f"the server is {state.value}", "not_ready",
+                                                                        retry_after_s=1))
+            return
+        self.admission_queue.expire(self.clock.monotonic(), self._held_too_long)
+        self.admission_queue.release(self._decide, self._admit_held)
+
+    def _held_too_long(self, req: BeginEpisodeRequest) -> APIError:
+        """The answer to a begin held for its whole wait: ask again at once (another long poll)."""
+        if self._ahead_of_share(req.task_type):
+            return self._deferred(req.task_type, 0)
+        self.admission_refusals += 1
+        return self._at_capacity(0)
+
+    def _deferred(self, task_type: str, retry_ms: int) -> APIError:
+        share = self.config.training.task_ratios[task_type]
+        return APIError(429, f"task type {task_type!r} is ahead of its share ({share} of each batch): retry after "
+                        f"{retry_ms} ms", "rate_limit_error", param="task_type", code="deferred",
+                        headers={"Retry-After": "1", "Retry-After-Ms": str(retry_ms)})
+
+    def _at_capacity(self, retry_ms: int) -> APIError:
+        return APIError(429, f"the swarm is at capacity for policy v{self.engine.policy_version}: an episode begun now "
+                        f"would be more than max_staleness={self.config.training.max_staleness} versions old when "
+                        f"trained; retry after {retry_ms} ms", "rate_limit_error", code="at_capacity",
+                        headers={"Retry-After": "1", "Retry-After-Ms": str(retry_ms)})
+
+    def _ahead_of_share(self, task_type: str) -> bool:
+        """Cocktail training: a type that already has two batches' worth of its share in flight waits."""
+        settings = self.config.training
+        if not settings.task_ratios or task_type not in settings.task_ratios:
+            return False
+        quota = max(self.trainer.quotas().get(task_type, 0), 1) * settings.group_size
+        outstanding = self.registry.open_by_type[task_type] + self.trainer.pending_by_type().get(task_type, 0)
+        return outstanding >= 2 * quota
+
+    def _check_task_type(self, task_type: str) -> None:
+        """Cocktail training: a type must have a ratio; one that asks to begin is present (not absent)."""
         settings = self.config.training
         if not settings.task_ratios:
             return
@@ -152,12 +264,12 @@ class Episodes:
             raise bad_request(f"task type {task_type!r} has no ratio; the server trains "
                               f"{sorted(settings.task_ratios)}", param="task_type")
         self.trainer.note_begin(task_type)  # a deferred type is present, not absent
-        quota = max(self.trainer.quotas().get(task_type, 0), 1) * settings.group_size
-        outstanding = self.registry.open_by_type[task_type] + self.trainer.pending_by_type().get(task_type, 0)
-        if outstanding >= 2 * quota:
-            raise APIError(429, f"task type {task_type!r} is ahead of its share ({settings.task_ratios[task_type]} of "
-                           f"each batch): retry after {QUOTA_RETRY_MS} ms", "rate_limit_error", param="task_type",
-                           code="deferred", headers={"Retry-After": "1", "Retry-After-Ms": str(QUOTA_RETRY_MS)})
+
+    def _check_quota(self, task_type: str) -> None:
+        """Cocktail training: defer (429) a type that already has two batches' worth of its share in flight."""
+        self._check_task_type(task_type)
+        if self._ahead_of_share(task_type):
+            raise self._deferred(task_type, QUOTA_RETRY_MS)
 
     def capacity(self) -> int:
         """Training episodes that may begin now without going past the staleness bound (``admission.py``)."""
@@ -166,16 +278,25 @@ class Episodes:
                         max_staleness=t.max_staleness, accepted=self.trainer.accepted_count,
                         running=self.registry.open_training, max_concurrent=t.max_concurrent)
 
+    def _begun_in_group(self, group_key: str) -> int:
+        return self.registry.open_by_group[group_key] + self.trainer.pending_in_group(group_key)
+
+    def reserved(self) -> int:
+        """Places held for the members that begun groups still lack (``admission.reserved``), for
+        ``group_timeout_s`` after the group's admission: a member that never comes (its client was killed) does
+        not hold its place for longer."""
+        t = self.config.training
+        keys = set(self.registry.open_by_group) | set(self.trainer.pending_group_keys())
+        return reserved((self._begun_in_group(k) for k in keys if self.trainer.admitted_within(k, t.group_timeout_s)),
+                        t.group_size)
+
     def _check_capacity(self, group_key: str) -> None:
         t = self.config.training
-        begun = self.registry.open_by_group[group_key] + self.trainer.pending_in_group(group_key)
-        if not t.admission or admits(capacity_now=self.capacity(), group_size=t.group_size, begun_in_group=begun):
+        if not t.admission or admits(capacity_now=self.capacity() - self.reserved(), group_size=t.group_size,
+                                     begun_in_group=self._begun_in_group(group_key)):
             return
         self.admission_refusals += 1
-        raise APIError(429, f"the swarm is at capacity for policy v{self.engine.policy_version}: an episode begun now "
-                       f"would be more than max_staleness={self.config.training.max_staleness} versions old when "
-                       f"trained; retry after {CAPACITY_RETRY_MS} ms", "rate_limit_error", code="at_capacity",
-                       headers={"Retry-After": "1", "Retry-After-Ms": str(CAPACITY_RETRY_MS)})
+        raise self._at_capacity(CAPACITY_RETRY_MS)
 
     def heartbeat(self, key: str | None, episode_id: str) -> HeartbeatResponse:
         ep = self.by_key(key, episode_id)
@@ -303,6 +424,7 @@ class Episodes:
                 self.teams.track(episode_id)
             else:
                 self.acknowledged(stored)
+            self.pump_admission()
         return ep.end_response
 
     def acknowledged(self, stored: StoredEpisode) -> None:
@@ -322,6 +444,7 @@ class Episodes:
             log.info("episode %s aborted by client %s: %s", episode_id, ep.client_id, reason or "(no reason)")
             ep.calls.clear()
             self.registry.close(ep, EpisodeStatus.ABORTED)
+            self.pump_admission()
         return AbortEpisodeResponse(episode_id=episode_id, status=ep.status)
 
     # ------------------------------------------------------------------ trace

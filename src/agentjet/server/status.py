@@ -33,7 +33,10 @@ def build_status(run: RunParts) -> ServerStatus:
         clients=sorted(run.registry.clients),
         throughput={**run.throughput.as_dict(), **run.tito.as_dict(),
                     "admission_capacity": run.episodes.capacity(),
-                    "admission_refusals": run.episodes.admission_refusals},
+                    "admission_refusals": run.episodes.admission_refusals,
+                    "admission_reserved": run.episodes.reserved(),
+                    "admission_waiting": len(run.episodes.admission_queue),
+                    "admission_held": run.episodes.admission_held},
         eval_reward=eval_reward_by_version(run), last_train_metrics=c.last_metrics,
         task_types={t: {"episodes": v["episodes"], "reward_mean": v["reward_sum"] / max(v["episodes"], 1)}
                     for t, v in c.by_type.items()},

@@ -78,6 +78,9 @@ class SwarmServer:
         self.state = ServerState.STARTING
         self.change_log: list[ChangeRecord] = []  # live config changes, with the version they took effect at
         self.on_stop: Callable[[], None] | None = None  # set by whoever runs the HTTP server
+        # set by whoever runs the HTTP server: True once it is shutting down (it then waits for the requests in
+        # flight, so held begins are answered at once instead of at the end of their wait)
+        self.exiting: Callable[[], bool] = lambda: False
         self._reaper: asyncio.Task[None] | None = None
 
     def _open(self) -> None:
@@ -94,7 +97,7 @@ class SwarmServer:
         self.teams = Teams(self.store, self.registry, locks, self.clock, lambda: self.config.lease_seconds,
                            on_committed=lambda stored: self.episodes.acknowledged(stored))
         self.episodes = Episodes(config, self.engine, self.formatter, self.registry, self.store, self.trainer,
-                                 self.teams, self.throughput, self.tito, locks, self.clock, lambda: self.state,
+                                 self.teams, self.throughput, self.tito, locks, self.clock, self.effective_state,
                                  self.tracking_totals)
         trainlog = TrainLog(data_dir / TRAINLOG_FILE)
         self.run = RunParts(config=config, engine=self.engine, clock=self.clock, registry=self.registry,
@@ -105,6 +108,7 @@ class SwarmServer:
         self.metrics = MetricsHub(config.observe, data_dir, self.observe.snapshot, self.public_config(),
                                   trainlog=trainlog)
         self.trainer.observer = self.metrics
+        self.trainer.on_capacity = self.episodes.pump_admission
 
     @property
     def data_dir(self) -> Path:
@@ -150,10 +154,15 @@ class SwarmServer:
         """Expire episodes whose lease ran out; resolve team episodes whose commit never came."""
         for ep in self.registry.expire_due():
             log.info("episode %s (client %s) expired: lease ran out", ep.episode_id, ep.client_id)
+        self.episodes.pump_admission()  # expired places are free; held begins past their wait are answered
         if self.teams.prepared:
             await self.teams.resolve_expired()
 
     # ------------------------------------------------------------------ views
+    def effective_state(self) -> ServerState:
+        """The state requests see: STOPPING as soon as the HTTP server is shutting down."""
+        return ServerState.STOPPING if self.state is ServerState.READY and self.exiting() else self.state
+
     def status(self) -> ServerStatus:
         return build_status(self.run)
 

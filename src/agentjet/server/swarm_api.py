@@ -32,9 +32,16 @@ async def join(request: Request, body: JoinRequest) -> JoinResponse:
     return server_of(request).episodes.join(body)
 
 
+async def disconnected(request: Request) -> None:
+    """Returns when the client of this request disconnects (its body is already read)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 @router.post("/episodes", response_model=BeginEpisodeResponse, dependencies=[Depends(require_swarm)])
 async def begin_episode(request: Request, body: BeginEpisodeRequest) -> BeginEpisodeResponse:
-    return server_of(request).episodes.begin(body)
+    """Held beyond capacity until the group fits (a long poll; ``server/admission.py``)."""
+    return await server_of(request).episodes.begin(body, client_gone=lambda: disconnected(request))
 
 
 @router.post("/episodes/{episode_id}/heartbeat", response_model=HeartbeatResponse)

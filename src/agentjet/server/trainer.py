@@ -2,7 +2,8 @@
 
 Acknowledged episodes wait in the store, grouped by group key (the task id unless the client set a
 group id). A group is ready when it holds ``group_size`` episodes, or ``min_group_size`` after
-``group_timeout_s``. A train step takes ``batch_groups`` ready groups, computes per-agent advantages
+``group_timeout_s``. A train step takes ``batch_groups`` ready groups in admission order (within the task
+quotas: see ``candidate_groups``), computes per-agent advantages
 within each group, and calls ``engine.train_step``. Episodes whose oldest token is more than
 ``max_staleness`` policy versions old are dropped and counted; younger off-policy tokens are corrected
 by the clipped importance ratio against their recorded behaviour logprobs.
@@ -16,6 +17,7 @@ import json
 import logging
 import shutil
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,6 +36,7 @@ log = logging.getLogger(__name__)
 
 CHECKPOINT_STATE = "trainer_state.json"
 CHECKPOINT_RUN = "agentjet_run.json"  # the model as the user named it and the public settings (ajet export's card)
+MAX_ADMISSION_ORDER = 100_000  # group keys remembered in the admission order before the oldest unused are pruned
 
 
 @dataclass
@@ -66,7 +69,7 @@ def episode_reward(reward: float | dict[str, float], agent: str) -> float:
 
 
 def group_advantages(
-    group: Group, samples: dict[str, list[EpisodeSample]], estimator: AdvantageEstimator
+    group: Group, samples: dict[str, list[EpisodeSample]], estimator: AdvantageEstimator, scale_by_std: bool = True
 ) -> dict[tuple[str, str], float]:
     """(episode id, agent) -> advantage, computed among the group's episodes that have that agent."""
     by_agent: dict[str, list[tuple[str, float]]] = defaultdict(list)
@@ -75,7 +78,7 @@ def group_advantages(
             by_agent[agent].append((ep.episode_id, episode_reward(ep.reward, agent)))
     out: dict[tuple[str, str], float] = {}
     for agent, pairs in by_agent.items():
-        advs = compute_advantages([r for _, r in pairs], estimator)
+        advs = compute_advantages([r for _, r in pairs], estimator, scale_by_std=scale_by_std)
         for (eid, _), a in zip(pairs, advs, strict=True):
             out[(eid, agent)] = a
     return out
@@ -120,6 +123,11 @@ class Trainer:
         self.observer: StepObserver | None = None
         self._idle_since = self.clock.monotonic()
         self._waited_s = 0.0
+        # admission order: group key -> its admission sequence number (batches take groups in this order)
+        self._admitted: dict[str, int] = {}
+        self._admitted_at: dict[str, float] = {}  # group key -> when its latest group was admitted (monotonic)
+        self._admissions = 0
+        self.on_capacity: Callable[[], None] | None = None  # called after each batching pass (admission wakes)
 
     @property
     def settings(self) -> TrainingSettings:
@@ -139,6 +147,28 @@ class Trainer:
 
     def note_begin(self, task_type: str) -> None:
         self.last_begin[task_type] = self.clock.monotonic()
+
+    def note_admitted(self, group_key: str) -> None:
+        """A new group was admitted: it takes its place in the admission order (``candidate_groups``)."""
+        self._admissions += 1
+        self._admitted.setdefault(group_key, self._admissions)
+        self._admitted_at[group_key] = self.clock.monotonic()
+        if len(self._admitted) > MAX_ADMISSION_ORDER:  # groups that never reached the pool (all aborted)
+            for key in sorted(self._admitted, key=self._admitted.__getitem__)[: len(self._admitted) // 2]:
+                if key not in self._pending:
+                    del self._admitted[key]
+                    self._admitted_at.pop(key, None)
+
+    def admitted_within(self, group_key: str, seconds: float) -> bool:
+        """Whether the group's latest admission is at most ``seconds`` old (its missing members keep their
+        places that long: ``group_timeout_s``, after which a partial group trains or waits without them)."""
+        at = self._admitted_at.get(group_key)
+        return at is not None and self.clock.monotonic() - at <= seconds
+
+    def admission_rank(self, group_key: str) -> int:
+        """Where a group stands in the admission order (groups admitted before a restart, or by a server with
+        admission off, come first: 0)."""
+        return self._admitted.get(group_key, 0)
 
     def pending_by_type(self) -> dict[str, int]:
         counts: dict[str, int] = defaultdict(int)
@@ -187,6 +217,9 @@ class Trainer:
     def pending_count(self) -> int:
         return sum(len(v) for v in self._pending.values())
 
+    def pending_group_keys(self) -> list[str]:
+        return list(self._pending)
+
     def pending_in_group(self, group_key: str) -> int:
         eps = self._pending.get(group_key)
         return len(eps) if eps else 0
@@ -219,9 +252,13 @@ class Trainer:
         else:
             self._pending.pop(key, None)
             self._first_seen.pop(key, None)
+            self._admitted.pop(key, None)
+            self._admitted_at.pop(key, None)
 
     def candidate_groups(self) -> list[Group]:
-        """Groups that could be trained now, oldest first (nothing is taken out of the pool)."""
+        """Groups that could be trained now, in admission order (nothing is taken out of the pool). With task
+        quotas, ``select_batch`` takes each type's share from this order: when the two conflict, the quota wins
+        (an earlier group waits for the next batch if its type's share of this one is full)."""
         s = self.settings
         now = self.clock.monotonic()
         groups: list[Group] = []
@@ -232,7 +269,7 @@ class Trainer:
             timed_out = now - self._first_seen.get(key, now) > s.group_timeout_s
             if rest and timed_out and len(rest) >= s.min_group_size:
                 groups.append(Group(key, rest))
-        return groups
+        return sorted(groups, key=lambda g: self.admission_rank(g.key))
 
     def _take(self, groups: list[Group]) -> None:
         taken = {ep.episode_id for g in groups for ep in g.episodes}
@@ -264,7 +301,7 @@ class Trainer:
         refs: list[tuple[str, int, str, float]] = []  # observe: (episode, sample index, agent, advantage) per sample
         agent_rewards: dict[str, list[float]] = defaultdict(list)
         for g in groups:
-            advs = group_advantages(g, samples, self.config.loss.estimator)
+            advs = group_advantages(g, samples, self.config.loss.estimator, self.config.loss.scale_by_std)
             for ep in g.episodes:
                 by_agent: dict[str, list[tuple[int, EpisodeSample]]] = defaultdict(list)
                 for i, s in enumerate(samples[ep.episode_id]):
@@ -370,7 +407,8 @@ class Trainer:
             self._wake.clear()
             try:
                 while not self._stopping and await self.maybe_step():
-                    pass
+                    self._capacity_changed()
+                self._capacity_changed()  # stale or uniform groups dropped: their places are free
             except TrainingHaltedError as exc:  # going on would train on wrong data: pause, say why, once
                 if self.counters.halted_reason != str(exc):
                     log.error("training halted (paused): %s", exc)
@@ -379,6 +417,10 @@ class Trainer:
             except Exception:  # a failed step must not kill the loop; the episodes stay pending
                 log.exception("train step failed; its episodes stay in the store")
                 await asyncio.sleep(1.0)
+
+    def _capacity_changed(self) -> None:
+        if self.on_capacity is not None:
+            self.on_capacity()
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self.run())

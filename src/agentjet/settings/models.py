@@ -27,6 +27,14 @@ from pydantic import (
 )
 
 from agentjet.algorithms import AdvantageEstimator
+from agentjet.algorithms.objectives import (
+    Aggregation,
+    Correction,
+    KLEstimator,
+    Objective,
+    PolicyLossConfig,
+    RatioLevel,
+)
 from agentjet.tracking import TrackingConfig
 
 LIVE_SECTIONS = ("training", "sampling", "loss")
@@ -119,7 +127,11 @@ class TrainingSettings(_Section):
     max_staleness: int = Field(4, ge=0, le=1000, description="max policy versions between generation and "
                                "training; older episodes are dropped and counted")
     admission: bool = Field(True, description="admit new training episodes only within the staleness bound "
-                            "(AReaL's capacity rule): beyond it, begin answers 429 and clients wait")
+                            "(AReaL's capacity rule): beyond it, begin is held until its group fits, or answers "
+                            "429 (admission_wait_s)")
+    admission_wait_s: float = Field(30.0, ge=0, le=3600, description="how long a begin beyond capacity is held on "
+                                    "the server until its group fits (a long poll), before it is answered 429; a "
+                                    "request may ask for less (wait_s; 0: 429 at once, the earlier behaviour)")
     max_concurrent: int | None = Field(None, ge=1, le=10_000_000, description="most open training episodes "
                                        "at once (admission; default: no limit but the staleness bound)")
     learning_rate: float = Field(1e-5, gt=0, lt=1, description="AdamW learning rate",
@@ -148,13 +160,44 @@ class TrainingSettings(_Section):
 
 
 class LossSettings(_Section):
-    """The policy-gradient loss (live)."""
+    """The policy-gradient loss (live; see docs/algorithms.md for each objective)."""
 
     estimator: AdvantageEstimator = Field(AdvantageEstimator.GRPO, description="advantage estimator")
+    scale_by_std: bool = Field(True, description="grpo advantages are divided by the group's reward std "
+                               "(false: Dr. GRPO, mean-centred only)")
+    objective: Objective = Field(Objective.PPO_CLIP, description="ppo_clip: -min(r A, clip(r) A); cispo: "
+                                 "-sg(clip(r)) A log p, no token's gradient dropped")
+    ratio_level: RatioLevel = Field(RatioLevel.TOKEN, description="importance ratio per token (PPO) or per "
+                                    "sequence, the geometric mean of its token ratios (GSPO; use small clip "
+                                    "epsilons, e.g. 3e-4 / 4e-4)")
+    aggregation: Aggregation = Field(Aggregation.TOKEN_MEAN, description="token_mean: over the batch's tokens "
+                                     "(DAPO); seq_mean: over each sequence, then the batch (GRPO as published); "
+                                     "constant: sum / (sequences x constant_tokens) (Dr. GRPO)")
+    constant_tokens: int = Field(1024, ge=1, le=1_000_000, description="Dr. GRPO's constant normaliser in "
+                                 "tokens per sequence (aggregation=constant; e.g. the generation budget)")
     clip_eps_low: float = Field(0.2, ge=0, le=1, description="PPO clip: lower epsilon of the importance ratio")
     clip_eps_high: float = Field(0.28, ge=0, le=10, description="PPO clip: upper epsilon of the importance ratio")
-    kl_coef: float = Field(0.0, ge=0, le=100, description="k3 KL penalty to a frozen copy of the initial "
-                           "weights (0: off, no reference model kept)")
+    kl_coef: float = Field(0.0, ge=0, le=100, description="KL penalty to a frozen copy of the initial "
+                           "weights (0: off, no reference model kept). Turning it on from 0 or off needs a "
+                           "restart, so that the reference is the initial weights; changing its value is live")
+    kl_estimator: KLEstimator = Field(KLEstimator.K3, description="KL estimator, d = log ref - log p: k1 = -d, "
+                                      "k2 = d^2 / 2, k3 = exp(d) - d - 1")
+    correction: Correction = Field(Correction.NONE, description="train/sampler mismatch correction on "
+                                   "w = p_trainer / p_sampler: none (PPO ratio against the sampler's logprobs), "
+                                   "tis (weight min(w, correction_high)), tis_sequence (the same on the "
+                                   "sequence's geometric-mean w), mask_token / mask_sequence (drop a token / a "
+                                   "sequence whose w leaves [correction_low, correction_high])")
+    correction_low: float = Field(0.5, gt=0, le=1, description="masked IS: lower bound of the kept weights")
+    correction_high: float = Field(2.0, ge=1, le=1e6, description="masked IS: upper bound of the kept weights; "
+                                   "TIS: the cap")
+
+    def policy_loss_config(self) -> PolicyLossConfig:
+        """The plain value the policy step takes (``agentjet.algorithms.loss.policy_loss``)."""
+        return PolicyLossConfig(
+            objective=self.objective, ratio_level=self.ratio_level, aggregation=self.aggregation,
+            clip_eps_low=self.clip_eps_low, clip_eps_high=self.clip_eps_high, kl_estimator=self.kl_estimator,
+            kl_coef=self.kl_coef, correction=self.correction, correction_low=self.correction_low,
+            correction_high=self.correction_high, constant_tokens=self.constant_tokens)
 
 
 class TrackingSettings(_Section):
