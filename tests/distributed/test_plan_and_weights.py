@@ -66,8 +66,8 @@ def test_padding_pass_has_exactly_zero_loss_and_gradient() -> None:
     pad = padding_sample(0)
     batch = collate([pad], pad_id=0)
     lp = torch.tensor([-3.0], requires_grad=True)
-    res, _ = micro_batch_loss(lp, [pad], StepConfig.from_settings(EngineSettings(), LossSettings(kl_coef=0.1), 1e-3),
-                              ref_logprobs=torch.tensor([-2.0]))
+    res = micro_batch_loss(lp, [pad], StepConfig.from_settings(EngineSettings(), LossSettings(kl_coef=0.1), 1e-3),
+                           ref_logprobs=torch.tensor([-2.0]))
     res.loss_sum.backward()
     assert float(res.loss_sum.detach()) == 0.0 and float(lp.grad.abs().sum()) == 0.0
     assert batch.predicted_mask.sum() == 1

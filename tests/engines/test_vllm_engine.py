@@ -115,7 +115,7 @@ def test_train_step_syncs_weights_in_order_and_probe_agrees(make_vllm_engine):
     assert engine.policy_version == 1 and after.policy_version == 1
     assert metrics["policy_version"] == 1.0
     assert metrics["probe_logprob_diff"] < 1e-3  # the fake serves the trained weights exactly
-    for key in ("mismatch_kl", "tis_weight_mean", "sync_seconds", "export_seconds", "loss", "grad_norm"):
+    for key in ("mismatch_kl", "is_weight_mean", "sync_seconds", "export_seconds", "loss", "grad_norm"):
         assert key in metrics
     assert metrics["mismatch_kl"] < 1e-6  # fresh samples, same numerics: no mismatch
     assert engine.generator.engine_stats()["syncs"] == 1

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 
@@ -10,6 +9,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from agentjet.algorithms.objectives import Correction
 from agentjet.algorithms.tis import mismatch_stats, tis_weights
 from agentjet.engines.base import TrainSample
 from agentjet.engines.policy_step import StepConfig, micro_batch_loss
@@ -76,23 +76,28 @@ def test_mismatch_stats():
     assert mismatch_stats(torch.tensor([]), torch.tensor([]), cap=None).tokens == 0
 
 
-def test_tis_in_the_policy_step_weights_each_token_against_the_trainers_own_logprobs():
-    """With a TIS cap the PPO ratio is taken against the trainer's detached logprobs (so it is 1 in the one
-    update) and each token's advantage is scaled by min(p_trainer / p_behaviour, cap): the gradient of token t is
-    -weight * adv_t * w_t. No separate scoring pass: the step's own forward gives the trainer logprobs."""
+def test_vllm_tis_cap_is_tis_in_the_one_policy_step():
+    """On the vLLM generator, ``engine.vllm.tis_cap`` is ``loss.correction: tis`` with that cap (unless the loss
+    names a correction itself): the ratio is taken against the trainer's detached logprobs (1 in the one update)
+    and each token's policy-gradient term is weighted by min(p_trainer / p_behaviour, cap), so the gradient of
+    token t is -weight * adv_t * w_t. No separate scoring pass: the step's own forward gives the proximal."""
     sample = TrainSample(input_ids=[1, 2, 3, 4], loss_mask=[0, 0, 1, 1], behaviour_logprobs=[0.0, 0.0, -1.0, -2.0],
                          advantages=[0.0, 0.0, 0.5, 0.5], temperature=0.7, weight=0.5)
-    base = StepConfig.from_settings(EngineSettings(), LossSettings(), 1e-3)
+    vllm = StepConfig.from_settings(EngineSettings(kind="vllm", vllm=VLLMSettings(tis_cap=2.0)), LossSettings(), 1e-3)
+    assert vllm.loss.correction is Correction.TIS and vllm.loss.correction_high == 2.0
+    masked = StepConfig.from_settings(EngineSettings(kind="vllm"), LossSettings(correction="mask_token"), 1e-3)
+    assert masked.loss.correction is Correction.MASK_TOKEN  # the loss's own choice wins
+    assert StepConfig.from_settings(EngineSettings(), LossSettings(), 1e-3).loss.correction is Correction.NONE
     lp = torch.tensor([-1.5, -0.5], requires_grad=True)
-    res, mismatch = micro_batch_loss(lp, [sample], dataclasses.replace(base, tis_cap=2.0))
+    res = micro_batch_loss(lp, [sample], vllm)
     res.loss_sum.backward()
     w = [math.exp(-0.5), 2.0]  # e^1.5 is capped at 2
     assert lp.grad.tolist() == pytest.approx([-0.5 * 0.5 * w[0], -0.5 * 0.5 * w[1]])
-    assert mismatch.tis_weight == pytest.approx(sum(w)) and mismatch.truncated == 1.0
+    assert res.is_weight_sum == pytest.approx(sum(w)) and res.masked == 0.0
     assert res.abs_logprob_diff_sum == pytest.approx(0.5 + 1.5)  # |trainer - behaviour|, not against the proximal
-    lp2 = torch.tensor([-1.5, -0.5], requires_grad=True)  # without a cap: PPO-clip against the behaviour
-    res2, mismatch2 = micro_batch_loss(lp2, [sample], base)
-    assert mismatch2.tis_weight == 2.0 and mismatch2.k3 > 0 and res2.clipped > 0
+    res2 = micro_batch_loss(torch.tensor([-1.5, -0.5], requires_grad=True), [sample],
+                            StepConfig.from_settings(EngineSettings(), LossSettings(), 1e-3))
+    assert res2.is_weight_sum == 2.0 and res2.mismatch_kl_sum > 0 and res2.clipped > 0  # PPO against behaviour
 
 
 def test_probe_prompt_spans_more_than_one_cpu_kv_block(tiny_engine):

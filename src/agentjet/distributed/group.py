@@ -195,7 +195,7 @@ class TrainerGroup:
     def train_step(self, batch: list[TrainSample]) -> StepOutput:
         """One step over ``batch`` split across the ranks. On success the new weights are in
         :attr:`latest_weights`; on :class:`TrainerGroupError` nothing was applied."""
-        plan = plan_step(batch, self.world_size, self.config.micro_batch_tokens)
+        plan = plan_step(batch, self.world_size, self.config.micro_batch_tokens, loss=self.config.loss)
         with self._lock:
             self._ensure_started()
             version = self.policy_version + 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from agentjet.algorithms.objectives import PolicyLossConfig
 from agentjet.engines.base import TrainSample
 from agentjet.engines.policy_step import micro_batch_indices, total_loss_weight
 
@@ -44,10 +45,11 @@ def split_by_tokens(batch: list[TrainSample], world_size: int) -> list[list[int]
 
 
 def plan_step(batch: list[TrainSample], world_size: int, micro_batch_tokens: int,
-              need_trained_tokens: bool = True) -> StepPlan:
+              need_trained_tokens: bool = True, loss: PolicyLossConfig | None = None) -> StepPlan:
+    """``loss``: the objective whose normaliser ``Z`` every rank divides by (the default: token mean)."""
     if not batch:
         raise ValueError("train_step needs at least one sample")
-    total = total_loss_weight(batch)
+    total = total_loss_weight(batch, loss)
     if need_trained_tokens and total <= 0:
         raise ValueError("train_step: the batch has no trained tokens (all loss masks are 0)")
     indices = []

@@ -3,20 +3,19 @@ each rank of an FSDP2 trainer group (``agentjet.distributed.worker``). They diff
 logprobs are computed (a plain module, or an FSDP root) and in how the sums are reduced (a no-op, or an
 all-reduce); the loop, the clipping, the optimizer and the metric names live here once.
 
-A step over a batch is: split it into micro-batches (:func:`micro_batch_indices`), pad each one
-(:func:`collate`), compute the logprob of every trained token (:func:`trained_token_logprobs`), take the
-PPO-clip loss against the samples' behaviour logprobs and advantages (:func:`micro_batch_loss`; with a TIS cap,
-against the trainer's own detached logprobs, each token weighted by its truncated importance ratio), and
-backpropagate ``loss_sum / total_weight`` where the total weight is over the WHOLE batch
-(:func:`total_loss_weight`), so that splitting the batch (into micro-batches or across ranks) sums to the
-same gradient. :class:`StepSums` accumulates the metrics; :class:`PolicyOptimizer` clips and steps AdamW
+A step over a batch is: split it into micro-batches (:func:`micro_batch_indices`; a sequence is never split),
+pad each one (:func:`collate`), compute the logprob of every trained token (:func:`trained_token_logprobs`), take
+the configured objective (:func:`micro_batch_loss` -> ``algorithms.loss.policy_loss``: PPO-clip or CISPO, token or
+sequence ratio, an aggregation, KL, mismatch correction) against the samples' behaviour logprobs and advantages,
+and backpropagate ``loss_sum / Z`` where ``Z`` is over the WHOLE batch (:func:`total_loss_weight`), so that
+splitting the batch (into micro-batches or across ranks) sums to the same gradient. :class:`StepSums` accumulates the metrics; :class:`PolicyOptimizer` clips and steps AdamW
 (through fp32 master copies when the weights are in low precision). :func:`run_policy_step` is the loop.
 
 Metric names (every learner reports these): ``loss``, ``pg_loss``, ``kl``, ``clip_frac``, ``ratio_max``,
 ``mean_abs_logprob_diff`` (mean |trainer - behaviour| logprob of the trained tokens before the update: the
-train/sampler mismatch plus any staleness), ``mismatch_kl``, ``mismatch_k1``, ``tis_weight_mean``,
-``tis_truncated_frac``, ``trained_tokens``, ``grad_norm``, ``step_seconds`` (the loop, forward to optimizer
-step), ``samples``.
+train/sampler mismatch plus any staleness), ``mismatch_kl`` (k3, per token), ``is_masked_frac`` (tokens the
+correction dropped), ``is_weight_mean`` (the correction's mean weight; 1 without one), ``trained_tokens``,
+``grad_norm``, ``step_seconds`` (the loop, forward to optimizer step), ``samples``.
 """
 
 from __future__ import annotations
@@ -29,8 +28,8 @@ from typing import Any
 
 import torch
 
-from agentjet.algorithms.loss import PolicyLossOutput, ppo_clip_loss
-from agentjet.algorithms.tis import tis_weights
+from agentjet.algorithms.loss import PolicyLossOutput, policy_loss
+from agentjet.algorithms.objectives import Correction, PolicyLossConfig, loss_normaliser
 from agentjet.engines.base import TrainSample
 from agentjet.engines.logprobs import chunked_token_logprobs
 from agentjet.settings import EngineSettings, LossSettings
@@ -45,27 +44,26 @@ class StepConfig:
     learning_rate: float
     weight_decay: float
     max_grad_norm: float
-    clip_eps_low: float
-    clip_eps_high: float
-    kl_coef: float
     micro_batch_tokens: int
     logprob_chunk_tokens: int
     bf16: bool  # autocast the forward pass to bfloat16
+    loss: PolicyLossConfig = PolicyLossConfig()
     betas: tuple[float, float] = (0.9, 0.999)  # AdamW's defaults
-    # Truncated importance sampling against the sampler (vLLM): the PPO ratio is taken against the trainer's own
-    # detached logprobs and each token's advantage is scaled by min(p_trainer / p_behaviour, cap). None: PPO-clip
-    # against the behaviour logprobs.
-    tis_cap: float | None = None
+    # engine.vllm.tis_cap (the vLLM generator only): TIS with this cap when ``loss.correction`` is none
+    vllm_tis_cap: float | None = None
 
     @classmethod
     def from_settings(cls, engine: EngineSettings, loss: LossSettings, learning_rate: float) -> StepConfig:
         from agentjet.settings import EngineKind
 
+        cap = engine.vllm.tis_cap if engine.kind is EngineKind.VLLM else None
         return cls(learning_rate=learning_rate, weight_decay=engine.weight_decay, max_grad_norm=engine.max_grad_norm,
-                   clip_eps_low=loss.clip_eps_low, clip_eps_high=loss.clip_eps_high, kl_coef=loss.kl_coef,
                    micro_batch_tokens=engine.micro_batch_tokens, logprob_chunk_tokens=engine.logprob_chunk_tokens,
-                   bf16=engine.autocast_bf16,
-                   tis_cap=engine.vllm.tis_cap if engine.kind is EngineKind.VLLM else None)
+                   bf16=engine.autocast_bf16, loss=_loss_config(loss, cap), vllm_tis_cap=cap)
+
+    @property
+    def kl_coef(self) -> float:
+        return self.loss.kl_coef
 
     def with_learning_rate(self, lr: float) -> StepConfig:
         """This config with a new learning rate (a live change: every learner applies it at its next step)."""
@@ -76,16 +74,30 @@ class StepConfig:
         return dataclasses.replace(self, learning_rate=lr)
 
     def with_loss(self, loss: LossSettings) -> StepConfig:
-        """This config with the live loss settings (clip range, KL coefficient) replaced."""
+        """This config with the live loss settings replaced."""
         import dataclasses
 
-        return dataclasses.replace(self, clip_eps_low=loss.clip_eps_low, clip_eps_high=loss.clip_eps_high,
-                                   kl_coef=loss.kl_coef)
+        return dataclasses.replace(self, loss=_loss_config(loss, self.vllm_tis_cap))
 
 
-def total_loss_weight(batch: list[TrainSample]) -> float:
-    """The normaliser of the step's loss: the sum of every trained token's weight over the whole batch."""
-    return float(sum(s.weight * s.num_trained_tokens for s in batch))
+def _loss_config(loss: LossSettings, vllm_tis_cap: float | None) -> PolicyLossConfig:
+    """The loss settings as the policy step takes them. On the vLLM generator, ``engine.vllm.tis_cap`` is
+    ``correction: tis, correction_high: cap`` unless ``loss.correction`` names a correction itself."""
+    import dataclasses
+
+    config = loss.policy_loss_config()
+    if vllm_tis_cap is not None and config.correction is Correction.NONE:
+        config = dataclasses.replace(config, correction=Correction.TIS,
+                                     correction_high=max(vllm_tis_cap, 1.0))
+    return config
+
+
+def total_loss_weight(batch: list[TrainSample], loss: PolicyLossConfig | None = None) -> float:
+    """``Z``, the normaliser of the step's loss over the WHOLE batch (``algorithms.objectives.loss_normaliser``):
+    the weighted count of trained tokens (token mean, the default), of sequences (sequence mean), or of
+    sequences times the constant (Dr. GRPO)."""
+    return loss_normaliser([s.weight for s in batch], [s.num_trained_tokens for s in batch],
+                           loss or PolicyLossConfig())
 
 
 def micro_batch_indices(batch: Sequence[TrainSample], max_tokens: int) -> list[list[int]]:
@@ -159,54 +171,25 @@ def trained_token_logprobs(
 
 
 def token_targets(samples: list[TrainSample], device: torch.device | str = "cpu"
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Behaviour logprobs, advantages and weights of every trained token, in the order of
-    :func:`trained_token_logprobs` (row-major over the loss masks)."""
-    flat = [(s, j) for s in samples for j, m in enumerate(s.loss_mask) if m]
-    old = torch.tensor([s.behaviour_logprobs[j] for s, j in flat], device=device)
-    adv = torch.tensor([s.advantages[j] for s, j in flat], device=device)
-    w = torch.tensor([s.weight for s, _ in flat], device=device)
-    return old, adv, w
-
-
-@dataclass(frozen=True)
-class Mismatch:
-    """Trainer vs behaviour logprobs of a micro-batch's trained tokens, as sums (summable across ranks)."""
-
-    k3: float  # sum of exp(r) - r - 1 with r = log p_trainer - log p_behaviour: KL(p_s || p_t) per token
-    k1: float  # sum of -r
-    tis_weight: float  # sum of the TIS weights (the token count when no cap)
-    truncated: float  # tokens whose weight hit the cap
-
-
-def mismatch_of(trainer: torch.Tensor, behaviour: torch.Tensor, cap: float | None) -> tuple[Mismatch, torch.Tensor]:
-    """The sums and the per-token TIS weights (ones when ``cap`` is None)."""
-    log_r = (trainer.detach() - behaviour).double()
-    k3 = torch.exp(log_r.clamp(max=20.0)) - log_r - 1.0
-    if cap is None:
-        weights = torch.ones_like(log_r)
-        truncated = 0.0
-    else:
-        weights = tis_weights(trainer.detach().double(), behaviour.double(), cap)
-        truncated = float((log_r >= torch.log(torch.tensor(cap, dtype=torch.float64))).sum())
-    return Mismatch(float(k3.sum()), float((-log_r).sum()), float(weights.sum()), truncated), weights
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Behaviour logprobs, advantages, weights and sequence index (0 .. len(samples) - 1) of every trained token,
+    in the order of :func:`trained_token_logprobs` (row-major over the loss masks)."""
+    flat = [(i, s, j) for i, s in enumerate(samples) for j, m in enumerate(s.loss_mask) if m]
+    old = torch.tensor([s.behaviour_logprobs[j] for _, s, j in flat], device=device)
+    adv = torch.tensor([s.advantages[j] for _, s, j in flat], device=device)
+    w = torch.tensor([s.weight for _, s, _ in flat], device=device)
+    seq = torch.tensor([i for i, _, _ in flat], dtype=torch.long, device=device)
+    return old, adv, w, seq
 
 
 def micro_batch_loss(logprobs: torch.Tensor, samples: list[TrainSample], config: StepConfig,
-                     ref_logprobs: torch.Tensor | None = None) -> tuple[PolicyLossOutput, Mismatch]:
-    """The PPO-clip loss (a weighted sum, not yet normalised) of one micro-batch's trained tokens, and its
-    trainer/behaviour mismatch. With ``config.tis_cap`` the ratio is taken against the trainer's own detached
-    logprobs (the proximal policy) and each advantage is scaled by its truncated importance weight."""
-    behaviour, adv, w = token_targets(samples, logprobs.device)
-    mismatch, tis = mismatch_of(logprobs, behaviour, config.tis_cap)
-    old = behaviour
-    if config.tis_cap is not None:
-        old = logprobs.detach()
-        adv = adv * tis.to(adv.dtype)
-    res = ppo_clip_loss(logprobs, old, adv, w, config.clip_eps_low, config.clip_eps_high, ref_logprobs,
-                        config.kl_coef)
-    res.abs_logprob_diff_sum = float((logprobs.detach() - behaviour).abs().sum())
-    return res, mismatch
+                     ref_logprobs: torch.Tensor | None = None) -> PolicyLossOutput:
+    """The configured objective's loss (a sum, not yet normalised) over one micro-batch's trained tokens, with
+    its mismatch sums. With a correction, the ratio is taken against the trainer's own detached logprobs (the
+    proximal policy: this pass is the only one over the batch) and each token is weighted or masked on
+    ``p_trainer / p_behaviour``."""
+    behaviour, adv, w, seq = token_targets(samples, logprobs.device)
+    return policy_loss(logprobs, behaviour, adv, w, seq, config.loss, ref_logprobs)
 
 
 @dataclass
@@ -218,28 +201,25 @@ class StepSums:
     kl: float = 0.0
     clipped: float = 0.0
     absdiff: float = 0.0
-    mismatch_k3: float = 0.0
-    mismatch_k1: float = 0.0
-    tis_weight: float = 0.0
-    tis_truncated: float = 0.0
+    mismatch_kl: float = 0.0
+    masked: float = 0.0
+    is_weight: float = 0.0
     tokens: float = 0.0
     ratio_max: float = 0.0  # a maximum, not a sum
 
-    def add(self, res: PolicyLossOutput, mismatch: Mismatch, n_tokens: int) -> None:
+    def add(self, res: PolicyLossOutput, n_tokens: int) -> None:
         self.loss += float(res.loss_sum.detach())
         self.pg += res.pg_sum
         self.kl += res.kl_sum
         self.clipped += res.clipped
         self.absdiff += res.abs_logprob_diff_sum
-        self.mismatch_k3 += mismatch.k3
-        self.mismatch_k1 += mismatch.k1
-        self.tis_weight += mismatch.tis_weight
-        self.tis_truncated += mismatch.truncated
+        self.mismatch_kl += res.mismatch_kl_sum
+        self.masked += res.masked
+        self.is_weight += res.is_weight_sum
         self.tokens += n_tokens
         self.ratio_max = max(self.ratio_max, res.ratio_max)
 
-    SUMMED = ("loss", "pg", "kl", "clipped", "absdiff", "mismatch_k3", "mismatch_k1", "tis_weight", "tis_truncated",
-              "tokens")
+    SUMMED = ("loss", "pg", "kl", "clipped", "absdiff", "mismatch_kl", "masked", "is_weight", "tokens")
 
     def sums_tensor(self) -> torch.Tensor:
         """The summed fields as one float64 tensor (for an all-reduce with SUM)."""
@@ -259,10 +239,9 @@ class StepSums:
             "clip_frac": self.clipped / n,
             "ratio_max": self.ratio_max,
             "mean_abs_logprob_diff": self.absdiff / n,
-            "mismatch_kl": self.mismatch_k3 / n,
-            "mismatch_k1": self.mismatch_k1 / n,
-            "tis_weight_mean": self.tis_weight / n if self.tokens else 1.0,
-            "tis_truncated_frac": self.tis_truncated / n,
+            "mismatch_kl": self.mismatch_kl / n,
+            "is_masked_frac": self.masked / n,
+            "is_weight_mean": self.is_weight / n if self.tokens else 1.0,
             "trained_tokens": float(self.tokens),
         }
 
@@ -352,10 +331,10 @@ def run_policy_step(micro: Sequence[list[TrainSample]], *, forward: LogprobFn, r
         if reference is not None and config.kl_coef > 0:
             with torch.no_grad():
                 ref = reference(mb)
-        res, mismatch = micro_batch_loss(lp, mb, config, ref)
+        res = micro_batch_loss(lp, mb, config, ref)
         (res.loss_sum / total_weight).backward()
         if real:
-            sums.add(res, mismatch, lp.numel())
+            sums.add(res, lp.numel())
             used.append([part.tolist() for part in lp.detach().float().split([s.num_trained_tokens for s in mb])])
     total = reduce(sums)
     grad_norm = optimizer.step(config)

@@ -138,7 +138,7 @@ class InProcessLearner(Learner):
             metrics, used = run_policy_step(
                 [[batch[i] for i in g] for g in groups], forward=self._logprobs,
                 reference=self._reference_logprobs if cfg.kl_coef > 0 else None,
-                total_weight=total_loss_weight(batch), config=cfg, optimizer=self.optimizer)
+                total_weight=total_loss_weight(batch, cfg.loss), config=cfg, optimizer=self.optimizer)
         finally:
             self.policy.model.eval()
         trainer_logprobs: list[list[float]] = [[] for _ in batch]
