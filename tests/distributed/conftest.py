@@ -30,11 +30,11 @@ def train_config() -> StepConfig:
     return StepConfig.from_settings(ENGINE, LOSS, LR)
 
 
-def plain_engine(model: Path | str):  # noqa: ANN201
+def plain_engine(model: Path | str, loss: LossSettings = LOSS):  # noqa: ANN201
     """The single-process engine with the same settings."""
     from agentjet.layouts import embedded_engine
 
-    return embedded_engine(model, ENGINE, LOSS, LR)
+    return embedded_engine(model, ENGINE, loss, LR)
 
 
 def make_batch(engine, seed: int, n: int = 6) -> list[TrainSample]:
@@ -64,8 +64,8 @@ def batches(tiny_model_path: Path) -> list[list[TrainSample]]:
 @pytest.fixture
 def reference(tiny_model_path: Path) -> Callable[[list[list[TrainSample]]], tuple[list[dict], dict]]:
     """Run batches through the single-process trainer: (metrics per step, final state dict)."""
-    def run(steps: list[list[TrainSample]]) -> tuple[list[dict], dict[str, torch.Tensor]]:
-        engine = plain_engine(tiny_model_path)
+    def run(steps: list[list[TrainSample]], loss: LossSettings = LOSS) -> tuple[list[dict], dict[str, torch.Tensor]]:
+        engine = plain_engine(tiny_model_path, loss)
         metrics = [engine.train_step_sync(b) for b in steps]
         engine.shutdown()
         return metrics, {k: v.detach().clone() for k, v in engine.generator.model.state_dict().items()}

@@ -13,7 +13,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from tests.distributed.conftest import LOSS_RTOL, WEIGHT_ATOL, max_weight_diff, train_config
+from tests.distributed.conftest import LOSS, LOSS_RTOL, WEIGHT_ATOL, max_weight_diff, train_config
 
 from agentjet.distributed import (
     GroupState,
@@ -77,6 +77,31 @@ def test_two_ranks_match_the_single_process_trainer(group2, batches, reference) 
     assert diff < WEIGHT_ATOL
     _, two_steps = reference(steps[:2])  # the tolerance tells 3 steps from 2
     assert max_weight_diff(group.latest_weights, two_steps) > 10 * WEIGHT_ATOL
+
+
+def test_two_ranks_match_the_single_process_trainer_under_every_sequence_level_choice(group2, batches,
+                                                                                     reference) -> None:
+    """GSPO's sequence ratio, CISPO, GRPO's sequence mean and masked IS per sequence need a sequence's tokens
+    together and a normaliser over the whole batch: split across 2 ranks and several micro-batches, the step is
+    still the single-process one."""
+    from agentjet.settings import LossSettings
+
+    loss = LossSettings(kl_coef=0.05, objective="cispo", ratio_level="sequence", aggregation="seq_mean",
+                        correction="mask_sequence", correction_low=0.98, correction_high=1.02,
+                        clip_eps_low=0.01, clip_eps_high=0.01)
+    group = fresh(group2)
+    group.set_loss(loss)
+    try:
+        ref_metrics, ref_state = reference(batches[:2], loss)
+        for batch, r in zip(batches[:2], ref_metrics, strict=True):
+            m = group.train_step(batch)
+            assert m["micro_batches"] >= 2
+            for key in ("loss", "pg_loss", "kl", "grad_norm", "is_masked_frac"):
+                assert m[key] == pytest.approx(r[key], rel=LOSS_RTOL, abs=1e-9), key
+        assert 0 < r["is_masked_frac"] < 1  # some sequences dropped, some kept: the mask took part
+        assert max_weight_diff(group.latest_weights, ref_state) < WEIGHT_ATOL
+    finally:
+        group.set_loss(LOSS)
 
 
 def test_resume_reshards_two_ranks_to_one_and_back(group2, batches, reference, tiny_model_path, tmp_path) -> None:
