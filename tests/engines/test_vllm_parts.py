@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -121,3 +122,29 @@ def test_settings_are_validated():
     with pytest.raises(ValidationError):
         VLLMSettings(unknown=1)
     assert VLLMSettings().python.name == "python"
+
+
+def test_vllm_tmpdir_stays_short_enough_for_its_unix_sockets(tmp_path):
+    """vLLM puts ZMQ sockets named by a uuid in TMPDIR; a unix socket path holds at most 107 bytes. A run
+    directory too deep for that gets a private short directory instead, removed when vLLM stops."""
+    from agentjet.engines.vllm.engine import MAX_SOCKET_DIR, VLLMGenerator
+
+    def generator(work: Path) -> VLLMGenerator:
+        g = VLLMGenerator.__new__(VLLMGenerator)  # no process: only the directory rule is exercised
+        g.work_dir, g._short_tmp = work, None
+        g.process = type("P", (), {"stop": lambda self: None})()
+        return g
+
+    import shutil
+    import tempfile
+
+    short = Path(tempfile.mkdtemp(prefix="aj-"))
+    try:
+        assert generator(short)._tmp_dir() == short / "tmp"  # in the run's directory when it fits
+    finally:
+        shutil.rmtree(short)
+    deep = generator(tmp_path / ("d" * 80) / "vllm")
+    tmp = deep._tmp_dir()
+    assert len(str(tmp)) <= MAX_SOCKET_DIR and len(str(tmp)) + 1 + 36 <= 107 and tmp.is_dir()
+    deep.close_sync()
+    assert not tmp.exists()

@@ -15,7 +15,9 @@ import asyncio
 import contextlib
 import logging
 import os
+import shutil
 import socket
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -47,6 +49,7 @@ log = logging.getLogger(__name__)
 BASE_NAME = "policy"  # the name vLLM serves the base (full-weights) model under
 PROBE_SEED = 1234
 RETRY_AFTER_S = 30.0
+MAX_SOCKET_DIR = 64  # longest TMPDIR for vLLM: its ZMQ socket paths (+ "/" + a uuid) must fit in sun_path (107)
 
 Scorer = Callable[[list[TrainSample]], Awaitable[list[list[float]]]]  # a learner's ``score``
 
@@ -97,6 +100,7 @@ class VLLMGenerator(Generator):
         self._serving_events: dict[asyncio.AbstractEventLoop, asyncio.Event] = {}
         self.halted_reason: str | None = None
         self._stop_ids = set(stop_ids)
+        self._short_tmp: Path | None = None  # vLLM's TMPDIR when the run's directory is too deep for a socket
         self._probe_ids = probe_prompt_ids(self.tokenizer, self.max_context)
         self.stats: dict[str, float] = {"generate_requests": 0, "generated_tokens": 0, "train_steps": 0,
                                         "syncs": 0, "last_sync_seconds": 0.0, "probe_logprob_diff": float("nan"),
@@ -158,7 +162,7 @@ class VLLMGenerator(Generator):
             argv += vllm_args()
         argv += s.extra_args
         run = self.work_dir
-        for sub in ("cache/vllm", "cache/inductor", "tmp"):
+        for sub in ("cache/vllm", "cache/inductor"):
             (run / sub).mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
         env.update({
@@ -169,7 +173,7 @@ class VLLMGenerator(Generator):
             "DO_NOT_TRACK": "1",
             "VLLM_CACHE_ROOT": str(run / "cache/vllm"),
             "TORCHINDUCTOR_CACHE_DIR": str(run / "cache/inductor"),
-            "TMPDIR": str(run / "tmp"),
+            "TMPDIR": str(self._tmp_dir()),
         })
         if s.cuda_visible_devices is not None:
             env["CUDA_VISIBLE_DEVICES"] = s.cuda_visible_devices
@@ -178,6 +182,18 @@ class VLLMGenerator(Generator):
             env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(s.reserved_cpus)
         env.update(s.extra_env)
         return LaunchSpec(argv=argv, env=env, health_url=f"{self.url}/health", log_path=run / "vllm.log")
+
+    def _tmp_dir(self) -> Path:
+        """vLLM's TMPDIR: its ZMQ sockets and dist files go there, not loose in /tmp. In the run's directory when
+        that path is short enough for a unix socket (a socket path holds at most 107 bytes, and vLLM appends a
+        36-character name), else a private directory under the system's temp dir, removed when vLLM stops."""
+        own = self.work_dir / "tmp"
+        if len(str(own)) <= MAX_SOCKET_DIR:
+            own.mkdir(parents=True, exist_ok=True)
+            return own
+        if self._short_tmp is None or not self._short_tmp.exists():
+            self._short_tmp = Path(tempfile.mkdtemp(prefix="agentjet-vllm-"))
+        return self._short_tmp
 
     def _check_available(self) -> None:
         if self.halted_reason is not None:
@@ -453,7 +469,7 @@ class VLLMGenerator(Generator):
     async def close(self) -> None:
         for task in list(self._tasks):
             task.cancel()
-        await asyncio.to_thread(self.process.stop)
+        await asyncio.to_thread(self.close_sync)
         with contextlib.suppress(Exception):
             await self.client.aclose()
 
@@ -463,3 +479,5 @@ class VLLMGenerator(Generator):
     def close_sync(self) -> None:
         """Stop vLLM without an event loop (scripts, test teardown)."""
         self.process.stop()
+        if self._short_tmp is not None:
+            shutil.rmtree(self._short_tmp, ignore_errors=True)
