@@ -462,7 +462,8 @@ class VLLMGenerator(Generator):
 
     # ------------------------------------------------------------------ the rest
     def describe(self) -> dict[str, Any]:
-        return {"kind": "vllm", "vllm_url": self.url, "vllm_platform": self.settings.platform,
+        return {"kind": "vllm", "device": self.settings.platform, "vllm_url": self.url,
+                "vllm_platform": self.settings.platform,
                 "vllm_dtype": self.settings.dtype, "halted": self.halted_reason,
                 "probe_logprob_diff": self.stats.get("probe_logprob_diff")}
 
