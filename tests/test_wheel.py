@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -42,8 +43,14 @@ def run(args: list[str], env: dict[str, str], cwd: Path, timeout: float = 120) -
 
 
 def build_wheel(out: Path) -> Path:
+    """From a copy of the project's files: an in-tree build would leave build/ behind, whose stale copies of
+    deleted modules a later build packs again."""
+    tree = out.parent / "tree"
+    shutil.copytree(ROOT / "src", tree / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, tree / name)
     run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
-         "-w", str(out), str(ROOT)], dict(os.environ), ROOT, timeout=300)
+         "-w", str(out), str(tree)], dict(os.environ), tree, timeout=300)
     (wheel,) = out.glob("agentjet-*.whl")
     return wheel
 

@@ -180,7 +180,8 @@ def resolve_hub_model(repo_id: str, revision: str | None = None) -> ResolvedMode
         raise ModelNotFoundError(f"{repo_id} is gated: accept its terms on huggingface.co and set HF_TOKEN "
                                  "(or run `hf auth login`)") from exc
     except RepositoryNotFoundError as exc:
-        raise ModelNotFoundError(f"{repo_id} was not found on the hub (or it is private: set HF_TOKEN)") from exc
+        raise ModelNotFoundError(f"{repo_id} is neither a local directory nor a model on the hub (or it is private: "
+                                 "set HF_TOKEN)") from exc
     except LocalEntryNotFoundError as exc:
         why = ("HF_HUB_OFFLINE is set" if offline else "the hub could not be reached")
         raise ModelNotFoundError(

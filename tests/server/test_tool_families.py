@@ -131,7 +131,7 @@ def test_plain_text_and_broken_calls_stay_text(tiny_base, kind: ToolParserKind) 
     broken = {ToolParserKind.HERMES: '<tool_call>{"name": "add", "arguments": {"a": </tool_call>',
               ToolParserKind.LLAMA3_JSON: '{"name": "add", "parameters": {"a": 1}} and more words',
               ToolParserKind.MISTRAL: '[TOOL_CALLS] [{"arguments": {"a": 1}}]'}[kind]
-    for text in ("The answer is 3.", broken):
+    for text in ("The answer is 3.", broken, '{"name": "Ada", "age": 36}'):
         ids = fmt.tokenizer.encode(text, add_special_tokens=False)
         assert fmt.parse_reply(fmt.tokenizer.decode(ids, skip_special_tokens=True), ids, True) == \
                (fmt.tokenizer.decode(ids, skip_special_tokens=True), None)

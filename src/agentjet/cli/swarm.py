@@ -24,7 +24,7 @@ def model(name: str = typer.Argument(DEFAULT_MODEL, help="built-in name, local H
 
 
 def demo(
-    model: str = typer.Option(DEFAULT_MODEL, help="model name or local HF directory"),
+    model: str = typer.Option(DEFAULT_MODEL, help="built-in name, local HF directory or hub id ORG/NAME"),
     task: str = typer.Option("addition", help="built-in task"),
     steps: int | None = typer.Option(None, min=1, help="train steps (default: the task's recommendation)"),
     learning_rate: float | None = typer.Option(None, "--lr", min=0.0, help="learning rate (default: the task's)"),

@@ -123,10 +123,18 @@ class Llama3JsonParser(ToolCallParser):
         if not body.startswith("{"):
             return text, None
         objs = _json_sequence(body, ";")
-        calls = [_call_object(o, ("parameters", "arguments")) for o in objs or []]
-        if not calls or any(c is None for c in calls):
+        if not objs or not all(self._is_call(o) for o in objs):
+            return text, None
+        calls = [_call_object(o, ("parameters", "arguments")) for o in objs]
+        if any(c is None for c in calls):
             return text, None
         return "", [_openai_call(*c, _default_id()) for c in calls if c is not None]
+
+    @staticmethod
+    def _is_call(obj: Any) -> bool:
+        """Only a call's keys: a bare JSON answer such as ``{"name": "Ada", "age": 36}`` stays text."""
+        return (isinstance(obj, dict) and "name" in obj and ("parameters" in obj or "arguments" in obj)
+                and set(obj) <= {"name", "parameters", "arguments", "type"})
 
     def render_calls(self, calls: list[dict[str, Any]]) -> str:
         return "; ".join(json.dumps({"name": tc["function"]["name"], "parameters": tc["function"]["arguments"]},
