@@ -14,9 +14,21 @@ def run(tiny_model_path: Path, tmp_path: Path, *extra: str):
     return CliRunner().invoke(app, terminal_width=200, args=["server", "--model", str(tiny_model_path), "--data-dir", str(tmp_path), *extra])
 
 
-def test_train_procs_needs_the_embedded_engine(tiny_model_path: Path, tmp_path: Path) -> None:
-    result = run(tiny_model_path, tmp_path, "--train-procs", "2", "--engine", "null")
-    assert result.exit_code == 2 and "it needs engine.kind hf, not null" in " ".join(result.output.split())
+def test_a_trainer_group_cannot_train_lora(tiny_model_path: Path, tmp_path: Path) -> None:
+    result = run(tiny_model_path, tmp_path, "--train-procs", "2", "--lora-rank", "4")
+    assert result.exit_code == 2 and "cannot train LoRA adapters" in " ".join(result.output.split())
+
+
+def test_vllm_and_a_trainer_group_on_the_same_gpu_are_refused_naming_both(tiny_model_path: Path, tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("agentjet.server.app.serve", lambda config: pytest.fail("the server must not start"))
+    vllm = tmp_path / "python"
+    vllm.touch()  # a vLLM interpreter that exists (the check comes before anything is started)
+    result = run(tiny_model_path, tmp_path, "--engine", "vllm", "--vllm-python", str(vllm), "--vllm-platform", "gpu",
+                 "--vllm-cuda-visible-devices", "0,1", "--train-procs", "2", "--train-device", "cuda",
+                 "--train-devices", "1,2")
+    text = " ".join(result.output.split())
+    assert result.exit_code != 0 and "overlap on [1]" in text and "--colocate" in text
 
 
 @pytest.mark.parametrize(("extra", "message"), [

@@ -113,6 +113,12 @@ def server(**kwargs: Any) -> None:
     if config.engine.kind == "vllm" and not vllm_python.exists():
         fail(f"--vllm-python {vllm_python} does not exist: run `make setup-vllm` (or point --vllm-python at a "
              "Python with vLLM installed)")
+    from agentjet.layouts import PlacementError, check_placement
+
+    try:
+        check_placement(config)  # before any process or model starts
+    except PlacementError as exc:
+        fail(str(exc))
     config.data_dir = config.resolved_data_dir(agentjet_home())
     from agentjet.server.app import serve
 
