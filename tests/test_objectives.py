@@ -285,3 +285,11 @@ def test_default_settings_give_the_default_objective() -> None:
     from agentjet.settings import LossSettings
 
     assert LossSettings().policy_loss_config() == PolicyLossConfig()
+
+
+def test_sequence_index_lays_sequences_out_in_order() -> None:
+    from agentjet.algorithms.sequences import sequence_index, sequence_lengths
+
+    seq = sequence_index([2, 0, 3])
+    assert seq.tolist() == [0, 0, 2, 2, 2]
+    assert sequence_lengths(seq).tolist() == [2, 2, 3, 3, 3]
