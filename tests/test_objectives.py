@@ -137,7 +137,7 @@ def test_micro_batches_sum_to_the_whole_batch(aggregation: Aggregation, level: R
                           proximal_logprobs=base.detach()[lo:hi] + 0.05 * seq[lo:hi])
         (out.loss_sum / z).backward()
         total += float(out.loss_sum.detach() / z)
-    assert total == pytest.approx(float(whole.loss_sum / z), rel=1e-12)
+    assert total == pytest.approx(float(whole.loss_sum.detach() / z), rel=1e-12)
     assert torch.allclose(base.grad, grad_whole, rtol=1e-12, atol=1e-15)
 
 
