@@ -137,7 +137,7 @@ def test_micro_batches_sum_to_the_whole_batch(aggregation: Aggregation, level: R
                           proximal_logprobs=base.detach()[lo:hi] + 0.05 * seq[lo:hi])
         (out.loss_sum / z).backward()
         total += float(out.loss_sum.detach() / z)
-    assert total == pytest.approx(float(whole.loss_sum / z), rel=1e-12)
+    assert total == pytest.approx(float(whole.loss_sum.detach() / z), rel=1e-12)
     assert torch.allclose(base.grad, grad_whole, rtol=1e-12, atol=1e-15)
 
 
@@ -285,3 +285,11 @@ def test_default_settings_give_the_default_objective() -> None:
     from agentjet.settings import LossSettings
 
     assert LossSettings().policy_loss_config() == PolicyLossConfig()
+
+
+def test_sequence_index_lays_sequences_out_in_order() -> None:
+    from agentjet.algorithms.sequences import sequence_index, sequence_lengths
+
+    seq = sequence_index([2, 0, 3])
+    assert seq.tolist() == [0, 0, 2, 2, 2]
+    assert sequence_lengths(seq).tolist() == [2, 2, 3, 3, 3]

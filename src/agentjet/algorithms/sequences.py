@@ -22,3 +22,10 @@ def sequence_mean(x: torch.Tensor, seq_index: torch.Tensor) -> torch.Tensor:
     sums = torch.zeros(n, dtype=x.dtype, device=x.device).index_add(0, seq_index, x)
     counts = torch.bincount(seq_index, minlength=n).to(x.dtype)
     return (sums / counts.clamp(min=1))[seq_index]
+
+
+def sequence_index(lengths: list[int], device: torch.device | str = "cpu") -> torch.Tensor:
+    """``seq_index`` for sequences of these trained lengths laid out one after another (a micro-batch's
+    trained tokens in row-major order)."""
+    return torch.repeat_interleave(torch.arange(len(lengths), device=device),
+                                   torch.tensor(lengths, dtype=torch.long, device=device))
