@@ -158,3 +158,31 @@ def test_lookup_example_through_ajet_run(make_server) -> None:
 def test_examples_dataset_is_the_tasks_train_split() -> None:
     lines = (ROOT / "examples/data/lookup.jsonl").read_text().splitlines()
     assert [json.loads(line) for line in lines] == lookup.generate_tasks("train", len(lines), seed=0)
+
+
+@pytest.mark.server
+def test_demo_records_tool_use_and_transcripts_at_each_eval(tiny_model_path: Path, tmp_path: Path) -> None:
+    """``ajet demo --task lookup`` on the tiny model: every held-out eval reports its tool use, and the first
+    and last evals keep transcripts (what the 20-minute runs report)."""
+    from rich.console import Console
+
+    from agentjet.demo import DemoSettings, run_demo
+
+    console = Console(record=True, width=200)
+    result = run_demo(DemoSettings(model=str(tiny_model_path), task="lookup", concurrency=4, eval_tasks=4,
+                                   out_dir=tmp_path / "demo", time_budget_s=5, eval_every_s=0, early_stop=False),
+                      console)
+    assert len(result.tool_use) == len(result.evals) == 2
+    for row, ev in zip(result.tool_use, result.evals, strict=True):
+        assert row["episodes"] == 4 and row["success"] == pytest.approx(ev["reward"])
+        assert 0.0 <= row["correct_call_share"] <= row["tool_call_share"] <= 1.0 and row["turns_per_episode"] >= 1
+    assert set(result.transcripts) == {"before", "after"}
+    assert [t["task_id"] for t in result.transcripts["before"]] == [f"lookup-eval-{i}" for i in
+                                                                    _eval_indices(4)]
+    assert all(t["transcript"] for t in result.transcripts["after"])  # each holds the agent's turns
+    saved = json.loads((tmp_path / "demo" / "demo_result.json").read_text())
+    assert saved["tool_use"] == result.tool_use and "correctly" in console.export_text()
+
+
+def _eval_indices(n: int) -> list[int]:
+    return [int(t["task_id"].rsplit("-", 1)[1]) for t in lookup.generate_tasks("eval", n, seed=0)]
