@@ -48,6 +48,7 @@ class DemoSettings:
     eval_every_s: float | None = None  # periodic held-out eval (None: the task's RECOMMENDED, else 120; 0: none)
     curriculum: bool = True  # draw each group's task by its recent group results (retire solved tasks)
     early_stop: bool = True  # stop on an eval plateau or when the groups stop teaching (agentjet.schedule)
+    seed: int = 0  # the engine's sampling draws and the curriculum's order (a second seed: a second run)
 
 
 @dataclass
@@ -112,7 +113,7 @@ def server_config(s: DemoSettings, port: int, rec: dict[str, Any], admin_token: 
     training for its periodic evals, so it holds the admin token."""
     return ServerConfig(
         model=s.model, port=port, data_dir=s.out_dir / "server", log_level="INFO", admin_token=admin_token,
-        engine=EngineSettings(kind=s.engine, max_batch_size=concurrency(s, rec)),
+        engine=EngineSettings(kind=s.engine, max_batch_size=concurrency(s, rec), seed=s.seed),
         training=TrainingSettings(group_size=rec["group_size"], batch_groups=rec["groups_per_batch"],
                                   learning_rate=rec["learning_rate"], max_staleness=s.max_staleness,
                                   checkpoint_every=0))
@@ -219,7 +220,7 @@ async def _client_side(s: DemoSettings, task_mod: ModuleType, rec: dict[str, Any
                        token: str, console: Console) -> DemoResult:
     eval_tasks = [{**t, "index": i} for i, t in enumerate(task_mod.generate_tasks("eval", s.eval_tasks, seed=0))]
     pool = train_pool(task_mod, int(rec.get("pool", 1024)))
-    curriculum = Curriculum([str(t["task_id"]) for t in pool], seed=0) if s.curriculum else None
+    curriculum = Curriculum([str(t["task_id"]) for t in pool], seed=s.seed) if s.curriculum else None
     stopping = StoppingRule(StopSettings(**rec.get("stop", {}))) if s.early_stop else None
     settings = ScheduleSettings(group_size=rec["group_size"], concurrency=concurrency(s, rec), max_steps=steps,
                                 time_budget_s=s.time_budget_s, eval_every_s=eval_every_s(s, rec))

@@ -39,6 +39,7 @@ def demo(
                                               "after)"),
     curriculum: bool = typer.Option(True, help="draw each group's task by its recent results (retire solved)"),
     early_stop: bool = typer.Option(True, help="stop on an eval plateau or when groups stop teaching"),
+    seed: int = typer.Option(0, min=0, help="seed of the engine's sampling and the curriculum's order"),
     engine: EngineKind = typer.Option(EngineKind.HF, help="hf: the embedded engine; vllm: roll out on a managed "
                                       "vLLM subprocess (make setup-vllm)"),
 ) -> None:
@@ -54,7 +55,7 @@ def demo(
                                    group_size=group_size, batch_groups=batch_groups, eval_tasks=eval_tasks,
                                    out_dir=out_dir, time_budget_s=time_budget_s, concurrency=concurrency,
                                    eval_every_s=eval_every_s, curriculum=curriculum,
-                                   early_stop=early_stop, engine=engine.value), console)
+                                   early_stop=early_stop, seed=seed, engine=engine.value), console)
     if result.eval_after <= result.eval_before:
         console.print("[yellow]the eval reward did not improve in this run[/yellow]")
 
