@@ -170,8 +170,8 @@ def test_demo_records_tool_use_and_transcripts_at_each_eval(tiny_model_path: Pat
 
     console = Console(record=True, width=200)
     result = run_demo(DemoSettings(model=str(tiny_model_path), task="lookup", concurrency=4, eval_tasks=4,
-                                   out_dir=tmp_path / "demo", time_budget_s=5, eval_every_s=0, early_stop=False),
-                      console)
+                                   out_dir=tmp_path / "demo", time_budget_s=5, eval_every_s=0, early_stop=False,
+                                   seed=3), console)
     assert len(result.tool_use) == len(result.evals) == 2
     for row, ev in zip(result.tool_use, result.evals, strict=True):
         assert row["episodes"] == 4 and row["success"] == pytest.approx(ev["reward"])
@@ -182,6 +182,9 @@ def test_demo_records_tool_use_and_transcripts_at_each_eval(tiny_model_path: Pat
     assert all(t["transcript"] for t in result.transcripts["after"])  # each holds the agent's turns
     saved = json.loads((tmp_path / "demo" / "demo_result.json").read_text())
     assert saved["tool_use"] == result.tool_use and "correctly" in console.export_text()
+    import yaml
+
+    assert yaml.safe_load((tmp_path / "demo" / "server.yaml").read_text())["engine"]["seed"] == 3  # --seed
 
 
 def _eval_indices(n: int) -> list[int]:
