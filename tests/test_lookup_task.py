@@ -185,6 +185,9 @@ def test_demo_records_tool_use_and_transcripts_at_each_eval(tiny_model_path: Pat
     import yaml
 
     assert yaml.safe_load((tmp_path / "demo" / "server.yaml").read_text())["engine"]["seed"] == 3  # --seed
+    server = saved["settings"]["server"]  # the result records the server's settings, the loss config included
+    assert server["engine"]["seed"] == 3 and server["loss"]["clip_eps_low"] > 0
+    assert set(str(server.get("admin_token", "*"))) == {"*"}  # masked
 
 
 def _eval_indices(n: int) -> list[int]:

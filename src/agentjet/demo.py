@@ -26,6 +26,7 @@ from agentjet.launch import ServerProcess
 from agentjet.provenance import git_commit, machine
 from agentjet.schedule import Curriculum, StoppingRule, StopSettings
 from agentjet.settings import EngineSettings, ServerConfig, TrainingSettings
+from agentjet.settings.load import dump_config
 from agentjet.tasks import get_task
 
 
@@ -171,7 +172,8 @@ def run_demo(s: DemoSettings, console: Console | None = None) -> DemoResult:
     url = f"http://127.0.0.1:{port}"
     log_path = s.out_dir / "server.log"
     admin_token = secrets.token_urlsafe(32)
-    server = ServerProcess("demo", server_config(s, port, rec, admin_token), log_path, s.out_dir / "server.yaml")
+    config = server_config(s, port, rec, admin_token)
+    server = ServerProcess("demo", config, log_path, s.out_dir / "server.yaml")
     start = time.monotonic()
     console.print(f"[bold]AgentJet demo[/bold]: {s.model} learns '{s.task}' ({steps} steps, {rec['group_size']} "
                   f"episodes/group, {rec['groups_per_batch']} groups/step, lr {rec['learning_rate']})")
@@ -183,7 +185,9 @@ def run_demo(s: DemoSettings, console: Console | None = None) -> DemoResult:
     finally:
         server.stop(grace=120)
     result.seconds = time.monotonic() - start
-    result.settings = {**{k: str(v) for k, v in asdict(s).items()}, **rec, "steps": steps}
+    # the server's settings as it ran them (engine, training, loss, tracking...; secrets masked)
+    result.settings = {**{k: str(v) for k, v in asdict(s).items()}, **rec, "steps": steps,
+                       "server": dump_config(config, reveal_secrets=False)}
     result.provenance = {"commit": git_commit(), "machine": machine(), **result.provenance}
     (s.out_dir / "demo_result.json").write_text(json.dumps(asdict(result), indent=2, default=str))
     plot = s.out_dir / "reward_curve.png"
