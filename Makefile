@@ -17,9 +17,11 @@ setup-vllm: setup
 demo: setup
 	$(PY) -m agentjet.cli demo
 
-# The second thing to try: a multi-turn tool agent (calculator + checker) learns through the same swarm.
+# The second thing to try: a multi-turn tool agent learns through the same swarm. TASK=calculator (a
+# calculator and a checker) or TASK=lookup (a lookup tool over a table: the only way to the answer).
+TASK ?= calculator
 demo-agent: setup
-	$(PY) -m agentjet.cli demo --task calculator --out-dir runs/demo-agent
+	$(PY) -m agentjet.cli demo --task $(TASK) --out-dir runs/demo-agent-$(TASK)
 
 # TRL for the side-by-side benchmark (trl 1.16 works with this venv's transformers; nothing pinned changes).
 setup-bench: setup

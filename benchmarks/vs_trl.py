@@ -13,7 +13,10 @@ the run every checkpoint is scored by ONE evaluator (``evaluate_checkpoint``: th
 episodes, T=0.7, fixed per-task seeds). Results: benchmarks/results/vs_trl.json and vs_trl.png.
 
 AgentJet runs as the demo does (``ajet demo``'s server and scheduled client: concurrency 32, curriculum,
-uniform groups skipped); TRL with ``GRPOConfig`` defaults except the shared settings above (``trl_config``).
+uniform groups skipped); TRL as fast as its docs allow for this model on this CPU: ``GRPOConfig`` defaults except
+``TRL_OVERRIDES`` (each with its reason: gradient checkpointing off, fp32 as AgentJet, the shared settings). The
+results record TRL's whole resolved config (``trl_config``, ``gradient_checkpointing`` included) and, per run,
+whether the trained model really had gradient checkpointing on and its dtype.
 """
 
 from __future__ import annotations
@@ -46,19 +49,53 @@ SHARED = {"learning_rate": 2e-5, "num_generations": 8, "prompts_per_step": 4, "m
           "temperature": 0.7, "top_p": 1.0}
 
 
+# Every GRPOConfig setting that differs from TRL 1.16's default, with the reason. Sources: the GRPOConfig and
+# _BaseConfig docstrings in trl 1.16.0 (trl/trainer/grpo_config.py, trl/trainer/base_config.py) and TRL's
+# "Speeding Up Training" and "Reducing Memory Usage" pages (https://huggingface.co/docs/trl/speeding_up_training,
+# https://huggingface.co/docs/trl/reducing_memory_usage). Written out in docs/benchmarks.md.
+TRL_OVERRIDES: dict[str, tuple[Any, str]] = {
+    # speed
+    "gradient_checkpointing": (False, "TRL defaults it to True to save memory at '~20% slower training' (its "
+                               "docs); a 135M model's activations for 32 x ~55 tokens are a few MB, so there is "
+                               "nothing to save and the recomputation is pure cost (transformers 5 resolves it "
+                               "into activation_checkpointing, recorded too)"),
+    "use_cpu": (True, "this machine has no accelerator"),
+    # the same precision as AgentJet
+    "bf16": (False, "TRL defaults to bf16 mixed precision; AgentJet trains in fp32 on CPU, so both run fp32"),
+    "model_init_kwargs": ({"dtype": "float32"}, "load the weights in fp32 explicitly (AgentJet's CPU dtype), "
+                          "whatever dtype the checkpoint was saved in"),
+    # the same algorithm settings as AgentJet (SHARED)
+    "learning_rate": (SHARED["learning_rate"], "shared (TRL's default is 1e-6)"),
+    "lr_scheduler_type": ("constant", "the default 'linear' decays towards max_steps, which a time budget never "
+                          "reaches; AgentJet's rate is constant"),
+    "per_device_train_batch_size": (SHARED["num_generations"] * SHARED["prompts_per_step"],
+                                    "4 prompts x 8 generations per step, as AgentJet's 4 groups of 8"),
+    "num_generations": (SHARED["num_generations"], "shared (also TRL's default)"),
+    "max_completion_length": (SHARED["max_tokens"], "shared: the task's max tokens (TRL's default is 512)"),
+    "temperature": (SHARED["temperature"], "shared sampling temperature (TRL's default is 1.0)"),
+    "top_p": (SHARED["top_p"], "shared (also TRL's default)"),
+    "beta": (0.0, "no KL term, as AgentJet (also TRL's default)"),
+    # bookkeeping: the time budget ends the run; the benchmark saves its own checkpoints
+    "max_steps": (100_000, "a ceiling the time budget never reaches (the callback stops training)"),
+    "logging_steps": (1, "log every step"),
+    "save_strategy": ("no", "the benchmark's callback saves the checkpoints to evaluate, off the training clock"),
+    "report_to": ("none", "no experiment tracker (also the default with transformers 5)"),
+    "disable_tqdm": (True, "no progress bar"),
+}
+
+
 def trl_config(out_dir: str, seed: int) -> dict[str, Any]:
-    """GRPOConfig arguments: TRL's defaults (loss "dapo", rewards scaled per group, epsilon 0.2, beta 0, one
-    iteration per batch, AdamW, max_grad_norm 1.0, one generation batch per optimizer step) plus the shared
-    settings. lr schedule "constant" (the default "linear" would decay towards a max_steps we never reach)."""
-    return {
-        "output_dir": out_dir, "seed": seed, "use_cpu": True, "bf16": False,
-        "learning_rate": SHARED["learning_rate"], "lr_scheduler_type": "constant",
-        "per_device_train_batch_size": SHARED["num_generations"] * SHARED["prompts_per_step"],
-        "num_generations": SHARED["num_generations"], "gradient_accumulation_steps": 1,
-        "max_completion_length": SHARED["max_tokens"], "temperature": SHARED["temperature"], "top_p": SHARED["top_p"],
-        "beta": 0.0, "max_steps": 100_000, "logging_steps": 1, "save_strategy": "no", "report_to": "none",
-        "disable_tqdm": True, "dataloader_num_workers": 0,
-    }
+    """GRPOConfig arguments: TRL's defaults (loss "dapo", rewards scaled per group, epsilon 0.2, one iteration per
+    batch, AdamW, max_grad_norm 1.0, one generation batch per optimizer step) with ``TRL_OVERRIDES``."""
+    return {"output_dir": out_dir, "seed": seed, **{k: v for k, (v, _) in TRL_OVERRIDES.items()}}
+
+
+def trl_full_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Every GRPOConfig field as TRL resolves it (``gradient_checkpointing`` and ``bf16`` included)."""
+    from trl import GRPOConfig
+
+    full = GRPOConfig(**cfg).to_dict()
+    return {k: v for k, v in full.items() if k not in ("output_dir", "logging_dir", "hub_token")}
 
 
 # ---------------------------------------------------------------------------- the one evaluator
@@ -209,7 +246,9 @@ def run_trl(model: str, seed: int, budget_s: float, points_s: list[float], ckpt_
     steps = trainer.state.global_step
     return {"points": points, "train_s": clock.train_s(), "wall_s": wall, "steps": steps,
             "generated_tokens": counts["generated_tokens"], "trained_tokens": counts["generated_tokens"],
-            "episodes": counts["completions"], "config": {k: v for k, v in cfg.items() if k != "output_dir"}}
+            "episodes": counts["completions"], "config": trl_full_config(cfg),
+            "gradient_checkpointing": any(getattr(m, "gradient_checkpointing", False) for m in trainer.model.modules()),
+            "model_dtype": str(next(trainer.model.parameters()).dtype)}
 
 
 # ---------------------------------------------------------------------------- orchestration
@@ -301,7 +340,8 @@ def save(args: argparse.Namespace, runs: list[dict[str, Any]], minutes: list[flo
               "transformers": transformers.__version__, "trl": trl.__version__},
               "model": args.model, "budget_min": args.budget_min, "seeds": args.seeds, "eval_n": args.eval_n,
               "eval_points_min": minutes, "base_eval": base, "target": TARGET, "shared": SHARED,
-              "trl_config": {k: v for k, v in trl_config("-", 0).items() if k not in ("output_dir", "seed")},
+              "trl_overrides": {k: {"value": v, "reason": why} for k, (v, why) in TRL_OVERRIDES.items()},
+              "trl_config": trl_full_config(trl_config(tempfile.mkdtemp(prefix="vs-trl-cfg-"), 0)),
               "runs": runs, "summary": summary, "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     plot(runs, base, args.out.with_suffix(".png"), f"{args.model} on addition: AgentJet vs TRL GRPOTrainer (CPU)")

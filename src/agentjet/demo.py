@@ -26,6 +26,7 @@ from agentjet.launch import ServerProcess
 from agentjet.provenance import git_commit, machine
 from agentjet.schedule import Curriculum, StoppingRule, StopSettings
 from agentjet.settings import EngineSettings, ServerConfig, TrainerGroupSettings, TrainingSettings
+from agentjet.settings.load import dump_config
 from agentjet.tasks import get_task
 
 
@@ -49,6 +50,7 @@ class DemoSettings:
     eval_every_s: float | None = None  # periodic held-out eval (None: the task's RECOMMENDED, else 120; 0: none)
     curriculum: bool = True  # draw each group's task by its recent group results (retire solved tasks)
     early_stop: bool = True  # stop on an eval plateau or when the groups stop teaching (agentjet.schedule)
+    seed: int = 0  # the engine's sampling draws and the curriculum's order (a second seed: a second run)
 
 
 @dataclass
@@ -70,18 +72,33 @@ class DemoResult:
     merge_ratio: float = float("nan")  # chat calls per training sample (timeline merging)
     curriculum: dict[str, int] = field(default_factory=dict)  # train tasks per state at the end
     provenance: dict[str, str] = field(default_factory=dict)  # commit, machine, device
+    # tasks that trace their episodes (``EpisodeTrace``, ``tool_use_summary``): tool use at each held-out eval
+    # (minutes, step, success, tool-call and correct-call shares, turns), and the first eval tasks' transcripts
+    # at the first and the last eval
+    tool_use: list[dict[str, Any]] = field(default_factory=list)
+    transcripts: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
 
-def _workflow(task_mod: ModuleType, sampling: dict[str, Any], record: dict[int, list[float]] | None = None):
+TRANSCRIPTS = 5  # eval tasks whose transcripts the demo keeps (first and last eval)
+
+
+def _workflow(task_mod: ModuleType, sampling: dict[str, Any], record: dict[int, list[float]] | None = None,
+              traces: list[tuple[dict[str, Any], Any]] | None = None):
     """The task's own multi-turn ``rollout(task, ep, sampling)`` if it has one, else one chat call scored by
-    ``reward(task, text)``."""
+    ``reward(task, text)``. With ``traces`` and a task that traces its episodes (``EpisodeTrace``), each
+    episode's (task, trace) is appended there."""
     rollout = getattr(task_mod, "rollout", None)
+    trace_cls = getattr(task_mod, "EpisodeTrace", None) if traces is not None else None
 
     async def workflow(task: dict[str, Any], ep: Episode) -> float:
         params = dict(sampling)
         if "seed" in params and "index" in task:
             params["seed"] = params["seed"] + int(task["index"])
-        if rollout is not None:
+        if rollout is not None and trace_cls is not None and traces is not None:
+            trace = trace_cls()
+            reward = float(await rollout(task, ep, params, trace=trace))
+            traces.append((task, trace))
+        elif rollout is not None:
             reward = float(await rollout(task, ep, params))
         else:
             reply = await ep.openai().chat.completions.create(model="demo", messages=task["messages"], **params)
@@ -98,7 +115,7 @@ def server_config(s: DemoSettings, port: int, rec: dict[str, Any], admin_token: 
     training for its periodic evals, so it holds the admin token."""
     return ServerConfig(
         model=s.model, port=port, data_dir=s.out_dir / "server", log_level="INFO", admin_token=admin_token,
-        engine=EngineSettings(kind=s.engine, max_batch_size=concurrency(s, rec)),
+        engine=EngineSettings(kind=s.engine, max_batch_size=concurrency(s, rec), seed=s.seed),
         trainer=TrainerGroupSettings(procs=s.train_procs),
         training=TrainingSettings(group_size=rec["group_size"], batch_groups=rec["groups_per_batch"],
                                   learning_rate=rec["learning_rate"], max_staleness=s.max_staleness,
@@ -157,7 +174,8 @@ def run_demo(s: DemoSettings, console: Console | None = None) -> DemoResult:
     url = f"http://127.0.0.1:{port}"
     log_path = s.out_dir / "server.log"
     admin_token = secrets.token_urlsafe(32)
-    server = ServerProcess("demo", server_config(s, port, rec, admin_token), log_path, s.out_dir / "server.yaml")
+    config = server_config(s, port, rec, admin_token)
+    server = ServerProcess("demo", config, log_path, s.out_dir / "server.yaml")
     start = time.monotonic()
     console.print(f"[bold]AgentJet demo[/bold]: {s.model} learns '{s.task}' ({steps} steps, {rec['group_size']} "
                   f"episodes/group, {rec['groups_per_batch']} groups/step, lr {rec['learning_rate']})")
@@ -169,7 +187,9 @@ def run_demo(s: DemoSettings, console: Console | None = None) -> DemoResult:
     finally:
         server.stop(grace=120)
     result.seconds = time.monotonic() - start
-    result.settings = {**{k: str(v) for k, v in asdict(s).items()}, **rec, "steps": steps}
+    # the server's settings as it ran them (engine, training, loss, tracking...; secrets masked)
+    result.settings = {**{k: str(v) for k, v in asdict(s).items()}, **rec, "steps": steps,
+                       "server": dump_config(config, reveal_secrets=False)}
     result.provenance = {"commit": git_commit(), "machine": machine(), **result.provenance}
     (s.out_dir / "demo_result.json").write_text(json.dumps(asdict(result), indent=2, default=str))
     plot = s.out_dir / "reward_curve.png"
@@ -206,14 +226,31 @@ async def _client_side(s: DemoSettings, task_mod: ModuleType, rec: dict[str, Any
                        token: str, console: Console) -> DemoResult:
     eval_tasks = [{**t, "index": i} for i, t in enumerate(task_mod.generate_tasks("eval", s.eval_tasks, seed=0))]
     pool = train_pool(task_mod, int(rec.get("pool", 1024)))
-    curriculum = Curriculum([str(t["task_id"]) for t in pool], seed=0) if s.curriculum else None
+    curriculum = Curriculum([str(t["task_id"]) for t in pool], seed=s.seed) if s.curriculum else None
     stopping = StoppingRule(StopSettings(**rec.get("stop", {}))) if s.early_stop else None
     settings = ScheduleSettings(group_size=rec["group_size"], concurrency=concurrency(s, rec), max_steps=steps,
                                 time_budget_s=s.time_budget_s, eval_every_s=eval_every_s(s, rec))
 
+    eval_traces: list[tuple[dict[str, Any], Any]] = []
+    tool_use: list[dict[str, Any]] = []
+    transcripts: dict[str, list[dict[str, Any]]] = {}
+
     def on_eval(p: EvalPoint) -> None:
         console.print(f"  [green]eval[/green] at {p.seconds / 60:4.1f} min, step {p.train_steps:3d}: held-out reward "
                       f"{p.reward:.3f} ({p.episodes} tasks, {p.eval_seconds:.0f}s)")
+        if not eval_traces or not hasattr(task_mod, "tool_use_summary"):
+            return
+        done = sorted(eval_traces, key=lambda tt: int(tt[0].get("index", 0)))
+        row = task_mod.tool_use_summary([t for t, _ in done], [tr for _, tr in done])
+        tool_use.append({"minutes": p.seconds / 60, "train_minutes": p.train_seconds / 60,
+                         "train_steps": p.train_steps, **row})
+        transcripts["before" if len(tool_use) == 1 else "after"] = [
+            {"task_id": t["task_id"], "question": t["messages"][-1]["content"], "answer": t.get("answer"),
+             "reward": tr.reward, "transcript": list(tr.transcript)} for t, tr in done[:TRANSCRIPTS]]
+        eval_traces.clear()
+        console.print(f"        tool use: {row['tool_call_share']:.0%} of episodes call a tool, "
+                      f"{row['correct_call_share']:.0%} call it correctly; {row['turns_per_episode']:.2f} turns "
+                      "per episode")
 
     def on_step(p: StepPoint) -> None:
         m = p.metrics
@@ -230,7 +267,8 @@ async def _client_side(s: DemoSettings, task_mod: ModuleType, rec: dict[str, Any
         console.print(f"evaluating the base model on {len(eval_tasks)} held-out tasks, then training "
                       f"({len(pool)} train tasks" + (", curriculum" if curriculum else "") + ") ...")
         run = await run_scheduled(client, _workflow(task_mod, task_mod.SAMPLING), _workflow(task_mod,
-                                  task_mod.EVAL_SAMPLING), pool, eval_tasks, settings, curriculum=curriculum,
+                                  task_mod.EVAL_SAMPLING, traces=eval_traces), pool, eval_tasks, settings,
+                                  curriculum=curriculum,
                                   stopping=stopping, on_step=on_step, on_eval=on_eval, on_quiet=on_quiet)
         status = await client.status()
     if run.stop_reason == "time_budget":
@@ -251,4 +289,5 @@ async def _client_side(s: DemoSettings, task_mod: ModuleType, rec: dict[str, Any
                for p in run.steps],
         stop_reason=run.stop_reason, groups=run.groups, uniform_groups=run.uniform_groups,
         merge_ratio=run.merge_ratio, curriculum=run.curriculum,
-        provenance={"engine": status.engine, "device": str(status.engine_info.get("device", "unknown"))})
+        provenance={"engine": status.engine, "device": str(status.engine_info.get("device", "unknown"))},
+        tool_use=tool_use, transcripts=transcripts)

@@ -41,6 +41,7 @@ def demo(
                                               "after)"),
     curriculum: bool = typer.Option(True, help="draw each group's task by its recent results (retire solved)"),
     early_stop: bool = typer.Option(True, help="stop on an eval plateau or when groups stop teaching"),
+    seed: int = typer.Option(0, min=0, help="seed of the engine's sampling and the curriculum's order"),
     engine: EngineKind = typer.Option(EngineKind.HF, help="hf: the embedded engine; vllm: roll out on a managed "
                                       "vLLM subprocess (make setup-vllm)"),
     train_procs: int = typer.Option(0, min=0, max=64, help="train on an FSDP2 trainer group of this many ranks "
@@ -58,7 +59,8 @@ def demo(
                                    group_size=group_size, batch_groups=batch_groups, eval_tasks=eval_tasks,
                                    out_dir=out_dir, time_budget_s=time_budget_s, concurrency=concurrency,
                                    eval_every_s=eval_every_s, curriculum=curriculum,
-                                   early_stop=early_stop, engine=engine.value, train_procs=train_procs), console)
+                                   early_stop=early_stop, seed=seed, engine=engine.value,
+                                   train_procs=train_procs), console)
     if result.eval_after <= result.eval_before:
         console.print("[yellow]the eval reward did not improve in this run[/yellow]")
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from agentjet.tasks import addition, calculator
+from agentjet.tasks import addition, calculator, lookup
 
-TASKS: dict[str, ModuleType] = {addition.NAME: addition, calculator.NAME: calculator}
+TASKS: dict[str, ModuleType] = {addition.NAME: addition, calculator.NAME: calculator, lookup.NAME: lookup}
 DEFAULT_TASK = addition.NAME
 
 
@@ -19,4 +19,4 @@ def get_task(name: str) -> ModuleType:
         raise KeyError(f"unknown task {name!r}; built-in tasks: {sorted(TASKS)}") from None
 
 
-__all__ = ["DEFAULT_TASK", "TASKS", "addition", "calculator", "get_task"]
+__all__ = ["DEFAULT_TASK", "TASKS", "addition", "calculator", "get_task", "lookup"]
