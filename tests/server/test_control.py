@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import httpx
-from tests.conftest import wait_until
+from tests.conftest import settle, wait_until
 
 from agentjet import SwarmClient
 
@@ -50,7 +50,7 @@ def test_live_settings_take_effect_from_the_next_batch(make_server) -> None:
             assert rec["changes"] == {"training.group_size": 3, "training.learning_rate": 0.02,
                                       "sampling.temperature": 0.5}
             await group(client, "b", (1.0, 0.0))  # only 2 of the 3 now needed: no step
-            await asyncio.sleep(1.5)
+            await asyncio.to_thread(settle, srv)
             assert srv.server.trainer.counters.train_steps == 1
             await group(client, "b", (0.5,))
             await asyncio.to_thread(wait_until, lambda: srv.server.trainer.counters.train_steps == 2)
@@ -82,7 +82,7 @@ def test_pause_resume_and_checkpoint(make_server) -> None:
         async with SwarmClient(srv.url) as client:
             assert httpx.post(f"{srv.url}/swarm/v1/control/pause", headers=ADMIN).json()["paused"] is True
             await group(client, "a")
-            await asyncio.sleep(1.5)
+            await asyncio.to_thread(settle, srv)
             assert srv.server.trainer.counters.train_steps == 0  # episodes wait in the store
             assert srv.server.status().engine_state == "paused"
             httpx.post(f"{srv.url}/swarm/v1/control/resume", headers=ADMIN)

@@ -110,6 +110,9 @@ class Trainer:
         self._pending: dict[str, list[StoredEpisode]] = defaultdict(list)
         self._first_seen: dict[str, float] = {}
         self._wake = asyncio.Event()
+        self._passes = 0  # passes of the train loop finished (each trains every ready batch, then idles)
+        self._in_pass = False
+        self._pass_done = asyncio.Condition()
         self.last_begin: dict[str, float] = {}  # task type -> monotonic time of its latest begin
         self.step_lock = asyncio.Lock()  # held by a train step; control actions take it to run between steps
         self._task: asyncio.Task[None] | None = None
@@ -361,17 +364,36 @@ class Trainer:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=1.0)
             self._wake.clear()
+            self._in_pass = True
             try:
-                while not self._stopping and await self.maybe_step():
-                    pass
-            except TrainingHaltedError as exc:  # going on would train on wrong data: pause, say why, once
-                if self.counters.halted_reason != str(exc):
-                    log.error("training halted (paused): %s", exc)
-                self.counters.halted_reason = str(exc)
-                self.paused = True
-            except Exception:  # a failed step must not kill the loop; the episodes stay pending
-                log.exception("train step failed; its episodes stay in the store")
-                await asyncio.sleep(1.0)
+                await self._one_pass()
+            finally:
+                self._in_pass = False
+                self._passes += 1
+                async with self._pass_done:
+                    self._pass_done.notify_all()
+
+    async def _one_pass(self) -> None:
+        try:
+            while not self._stopping and await self.maybe_step():
+                pass
+        except TrainingHaltedError as exc:  # going on would train on wrong data: pause, say why, once
+            if self.counters.halted_reason != str(exc):
+                log.error("training halted (paused): %s", exc)
+            self.counters.halted_reason = str(exc)
+            self.paused = True
+        except Exception:  # a failed step must not kill the loop; the episodes stay pending
+            log.exception("train step failed; its episodes stay in the store")
+            await asyncio.sleep(1.0)
+
+    async def settled(self) -> None:
+        """Return once the train loop has made a whole pass over the pool that began after this call: it has
+        trained every batch that was ready then, or passed them by (paused, halted, a failed step), and gone idle.
+        So "nothing trained" is shown by an event, not by waiting a while."""
+        target = self._passes + (2 if self._in_pass else 1)
+        self._wake.set()
+        async with self._pass_done:
+            await self._pass_done.wait_for(lambda: self._passes >= target or self._task is None or self._task.done())
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self.run())
