@@ -3,8 +3,8 @@
 
     python -m agentjet.research.trial_client --server URL --settings client.json --seed 0 --out DIR
 
-Each eval point is taken with training paused (``/swarm/v1/control/pause``, then an empty settings change
-that waits for a step in progress), so every eval episode of a point runs at one policy version and the
+Each eval point is taken with training paused (``SwarmClient.pause(wait_for_step=True)``: the answer waits for a
+step in progress), so every eval episode of a point runs at one policy version and the
 server's ``eval_reward`` for that version is the point's value. The group size comes from the server's
 status, so a search over ``server.group-size`` needs nothing on the client side.
 
@@ -99,19 +99,18 @@ class TrialClient:
         self.train = RunSummary()
         self._stream = self._all_train_tasks()
 
-    async def _control(self, action: str, body: dict[str, Any] | None = None) -> None:
-        """A control action with the trial server's admin token (the runner hands it over in the environment)."""
-        await self.client.request("POST", f"{SWARM_PREFIX}/control/{action}", json=body,
-                                  key=os.environ.get("AGENTJET_ADMIN_TOKEN"))
+    @staticmethod
+    def _admin_token() -> str | None:
+        """The trial server's admin token (the runner hands it over in the environment)."""
+        return os.environ.get("AGENTJET_ADMIN_TOKEN")
 
     async def status(self) -> ServerStatus:
         """The server's status (a NaN train metric is read as NaN: the study runner judges it)."""
         return parse_status(await self.client.request("GET", f"{SWARM_PREFIX}/status"))
 
     async def pause(self) -> None:
-        """Pause training and wait for a step in progress (an empty change runs between train steps)."""
-        await self._control("pause")
-        await self._control("config", {"training": {}, "sampling": {}})
+        """Pause training and wait for a step in progress."""
+        await self.client.pause(wait_for_step=True, admin_token=self._admin_token())
 
     async def evaluate(self) -> EvalRecord:
         await self.pause()
@@ -128,7 +127,7 @@ class TrialClient:
             f.write(record.model_dump_json() + "\n")
         log.info("eval at policy v%d (step %d): %.3f over %d episodes", record.policy_version, record.train_steps,
                  record.reward, record.episodes)
-        await self._control("resume")
+        await self.client.resume(admin_token=self._admin_token())
         return record
 
     def _all_train_tasks(self) -> Iterator[dict[str, Any]]:
@@ -152,7 +151,7 @@ class TrialClient:
             while not done.is_set():
                 st = await self.status()
                 if st.train_steps >= target_steps or time.monotonic() >= deadline:
-                    await self._control("pause")
+                    await self.client.pause(wait_for_step=False, admin_token=self._admin_token())
                     done.set()
                     return
                 await asyncio.sleep(WATCH_S)

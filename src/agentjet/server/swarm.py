@@ -115,7 +115,7 @@ class SwarmServer:
     async def start(self) -> None:
         self._open()
         if self.config.resume:
-            await asyncio.to_thread(self.trainer.resume)
+            await asyncio.to_thread(self.trainer.resume_from_checkpoint)
         self.engine.set_learning_rate(self.config.training.learning_rate)  # the configured rate wins on resume
         self.engine.set_loss(self.config.loss)
         self.teams.load()

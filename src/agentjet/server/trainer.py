@@ -185,6 +185,18 @@ class Trainer:
     def wake(self) -> None:
         self._wake.set()
 
+    async def pause(self, wait_for_step: bool = False) -> None:
+        """Start no new train step. ``wait_for_step``: also wait for a step in progress to finish (it holds
+        ``step_lock``; a step that has not taken the lock yet sees ``paused`` first and does not start)."""
+        self.paused = True
+        if wait_for_step:
+            async with self.step_lock:
+                pass
+
+    def resume(self) -> None:
+        self.paused = False
+        self._wake.set()
+
     @property
     def pending_count(self) -> int:
         return sum(len(v) for v in self._pending.values())
@@ -444,7 +456,7 @@ class Trainer:
                 return path
         return None
 
-    def resume(self) -> int:
+    def resume_from_checkpoint(self) -> int:
         """Load the latest checkpoint (if any) and rewind the store to it. Returns the restored step."""
         ckpt = self.latest_checkpoint()
         step = 0
