@@ -31,7 +31,7 @@ from agentjet.client.runner import RunSummary, Workflow, run_workflow
 from agentjet.protocol import SWARM_PREFIX, ServerStatus
 from agentjet.research.monitor import RESULT_FILE, EvalRecord, TrialResult, parse_status
 from agentjet.research.spec import TrialClientSettings
-from agentjet.tasks import get_task
+from agentjet.tasks import Recommended, get_task
 
 log = logging.getLogger("agentjet.research.trial")
 
@@ -62,7 +62,8 @@ def eval_n_for(settings: TrialClientSettings) -> int:
     """Held-out episodes per eval point: the setting, else the task's recommendation, else 44."""
     if settings.eval_n:
         return settings.eval_n
-    return int(getattr(load_task(settings.task), "RECOMMENDED", {}).get("eval_n", 44))
+    rec = getattr(load_task(settings.task), "RECOMMENDED", None)
+    return rec.eval_n if rec is not None else Recommended.model_fields["eval_n"].default
 
 
 def group_size_of(status: ServerStatus) -> int:

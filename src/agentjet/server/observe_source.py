@@ -20,9 +20,9 @@ from agentjet.observe.schema import (
     EpisodeFilter,
     EpisodeRow,
     EpisodeStatusFilter,
-    EvalPoint,
+    EvalRow,
     RunSnapshot,
-    StepPoint,
+    StepRow,
 )
 from agentjet.protocol import EpisodeStatus, reward_mean
 from agentjet.server.registry import Episode
@@ -97,12 +97,12 @@ class ServerSource:
                      DropReason.TEAM_ABORTED: counts["aborted"]},
             tracking=srv.tracking_totals.as_dict(), tito=srv.tito.as_dict())
 
-    def steps(self, after: int, limit: int) -> list[StepPoint]:
+    def steps(self, after: int, limit: int) -> list[StepRow]:
         rows = self._query("SELECT step, policy_version, metrics, created_at FROM steps WHERE step > ? "
                            "ORDER BY step LIMIT ?", (after, limit))
-        return [StepPoint(step=r[0], policy_version=r[1], metrics=json.loads(r[2]), time=r[3]) for r in rows]
+        return [StepRow(step=r[0], policy_version=r[1], metrics=json.loads(r[2]), time=r[3]) for r in rows]
 
-    def evals(self) -> list[EvalPoint]:
+    def evals(self) -> list[EvalRow]:
         acc: dict[tuple[int, str, str], list[float]] = defaultdict(list)
         for version, task_type, reward in self._query(
                 "SELECT begin_policy_version, task_type, reward FROM episodes WHERE status='eval' ORDER BY seq"):
@@ -111,7 +111,7 @@ class ServerSource:
             if isinstance(r, dict):
                 for agent, value in r.items():
                     acc[(version, task_type, agent)].append(float(value))
-        return [EvalPoint(policy_version=v, task_type=t, agent=a, reward_mean=sum(rs) / len(rs), episodes=len(rs))
+        return [EvalRow(policy_version=v, task_type=t, agent=a, reward_mean=sum(rs) / len(rs), episodes=len(rs))
                 for (v, t, a), rs in sorted(acc.items())]
 
     def clients(self) -> list[ClientRow]:
