@@ -36,7 +36,6 @@ from agentjet.server.errors import (
     bad_request,
     conflict,
     forbidden,
-    not_found,
     unauthorized,
     unavailable,
 )
@@ -49,7 +48,7 @@ from agentjet.server.throughput import Throughput
 from agentjet.server.tito import TitoCounters, may_splice, request_prompt_ids
 from agentjet.server.trainer import Trainer
 from agentjet.settings import ServerConfig
-from agentjet.tracking import CallRecord, EpisodeSample, TrackingReport, sample_trace, track_episode
+from agentjet.tracking import CallRecord, EpisodeSample, TrackingReport, track_episode
 
 log = logging.getLogger(__name__)
 
@@ -325,16 +324,7 @@ class Episodes:
         return AbortEpisodeResponse(episode_id=episode_id, status=ep.status)
 
     # ------------------------------------------------------------------ trace
-    def trace(self, key: str | None, episode_id: str, is_admin: bool) -> dict[str, Any]:
-        """Token-level trace of a stored episode: for the admin, or for the episode's own key."""
+    def authorize_trace(self, key: str | None, episode_id: str, is_admin: bool) -> None:
+        """A stored episode's trace is for the admin, or for the episode's own key."""
         if not is_admin:
             self.authorize_stored(key, episode_id)
-        stored = self.store.get_episode(episode_id)
-        if stored is None:
-            raise not_found(f"episode {episode_id} has no stored samples (unknown, still open, aborted or expired)")
-        samples = self.store.samples_for([episode_id])[episode_id]
-        tok = self.engine.tokenizer
-        return {"episode_id": episode_id, "task_id": stored.task_id, "task_type": stored.task_type,
-                "status": stored.status.value, "reward": stored.reward, "calls": stored.n_calls,
-                "report": self.store.tracking_report(episode_id),
-                "samples": [sample_trace(smp, tok) for smp in samples]}
