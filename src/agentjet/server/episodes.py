@@ -35,10 +35,9 @@ from agentjet.server.errors import (
     APIError,
     bad_request,
     conflict,
-    forbidden,
-    unauthorized,
     unavailable,
 )
+from agentjet.server.keys import EpisodeKeys
 from agentjet.server.locks import KeyedLocks
 from agentjet.server.registry import Episode, EpisodeRegistry
 from agentjet.server.state import ServerState
@@ -74,35 +73,9 @@ class Episodes:
         self.clock = clock
         self.state = state
         self.tracking_totals = tracking_totals
+        self.keys = EpisodeKeys(registry, store)  # key auth, one concern of its own
         self.store_healthy = True  # False after a failed write, until a probe succeeds
         self.admission_refusals = 0  # begins refused at capacity (admission within the staleness bound)
-
-    # ------------------------------------------------------------------ keys
-    def by_key(self, key: str | None, episode_id: str | None = None) -> Episode:
-        """The episode this key belongs to (open or recently closed); 401/403 otherwise."""
-        if not key:
-            raise unauthorized("missing episode key (Authorization: Bearer <episode api_key>)")
-        ep = self.registry.by_key(key)
-        if ep is None:
-            raise unauthorized("unknown or expired episode key")
-        if episode_id is not None and ep.episode_id != episode_id:
-            raise forbidden("this episode key belongs to another episode")
-        return ep
-
-    def open_by_key(self, key: str | None) -> Episode:
-        ep = self.by_key(key)
-        if not ep.is_open:
-            raise unauthorized(f"episode {ep.episode_id} is {ep.status.value}; its key no longer accepts calls")
-        return ep
-
-    def authorize_stored(self, key: str | None, episode_id: str) -> None:
-        """The episode key authorises its own episode, also after a restart (the store keeps its digest)."""
-        if self.registry.get(episode_id) is not None:
-            self.by_key(key, episode_id)
-            return
-        stored = self.store.get_episode(episode_id)
-        if stored is None or not matches(key, stored.key_hash):
-            raise unauthorized("unknown or expired episode key")
 
     # ------------------------------------------------------------------ join / begin
     def join(self, req: JoinRequest) -> JoinResponse:
@@ -177,7 +150,7 @@ class Episodes:
                        headers={"Retry-After": "1", "Retry-After-Ms": str(CAPACITY_RETRY_MS)})
 
     def heartbeat(self, key: str | None, episode_id: str) -> HeartbeatResponse:
-        ep = self.by_key(key, episode_id)
+        ep = self.keys.by_key(key, episode_id)
         if not ep.is_open:
             raise conflict(f"episode {episode_id} is {ep.status.value}", f"episode_{ep.status.value}")
         self.registry.touch(ep)
@@ -235,13 +208,13 @@ class Episodes:
 
     async def commit(self, key: str | None, episode_id: str) -> EndEpisodeResponse:
         """Team phase two: a prepared episode becomes trainable. Idempotent."""
-        self.authorize_stored(key, episode_id)
+        self.keys.authorize_stored(key, episode_id)
         return await self.teams.resolve(episode_id, commit=True)
 
     def _stored_ack(self, key: str | None, episode_id: str) -> Episode | EndEpisodeResponse:
         """The live episode, or (after a server restart) the acknowledgement of a stored one."""
         try:
-            return self.by_key(key, episode_id)
+            return self.keys.by_key(key, episode_id)
         except APIError:
             stored = self.store.get_episode(episode_id)
             if stored is not None and matches(key, stored.key_hash):
@@ -311,7 +284,7 @@ class Episodes:
             self.trainer.add(stored)
 
     async def abort(self, key: str | None, episode_id: str, reason: str) -> AbortEpisodeResponse:
-        ep = self.by_key(key, episode_id)
+        ep = self.keys.by_key(key, episode_id)
         if ep.status is EpisodeStatus.PREPARED:
             await self.teams.resolve(episode_id, commit=False)
             return AbortEpisodeResponse(episode_id=episode_id, status=EpisodeStatus.ABORTED)
@@ -322,9 +295,3 @@ class Episodes:
             ep.calls.clear()
             self.registry.close(ep, EpisodeStatus.ABORTED)
         return AbortEpisodeResponse(episode_id=episode_id, status=ep.status)
-
-    # ------------------------------------------------------------------ trace
-    def authorize_trace(self, key: str | None, episode_id: str, is_admin: bool) -> None:
-        """A stored episode's trace is for the admin, or for the episode's own key."""
-        if not is_admin:
-            self.authorize_stored(key, episode_id)

@@ -84,7 +84,7 @@ async def episode_trace(request: Request, episode_id: str, key: str | None = Dep
     """Every sample's tokens, loss mask, behaviour logprobs, agent and call boundaries, plus merge and drift
     statistics. Needs the admin token, or the episode's own key."""
     server = server_of(request)
-    await asyncio.to_thread(server.episodes.authorize_trace, key, episode_id, server.auth.is_admin(key))
+    await asyncio.to_thread(server.keys.authorize_trace, key, episode_id, server.auth.is_admin(key))
     trace = await asyncio.to_thread(server.observe.trace, episode_id)
     if trace is None:
         raise not_found(f"episode {episode_id} has no stored samples (unknown, still open, aborted or expired)")
