@@ -101,18 +101,17 @@ def profile(args: argparse.Namespace) -> dict[str, Any]:
     from agentjet.tasks import get_task
 
     rec = get_task(args.task).RECOMMENDED
-    engine = embedded_engine(args.model, EngineSettings(max_batch_size=args.max_batch), learning_rate=rec["learning_rate"])
+    engine = embedded_engine(args.model, EngineSettings(max_batch_size=args.max_batch), learning_rate=rec.learning_rate)
     timer = EngineTimer(engine)
     with tempfile.TemporaryDirectory() as tmp:
         cfg = ServerConfig(model=args.model, port=free_port(), data_dir=Path(tmp),
                            engine=EngineSettings(max_batch_size=args.max_batch),
-                           training=TrainingSettings(group_size=rec["group_size"], batch_groups=rec["groups_per_batch"],
-                                                     learning_rate=rec["learning_rate"], checkpoint_every=0,
+                           training=TrainingSettings(**rec.training(), checkpoint_every=0,
                                                      max_staleness=args.max_staleness))
         bg = BackgroundServer(SwarmServer(cfg, engine)).start()
         try:
             t0 = time.perf_counter()
-            run = asyncio.run(_drive(bg.url, args.task, args.seconds, rec["group_size"], args.concurrency))
+            run = asyncio.run(_drive(bg.url, args.task, args.seconds, rec.group_size, args.concurrency))
             wall = time.perf_counter() - t0
         finally:
             bg.stop()

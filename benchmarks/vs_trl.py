@@ -141,8 +141,9 @@ def run_agentjet(model: str, seed: int, budget_s: float, points_s: list[float], 
 
     work = Path(tempfile.mkdtemp(prefix="vs-trl-aj-"))
     s = DemoSettings(model=model, out_dir=work, concurrency=32)
-    rec = {**addition.RECOMMENDED, "learning_rate": SHARED["learning_rate"], "group_size": SHARED["num_generations"],
-           "groups_per_batch": SHARED["prompts_per_step"]}
+    rec = addition.RECOMMENDED.model_copy(update={"learning_rate": SHARED["learning_rate"],
+                                                  "group_size": SHARED["num_generations"],
+                                                  "batch_groups": SHARED["prompts_per_step"]})
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     token = secrets.token_urlsafe(32)  # the client pauses training and saves checkpoints (control API)

@@ -121,9 +121,9 @@ def main() -> None:
         cfg = ServerConfig(model=args.model, port=free_port(), data_dir=Path(tmp), lease_seconds=300,
                            observe=ObserveSettings(read_token=TOKEN, bench_history=ROOT / "benchmarks" /
                                                    "bench_history.jsonl"),
-                           training=TrainingSettings(group_size=4, batch_groups=2, learning_rate=rec["learning_rate"],
+                           training=TrainingSettings(group_size=4, batch_groups=2, learning_rate=rec.learning_rate,
                                                      checkpoint_every=0, max_staleness=2))
-        engine = embedded_engine(args.model, EngineSettings(max_batch_size=16), learning_rate=rec["learning_rate"])
+        engine = embedded_engine(args.model, EngineSettings(max_batch_size=16), learning_rate=rec.learning_rate)
         srv = BackgroundServer(SwarmServer(cfg, engine)).start()
         try:
             t0 = time.monotonic()

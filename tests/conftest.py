@@ -90,7 +90,7 @@ def make_server(tmp_path: Path, tiny_model_path: Path):
     started: list[BackgroundServer] = []
 
     def make(engine="null", data_dir: Path | None = None, resume: bool = False, reply: str = "ok",
-             training: dict | None = None, **config):
+             training: dict | None = None, clock=None, **config):
         if engine == "tiny":
             engine = embedded_engine(tiny_model_path, EngineSettings(max_batch_size=8))
         elif engine == "null":
@@ -102,7 +102,7 @@ def make_server(tmp_path: Path, tiny_model_path: Path):
         cfg = ServerConfig(model=str(tiny_model_path), served_model_name="tiny", port=free_port(),
                            data_dir=data_dir or tmp_path / f"server{len(started)}",
                            training=TrainingSettings(**training), resume=resume, **config)
-        bg = BackgroundServer(SwarmServer(cfg, engine)).start()
+        bg = BackgroundServer(SwarmServer(cfg, engine, clock)).start()
         started.append(bg)
         return bg
 
@@ -110,6 +110,12 @@ def make_server(tmp_path: Path, tiny_model_path: Path):
     for bg in started:
         if bg._thread.is_alive():
             bg.stop()
+
+
+def settle(srv) -> None:
+    """Until the server's train loop has made a whole pass over what it holds now (``Trainer.settled``): after
+    this, a step that did not happen will not happen by itself. The event-based way to show that nothing trained."""
+    srv.call(srv.server.trainer.settled())
 
 
 def wait_until(predicate, timeout: float = 30.0, interval: float = 0.05) -> None:

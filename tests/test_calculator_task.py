@@ -23,8 +23,8 @@ def test_splits_are_disjoint_and_deterministic() -> None:
     assert {t["task_id"].split("-", 2)[2] for t in train}.isdisjoint({t["task_id"].split("-", 2)[2] for t in ev})
     assert calculator.generate_tasks("eval", 60, seed=0) == ev
     pairs = len(calculator.split_pairs("eval"))  # the recommended eval n weighs every held-out pair the same
-    counts = Counter(t["task_id"] for t in calculator.generate_tasks("eval", calculator.RECOMMENDED["eval_n"]))
-    assert len(counts) == pairs and set(counts.values()) == {calculator.RECOMMENDED["eval_n"] // pairs}
+    counts = Counter(t["task_id"] for t in calculator.generate_tasks("eval", calculator.RECOMMENDED.eval_n))
+    assert len(counts) == pairs and set(counts.values()) == {calculator.RECOMMENDED.eval_n // pairs}
     assert all(int(t["answer"]) >= 0 for t in train + ev)
     assert get_task("calculator") is calculator
     with pytest.raises(ValueError):

@@ -14,6 +14,7 @@ from rich.console import Console
 
 from agentjet import tasks
 from agentjet.demo import DemoSettings, run_demo
+from agentjet.tasks import Recommended
 
 EVAL_N = 4
 
@@ -25,7 +26,7 @@ def parity_task() -> ModuleType:
     mod.NAME = "parity"
     mod.SAMPLING = {"temperature": 1.0, "max_tokens": 6}
     mod.EVAL_SAMPLING = {"temperature": 1.0, "max_tokens": 6, "seed": 100}
-    mod.RECOMMENDED = {"learning_rate": 1e-3, "group_size": 2, "groups_per_batch": 1, "steps": 2, "eval_n": EVAL_N}
+    mod.RECOMMENDED = Recommended(learning_rate=1e-3, group_size=2, batch_groups=1, steps=2, eval_n=EVAL_N)
 
     def generate_tasks(split: str, n: int, seed: int = 0) -> list[dict]:
         return [{"task_id": f"parity-{split}-{i % 8}", "task_type": "parity", "split": split,

@@ -1,8 +1,10 @@
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
-from agentjet.tasks import DEFAULT_TASK, TASKS, addition, get_task
+from agentjet.settings import TrainingSettings
+from agentjet.tasks import DEFAULT_TASK, TASKS, Recommended, addition, calculator, get_task
 
 
 def test_registry():
@@ -90,4 +92,8 @@ def test_constants():
         assert 0 < d["temperature"] <= 1.0
         assert d["max_tokens"] >= 8
     assert "seed" in addition.EVAL_SAMPLING
-    assert set(addition.RECOMMENDED) >= {"learning_rate", "group_size", "groups_per_batch", "steps"}
+    names = set(TrainingSettings.model_fields)
+    assert set(addition.RECOMMENDED.training()) <= names  # the training values are named as the settings are
+    assert set(calculator.RECOMMENDED.training()) <= names
+    with pytest.raises(ValidationError, match="groups_per_batch"):
+        Recommended.model_validate({**addition.RECOMMENDED.model_dump(), "groups_per_batch": 4})

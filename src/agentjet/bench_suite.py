@@ -228,12 +228,12 @@ def learning_metrics(model: str, steps: int, quick: bool) -> tuple[dict[str, Ben
 
     task = get_task("addition")
     rec = task.RECOMMENDED
-    group = 4 if quick else int(rec["group_size"])
-    lr = 1e-3 if quick else float(rec["learning_rate"])
+    group = 4 if quick else rec.group_size
+    lr = 1e-3 if quick else rec.learning_rate
     engine = embedded_engine(model, EngineSettings(max_batch_size=8), learning_rate=lr)
     with tempfile.TemporaryDirectory() as tmp:
         cfg = ServerConfig(model=model, port=free_port(), data_dir=Path(tmp), training=TrainingSettings(
-            group_size=group, batch_groups=1 if quick else int(rec["groups_per_batch"]), learning_rate=lr,
+            group_size=group, batch_groups=1 if quick else rec.batch_groups, learning_rate=lr,
             checkpoint_every=0, drop_uniform_groups=not quick, max_staleness=2))  # quick: the tiny model scores 0
         srv = BackgroundServer(SwarmServer(cfg, engine)).start()
         try:

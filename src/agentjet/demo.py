@@ -27,20 +27,20 @@ from agentjet.provenance import git_commit, machine
 from agentjet.schedule import Curriculum, StoppingRule, StopSettings
 from agentjet.settings import EngineSettings, ServerConfig, TrainerGroupSettings, TrainingSettings
 from agentjet.settings.load import dump_config
-from agentjet.tasks import get_task
+from agentjet.tasks import Recommended, get_task
 
 
 @dataclass
 class DemoSettings:
     model: str = "smollm2-135m-instruct"
     task: str = "addition"
-    steps: int | None = None  # default: the task's RECOMMENDED["steps"]
+    steps: int | None = None  # default: the task's RECOMMENDED.steps
     learning_rate: float | None = None
     group_size: int | None = None
     batch_groups: int | None = None
-    # episodes in flight = the engine's batch (default: the task's RECOMMENDED["concurrency"], else 32)
+    # episodes in flight = the engine's batch (default: the task's RECOMMENDED.concurrency)
     concurrency: int | None = None
-    eval_tasks: int | None = None  # default: the task's RECOMMENDED['eval_n'] (else 44)
+    eval_tasks: int | None = None  # default: the task's RECOMMENDED.eval_n
     max_staleness: int = 2
     time_budget_s: float = 20 * 60
     out_dir: Path = Path("runs/demo")
@@ -110,15 +110,14 @@ def _workflow(task_mod: ModuleType, sampling: dict[str, Any], record: dict[int, 
     return workflow
 
 
-def server_config(s: DemoSettings, port: int, rec: dict[str, Any], admin_token: str | None = None) -> ServerConfig:
+def server_config(s: DemoSettings, port: int, rec: Recommended, admin_token: str | None = None) -> ServerConfig:
     """The demo server's settings (handed to the child ``ajet server`` as a config file). The client pauses
     training for its periodic evals, so it holds the admin token."""
     return ServerConfig(
         model=s.model, port=port, data_dir=s.out_dir / "server", log_level="INFO", admin_token=admin_token,
         engine=EngineSettings(kind=s.engine, max_batch_size=concurrency(s, rec), seed=s.seed),
         trainer=TrainerGroupSettings(procs=s.train_procs),
-        training=TrainingSettings(group_size=rec["group_size"], batch_groups=rec["groups_per_batch"],
-                                  learning_rate=rec["learning_rate"], max_staleness=s.max_staleness,
+        training=TrainingSettings(**rec.training(), max_staleness=s.max_staleness,
                                   checkpoint_every=0))
 
 
@@ -162,13 +161,11 @@ def run_demo(s: DemoSettings, console: Console | None = None) -> DemoResult:
 
     console = console or Console()
     task_mod = get_task(s.task)
-    rec = dict(task_mod.RECOMMENDED)
-    for key, value in (("learning_rate", s.learning_rate), ("group_size", s.group_size),
-                       ("groups_per_batch", s.batch_groups)):
-        if value is not None:
-            rec[key] = value
-    steps = s.steps or int(rec["steps"])
-    s.eval_tasks = s.eval_tasks or int(rec.get("eval_n", 44))
+    overrides = {"learning_rate": s.learning_rate, "group_size": s.group_size, "batch_groups": s.batch_groups}
+    rec = Recommended.model_validate({**task_mod.RECOMMENDED.model_dump(),
+                                      **{k: v for k, v in overrides.items() if v is not None}})
+    steps = s.steps or rec.steps
+    s.eval_tasks = s.eval_tasks or rec.eval_n
     s.out_dir.mkdir(parents=True, exist_ok=True)
     port = s.port or free_port()
     url = f"http://127.0.0.1:{port}"
@@ -177,8 +174,8 @@ def run_demo(s: DemoSettings, console: Console | None = None) -> DemoResult:
     config = server_config(s, port, rec, admin_token)
     server = ServerProcess("demo", config, log_path, s.out_dir / "server.yaml")
     start = time.monotonic()
-    console.print(f"[bold]AgentJet demo[/bold]: {s.model} learns '{s.task}' ({steps} steps, {rec['group_size']} "
-                  f"episodes/group, {rec['groups_per_batch']} groups/step, lr {rec['learning_rate']})")
+    console.print(f"[bold]AgentJet demo[/bold]: {s.model} learns '{s.task}' ({steps} steps, {rec.group_size} "
+                  f"episodes/group, {rec.batch_groups} groups/step, lr {rec.learning_rate})")
     console.print(f"starting the swarm server on {url} (log: {log_path}) ...")
     server.start()
     try:
@@ -188,7 +185,7 @@ def run_demo(s: DemoSettings, console: Console | None = None) -> DemoResult:
         server.stop(grace=120)
     result.seconds = time.monotonic() - start
     # the server's settings as it ran them (engine, training, loss, tracking...; secrets masked)
-    result.settings = {**{k: str(v) for k, v in asdict(s).items()}, **rec, "steps": steps,
+    result.settings = {**{k: str(v) for k, v in asdict(s).items()}, **rec.model_dump(), "steps": steps,
                        "server": dump_config(config, reveal_secrets=False)}
     result.provenance = {"commit": git_commit(), "machine": machine(), **result.provenance}
     (s.out_dir / "demo_result.json").write_text(json.dumps(asdict(result), indent=2, default=str))
@@ -203,14 +200,14 @@ def run_demo(s: DemoSettings, console: Console | None = None) -> DemoResult:
     return result
 
 
-def concurrency(s: DemoSettings, rec: dict[str, Any]) -> int:
+def concurrency(s: DemoSettings, rec: Recommended) -> int:
     """Episodes in flight, which is also the engine's batch size."""
-    return s.concurrency or int(rec.get("concurrency", 32))
+    return s.concurrency or rec.concurrency
 
 
-def eval_every_s(s: DemoSettings, rec: dict[str, Any]) -> float | None:
+def eval_every_s(s: DemoSettings, rec: Recommended) -> float | None:
     """Seconds between periodic held-out evals (None: only before and after training)."""
-    every = s.eval_every_s if s.eval_every_s is not None else float(rec.get("eval_every_s", 120.0))
+    every = s.eval_every_s if s.eval_every_s is not None else rec.eval_every_s
     return every or None
 
 
@@ -222,13 +219,13 @@ def train_pool(task_mod: ModuleType, n: int = 1024) -> list[dict[str, Any]]:
     return list(seen.values())
 
 
-async def _client_side(s: DemoSettings, task_mod: ModuleType, rec: dict[str, Any], steps: int, url: str,
+async def _client_side(s: DemoSettings, task_mod: ModuleType, rec: Recommended, steps: int, url: str,
                        token: str, console: Console) -> DemoResult:
     eval_tasks = [{**t, "index": i} for i, t in enumerate(task_mod.generate_tasks("eval", s.eval_tasks, seed=0))]
-    pool = train_pool(task_mod, int(rec.get("pool", 1024)))
+    pool = train_pool(task_mod, rec.pool)
     curriculum = Curriculum([str(t["task_id"]) for t in pool], seed=s.seed) if s.curriculum else None
-    stopping = StoppingRule(StopSettings(**rec.get("stop", {}))) if s.early_stop else None
-    settings = ScheduleSettings(group_size=rec["group_size"], concurrency=concurrency(s, rec), max_steps=steps,
+    stopping = StoppingRule(StopSettings(**rec.stop)) if s.early_stop else None
+    settings = ScheduleSettings(group_size=rec.group_size, concurrency=concurrency(s, rec), max_steps=steps,
                                 time_budget_s=s.time_budget_s, eval_every_s=eval_every_s(s, rec))
 
     eval_traces: list[tuple[dict[str, Any], Any]] = []

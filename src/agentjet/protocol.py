@@ -161,6 +161,19 @@ class ConfigChange(_Model):
     force: bool = Field(default=False, description="apply a task_ratios change that shuts out running task types")
 
 
+class PauseRequest(_Model):
+    wait_for_step: bool = Field(default=False, description="answer only once a train step in progress has "
+                                "finished, so no step runs after the answer until resume")
+
+
+class PauseState(_Model):
+    """The answer to pause and resume: whether training is paused, and where it stands."""
+
+    paused: bool
+    policy_version: int
+    train_steps: int
+
+
 class ChangeRecord(_Model):
     at: float
     policy_version: int = Field(description="the policy version current when the change took effect")

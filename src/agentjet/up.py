@@ -4,7 +4,7 @@
       planner:  {model: smollm2-135m-instruct, port: 10086, options: {group-size: 4, lr: 3e-5}}
       executor: {model: tiny-random, port: 10087, training: {batch_groups: 2}, env: {OMP_NUM_THREADS: "1"}}
     clients:
-      team: {command: ["python", "examples/team_workflow.py", "--planner", "http://127.0.0.1:10086"]}
+      team: {command: ["python", "examples/team_two_models.py", "--planner", "http://127.0.0.1:10086"]}
     log_dir: runs/up
 
 A server entry is a ``ServerConfig`` (any setting, nested by section), plus ``options`` (settings by their

@@ -11,10 +11,13 @@ from __future__ import annotations
 import random
 import re
 
+from agentjet.tasks import Recommended
+
 NAME = "coin"
 SAMPLING = {"temperature": 1.0, "max_tokens": 16}
 EVAL_SAMPLING = {"temperature": 1.0, "max_tokens": 16, "seed": 0}
-RECOMMENDED = {"eval_n": 48}  # one eval point: about ±0.06 at 0.8
+RECOMMENDED = Recommended(learning_rate=1e-5, group_size=2, batch_groups=1, steps=4,
+                          eval_n=48)  # one eval point: about ±0.06 at 0.8
 ACCEPT = {True: 0.8, False: 0.1}
 
 

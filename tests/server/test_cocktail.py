@@ -8,9 +8,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from tests.conftest import wait_until
+from tests.conftest import settle, wait_until
 
 from agentjet import SwarmClient
+from agentjet.server.clock import FakeClock
 from agentjet.server.quotas import apportion
 
 USER = [{"role": "user", "content": "go"}]
@@ -46,7 +47,7 @@ def test_batches_follow_the_ratios_and_wait_for_a_missing_type(make_server) -> N
     async def main() -> None:
         async with SwarmClient(srv.url) as client:
             await groups_of(client, "math", 2, counter)
-            await asyncio.sleep(1.2)
+            await asyncio.to_thread(settle, srv)
             assert srv.server.trainer.counters.train_steps == 0  # two math groups, no code: wait
             await groups_of(client, "code", 1, counter)
             await asyncio.to_thread(wait_until, lambda: srv.server.trainer.counters.train_steps == 1)
@@ -87,23 +88,29 @@ def test_over_represented_type_is_deferred_with_retry_after(make_server) -> None
 
 @pytest.mark.parametrize(("policy", "trains"), [("fill", True), ("strict", False)])
 def test_absent_type_policy(make_server, policy: str, trains: bool) -> None:
-    srv = make_server(training={"group_size": 2, "batch_groups": 2, "task_ratios": {"math": 0.5, "code": 0.5},
-                                "absent_policy": policy, "absent_after_s": 0.3})
+    """A type that was seen begin counts as present for ``absent_after_s`` (on the server's fake clock); after
+    that, ``fill`` trains without it and ``strict`` keeps waiting."""
+    clock = FakeClock()
+    srv = make_server(clock=clock, training={"group_size": 2, "batch_groups": 2, "absent_policy": policy,
+                                             "task_ratios": {"math": 0.5, "code": 0.5}, "absent_after_s": 30})
     counter = itertools.count()
+
+    code = httpx.post(f"{srv.url}/swarm/v1/episodes", json={"client_id": "coder", "task_id": "c-0",
+                                                            "task_type": "code"})
+    assert code.status_code == 200  # a code episode is running: code is present
 
     async def main() -> None:
         async with SwarmClient(srv.url) as client:
             await groups_of(client, "math", 2, counter)
 
     asyncio.run(main())
+    settle(srv)
+    assert srv.server.trainer.counters.train_steps == 0  # both policies wait for a type that is present
+    clock.advance(31)
+    settle(srv)
+    assert srv.server.trainer.counters.train_steps == (1 if trains else 0)
     if trains:
-        wait_until(lambda: srv.server.trainer.counters.train_steps == 1, timeout=10)
         assert step_shares(srv) == [{"share/math": 1.0}]
-    else:
-        import time
-
-        time.sleep(1.5)
-        assert srv.server.trainer.counters.train_steps == 0
 
 
 def test_two_producers_at_70_30(make_server) -> None:

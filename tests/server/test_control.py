@@ -5,11 +5,15 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import threading
 
 import httpx
-from tests.conftest import wait_until
+import pytest
+from tests.conftest import settle, wait_until
 
 from agentjet import SwarmClient
+from agentjet.engines.null import NullEngine
+from agentjet.protocol import PauseState
 
 ADMIN = {"Authorization": "Bearer adm1n"}
 USER = [{"role": "user", "content": "hi"}]
@@ -50,7 +54,7 @@ def test_live_settings_take_effect_from_the_next_batch(make_server) -> None:
             assert rec["changes"] == {"training.group_size": 3, "training.learning_rate": 0.02,
                                       "sampling.temperature": 0.5}
             await group(client, "b", (1.0, 0.0))  # only 2 of the 3 now needed: no step
-            await asyncio.sleep(1.5)
+            await asyncio.to_thread(settle, srv)
             assert srv.server.trainer.counters.train_steps == 1
             await group(client, "b", (0.5,))
             await asyncio.to_thread(wait_until, lambda: srv.server.trainer.counters.train_steps == 2)
@@ -82,7 +86,7 @@ def test_pause_resume_and_checkpoint(make_server) -> None:
         async with SwarmClient(srv.url) as client:
             assert httpx.post(f"{srv.url}/swarm/v1/control/pause", headers=ADMIN).json()["paused"] is True
             await group(client, "a")
-            await asyncio.sleep(1.5)
+            await asyncio.to_thread(settle, srv)
             assert srv.server.trainer.counters.train_steps == 0  # episodes wait in the store
             assert srv.server.status().engine_state == "paused"
             httpx.post(f"{srv.url}/swarm/v1/control/resume", headers=ADMIN)
@@ -137,3 +141,51 @@ def test_loss_objective_settings_are_live(make_server) -> None:
     second = sorted({a for s in srv.server.engine.trained[1] for a in s.advantages if a})
     assert first[1] == -first[0] and abs(first[1] - 2 ** -0.5) < 1e-5  # divided by the std of (1, 0)
     assert second == [-0.5, 0.5]  # rewards 1 and 0, mean-centred only
+
+
+class GatedEngine(NullEngine):
+    """A train step that runs until the test opens its gate."""
+
+    def __init__(self, tokenizer) -> None:
+        super().__init__(tokenizer)
+        self.gate = threading.Event()
+
+    async def train_step(self, batch):
+        await asyncio.to_thread(self.gate.wait, 60)
+        return await super().train_step(batch)
+
+
+@pytest.mark.parametrize("wait_for_step", [True, False])
+def test_pause_can_wait_for_the_step_in_progress(make_server, tiny_model_path, wait_for_step: bool) -> None:
+    """With ``wait_for_step`` the answer comes after the step that was running when the pause arrived (the
+    answer's train_steps is 1); without it, at once (0), and the step still finishes. No step starts after."""
+    from transformers import AutoTokenizer
+
+    engine = GatedEngine(AutoTokenizer.from_pretrained(tiny_model_path))
+    srv = make_server(engine, admin_token="adm1n", training={"group_size": 2, "batch_groups": 1})
+    trainer = srv.server.trainer
+    entered = threading.Event()
+    original = trainer.pause
+
+    async def pause(wait_for_step: bool = False) -> None:
+        entered.set()  # the pause request is being served, the step is still held at the gate
+        await original(wait_for_step)
+
+    trainer.pause = pause
+
+    async def main() -> PauseState:
+        async with SwarmClient(srv.url) as client:
+            await group(client, "a")
+            await asyncio.to_thread(wait_until, lambda: trainer.in_step == 2)  # the step is running
+            paused = asyncio.create_task(client.pause(wait_for_step=wait_for_step, admin_token="adm1n"))
+            await asyncio.to_thread(entered.wait, 30)
+            engine.gate.set()
+            state = await paused
+            await group(client, "b")  # a full batch arrives while paused: it waits
+            return state
+
+    state = asyncio.run(main())
+    assert state.paused and state.train_steps == (1 if wait_for_step else 0)
+    wait_until(lambda: trainer.counters.train_steps == 1)
+    settle(srv)
+    assert trainer.counters.train_steps == 1 and trainer.pending_count == 2

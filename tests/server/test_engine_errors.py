@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 
 import httpx
-from tests.conftest import wait_until
+from tests.conftest import settle, wait_until
 
 from agentjet import SwarmClient
 from agentjet.engines.errors import EngineUnavailableError, TrainingHaltedError
@@ -83,5 +82,5 @@ def test_training_halted_pauses_training_and_says_why(make_server, tiny_model_pa
     assert "disagree on the probe" in status["training_halted"]
     assert status["engine_state"] == "paused" and status["buffer"]["pending_episodes"] == 2  # nothing lost
     calls = engine.train_calls
-    time.sleep(1.5)
+    settle(srv)  # the train loop went over the pending episodes again
     assert engine.train_calls == calls  # no retry loop while halted

@@ -6,7 +6,7 @@ import time
 
 import httpx
 import pytest
-from tests.conftest import wait_until
+from tests.conftest import settle, wait_until
 
 USER = [{"role": "user", "content": "hi"}]
 
@@ -135,7 +135,7 @@ def test_end_is_idempotent_and_trained_once(make_server) -> None:
         again = end(srv.url, eps[0], 0.0).json()
         assert again["duplicate"] is True and again["acknowledged"] is True
     wait_until(lambda: srv.server.trainer.counters.train_steps >= 1)
-    time.sleep(0.3)
+    settle(srv)  # whatever else was ready has trained by now
     consumed = srv.server.store.consumed_steps()
     assert {e["episode_id"] for e in eps} <= set(consumed)
     assert all(len(steps) == 1 for steps in consumed.values())

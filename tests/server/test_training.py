@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from tests.conftest import wait_until
+from tests.conftest import settle, wait_until
 
 from agentjet import SwarmClient, SwarmError, SyncSwarmClient
 from agentjet.client.runner import Cursor, run_workflow
@@ -135,6 +135,15 @@ def test_streaming_with_logprobs_sends_them_in_the_last_chunk(make_server) -> No
     assert tokens > 0 and len(logprobs) == tokens and all(lp <= 0.0 for lp in logprobs)
 
 
+def request_tasks(srv) -> set[asyncio.Task]:
+    """The server loop's live tasks, less the trainer's idle wait (``wait_for`` wraps it in a fresh task)."""
+    async def live() -> set[asyncio.Task]:
+        return {t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()
+                and getattr(t.get_coro(), "__qualname__", "") != "Event.wait"}
+
+    return srv.call(live())
+
+
 def test_a_client_leaving_mid_stream_leaves_no_pending_task(make_server, caplog) -> None:
     import gc
     import logging
@@ -142,6 +151,7 @@ def test_a_client_leaving_mid_stream_leaves_no_pending_task(make_server, caplog)
     import httpx
 
     srv = make_server("tiny")
+    before = request_tasks(srv)
     ep = httpx.post(f"{srv.url}/swarm/v1/episodes", json={"client_id": "c", "task_id": "t"}).json()
     body = {"model": "tiny", "messages": USER, "max_tokens": 400, "stream": True, "stop": ["never-appears"]}
     caplog.set_level(logging.ERROR, logger="asyncio")
@@ -151,7 +161,7 @@ def test_a_client_leaving_mid_stream_leaves_no_pending_task(make_server, caplog)
         assert next(lines).startswith("data:")  # the role chunk: the stream is live
     episode = srv.server.registry.get(ep["episode_id"])
     wait_until(lambda: episode.inflight == 0, timeout=60)
-    srv.call(asyncio.sleep(0.5))
+    wait_until(lambda: not (request_tasks(srv) - before), timeout=60)  # every task of the request has ended
     gc.collect()
     assert "Task was destroyed" not in caplog.text
     assert httpx.get(f"{srv.url}/health").json()["status"] == "ready"
@@ -399,7 +409,7 @@ def test_a_failed_checkpoint_does_not_hand_trained_episodes_back(make_server) ->
 
     ids = asyncio.run(main())
     wait_until(lambda: engine.policy_version == 1)
-    time.sleep(1.5)  # the trainer loop's retry interval after a failure: nothing may train again
+    settle(srv)  # the train loop has passed over the pool again after the failure: nothing trained again
     assert engine.policy_version == 1 and len(engine.trained) == 1
     consumed = srv.server.store.consumed_steps()
     assert {i: consumed[i] for i in ids} == {i: [1] for i in ids}

@@ -31,6 +31,8 @@ from agentjet.protocol import (
     EndEpisodeResponse,
     JoinRequest,
     JoinResponse,
+    PauseRequest,
+    PauseState,
     Reward,
     ServerStatus,
 )
@@ -182,6 +184,17 @@ class SwarmClient:
 
     async def status(self) -> ServerStatus:
         return ServerStatus.model_validate(await self.request("GET", f"{SWARM_PREFIX}/status"))
+
+    async def pause(self, wait_for_step: bool = True, *, admin_token: str | None = None) -> PauseState:
+        """Pause training (the admin token: ``admin_token``, else the client's token). ``wait_for_step``: return
+        only once a train step in progress has finished, so the policy stays as answered until :meth:`resume`."""
+        body = PauseRequest(wait_for_step=wait_for_step).model_dump()
+        return PauseState.model_validate(await self.request("POST", f"{SWARM_PREFIX}/control/pause", json=body,
+                                                            key=admin_token))
+
+    async def resume(self, *, admin_token: str | None = None) -> PauseState:
+        return PauseState.model_validate(await self.request("POST", f"{SWARM_PREFIX}/control/resume",
+                                                            key=admin_token))
 
     def episode(self, task_id: str, task_type: str = "default", group_id: str | None = None, eval: bool = False,
                 metadata: dict[str, Any] | None = None) -> Episode:

@@ -28,7 +28,7 @@ from typing import Any
 
 from agentjet.client.client import Episode, SwarmClient, SwarmError
 from agentjet.client.runner import RunSummary, Workflow, run_workflow
-from agentjet.protocol import SWARM_PREFIX, ServerStatus, reward_mean
+from agentjet.protocol import ServerStatus, reward_mean
 from agentjet.schedule import Curriculum, StoppingRule
 
 log = logging.getLogger(__name__)
@@ -106,8 +106,12 @@ class _Groups:
 
 
 async def _control(client: SwarmClient, action: str) -> None:
+    """Pause (waiting for a step in progress) or resume training; a refusal is logged, not raised."""
     try:
-        await client.request("POST", f"{SWARM_PREFIX}/control/{action}")
+        if action == "pause":
+            await client.pause(wait_for_step=True)
+        else:
+            await client.resume()
     except SwarmError as exc:
         log.warning("could not %s training (%s): periodic evals may overlap train steps", action, exc)
 

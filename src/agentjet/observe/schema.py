@@ -44,14 +44,14 @@ class RunSnapshot(BaseModel):
     tito: dict[str, float] = Field(default_factory=dict)
 
 
-class StepPoint(BaseModel):
+class StepRow(BaseModel):
     step: int
     policy_version: int
     time: float  # unix seconds
     metrics: dict[str, float]
 
 
-class EvalPoint(BaseModel):
+class EvalRow(BaseModel):
     """Mean eval reward at one policy version for one task type and agent ("*": every agent)."""
 
     policy_version: int
@@ -117,9 +117,9 @@ class DashboardSource(Protocol):
 
     def snapshot(self) -> RunSnapshot: ...
 
-    def steps(self, after: int, limit: int) -> list[StepPoint]: ...
+    def steps(self, after: int, limit: int) -> list[StepRow]: ...
 
-    def evals(self) -> list[EvalPoint]: ...
+    def evals(self) -> list[EvalRow]: ...
 
     def clients(self) -> list[ClientRow]: ...
 

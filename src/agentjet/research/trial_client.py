@@ -3,8 +3,8 @@
 
     python -m agentjet.research.trial_client --server URL --settings client.json --seed 0 --out DIR
 
-Each eval point is taken with training paused (``/swarm/v1/control/pause``, then an empty settings change
-that waits for a step in progress), so every eval episode of a point runs at one policy version and the
+Each eval point is taken with training paused (``SwarmClient.pause(wait_for_step=True)``: the answer waits for a
+step in progress), so every eval episode of a point runs at one policy version and the
 server's ``eval_reward`` for that version is the point's value. The group size comes from the server's
 status, so a search over ``server.group-size`` needs nothing on the client side.
 
@@ -31,7 +31,7 @@ from agentjet.client.runner import RunSummary, Workflow, run_workflow
 from agentjet.protocol import SWARM_PREFIX, ServerStatus
 from agentjet.research.monitor import RESULT_FILE, EvalRecord, TrialResult, parse_status
 from agentjet.research.spec import TrialClientSettings
-from agentjet.tasks import get_task
+from agentjet.tasks import Recommended, get_task
 
 log = logging.getLogger("agentjet.research.trial")
 
@@ -62,7 +62,8 @@ def eval_n_for(settings: TrialClientSettings) -> int:
     """Held-out episodes per eval point: the setting, else the task's recommendation, else 44."""
     if settings.eval_n:
         return settings.eval_n
-    return int(getattr(load_task(settings.task), "RECOMMENDED", {}).get("eval_n", 44))
+    rec = getattr(load_task(settings.task), "RECOMMENDED", None)
+    return rec.eval_n if rec is not None else Recommended.model_fields["eval_n"].default
 
 
 def group_size_of(status: ServerStatus) -> int:
@@ -99,19 +100,18 @@ class TrialClient:
         self.train = RunSummary()
         self._stream = self._all_train_tasks()
 
-    async def _control(self, action: str, body: dict[str, Any] | None = None) -> None:
-        """A control action with the trial server's admin token (the runner hands it over in the environment)."""
-        await self.client.request("POST", f"{SWARM_PREFIX}/control/{action}", json=body,
-                                  key=os.environ.get("AGENTJET_ADMIN_TOKEN"))
+    @staticmethod
+    def _admin_token() -> str | None:
+        """The trial server's admin token (the runner hands it over in the environment)."""
+        return os.environ.get("AGENTJET_ADMIN_TOKEN")
 
     async def status(self) -> ServerStatus:
         """The server's status (a NaN train metric is read as NaN: the study runner judges it)."""
         return parse_status(await self.client.request("GET", f"{SWARM_PREFIX}/status"))
 
     async def pause(self) -> None:
-        """Pause training and wait for a step in progress (an empty change runs between train steps)."""
-        await self._control("pause")
-        await self._control("config", {"training": {}, "sampling": {}})
+        """Pause training and wait for a step in progress."""
+        await self.client.pause(wait_for_step=True, admin_token=self._admin_token())
 
     async def evaluate(self) -> EvalRecord:
         await self.pause()
@@ -128,7 +128,7 @@ class TrialClient:
             f.write(record.model_dump_json() + "\n")
         log.info("eval at policy v%d (step %d): %.3f over %d episodes", record.policy_version, record.train_steps,
                  record.reward, record.episodes)
-        await self._control("resume")
+        await self.client.resume(admin_token=self._admin_token())
         return record
 
     def _all_train_tasks(self) -> Iterator[dict[str, Any]]:
@@ -152,7 +152,7 @@ class TrialClient:
             while not done.is_set():
                 st = await self.status()
                 if st.train_steps >= target_steps or time.monotonic() >= deadline:
-                    await self._control("pause")
+                    await self.client.pause(wait_for_step=False, admin_token=self._admin_token())
                     done.set()
                     return
                 await asyncio.sleep(WATCH_S)

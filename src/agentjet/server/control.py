@@ -15,7 +15,7 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 
-from agentjet.protocol import SWARM_PREFIX, ChangeRecord, ConfigChange
+from agentjet.protocol import SWARM_PREFIX, ChangeRecord, ConfigChange, PauseRequest, PauseState
 from agentjet.server.errors import bad_request, conflict
 from agentjet.server.routes import require_admin, server_of
 from agentjet.server.swarm import SwarmServer
@@ -91,21 +91,26 @@ async def set_config(request: Request, body: ConfigChange) -> ChangeRecord:
         return apply_change(server, body)
 
 
-@router.post("/pause")
-async def pause(request: Request) -> dict[str, Any]:
+def pause_state(server: SwarmServer) -> PauseState:
+    return PauseState(paused=server.trainer.paused, policy_version=server.engine.policy_version,
+                      train_steps=server.trainer.counters.train_steps)
+
+
+@router.post("/pause", response_model=PauseState)
+async def pause(request: Request, body: PauseRequest | None = None) -> PauseState:
+    """Training starts no new step; with ``wait_for_step``, the answer waits for a step in progress."""
     server = server_of(request)
-    server.trainer.paused = True
+    await server.trainer.pause(wait_for_step=body is not None and body.wait_for_step)
     log.info("training paused at policy v%d", server.engine.policy_version)
-    return {"paused": True, "policy_version": server.engine.policy_version}
+    return pause_state(server)
 
 
-@router.post("/resume")
-async def resume(request: Request) -> dict[str, Any]:
+@router.post("/resume", response_model=PauseState)
+async def resume(request: Request) -> PauseState:
     server = server_of(request)
-    server.trainer.paused = False
-    server.trainer.wake()
+    server.trainer.resume()
     log.info("training resumed at policy v%d", server.engine.policy_version)
-    return {"paused": False, "policy_version": server.engine.policy_version}
+    return pause_state(server)
 
 
 @router.post("/checkpoint")

@@ -36,11 +36,9 @@ from agentjet.server.errors import (
     APIError,
     bad_request,
     conflict,
-    forbidden,
-    not_found,
-    unauthorized,
     unavailable,
 )
+from agentjet.server.keys import EpisodeKeys
 from agentjet.server.locks import KeyedLocks
 from agentjet.server.registry import Episode, EpisodeRegistry
 from agentjet.server.state import ServerState
@@ -50,7 +48,7 @@ from agentjet.server.throughput import Throughput
 from agentjet.server.tito import TitoCounters, may_splice, request_prompt_ids
 from agentjet.server.trainer import Trainer
 from agentjet.settings import ServerConfig
-from agentjet.tracking import CallRecord, EpisodeSample, TrackingReport, sample_trace, track_episode
+from agentjet.tracking import CallRecord, EpisodeSample, TrackingReport, track_episode
 
 log = logging.getLogger(__name__)
 
@@ -76,37 +74,11 @@ class Episodes:
         self.clock = clock
         self.state = state
         self.tracking_totals = tracking_totals
+        self.keys = EpisodeKeys(registry, store)  # key auth, one concern of its own
         self.store_healthy = True  # False after a failed write, until a probe succeeds
         self.admission_refusals = 0  # begins refused at capacity (admission within the staleness bound)
         self.admission_queue: AdmissionQueue[BeginEpisodeRequest, BeginEpisodeResponse] = AdmissionQueue()
         self.admission_held = 0  # begins that waited on the server before they were admitted
-
-    # ------------------------------------------------------------------ keys
-    def by_key(self, key: str | None, episode_id: str | None = None) -> Episode:
-        """The episode this key belongs to (open or recently closed); 401/403 otherwise."""
-        if not key:
-            raise unauthorized("missing episode key (Authorization: Bearer <episode api_key>)")
-        ep = self.registry.by_key(key)
-        if ep is None:
-            raise unauthorized("unknown or expired episode key")
-        if episode_id is not None and ep.episode_id != episode_id:
-            raise forbidden("this episode key belongs to another episode")
-        return ep
-
-    def open_by_key(self, key: str | None) -> Episode:
-        ep = self.by_key(key)
-        if not ep.is_open:
-            raise unauthorized(f"episode {ep.episode_id} is {ep.status.value}; its key no longer accepts calls")
-        return ep
-
-    def authorize_stored(self, key: str | None, episode_id: str) -> None:
-        """The episode key authorises its own episode, also after a restart (the store keeps its digest)."""
-        if self.registry.get(episode_id) is not None:
-            self.by_key(key, episode_id)
-            return
-        stored = self.store.get_episode(episode_id)
-        if stored is None or not matches(key, stored.key_hash):
-            raise unauthorized("unknown or expired episode key")
 
     # ------------------------------------------------------------------ join / begin
     def join(self, req: JoinRequest) -> JoinResponse:
@@ -299,7 +271,7 @@ class Episodes:
         raise self._at_capacity(CAPACITY_RETRY_MS)
 
     def heartbeat(self, key: str | None, episode_id: str) -> HeartbeatResponse:
-        ep = self.by_key(key, episode_id)
+        ep = self.keys.by_key(key, episode_id)
         if not ep.is_open:
             raise conflict(f"episode {episode_id} is {ep.status.value}", f"episode_{ep.status.value}")
         self.registry.touch(ep)
@@ -357,13 +329,13 @@ class Episodes:
 
     async def commit(self, key: str | None, episode_id: str) -> EndEpisodeResponse:
         """Team phase two: a prepared episode becomes trainable. Idempotent."""
-        self.authorize_stored(key, episode_id)
+        self.keys.authorize_stored(key, episode_id)
         return await self.teams.resolve(episode_id, commit=True)
 
     def _stored_ack(self, key: str | None, episode_id: str) -> Episode | EndEpisodeResponse:
         """The live episode, or (after a server restart) the acknowledgement of a stored one."""
         try:
-            return self.by_key(key, episode_id)
+            return self.keys.by_key(key, episode_id)
         except APIError:
             stored = self.store.get_episode(episode_id)
             if stored is not None and matches(key, stored.key_hash):
@@ -434,7 +406,7 @@ class Episodes:
             self.trainer.add(stored)
 
     async def abort(self, key: str | None, episode_id: str, reason: str) -> AbortEpisodeResponse:
-        ep = self.by_key(key, episode_id)
+        ep = self.keys.by_key(key, episode_id)
         if ep.status is EpisodeStatus.PREPARED:
             await self.teams.resolve(episode_id, commit=False)
             return AbortEpisodeResponse(episode_id=episode_id, status=EpisodeStatus.ABORTED)
@@ -446,18 +418,3 @@ class Episodes:
             self.registry.close(ep, EpisodeStatus.ABORTED)
             self.pump_admission()
         return AbortEpisodeResponse(episode_id=episode_id, status=ep.status)
-
-    # ------------------------------------------------------------------ trace
-    def trace(self, key: str | None, episode_id: str, is_admin: bool) -> dict[str, Any]:
-        """Token-level trace of a stored episode: for the admin, or for the episode's own key."""
-        if not is_admin:
-            self.authorize_stored(key, episode_id)
-        stored = self.store.get_episode(episode_id)
-        if stored is None:
-            raise not_found(f"episode {episode_id} has no stored samples (unknown, still open, aborted or expired)")
-        samples = self.store.samples_for([episode_id])[episode_id]
-        tok = self.engine.tokenizer
-        return {"episode_id": episode_id, "task_id": stored.task_id, "task_type": stored.task_type,
-                "status": stored.status.value, "reward": stored.reward, "calls": stored.n_calls,
-                "report": self.store.tracking_report(episode_id),
-                "samples": [sample_trace(smp, tok) for smp in samples]}

@@ -1,15 +1,12 @@
 """The read side of a running server for the observe room (dashboard pages and metrics).
 
 ``ServerSource`` implements ``agentjet.observe.schema.DashboardSource`` on a server's ``RunParts``. It reads the
-sample store through a connection of its own (``query_only``), so dashboard polls never wait on the store
-lock that the request path and the trainer hold.
+sample store through ``store.StoreReader`` (a read-only connection of its own, so dashboard polls never wait on
+the store lock that the request path and the trainer hold); the SQL lives in ``store.py``.
 """
 
 from __future__ import annotations
 
-import json
-import sqlite3
-import threading
 import time
 from collections import defaultdict
 from typing import Any
@@ -20,13 +17,14 @@ from agentjet.observe.schema import (
     EpisodeFilter,
     EpisodeRow,
     EpisodeStatusFilter,
-    EvalPoint,
+    EvalRow,
     RunSnapshot,
-    StepPoint,
+    StepRow,
 )
 from agentjet.protocol import EpisodeStatus, reward_mean
 from agentjet.server.registry import Episode
 from agentjet.server.run_state import RunParts
+from agentjet.server.store import StoreReader
 from agentjet.settings import ServerConfig
 from agentjet.tracking import sample_trace
 
@@ -44,26 +42,17 @@ _LIVE_STATUSES = {
     EpisodeStatusFilter.EXPIRED: (EpisodeStatus.EXPIRED,),
     EpisodeStatusFilter.ABORTED: (EpisodeStatus.ABORTED,),
 }
-_EP_COLS = ("episode_id, client_id, task_id, task_type, status, reward, begin_policy_version, min_policy_version, "
-            "consumed_step, n_calls, n_samples, ended_at, team_id, commit_status")
 
 
 class ServerSource:
     def __init__(self, run: RunParts, counts_ttl_s: float = 2.0) -> None:
         self.run = run
-        self._lock = threading.Lock()
-        self._db = sqlite3.connect(str(run.store.path), check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA query_only=1")
+        self.reader = StoreReader(run.store.path)
         self._counts_ttl_s = counts_ttl_s
         self._counts: tuple[float, tuple[int, ...], dict[str, int]] = (-1e18, (), {})
 
     def close(self) -> None:
-        with self._lock:
-            self._db.close()
-
-    def _query(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-        with self._lock:
-            return self._db.execute(sql, args).fetchall()
+        self.reader.close()
 
     def _status_counts(self) -> dict[str, int]:
         """Episodes per stored status. Many pollers share one count while nothing that moves it has happened
@@ -74,8 +63,7 @@ class ServerSource:
         at, cached_key, counts = self._counts
         now = srv.clock.monotonic()
         if key != cached_key or now - at > self._counts_ttl_s:
-            counts = defaultdict(int, {r[0]: r[1] for r in self._query(
-                "SELECT status, COUNT(*) FROM episodes GROUP BY status")})
+            counts = defaultdict(int, self.reader.count_by_status())
             self._counts = (now, key, counts)
         return counts
 
@@ -97,29 +85,25 @@ class ServerSource:
                      DropReason.TEAM_ABORTED: counts["aborted"]},
             tracking=srv.tracking_totals.as_dict(), tito=srv.tito.as_dict())
 
-    def steps(self, after: int, limit: int) -> list[StepPoint]:
-        rows = self._query("SELECT step, policy_version, metrics, created_at FROM steps WHERE step > ? "
-                           "ORDER BY step LIMIT ?", (after, limit))
-        return [StepPoint(step=r[0], policy_version=r[1], metrics=json.loads(r[2]), time=r[3]) for r in rows]
+    def steps(self, after: int, limit: int) -> list[StepRow]:
+        return [StepRow(step=r["step"], policy_version=r["policy_version"], metrics=r["metrics"], time=r["created_at"])
+                for r in self.reader.steps(after, limit)]
 
-    def evals(self) -> list[EvalPoint]:
+    def evals(self) -> list[EvalRow]:
         acc: dict[tuple[int, str, str], list[float]] = defaultdict(list)
-        for version, task_type, reward in self._query(
-                "SELECT begin_policy_version, task_type, reward FROM episodes WHERE status='eval' ORDER BY seq"):
-            r = json.loads(reward)
+        for version, task_type, r in self.reader.eval_rewards():
             acc[(version, task_type, "*")].append(reward_mean(r))
             if isinstance(r, dict):
                 for agent, value in r.items():
                     acc[(version, task_type, agent)].append(float(value))
-        return [EvalPoint(policy_version=v, task_type=t, agent=a, reward_mean=sum(rs) / len(rs), episodes=len(rs))
+        return [EvalRow(policy_version=v, task_type=t, agent=a, reward_mean=sum(rs) / len(rs), episodes=len(rs))
                 for (v, t, a), rs in sorted(acc.items())]
 
     def clients(self) -> list[ClientRow]:
         reg = self.run.registry
         stored: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-        for client, status, n in self._query("SELECT client_id, status, COUNT(*) FROM episodes "
-                                             "GROUP BY client_id, status"):
-            stored[client][status] = n
+        for client, by_status in self.reader.counts_by_client().items():
+            stored[client].update(by_status)
         ids = sorted(set(reg.clients) | set(stored), key=lambda c: -reg.clients.get(c, 0.0))
         return [ClientRow(client_id=cid, last_seen=reg.clients.get(cid, 0.0), open_episodes=reg.open_for_client(cid),
                           stored_episodes=sum(stored[cid].values()) - stored[cid]["aborted"],
@@ -157,64 +141,56 @@ class ServerSource:
         return out
 
     def _stored_episodes(self, q: EpisodeFilter) -> list[EpisodeRow]:
-        where, args = [], []
-        if q.status is not None:
-            statuses = _STORED_STATUSES[q.status]
-            where.append(f"status IN ({','.join('?' * len(statuses))})")
-            args += statuses
-        for col, value in (("task_type", q.task_type), ("client_id", q.client_id),
-                           ("begin_policy_version", q.version)):
-            if value is not None:
-                where.append(f"{col} = ?")
-                args.append(value)
-        if q.eval is not None:
-            where.append("(status = 'eval' OR commit_status = 'eval')" if q.eval
-                         else "NOT (status = 'eval' OR IFNULL(commit_status, '') = 'eval')")
-        sql = f"SELECT {_EP_COLS} FROM episodes" + (f" WHERE {' AND '.join(where)}" if where else "")
-        sql += " ORDER BY seq DESC LIMIT ?"
-        out = []
+        statuses = _STORED_STATUSES[q.status] if q.status is not None else None
+        equals = {col: value for col, value in (("task_type", q.task_type), ("client_id", q.client_id),
+                                                ("begin_policy_version", q.version)) if value is not None}
         # reward filters apply to the mean reward (a dict reward is averaged): filtered here, so page through
-        for r in self._query(sql, (*args, q.limit if q.min_reward is None and q.max_reward is None else 100_000)):
-            reward = json.loads(r[5])
-            mean = reward_mean(reward)
+        limit = q.limit if q.min_reward is None and q.max_reward is None else 100_000
+        out = []
+        for r in self.reader.episodes(statuses, equals, q.eval, limit):
+            mean = reward_mean(r["reward"])
             if (q.min_reward is not None and mean < q.min_reward) or (q.max_reward is not None and mean > q.max_reward):
                 continue
-            out.append(EpisodeRow(episode_id=r[0], client_id=r[1], task_id=r[2], task_type=r[3], status=r[4],
-                                  eval=r[4] == "eval" or r[13] == "eval", reward=reward, reward_mean=mean,
-                                  begin_policy_version=r[6], min_policy_version=r[7], consumed_step=r[8], calls=r[9],
-                                  samples=r[10], ended_at=r[11], team_id=r[12]))
+            out.append(EpisodeRow(episode_id=r["episode_id"], client_id=r["client_id"], task_id=r["task_id"],
+                                  task_type=r["task_type"], status=r["status"],
+                                  eval=r["status"] == "eval" or r["commit_status"] == "eval", reward=r["reward"],
+                                  reward_mean=mean, begin_policy_version=r["begin_policy_version"],
+                                  min_policy_version=r["min_policy_version"], consumed_step=r["consumed_step"],
+                                  calls=r["n_calls"], samples=r["n_samples"], ended_at=r["ended_at"],
+                                  team_id=r["team_id"]))
             if len(out) >= q.limit:
                 break
         return out
 
     def trace(self, episode_id: str) -> dict[str, Any] | None:
-        rows = self._query(f"SELECT {_EP_COLS}, metadata, tracking, team_coordinator FROM episodes "
-                           "WHERE episode_id=?", (episode_id,))
-        if not rows:
+        """The token-level trace of a stored episode, with the trainer's view (None: not stored). The one trace
+        builder: ``GET /swarm/v1/episodes/{id}/trace`` answers this too."""
+        run = self.run
+        row = run.store.trace_row(episode_id)
+        if row is None:
             return None
-        r = rows[0]
-        srv = self.run
-        samples = srv.store.samples_for([episode_id])[episode_id]
-        trained = srv.trainlog.for_episode(episode_id)
-        metadata = json.loads(r[14]) if r[14] else {}
+        samples = run.store.samples_for([episode_id])[episode_id]
+        trained = run.trainlog.for_episode(episode_id)
         out_samples = []
         for i, smp in enumerate(samples):
-            t = sample_trace(smp, srv.engine.tokenizer)
+            t = sample_trace(smp, run.engine.tokenizer)
             t["trainer"] = _trainer_view(trained.get(i), smp.loss_mask)
             out_samples.append(t)
-        reward = json.loads(r[5])
+        ep = row.episode
         team = None
-        if r[12]:
-            roles = metadata.get("team_roles") if isinstance(metadata.get("team_roles"), dict) else {}
-            team = {"team_id": r[12], "coordinator": r[16], "roles": {str(k): str(v) for k, v in roles.items()}}
-        return {"episode_id": r[0], "client_id": r[1], "task_id": r[2], "task_type": r[3], "status": r[4],
-                "reward": reward, "reward_mean": reward_mean(reward), "begin_policy_version": r[6],
-                "min_policy_version": r[7], "consumed_step": r[8], "calls": r[9], "ended_at": r[11],
-                "metadata": metadata, "report": json.loads(r[15]) if r[15] else None, "team": team,
-                "samples": out_samples}
+        if ep.team_id:
+            roles = row.metadata.get("team_roles") if isinstance(row.metadata.get("team_roles"), dict) else {}
+            team = {"team_id": ep.team_id, "coordinator": ep.team_coordinator,
+                    "roles": {str(k): str(v) for k, v in roles.items()}}
+        return {"episode_id": ep.episode_id, "client_id": ep.client_id, "task_id": ep.task_id,
+                "task_type": ep.task_type, "status": ep.status.value, "reward": ep.reward,
+                "reward_mean": reward_mean(ep.reward), "begin_policy_version": ep.begin_policy_version,
+                "min_policy_version": ep.min_policy_version, "consumed_step": row.consumed_step,
+                "calls": ep.n_calls, "ended_at": ep.ended_at, "metadata": row.metadata, "report": row.report,
+                "team": team, "samples": out_samples}
 
     def team_episodes(self, team_id: str) -> list[str]:
-        return [r[0] for r in self._query("SELECT episode_id FROM episodes WHERE team_id=? ORDER BY seq", (team_id,))]
+        return self.reader.team_episodes(team_id)
 
     def tokens(self) -> list[str]:
         cfg = self.run.config

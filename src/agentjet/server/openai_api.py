@@ -128,7 +128,7 @@ class ChatCall:
     def __init__(self, request: Request, body: ChatCompletionRequest, key: str | None) -> None:
         server = server_of(request)
         self.server = server
-        self.episode: Episode = server.episodes.open_by_key(key)
+        self.episode: Episode = server.keys.open_by_key(key)
         _unsupported(body)
         if len(body.messages) > server.config.max_messages:
             raise bad_request(f"at most {server.config.max_messages} messages per request", param="messages")

@@ -8,6 +8,7 @@ On resume from a checkpoint taken at step k, episodes consumed after step k go b
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import json
 import sqlite3
@@ -108,6 +109,14 @@ class StoredEpisode:
     team_secret: str | None = None
 
 
+@dataclass(frozen=True)
+class TraceRow:
+    episode: StoredEpisode
+    consumed_step: int | None
+    metadata: dict[str, Any]
+    report: dict[str, Any] | None  # the tracking report (merge and drift statistics)
+
+
 def _ints(blob: bytes) -> list[int]:
     a = array("q")
     a.frombytes(blob)
@@ -129,23 +138,26 @@ class SampleStore:
         self.path = path
         self._lock = threading.Lock()
         self._db = open_wal_db(path, _SCHEMA, synchronous="FULL")  # an acknowledged episode survives a crash
+        self._db.row_factory = sqlite3.Row  # every row is read by column name
         self._add_missing_columns()
 
     def _add_missing_columns(self) -> None:
         """A data dir written by an earlier version lacks the newer columns (CREATE TABLE IF NOT EXISTS keeps the
         old table): add them, so --resume after an upgrade does not fail every end and every train step."""
         want = sqlite3.connect(":memory:")
+        want.row_factory = sqlite3.Row
         try:
             want.executescript(_SCHEMA)
-            tables = [r[0] for r in want.execute("SELECT name FROM sqlite_master WHERE type='table' "
-                                                 "AND name NOT LIKE 'sqlite_%'")]
+            tables = [r["name"] for r in want.execute("SELECT name FROM sqlite_master WHERE type='table' "
+                                                      "AND name NOT LIKE 'sqlite_%'")]
             for table in tables:
-                have = {r[1] for r in self._db.execute(f"PRAGMA table_info({table})")}
-                for _, name, typ, notnull, default, _ in want.execute(f"PRAGMA table_info({table})"):
-                    if name not in have:
-                        self._db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {typ}"
-                                         + (" NOT NULL" if notnull else "")
-                                         + (f" DEFAULT {default}" if default is not None else ""))
+                have = {r["name"] for r in self._db.execute(f"PRAGMA table_info({table})")}
+                for col in want.execute(f"PRAGMA table_info({table})"):
+                    if col["name"] not in have:
+                        self._db.execute(f"ALTER TABLE {table} ADD COLUMN {col['name']} {col['type']}"
+                                         + (" NOT NULL" if col["notnull"] else "")
+                                         + (f" DEFAULT {col['dflt_value']}" if col["dflt_value"] is not None
+                                            else ""))
         finally:
             want.close()
 
@@ -239,7 +251,7 @@ class SampleStore:
                     if ep.team_coordinator is None and ep.team_id:  # the coordinator decides for the team
                         row = cur.execute("SELECT decision FROM teams WHERE team_id=?", (ep.team_id,)).fetchone()
                         if row is not None:
-                            commit = row[0] == "committed"  # decided before (e.g. expired): keep it
+                            commit = row["decision"] == "committed"  # decided before (e.g. expired): keep it
                         else:
                             cur.execute("INSERT INTO teams VALUES (?,?,?,?)", (
                                 ep.team_id, digest(ep.team_secret or ""), "committed" if commit else "aborted",
@@ -261,9 +273,9 @@ class SampleStore:
         secret does not match."""
         with self._lock:
             row = self._db.execute("SELECT secret_hash, decision FROM teams WHERE team_id=?", (team_id,)).fetchone()
-        if row is None or not matches(secret, row[0]):
+        if row is None or not matches(secret, row["secret_hash"]):
             return None
-        return row[1]
+        return str(row["decision"])
 
     def prepared_episodes(self) -> list[StoredEpisode]:
         with self._lock:
@@ -281,24 +293,34 @@ class SampleStore:
             return cur.rowcount
 
     # ----------------------------------------------------------------- reads
-    def _episode(self, r: tuple) -> StoredEpisode:
-        return StoredEpisode(r[0], r[1], r[2], r[3], r[4], r[5], json.loads(r[6]), StoredStatus(r[7]),
-                             r[8], r[9], r[10], r[11], r[12], StoredStatus(r[13]) if r[13] else None, r[14], r[15],
-                             r[16])
+    _COL_NAMES = tuple(f.name for f in dataclasses.fields(StoredEpisode))  # the episodes columns, by name
+    _COLS = ", ".join(_COL_NAMES)
 
-    _COLS = ("episode_id, key_hash, client_id, task_id, task_type, group_key, reward, status, n_calls, "
-             "n_samples, begin_policy_version, min_policy_version, ended_at, commit_status, team_id, "
-             "team_coordinator, team_secret")
+    def _episode(self, r: sqlite3.Row) -> StoredEpisode:
+        row = {name: r[name] for name in self._COL_NAMES}
+        return StoredEpisode(**{**row, "reward": json.loads(row["reward"]), "status": StoredStatus(row["status"]),
+                                "commit_status": StoredStatus(row["commit_status"]) if row["commit_status"] else None})
 
     def get_episode(self, episode_id: str) -> StoredEpisode | None:
         with self._lock:
             r = self._db.execute(f"SELECT {self._COLS} FROM episodes WHERE episode_id=?", (episode_id,)).fetchone()
         return self._episode(r) if r else None
 
+    def trace_row(self, episode_id: str) -> TraceRow | None:
+        """A stored episode with what its trace shows besides the samples (None: not stored)."""
+        with self._lock:
+            r = self._db.execute(f"SELECT {self._COLS}, consumed_step, metadata, tracking FROM episodes "
+                                 "WHERE episode_id=?", (episode_id,)).fetchone()
+        if r is None:
+            return None
+        return TraceRow(episode=self._episode(r), consumed_step=r["consumed_step"],
+                        metadata=json.loads(r["metadata"]) if r["metadata"] else {},
+                        report=json.loads(r["tracking"]) if r["tracking"] else None)
+
     def tracking_report(self, episode_id: str) -> dict[str, Any] | None:
         with self._lock:
             row = self._db.execute("SELECT tracking FROM episodes WHERE episode_id=?", (episode_id,)).fetchone()
-        return json.loads(row[0]) if row and row[0] else None
+        return json.loads(row["tracking"]) if row and row["tracking"] else None
 
     def pending_episodes(self) -> list[StoredEpisode]:
         with self._lock:
@@ -314,23 +336,24 @@ class SampleStore:
                     "SELECT agent, temperature, min_policy_version, input_ids, loss_mask, logprobs, call_indices, "
                     "stats, weight FROM samples WHERE episode_id=? ORDER BY id", (eid,)).fetchall()
                 out[eid] = [EpisodeSample(
-                    input_ids=_ints(r[3]), loss_mask=_ints(r[4]), behaviour_logprobs=_floats(r[5]), agent=r[0],
-                    temperature=r[1], call_indices=json.loads(r[6]), min_policy_version=r[2],
-                    stats=json.loads(r[7]), weight=r[8]) for r in rows]
+                    input_ids=_ints(r["input_ids"]), loss_mask=_ints(r["loss_mask"]),
+                    behaviour_logprobs=_floats(r["logprobs"]), agent=r["agent"], temperature=r["temperature"],
+                    call_indices=json.loads(r["call_indices"]), min_policy_version=r["min_policy_version"],
+                    stats=json.loads(r["stats"]), weight=r["weight"]) for r in rows]
         return out
 
     def count_by_status(self) -> dict[str, int]:
         with self._lock:
-            rows = self._db.execute("SELECT status, COUNT(*) FROM episodes GROUP BY status").fetchall()
+            rows = self._db.execute("SELECT status, COUNT(*) AS n FROM episodes GROUP BY status").fetchall()
         counts = {s.value: 0 for s in StoredStatus}
-        counts.update({r[0]: r[1] for r in rows})
+        counts.update({r["status"]: r["n"] for r in rows})
         return counts
 
     def eval_rewards(self) -> list[tuple[int, float | dict[str, float]]]:
         with self._lock:
             rows = self._db.execute(
                 "SELECT begin_policy_version, reward FROM episodes WHERE status='eval' ORDER BY seq").fetchall()
-        return [(r[0], json.loads(r[1])) for r in rows]
+        return [(r["begin_policy_version"], json.loads(r["reward"])) for r in rows]
 
     def consumed_steps(self) -> dict[str, list[int]]:
         """episode id -> the steps that consumed it (for exactly-once audits: each list has length 1)."""
@@ -338,11 +361,84 @@ class SampleStore:
             rows = self._db.execute(
                 "SELECT episode_id, consumed_step FROM episodes WHERE consumed_step IS NOT NULL").fetchall()
         out: dict[str, list[int]] = {}
-        for eid, step in rows:
-            out.setdefault(eid, []).append(step)
+        for r in rows:
+            out.setdefault(r["episode_id"], []).append(r["consumed_step"])
         return out
 
     def step_metrics(self) -> list[tuple[int, int, dict[str, float], float]]:
         with self._lock:
             rows = self._db.execute("SELECT step, policy_version, metrics, created_at FROM steps ORDER BY step").fetchall()
-        return [(r[0], r[1], json.loads(r[2]), r[3]) for r in rows]
+        return [(r["step"], r["policy_version"], json.loads(r["metrics"]), r["created_at"]) for r in rows]
+
+
+EPISODE_SUMMARY_COLS = ("episode_id", "client_id", "task_id", "task_type", "status", "reward", "begin_policy_version",
+                        "min_policy_version", "consumed_step", "n_calls", "n_samples", "ended_at", "team_id",
+                        "commit_status")
+_FILTER_COLS = frozenset({"task_type", "client_id", "begin_policy_version"})
+
+
+class StoreReader:
+    """The read side's queries on the store, on a read-only connection of its own (``query_only``), so dashboard
+    polls never wait on the store lock that the request path and the trainer hold. Rows come back by name."""
+
+    def __init__(self, path: Path) -> None:
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA query_only=1")
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def _query(self, sql: str, args: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
+        with self._lock:
+            return self._db.execute(sql, args).fetchall()
+
+    def count_by_status(self) -> dict[str, int]:
+        return {r["status"]: r["n"] for r in self._query("SELECT status, COUNT(*) AS n FROM episodes GROUP BY status")}
+
+    def steps(self, after: int, limit: int) -> list[dict[str, Any]]:
+        """``{step, policy_version, metrics, created_at}`` of the steps after ``after``, oldest first."""
+        rows = self._query("SELECT step, policy_version, metrics, created_at FROM steps WHERE step > ? "
+                           "ORDER BY step LIMIT ?", (after, limit))
+        return [{**dict(r), "metrics": json.loads(r["metrics"])} for r in rows]
+
+    def eval_rewards(self) -> list[tuple[int, str, float | dict[str, float]]]:
+        """(policy version at begin, task type, reward) of every eval episode, oldest first."""
+        rows = self._query("SELECT begin_policy_version, task_type, reward FROM episodes WHERE status='eval' "
+                           "ORDER BY seq")
+        return [(r["begin_policy_version"], r["task_type"], json.loads(r["reward"])) for r in rows]
+
+    def counts_by_client(self) -> dict[str, dict[str, int]]:
+        """Stored episodes per client and status."""
+        out: dict[str, dict[str, int]] = {}
+        for r in self._query("SELECT client_id, status, COUNT(*) AS n FROM episodes GROUP BY client_id, status"):
+            out.setdefault(r["client_id"], {})[r["status"]] = r["n"]
+        return out
+
+    def episodes(self, statuses: tuple[str, ...] | None, equals: dict[str, Any], eval: bool | None,
+                 limit: int) -> list[dict[str, Any]]:
+        """The newest stored episodes (``EPISODE_SUMMARY_COLS``, reward decoded) with one of ``statuses``, the
+        column values in ``equals`` (task_type, client_id, begin_policy_version) and, if given, eval or not."""
+        where: list[str] = []
+        args: list[Any] = []
+        if statuses is not None:
+            where.append(f"status IN ({','.join('?' * len(statuses))})")
+            args += statuses
+        for col, value in equals.items():
+            if col not in _FILTER_COLS:
+                raise ValueError(f"cannot filter episodes by {col!r}")
+            where.append(f"{col} = ?")
+            args.append(value)
+        if eval is not None:
+            where.append("(status = 'eval' OR commit_status = 'eval')" if eval
+                         else "NOT (status = 'eval' OR IFNULL(commit_status, '') = 'eval')")
+        sql = f"SELECT {', '.join(EPISODE_SUMMARY_COLS)} FROM episodes"
+        sql += (f" WHERE {' AND '.join(where)}" if where else "") + " ORDER BY seq DESC LIMIT ?"
+        return [{**dict(r), "reward": json.loads(r["reward"])} for r in self._query(sql, (*args, limit))]
+
+    def team_episodes(self, team_id: str) -> list[str]:
+        return [r["episode_id"] for r in self._query("SELECT episode_id FROM episodes WHERE team_id=? ORDER BY seq",
+                                                     (team_id,))]
+

@@ -33,6 +33,7 @@ from agentjet.server.auth import Auth, new_admin_token, save_admin_token
 from agentjet.server.chat import ChatFormatter
 from agentjet.server.clock import Clock, SystemClock
 from agentjet.server.episodes import Episodes
+from agentjet.server.keys import EpisodeKeys
 from agentjet.server.locks import KeyedLocks
 from agentjet.server.observe_source import ServerSource
 from agentjet.server.registry import EpisodeRegistry
@@ -55,6 +56,7 @@ class SwarmServer:
     trainer: Trainer
     teams: Teams
     episodes: Episodes
+    keys: EpisodeKeys
     run: RunParts
     observe: ServerSource
     metrics: MetricsHub
@@ -99,6 +101,7 @@ class SwarmServer:
         self.episodes = Episodes(config, self.engine, self.formatter, self.registry, self.store, self.trainer,
                                  self.teams, self.throughput, self.tito, locks, self.clock, self.effective_state,
                                  self.tracking_totals)
+        self.keys = self.episodes.keys
         trainlog = TrainLog(data_dir / TRAINLOG_FILE)
         self.run = RunParts(config=config, engine=self.engine, clock=self.clock, registry=self.registry,
                             store=self.store, trainer=self.trainer, episodes=self.episodes, teams=self.teams,
@@ -119,7 +122,7 @@ class SwarmServer:
     async def start(self) -> None:
         self._open()
         if self.config.resume:
-            await asyncio.to_thread(self.trainer.resume)
+            await asyncio.to_thread(self.trainer.resume_from_checkpoint)
         self.engine.set_learning_rate(self.config.training.learning_rate)  # the configured rate wins on resume
         self.engine.set_loss(self.config.loss)
         self.teams.load()

@@ -22,6 +22,7 @@ from agentjet.protocol import (
     ServerStatus,
     TeamDecisionResponse,
 )
+from agentjet.server.errors import not_found
 from agentjet.server.routes import bearer, require_swarm, require_swarm_or_admin, server_of
 
 router = APIRouter(prefix=SWARM_PREFIX)
@@ -90,4 +91,8 @@ async def episode_trace(request: Request, episode_id: str, key: str | None = Dep
     """Every sample's tokens, loss mask, behaviour logprobs, agent and call boundaries, plus merge and drift
     statistics. Needs the admin token, or the episode's own key."""
     server = server_of(request)
-    return await asyncio.to_thread(server.episodes.trace, key, episode_id, server.auth.is_admin(key))
+    await asyncio.to_thread(server.keys.authorize_trace, key, episode_id, server.auth.is_admin(key))
+    trace = await asyncio.to_thread(server.observe.trace, episode_id)
+    if trace is None:
+        raise not_found(f"episode {episode_id} has no stored samples (unknown, still open, aborted or expired)")
+    return trace

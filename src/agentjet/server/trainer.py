@@ -114,6 +114,9 @@ class Trainer:
         self._pending: dict[str, list[StoredEpisode]] = defaultdict(list)
         self._first_seen: dict[str, float] = {}
         self._wake = asyncio.Event()
+        self._passes = 0  # passes of the train loop finished (each trains every ready batch, then idles)
+        self._in_pass = False
+        self._pass_done = asyncio.Condition()
         self.last_begin: dict[str, float] = {}  # task type -> monotonic time of its latest begin
         self.step_lock = asyncio.Lock()  # held by a train step; control actions take it to run between steps
         self._task: asyncio.Task[None] | None = None
@@ -211,6 +214,18 @@ class Trainer:
         return batch
 
     def wake(self) -> None:
+        self._wake.set()
+
+    async def pause(self, wait_for_step: bool = False) -> None:
+        """Start no new train step. ``wait_for_step``: also wait for a step in progress to finish (it holds
+        ``step_lock``; a step that has not taken the lock yet sees ``paused`` first and does not start)."""
+        self.paused = True
+        if wait_for_step:
+            async with self.step_lock:
+                pass
+
+    def resume(self) -> None:
+        self.paused = False
         self._wake.set()
 
     @property
@@ -405,18 +420,37 @@ class Trainer:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=1.0)
             self._wake.clear()
+            self._in_pass = True
             try:
-                while not self._stopping and await self.maybe_step():
-                    self._capacity_changed()
-                self._capacity_changed()  # stale or uniform groups dropped: their places are free
-            except TrainingHaltedError as exc:  # going on would train on wrong data: pause, say why, once
-                if self.counters.halted_reason != str(exc):
-                    log.error("training halted (paused): %s", exc)
-                self.counters.halted_reason = str(exc)
-                self.paused = True
-            except Exception:  # a failed step must not kill the loop; the episodes stay pending
-                log.exception("train step failed; its episodes stay in the store")
-                await asyncio.sleep(1.0)
+                await self._one_pass()
+            finally:
+                self._in_pass = False
+                self._passes += 1
+                async with self._pass_done:
+                    self._pass_done.notify_all()
+
+    async def _one_pass(self) -> None:
+        try:
+            while not self._stopping and await self.maybe_step():
+                self._capacity_changed()
+            self._capacity_changed()  # stale or uniform groups dropped: their places are free
+        except TrainingHaltedError as exc:  # going on would train on wrong data: pause, say why, once
+            if self.counters.halted_reason != str(exc):
+                log.error("training halted (paused): %s", exc)
+            self.counters.halted_reason = str(exc)
+            self.paused = True
+        except Exception:  # a failed step must not kill the loop; the episodes stay pending
+            log.exception("train step failed; its episodes stay in the store")
+            await asyncio.sleep(1.0)
+
+    async def settled(self) -> None:
+        """Return once the train loop has made a whole pass over the pool that began after this call: it has
+        trained every batch that was ready then, or passed them by (paused, halted, a failed step), and gone idle.
+        So "nothing trained" is shown by an event, not by waiting a while."""
+        target = self._passes + (2 if self._in_pass else 1)
+        self._wake.set()
+        async with self._pass_done:
+            await self._pass_done.wait_for(lambda: self._passes >= target or self._task is None or self._task.done())
 
     def _capacity_changed(self) -> None:
         if self.on_capacity is not None:
@@ -474,7 +508,7 @@ class Trainer:
                 return path
         return None
 
-    def resume(self) -> int:
+    def resume_from_checkpoint(self) -> int:
         """Load the latest checkpoint (if any) and rewind the store to it. Returns the restored step."""
         ckpt = self.latest_checkpoint()
         step = 0

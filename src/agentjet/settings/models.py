@@ -267,8 +267,8 @@ class VLLMSettings(_Section):
                                 "(VLLM_CPU_KVCACHE_SPACE; 2 GiB holds ~93k SmolLM2 tokens)")
     gpu_memory_utilization: float = Field(0.85, gt=0, le=1, description="GPU builds: share of GPU memory vLLM "
                                           "may take for weights and KV cache")
-    enforce_eager: bool = Field(True, description="skip torch.compile / CUDA graphs: starts in ~25 s instead of "
-                                "60-90 s on this CPU, ~15% slower at high concurrency")
+    enforce_eager: bool = Field(True, description="skip torch.compile / CUDA graphs: vLLM starts sooner and "
+                                "decodes slower at high concurrency (measurements: docs/vllm.md)")
     reserved_cpus: int = Field(0, ge=0, le=1024, description="CPU builds: cores vLLM leaves free "
                                "(VLLM_CPU_NUM_OF_RESERVED_CPU)")
     extra_args: Annotated[list[str], BeforeValidator(_split_args)] = Field(default_factory=list, description="more command-line arguments for vLLM's "

@@ -20,6 +20,8 @@ import hashlib
 import random
 import re
 
+from agentjet.tasks.recommended import Recommended
+
 NAME = "addition"
 SPLITS = ("train", "eval")
 DIGITS = range(10)
@@ -32,8 +34,8 @@ SAMPLING = {"temperature": 0.7, "top_p": 1.0, "max_tokens": 10}
 EVAL_SAMPLING = {"temperature": 0.7, "top_p": 1.0, "max_tokens": 10, "seed": 10_000}
 # ``steps`` is a ceiling: the demo's curriculum retires solved pairs and its stopping rule ends the run on
 # an eval plateau.
-RECOMMENDED = {"learning_rate": 2e-5, "group_size": 8, "groups_per_batch": 4, "steps": 60, "eval_n": 44,
-               "eval_every_s": 120, "concurrency": 32, "stop": {"patience": 2, "min_delta": 0.02, "min_evals": 3}}
+RECOMMENDED = Recommended(learning_rate=2e-5, group_size=8, batch_groups=4, steps=60, eval_n=44, eval_every_s=120,
+                          concurrency=32, stop={"patience": 2, "min_delta": 0.02, "min_evals": 3})
 
 _NUM = re.compile(r"-?\d+")
 

@@ -25,6 +25,8 @@ import random
 import re
 from typing import Any
 
+from agentjet.tasks.recommended import Recommended
+
 NAME = "calculator"
 SPLITS = ("train", "eval")
 OPERANDS = range(1, 10)
@@ -47,8 +49,8 @@ EVAL_SAMPLING = {"temperature": 0.7, "top_p": 1.0, "max_tokens": 40, "seed": 20_
 # Small steps (2 groups of 4 episodes) so that a step completes in about a minute on a 2-core CPU, with two
 # steps' worth of episodes in flight; ``steps`` is a ceiling (the time budget ends the run). An eval of 56
 # episodes takes minutes here: every 10 minutes.
-RECOMMENDED = {"learning_rate": 2e-5, "group_size": 4, "groups_per_batch": 2, "steps": 200, "eval_n": 56,
-               "eval_every_s": 600, "concurrency": 16, "pool": 1024}
+RECOMMENDED = Recommended(learning_rate=2e-5, group_size=4, batch_groups=2, steps=200, eval_n=56, eval_every_s=600,
+                          concurrency=16, pool=1024)
 
 FEEDBACK = "{hint} Use the calculator tool, then reply with only the number."
 

@@ -34,6 +34,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentjet.tasks.recommended import Recommended
+
 NAME = "lookup"
 SPLITS = ("train", "eval")
 COLORS = ("red", "blue", "green", "gold", "gray", "pink", "teal", "white")
@@ -85,8 +87,8 @@ SAMPLING = {"temperature": 0.7, "top_p": 1.0, "max_tokens": 40}
 EVAL_SAMPLING = {"temperature": 0.7, "top_p": 1.0, "max_tokens": 40, "seed": 30_000}
 # As the calculator task: small steps (2 groups of 4) so that a step completes in about a minute on a
 # 2-core CPU, two steps' worth of episodes in flight, the held-out eval every 5 minutes of training.
-RECOMMENDED = {"learning_rate": 2e-5, "group_size": 4, "groups_per_batch": 2, "steps": 200, "eval_n": EVAL_TABLES,
-               "eval_every_s": 300, "concurrency": 16, "pool": TRAIN_TABLES}
+RECOMMENDED = Recommended(learning_rate=2e-5, group_size=4, batch_groups=2, steps=200, eval_n=EVAL_TABLES,
+                          eval_every_s=300, concurrency=16, pool=TRAIN_TABLES)
 
 _NUM = re.compile(r"\d+")
 _CODE_DIGITS = 4

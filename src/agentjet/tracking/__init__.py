@@ -1,6 +1,7 @@
 """Context tracking: turns an episode's recorded calls into training samples.
 
-``build_samples`` is the one entry point the server uses; ``track_episode`` also returns a ``TrackingReport``.
+``track_episode`` is the entry point the server uses (``server/episodes.py``): the samples and a
+``TrackingReport``. ``build_samples`` returns the samples alone.
 
 - ``segment``: message spans in the rendered prompt, for any chat template.
 - ``drift``: re-tokenization drift detection and repair (token-in, token-out), ``tito_prompt_ids`` for servers.

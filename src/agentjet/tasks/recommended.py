@@ -1,0 +1,26 @@
+"""A task's recommended run, typed. The names are those of the settings each value feeds: ``learning_rate``,
+``group_size`` and ``batch_groups`` go to the server's ``training`` section; the rest drive the client side (the
+demo, a study's trial client, ``ajet bench``)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Recommended(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    learning_rate: float = Field(gt=0, description="training.learning_rate")
+    group_size: int = Field(ge=1, description="training.group_size: episodes per task id")
+    batch_groups: int = Field(ge=1, description="training.batch_groups: groups per train step")
+    steps: int = Field(ge=1, description="a ceiling on train steps (the demo's stopping rule may end it sooner)")
+    eval_n: int = Field(44, ge=1, description="held-out episodes per eval point")
+    eval_every_s: float = Field(120.0, ge=0, description="periodic held-out eval, in training seconds (0: none)")
+    concurrency: int = Field(32, ge=1, description="episodes in flight")
+    pool: int = Field(1024, ge=1, description="training tasks drawn per round")
+    stop: dict[str, float] = Field(default_factory=dict, description="the stopping rule's settings "
+                                   "(agentjet.schedule.StopSettings)")
+
+    def training(self) -> dict[str, float | int]:
+        """The values for the server's ``training`` section."""
+        return {"learning_rate": self.learning_rate, "group_size": self.group_size, "batch_groups": self.batch_groups}
