@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import os
 import signal
 import socket
@@ -46,6 +45,7 @@ from agentjet.engines.policy_step import (
     trained_token_logprobs,
 )
 from agentjet.engines.weights import untie, write_safetensors
+from agentjet.proc import die_with_parent
 
 
 class PolicyLogprobs(torch.nn.Module):
@@ -236,11 +236,9 @@ class RankTrainer:
 
 # ----------------------------------------------------------------- process plumbing
 def _die_with_parent() -> None:
-    """Ask Linux to SIGKILL this rank when its torchrun agent dies (torchrun puts ranks in their own sessions,
-    so killing the agent's process group would not reach them)."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    """SIGKILL this rank when its torchrun agent dies (torchrun puts ranks in their own sessions, so killing the
+    agent's process group would not reach them); exit at once if it is already gone."""
+    die_with_parent(signal.SIGKILL)
     if os.getppid() == 1:
         os._exit(1)
 

@@ -16,7 +16,6 @@ import contextlib
 import logging
 import os
 import shutil
-import socket
 import tempfile
 import time
 from collections import Counter
@@ -42,6 +41,7 @@ from agentjet.engines.vllm.client import (
 )
 from agentjet.engines.vllm.probe import ProbeResult, compare, probe_prompt_ids
 from agentjet.engines.vllm.process import LaunchSpec, ManagedProcess, ProcessState, Timing
+from agentjet.proc import free_port
 from agentjet.settings import VLLMSettings
 
 log = logging.getLogger(__name__)
@@ -52,12 +52,6 @@ RETRY_AFTER_S = 30.0
 MAX_SOCKET_DIR = 64  # longest TMPDIR for vLLM: its ZMQ socket paths (+ "/" + a uuid) must fit in sun_path (107)
 
 Scorer = Callable[[list[TrainSample]], Awaitable[list[list[float]]]]  # a learner's ``score``
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 class VLLMGenerator(Generator):
@@ -83,7 +77,7 @@ class VLLMGenerator(Generator):
         self.uses_lora = lora_adapters
         self._model_limit = max_context
         self.work_dir = Path(work_dir).resolve()
-        self.port = s.port or _free_port(s.host)
+        self.port = s.port or free_port(s.host)
         self.url = f"http://{s.host}:{self.port}"
         self.client = VLLMClient(self.url, request_timeout_s=s.request_timeout_s,
                                  control_timeout_s=s.control_timeout_s)
