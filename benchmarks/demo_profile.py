@@ -31,7 +31,7 @@ OUT = ROOT / "benchmarks" / "results" / "demo_profile.json"
 
 
 class EngineTimer:
-    """Wraps an HFEngine's batch generation and train step with wall-clock timers (worker thread)."""
+    """Wraps the embedded layout's batch generation and train step with wall-clock timers (worker thread)."""
 
     def __init__(self, engine: Any) -> None:
         self.gen_s = 0.0

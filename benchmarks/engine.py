@@ -17,7 +17,7 @@ either a fixed ``--new-tokens`` new tokens or a uniform number in ``--mixed`` (E
 each request generates exactly its number). ``c`` clients each send their next request when the previous one
 returns (closed loop), until the list is done; tok/s = generated tokens / wall time. Variants:
 
-* ``continuous``: this engine (``HFEngine``, continuous batching; CUDA graphs on CUDA);
+* ``continuous``: this engine (``HFGenerator``, continuous batching; CUDA graphs on CUDA);
 * ablations of it, not run by default: ``continuous-compile`` (``compile=True``: the decode step through
   ``torch.compile``; each (concurrency, workload) is run once untimed first, so compilation is not timed) and
   ``continuous-bf16`` (bf16 weights);
@@ -30,7 +30,7 @@ returns (closed loop), until the list is done; tok/s = generated tokens / wall t
 * ``static-compile``: one fixed batch of ``c`` requests with ``StaticCache`` and a ``torch.compile``d decode
   step (``mode="reduce-overhead"`` on CUDA), fixed lengths only; compilation is a warm-up run, reported apart.
 
-**Training** (``--train``): ``HFEngine.train_step_sync`` (PPO-clip on every position but the first, behaviour
+**Training** (``--train``): the embedded layout's ``train_step_sync`` (PPO-clip on every position but the first, behaviour
 logprobs from a scoring pass) against the floor, a bare ``model(ids, labels=ids).loss.backward();
 AdamW.step()`` on the same tokens, both in one fresh subprocess, steps interleaved; time ratio (median of
 per-pair ratios), peak memory (CUDA: ``max_memory_allocated`` above the start of the step; CPU: peak RSS
@@ -410,7 +410,7 @@ def _floor_step(path: Path, device: torch.device, dtype: torch.dtype, ids: torch
 
 
 def _engine_step(path: Path, device: torch.device, dtype: str, ids: torch.Tensor, seed: int, checkpointing: bool):
-    """Ours: ``HFEngine.train_step_sync`` on the same tokens, every position but the first trained."""
+    """Ours: the embedded layout's ``train_step_sync`` on the same tokens, every position but the first trained."""
     from agentjet.engines.base import TrainSample
     from agentjet.layouts import embedded_engine
     from agentjet.settings import EngineSettings

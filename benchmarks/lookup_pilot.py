@@ -76,8 +76,8 @@ def main() -> None:
     p.add_argument("--tag", default="", help="a label for this setting (rows merge by tag, prompt, checker)")
     args = p.parse_args()
 
-    from agentjet.engines.hf import HFEngine
     from agentjet.launch import free_port
+    from agentjet.layouts import embedded_engine
     from agentjet.provenance import git_commit, machine
     from agentjet.server import SwarmServer
     from agentjet.server.app import BackgroundServer
@@ -90,7 +90,7 @@ def main() -> None:
                "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        engine = HFEngine(args.model, EngineSettings(max_batch_size=args.concurrency))
+        engine = embedded_engine(args.model, EngineSettings(max_batch_size=args.concurrency))
         cfg = ServerConfig(model=args.model, port=free_port(), data_dir=Path(tmp),
                            engine=EngineSettings(max_batch_size=args.concurrency))
         with BackgroundServer(SwarmServer(cfg, engine)) as bg:

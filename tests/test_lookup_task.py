@@ -17,8 +17,11 @@ import pytest
 from agentjet import SwarmClient
 from agentjet.client.runner import run_workflow
 from agentjet.engines.base import FinishReason, GenerationResult, SamplingParams, TrainSample
-from agentjet.engines.hf import HFEngine
-from agentjet.settings import EngineSettings
+from agentjet.engines.composed import ComposedEngine
+from agentjet.engines.hf import HFGenerator, load_policy_model
+from agentjet.engines.sync import InPlace
+from agentjet.learners import InProcessLearner
+from agentjet.settings import EngineSettings, LossSettings
 from agentjet.tasks import get_task, lookup
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,10 +85,13 @@ def test_tools_reward_and_correct_calls() -> None:
     assert lookup.reward(task, "") == 0.0 and lookup.reward(task, code[:3]) == 0.0
 
 
-class FirstCallScripted(HFEngine):
+class FirstCallScripted(HFGenerator):
     """The tiny random model, except that an agent's first call (the prompt ends with the question) gets the
-    right ``lookup`` call, scored by the model itself (its logprobs under the current weights): the random
-    model never writes a parseable tool call, and the test needs tool results in the episode."""
+    right ``lookup`` call, scored by the model itself (its logprobs under the current weights, from the learner
+    that shares them): the random model never writes a parseable tool call, and the test needs tool results in
+    the episode."""
+
+    scorer: InProcessLearner
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams, on_token: Any = None
                        ) -> GenerationResult:
@@ -99,13 +105,22 @@ class FirstCallScripted(HFEngine):
         n = len(prompt_ids)
         sample = TrainSample(prompt_ids + ids, [0] * n + [1] * len(ids), [0.0] * (n + len(ids)),
                              [0.0] * (n + len(ids)), temperature=sampling.temperature)
-        logprobs = (await self.worker.run(lambda: self.trainer.score([sample])))[0]
+        logprobs = (await self.scorer.score([sample]))[0]
         return GenerationResult(ids, logprobs, FinishReason.STOP, self.policy_version,
                                 text=self.tokenizer.decode(ids, skip_special_tokens=True))
 
 
+def scripted_engine(model: Any) -> ComposedEngine:
+    """The single-process layout with the scripted generator."""
+    settings = EngineSettings(max_batch_size=8)
+    policy = load_policy_model(model, settings)
+    generator = FirstCallScripted(policy, settings)
+    generator.scorer = InProcessLearner(policy, settings, LossSettings(), 1e-5, worker=generator.worker)
+    return ComposedEngine(generator, generator.scorer, InPlace())
+
+
 def test_workflow_on_the_tiny_model_records_tool_results_and_merged_samples(make_server, tiny_model_path) -> None:
-    srv = make_server(engine=FirstCallScripted(tiny_model_path, EngineSettings(max_batch_size=8)))
+    srv = make_server(engine=scripted_engine(tiny_model_path))
     tasks = lookup.generate_tasks("train", 2)
     traces: dict[str, lookup.EpisodeTrace] = {}
     episodes: dict[str, dict[str, Any]] = {}
