@@ -70,8 +70,9 @@ class GroupLearner(Learner):
         """The sharded state, plus the Hugging Face weights of the same version (for any other learner)."""
         path = Path(path)
         self.group.save(path)
-        if self.group.latest_weights is not None:
-            shutil.copyfile(self.group.latest_weights, path / WEIGHTS_FILE)
+        weights = self.group.latest_weights or (self._loaded / WEIGHTS_FILE if self._loaded is not None else None)
+        if weights is not None and weights != path / WEIGHTS_FILE:
+            shutil.copyfile(weights, path / WEIGHTS_FILE)
             self._complete_model_dir(path)
         (path / STATE_FILE).write_text(json.dumps({"policy_version": self.group.policy_version,
                                                    "source_model": str(self.group.model)}, indent=2))

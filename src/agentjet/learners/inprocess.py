@@ -67,6 +67,7 @@ class InProcessLearner(Learner):
         self._optimizer: PolicyOptimizer | None = None  # made at the first step: a generate-only run holds none
         self._reference = self._frozen_copy() if self.config.kl_coef > 0 else None
         self.export_root = export_root
+        self._own_export_root: Path | None = None
         self.keep_exports = keep_exports
         self.policy_version = 0
 
@@ -162,10 +163,10 @@ class InProcessLearner(Learner):
 
     # ------------------------------------------------------------ weights out
     def _export_root(self) -> Path:
-        if self.export_root is None:
+        if self.export_root is None:  # none was given: a temporary one, removed at shutdown
             import tempfile
 
-            self.export_root = Path(tempfile.mkdtemp(prefix="agentjet-learner-export-"))
+            self.export_root = self._own_export_root = Path(tempfile.mkdtemp(prefix="agentjet-learner-export-"))
         return self.export_root
 
     def export_weights_sync(self, dtype: str | None = None) -> Path:
@@ -242,3 +243,7 @@ class InProcessLearner(Learner):
     def shutdown(self) -> None:
         if self._own_worker:
             self.worker.close()
+        if self._own_export_root is not None:
+            import shutil
+
+            shutil.rmtree(self._own_export_root, ignore_errors=True)
