@@ -11,7 +11,6 @@ import torch
 from pydantic import ValidationError
 
 from agentjet.algorithms.objectives import Correction
-from agentjet.algorithms.tis import mismatch_stats, tis_weights
 from agentjet.engines.base import TrainSample
 from agentjet.engines.policy_step import StepConfig, micro_batch_loss
 from agentjet.engines.vllm import VLLMSettings
@@ -54,27 +53,6 @@ def test_prune_keeps_the_newest_and_the_protected(tmp_path):
     removed = prune_versions(tmp_path, keep=2, protect={version_dir(tmp_path, 1)})
     assert sorted(p.name for p in removed) == ["v000000", "v000002"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes", "v000001", "v000003", "v000004"]
-
-
-def test_tis_weights_are_truncated_ratios():
-    t = torch.tensor([-1.0, -1.0, -3.0])
-    b = torch.tensor([-1.0, -2.0, -1.0])
-    w = tis_weights(t, b, cap=2.0)
-    assert w.tolist() == pytest.approx([1.0, 2.0, math.exp(-2.0)])  # e^1 = 2.72 is truncated to 2
-    with pytest.raises(ValueError):
-        tis_weights(t, b, cap=0.0)
-
-
-def test_mismatch_stats():
-    same = mismatch_stats(torch.tensor([-1.0, -2.0]), torch.tensor([-1.0, -2.0]), cap=2.0)
-    assert (same.kl, same.abs_diff, same.weight_mean, same.truncated_frac) == (0.0, 0.0, 1.0, 0.0)
-    d = torch.tensor([0.5, -0.5, 1.0])  # log p_t - log p_s
-    s = mismatch_stats(d - 1.0, torch.full((3,), -1.0), cap=2.0)
-    expected_k3 = float((torch.exp(d) - d - 1).mean())
-    assert s.kl == pytest.approx(expected_k3) and s.kl > 0
-    assert s.k1 == pytest.approx(float(-d.mean()))
-    assert s.truncated_frac == pytest.approx(1 / 3)  # e^1 > 2
-    assert mismatch_stats(torch.tensor([]), torch.tensor([]), cap=None).tokens == 0
 
 
 def test_vllm_tis_cap_is_tis_in_the_one_policy_step():

@@ -20,28 +20,6 @@ from agentjet.algorithms.objectives import Correction
 from agentjet.algorithms.sequences import sequence_mean
 
 
-@dataclass(frozen=True)
-class MismatchStats:
-    tokens: int
-    kl: float  # KL(p_s || p_t) per token, k3 estimator on tokens drawn from p_s (>= 0)
-    k1: float  # mean log p_s - log p_t (unbiased KL estimate, can be negative on few tokens)
-    abs_diff: float  # mean |log p_t - log p_s|
-    weight_mean: float  # mean TIS weight (1.0 when no cap is applied)
-    truncated_frac: float  # share of tokens whose weight hit the cap
-
-    def as_metrics(self) -> dict[str, float]:
-        return {"mismatch_kl": self.kl, "mismatch_k1": self.k1, "mismatch_abs_diff": self.abs_diff,
-                "tis_weight_mean": self.weight_mean, "tis_truncated_frac": self.truncated_frac,
-                "mismatch_tokens": float(self.tokens)}
-
-
-def tis_weights(trainer_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, cap: float) -> torch.Tensor:
-    """Per-token ``min(p_t / p_s, cap)``; inputs are flat logprobs of the same tokens."""
-    if cap <= 0:
-        raise ValueError("the TIS cap must be > 0")
-    return torch.exp((trainer_logprobs - behaviour_logprobs).clamp(max=20.0)).clamp(max=cap)
-
-
 def mismatch_kl_terms(trainer_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor) -> torch.Tensor:
     """Per token, the k3 estimate of KL(p_s || p_t) on tokens drawn from p_s (>= 0)."""
     log_r = trainer_logprobs - behaviour_logprobs
@@ -70,20 +48,3 @@ def correction_weights(proximal_logprobs: torch.Tensor, behaviour_logprobs: torc
         return CorrectionWeights(w.clamp(max=high), torch.ones_like(w, dtype=torch.bool))
     kept = (w >= low) & (w <= high)
     return CorrectionWeights(torch.where(kept, w, torch.zeros_like(w)), kept)
-
-
-def mismatch_stats(trainer_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor,
-                   cap: float | None) -> MismatchStats:
-    n = int(trainer_logprobs.numel())
-    if n == 0:
-        return MismatchStats(0, 0.0, 0.0, 0.0, 1.0, 0.0)
-    log_r = (trainer_logprobs - behaviour_logprobs).double()
-    k3 = mismatch_kl_terms(trainer_logprobs.double(), behaviour_logprobs.double())
-    if cap is None:
-        weight_mean, truncated = 1.0, 0.0
-    else:
-        w = tis_weights(trainer_logprobs.double(), behaviour_logprobs.double(), cap)
-        weight_mean = float(w.mean())
-        truncated = float((log_r >= torch.log(torch.tensor(cap, dtype=torch.float64))).double().mean())
-    return MismatchStats(tokens=n, kl=float(k3.mean()), k1=float((-log_r).mean()), abs_diff=float(log_r.abs().mean()),
-                         weight_mean=weight_mean, truncated_frac=truncated)
