@@ -97,7 +97,9 @@ def embedded_engine(model: str | Path = "smollm2-135m-instruct", settings: Engin
     settings = settings or EngineSettings()
     policy = load_policy_model(model, settings)
     generator = HFGenerator(policy, settings)
-    learner = InProcessLearner(policy, settings, loss or LossSettings(), learning_rate, worker=generator.worker)
+    # the version moves in the same worker job as the step: a request queued during the step carries the new one
+    learner = InProcessLearner(policy, settings, loss or LossSettings(), learning_rate, worker=generator.worker,
+                               on_version=lambda v: setattr(generator, "policy_version", v))
     return ComposedEngine(generator, learner, InPlace())
 
 

@@ -56,7 +56,8 @@ class WeightSync(abc.ABC):
 
 class InPlace(WeightSync):
     """The generator and the learner share one module, updated in place by the step: nothing moves but the
-    version the generator serves."""
+    version the generator serves (the learner already moved it on the worker thread, in the step's own job:
+    ``InProcessLearner(on_version=...)``; this keeps them equal for any other caller)."""
 
     transport = "in-place"
 

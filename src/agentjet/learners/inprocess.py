@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +58,9 @@ class InProcessLearner(Learner):
 
     def __init__(self, policy: PolicyModel, settings: EngineSettings, loss: LossSettings, learning_rate: float,
                  *, worker: EngineWorker | None = None, export_root: Path | None = None,
-                 keep_exports: int = 2) -> None:
+                 keep_exports: int = 2, on_version: Callable[[int], None] | None = None) -> None:
+        """``on_version(v)`` runs on the worker thread right after a step or a load moves the weights to version
+        ``v``: a generator that shares the module serves the new version from its very next decode step."""
         self.policy = policy
         self.settings = settings
         self.config = StepConfig.from_settings(settings, loss, learning_rate)
@@ -67,6 +70,7 @@ class InProcessLearner(Learner):
         self._optimizer: PolicyOptimizer | None = None  # made at the first step: a generate-only run holds none
         self._reference = self._frozen_copy() if self.config.kl_coef > 0 else None
         self.export_root = export_root
+        self._on_version = on_version
         self._own_export_root: Path | None = None
         self.keep_exports = keep_exports
         self.policy_version = 0
@@ -147,6 +151,8 @@ class InProcessLearner(Learner):
             for i, lps in zip(g, parts, strict=True):
                 trainer_logprobs[i] = lps
         self.policy_version += 1
+        if self._on_version is not None:
+            self._on_version(self.policy_version)
         return StepOutput({**metrics, "samples": float(len(batch)), "policy_version": float(self.policy_version)},
                           trainer_logprobs)
 
@@ -236,6 +242,8 @@ class InProcessLearner(Learner):
             else:
                 self.optimizer.sync_masters()
         self.policy_version = read_policy_version(path)
+        if self._on_version is not None:
+            self._on_version(self.policy_version)
 
     async def close(self) -> None:
         await asyncio.to_thread(self.shutdown)
