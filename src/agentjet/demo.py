@@ -280,7 +280,7 @@ async def _client_side(s: DemoSettings, task_mod: ModuleType, rec: Recommended, 
         eval_before=before.reward, eval_after=after.reward, train_steps=status.train_steps,
         policy_version=status.policy_version, train_episodes=run.train.episodes, failed_episodes=run.train.failed,
         seconds=0.0, reward_by_version={v: sum(r) / len(r) for v, r in sorted(run.train_reward_by_version.items())},
-        evals=[{**asdict(e), "minutes": e.seconds / 60} for e in run.evals],
+        evals=[{**e.model_dump(), "minutes": e.seconds / 60} for e in run.evals],
         steps=[{"minutes": p.seconds / 60, "train_steps": p.train_steps, "policy_version": p.policy_version,
                 **{k: p.metrics[k] for k in ("reward_mean", "loss", "step_seconds", "trained_tokens") if k in p.metrics}}
                for p in run.steps],
