@@ -30,7 +30,6 @@ from typing import Any
 from agentjet.client.client import Episode, SwarmClient
 from agentjet.client.driver import Budget, Driver, DriverSettings, EvalPoint, PauseEvery, Stop, held_out
 from agentjet.client.runner import Workflow
-from agentjet.clock import Clock
 from agentjet.protocol import SWARM_PREFIX, ServerStatus
 from agentjet.research.monitor import RESULT_FILE, EvalRecord, TrialResult, parse_status
 from agentjet.research.spec import TrialClientSettings
@@ -87,13 +86,11 @@ def make_workflow(task_mod: ModuleType, sampling: dict[str, Any]) -> Workflow:
 
 
 class TrialClient:
-    def __init__(self, client: SwarmClient, settings: TrialClientSettings, seed: int, out_dir: Path,
-                 clock: Clock | None = None) -> None:
+    def __init__(self, client: SwarmClient, settings: TrialClientSettings, seed: int, out_dir: Path) -> None:
         self.client = client
         self.s = settings
         self.seed = seed
         self.out_dir = out_dir
-        self.clock = clock
         self.task = load_task(settings.task)
         self.eval_n = eval_n_for(settings)
         overrides = {"temperature": settings.temperature, "top_p": settings.top_p, "max_tokens": settings.max_tokens}
@@ -136,7 +133,7 @@ class TrialClient:
                         DriverSettings(group_size=group_size, concurrency=self.s.concurrency, poll_s=WATCH_S),
                         evaluate=held_out(self.client, make_workflow(self.task, self.eval_sampling), eval_tasks,
                                           self.s.concurrency),
-                        clock=self.clock, admin_token=self._admin_token(), on_eval=self.record)
+                        admin_token=self._admin_token(), on_eval=self.record)
         run = await driver.run(self.train_tasks(), PauseEvery(steps=self.s.eval_every),
                                Budget(max_steps=self.s.steps, train_seconds=self.s.time_budget_s))
         stop_reason = {Stop.STEPS: "steps reached",
