@@ -258,17 +258,13 @@ async def _train_until(srv: Any, task: Any, group: int, steps: int, budget_s: fl
     """Train on the task's train split until the server has taken ``steps`` steps or ``budget_s`` has passed."""
     import itertools
 
-    from agentjet.client.client import Episode, SwarmClient
+    from agentjet.client.client import SwarmClient
     from agentjet.client.driver import Budget, Driver, DriverSettings
-
-    sampling = dict(task.SAMPLING)
-
-    async def workflow(t: dict[str, Any], ep: Episode) -> float:
-        reply = await ep.openai().chat.completions.create(model="bench", messages=t["messages"], **sampling)
-        return float(task.reward(t, reply.choices[0].message.content or ""))
+    from agentjet.client.runner import task_workflow
 
     async with SwarmClient(srv.url, client_id="bench") as client:
-        driver = Driver(client, workflow, DriverSettings(group_size=group, concurrency=group, poll_s=0.2))
+        driver = Driver(client, task_workflow(task, task.SAMPLING, model="bench"),
+                        DriverSettings(group_size=group, concurrency=group, poll_s=0.2))
         await driver.run(itertools.cycle(task.generate_tasks("train", 1000, seed=0)),
                          budget=Budget(max_steps=steps, train_seconds=budget_s))
 

@@ -27,9 +27,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from agentjet.client.client import Episode, SwarmClient
+from agentjet.client.client import SwarmClient
 from agentjet.client.driver import Budget, Driver, DriverSettings, EvalPoint, PauseEvery, Stop, held_out
-from agentjet.client.runner import Workflow
+from agentjet.client.runner import task_workflow
 from agentjet.protocol import SWARM_PREFIX, ServerStatus
 from agentjet.research.monitor import RESULT_FILE, EvalRecord, TrialResult, parse_status
 from agentjet.research.spec import TrialClientSettings
@@ -72,17 +72,6 @@ def group_size_of(status: ServerStatus) -> int:
     cfg = status.config
     training = cfg.get("training") if isinstance(cfg.get("training"), dict) else cfg
     return int(training.get("group_size", 4))
-
-
-def make_workflow(task_mod: ModuleType, sampling: dict[str, Any]) -> Workflow:
-    async def workflow(task: dict[str, Any], ep: Episode) -> float:
-        params = dict(sampling)
-        if "seed" in params and "index" in task:
-            params["seed"] = int(params["seed"]) + int(task["index"])
-        reply = await ep.openai().chat.completions.create(model="trial", messages=task["messages"], **params)
-        return float(task_mod.reward(task, reply.choices[0].message.content or ""))
-
-    return workflow
 
 
 class TrialClient:
@@ -129,9 +118,9 @@ class TrialClient:
         t0 = time.monotonic()
         group_size = group_size_of(await self.status())
         eval_tasks = [{**t, "index": i} for i, t in enumerate(self.task.generate_tasks("eval", self.eval_n, seed=0))]
-        driver = Driver(self.client, make_workflow(self.task, self.train_sampling),
+        driver = Driver(self.client, task_workflow(self.task, self.train_sampling, model="trial"),
                         DriverSettings(group_size=group_size, concurrency=self.s.concurrency, poll_s=WATCH_S),
-                        evaluate=held_out(self.client, make_workflow(self.task, self.eval_sampling), eval_tasks,
+                        evaluate=held_out(self.client, task_workflow(self.task, self.eval_sampling, model="trial"), eval_tasks,
                                           self.s.concurrency),
                         admin_token=self._admin_token(), on_eval=self.record)
         run = await driver.run(self.train_tasks(), PauseEvery(steps=self.s.eval_every),
