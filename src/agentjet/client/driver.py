@@ -118,7 +118,7 @@ class Stop(enum.StrEnum):
     STEPS = "steps"
     TIME_BUDGET = "time_budget"
     TASKS = "tasks"  # the task source ran out
-    MONITOR_ERROR = "monitor_error"  # the status could not be read (the error is raised)
+    MONITOR_ERROR = "monitor_error"  # the status could not be read (logged with its error)
 
 
 @dataclass(frozen=True)
