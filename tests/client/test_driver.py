@@ -264,3 +264,20 @@ def test_step_pauses_against_a_real_server(make_server) -> None:
     assert all(e.reward == 0.5 for e in run.evals)  # 0+7 right, 1+2 not
     assert {int(v): r for v, r in status.eval_reward.items()} == {e.policy_version: 0.5 for e in run.evals}
     assert not srv.server.trainer.paused
+
+
+def test_on_quiet_reports_a_server_that_takes_no_step() -> None:
+    class Stuck(FakeServer):
+        async def status(self) -> _Status:
+            return _Status(0, 0)
+
+    server, quiet = Stuck(), []
+
+    async def main():
+        driver = Driver(server, server.train, DriverSettings(group_size=1, concurrency=2, poll_s=1.0, quiet_s=60),  # type: ignore[arg-type]
+                        clock=FakeClock(), on_quiet=lambda st: quiet.append(st.train_steps))
+        return await driver.run(itertools.cycle(TASKS), budget=Budget(train_seconds=150))
+
+    run = asyncio.run(main())
+    assert run.stop_reason == Stop.TIME_BUDGET and not run.steps
+    assert quiet == [0, 0]  # after 61 s and 122 s without a step
