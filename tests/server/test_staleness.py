@@ -114,7 +114,7 @@ def test_a_reply_spanning_an_update_is_trained_on_its_fresh_tokens_and_traced(ma
     masks = sorted((s.loss_mask[-n:] for s in batch), key=sum)
     assert masks == [[0, 0] + [1] * (n - 2), [1] * n]  # the two v0 tokens masked out, the rest trained
     metrics = srv.server.trainer.counters.last_metrics
-    assert metrics["stale_tokens"] == 2 and metrics["stale_token_share"] == 2 / (2 * n)
+    assert metrics["staleness/masked_tokens"] == 2 and metrics["staleness/masked_token_share"] == 2 / (2 * n)
     assert srv.server.status().buffer.dropped_stale_episodes == 0
 
     trace = httpx.get(f"{srv.url}/swarm/v1/episodes/{spanning}/trace",

@@ -42,7 +42,7 @@ def stale_mask(sample: EpisodeSample, version: int, max_staleness: int) -> tuple
 @dataclass
 class FreshSamples:
     """One episode-agent's samples after the per-token bound: the ones still trained (with their stored index
-    and their stale tokens masked out), and the counts behind the step's ``stale_token_share``."""
+    and their stale tokens masked out), and the counts behind the step's ``staleness/masked_token_share``."""
 
     kept: list[tuple[int, EpisodeSample]] = dataclasses.field(default_factory=list)
     tokens: int = 0  # trained tokens before the bound

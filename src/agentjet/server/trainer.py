@@ -320,7 +320,7 @@ class Trainer:
         agent_rewards: dict[str, list[float]] = defaultdict(list)
         version_before = self.engine.policy_version
         relaid: dict[int, tuple[list[int], list[int]]] = {}  # batch index -> (stored, used) masks, if they differ
-        stale_tokens = generated_tokens = 0
+        stale_tokens = bound_tokens = 0  # masked as stale, of the trained tokens before the bound
         for g in groups:
             advs = group_advantages(g, samples, self.config.loss.estimator, self.config.loss.scale_by_std)
             for ep in g.episodes:
@@ -330,7 +330,7 @@ class Trainer:
                 for agent, agent_samples in by_agent.items():
                     adv = advs[(ep.episode_id, agent)]
                     fresh = fresh_samples(agent_samples, version_before, self.settings.max_staleness)
-                    stale_tokens, generated_tokens = stale_tokens + fresh.masked, generated_tokens + fresh.tokens
+                    stale_tokens, bound_tokens = stale_tokens + fresh.masked, bound_tokens + fresh.tokens
                     for i, kept in fresh.kept:
                         if kept is not samples[ep.episode_id][i]:
                             relaid[len(batch)] = (samples[ep.episode_id][i].loss_mask, kept.loss_mask)
@@ -353,8 +353,8 @@ class Trainer:
                    "episodes": float(len(ids)), **self._type_metrics(groups),
                    **{f"reward_agent/{a}": sum(r) / len(r) for a, r in sorted(agent_rewards.items())},
                    **self._timing(t0, t1, t2, metrics), **staleness_metrics(staleness),
-                   "stale_tokens": float(stale_tokens),
-                   "stale_token_share": stale_tokens / generated_tokens if generated_tokens else 0.0}
+                   "staleness/masked_tokens": float(stale_tokens),
+                   "staleness/masked_token_share": stale_tokens / bound_tokens if bound_tokens else 0.0}
         if self.observer is not None:
             metrics.update(self.observer.step_context(metrics))
         self.store.mark_consumed(statuses, step=step, step_record=(self.engine.policy_version, metrics))
