@@ -25,6 +25,10 @@ runs between the capacity check and the members' episodes. A group whose task ty
 share is passed over (it keeps its place) so that the other types are not blocked behind it. A held request
 whose client goes away leaves the queue and nothing else; one that was admitted as its client went away has its
 episode aborted at once, so its place is free again.
+
+The rules above are pure functions and a pure queue; ``Admission`` applies them to the server's begins, with
+what refuses a begin whatever the capacity (the server's state, its store, the client's own limit) and the
+cocktail quotas (a task type ahead of its share is deferred).
 """
 
 from __future__ import annotations
