@@ -97,7 +97,8 @@ class Trainer:
         self.config = config
         self.checkpoint_dir = checkpoint_dir
         self.clock = clock or SystemClock()
-        self.counters = counters or TrainingCounters()  # the read model's training counters: written only here
+        # the read model's training counters (``counters.py``): this trainer is their one writer
+        self.counters = counters if counters is not None else TrainingCounters()
         self.paused = False
         self._pending: dict[str, list[StoredEpisode]] = defaultdict(list)
         self._first_seen: dict[str, float] = {}
