@@ -42,7 +42,7 @@ def test_plain_http_example_needs_no_agentjet(make_server) -> None:
                           "--limit", "2"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "mean reward" in out.stdout
-    assert srv.server.throughput.ended == 4
+    assert srv.server.counters.requests.episodes_ended == 4
 
 
 @pytest.mark.skipif(not (shutil.which("curl") and shutil.which("jq")), reason="needs curl and jq")

@@ -150,6 +150,10 @@ class ServerStatus(_Model):
     config: dict[str, Any]
     training_halted: str | None = Field(None, description="why training stopped by itself (e.g. the rollout "
                                         "engine does not serve the trained weights); null while it runs")
+    weight_syncs: int | None = Field(None, description="weight pushes from the learner to the generator since "
+                                     "start; null for an engine without a weight-sync seam")
+    weight_sync_failures: int | None = Field(None, description="pushes that failed after a committed step (the "
+                                             "generator served the previous version until the next push)")
 
 
 class ConfigChange(_Model):

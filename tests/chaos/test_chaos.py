@@ -43,13 +43,13 @@ def test_slow_end_is_not_expired_under_it(make_server) -> None:
     import openai  # noqa: F401 - imported up front: a first import inside the episode blocks its heartbeat
 
     srv = make_server(lease_seconds=1.0)
-    real = srv.server.episodes.build_samples
+    real = srv.server.ingest.build_samples
 
     def slow_build(calls):  # noqa: ANN001, ANN202
         time.sleep(2.0)  # > the lease: the reaper runs meanwhile
         return real(calls)
 
-    srv.server.episodes.build_samples = slow_build
+    srv.server.ingest.build_samples = slow_build
 
     async def main():  # noqa: ANN202
         async with SwarmClient(srv.url) as client:

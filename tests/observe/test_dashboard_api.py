@@ -253,4 +253,4 @@ def test_trace_marks_the_drift_repair(make_server, tiny_model_path) -> None:
     [region] = sample["drift_regions"]
     assert region["status"] == "repaired" and region["call_index"] == 0
     assert sample["token_ids"][region["start"]:region["end"]][:len(run.ids)] == run.ids  # the generated ids, spliced
-    assert run.srv.server.tracking_totals.drift_repaired == 1
+    assert run.srv.server.counters.tracking.drift_repaired == 1

@@ -68,6 +68,8 @@ def test_run_page_shows_curves_with_data_points(trained_server, browser) -> None
         assert chart.locator("canvas").count() >= 1  # uPlot drew it
     assert int(page.locator('.card[data-title="Train reward per task type"]').get_attribute("data-points")) >= 3
     assert page.locator(".tile").count() >= 10
+    syncs = page.locator(".tile", has_text="weight syncs").locator(".v").inner_text()  # the in-place seam's pushes
+    assert int(syncs) == srv.server.engine.weight_sync.syncs >= 3
     assert "policy v" in page.locator("h1").inner_text()
 
 

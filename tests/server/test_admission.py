@@ -109,24 +109,23 @@ def test_held_begins_are_admitted_as_a_group_when_it_fits(held_server) -> None:
         srv = held_server()
         await srv.start()
         try:
-            eps = srv.episodes
-            a = [await eps.begin(req("a", n=i)) for i in range(2)]  # the capacity (2) is taken
-            b = [asyncio.create_task(eps.begin(req("b", n=i))) for i in range(2)]
-            c = asyncio.create_task(eps.begin(req("c")))
+            a = [await srv.admission.begin(req("a", n=i)) for i in range(2)]  # the capacity (2) is taken
+            b = [asyncio.create_task(srv.admission.begin(req("b", n=i))) for i in range(2)]
+            c = asyncio.create_task(srv.admission.begin(req("c")))
             await settle()
             assert not any(t.done() for t in (*b, c))
-            assert len(eps.admission_queue) == 3 and eps.admission_queue.groups() == 2
+            assert len(srv.admission.queue) == 3 and srv.admission.queue.groups() == 2
             # a member of a begun group does not wait: its place is held (group "a" lacks nobody here, so use
             # a fresh one-member group "d" after freeing one place below)
-            await eps.abort(a[0].api_key, a[0].episode_id, "")
+            await srv.episodes.abort(a[0].api_key, a[0].episode_id, "")
             await settle()
-            assert eps.capacity() == 1 and not any(t.done() for t in b)  # one place: not enough for b's two
-            await eps.abort(a[1].api_key, a[1].episode_id, "")
+            assert srv.admission.capacity() == 1 and not any(t.done() for t in b)  # one place: not enough for b's two
+            await srv.episodes.abort(a[1].api_key, a[1].episode_id, "")
             await settle()
             assert all(t.done() for t in b) and not c.done()  # b's two members went together; c is next
             assert {srv.registry.get(t.result().episode_id).status for t in b} == {EpisodeStatus.OPEN}
-            assert dict(srv.registry.open_by_group) == {"b": 2} and len(eps.admission_queue) == 1
-            assert eps.admission_held == 3
+            assert dict(srv.registry.open_by_group) == {"b": 2} and len(srv.admission.queue) == 1
+            assert srv.counters.admission.held == 3
             c.cancel()
         finally:
             await srv.stop(checkpoint=False)
@@ -141,11 +140,10 @@ def test_a_held_begin_is_answered_429_when_its_wait_runs_out(held_server) -> Non
         srv = held_server(admission_wait_s=30)
         await srv.start()
         try:
-            eps = srv.episodes
             for i in range(2):
-                await eps.begin(req("a", n=i))
-            short = asyncio.create_task(eps.begin(req("s", wait_s=5)))
-            long = asyncio.create_task(eps.begin(req("l", wait_s=999)))  # capped at the server's 30 s
+                await srv.admission.begin(req("a", n=i))
+            short = asyncio.create_task(srv.admission.begin(req("s", wait_s=5)))
+            long = asyncio.create_task(srv.admission.begin(req("l", wait_s=999)))  # capped at the server's 30 s
             await settle()
             srv.clock.advance(4.9)
             await srv.reap()
@@ -164,10 +162,10 @@ def test_a_held_begin_is_answered_429_when_its_wait_runs_out(held_server) -> Non
             await settle()
             with pytest.raises(APIError):
                 long.result()
-            assert len(eps.admission_queue) == 0 and eps.admission_refusals == 2
+            assert len(srv.admission.queue) == 0 and srv.counters.admission.refusals == 2
             # a client that asks not to wait gets the 429 at once
             with pytest.raises(APIError) as now:
-                await eps.begin(req("n", wait_s=0))
+                await srv.admission.begin(req("n", wait_s=0))
             assert now.value.status == 429 and now.value.headers["Retry-After-Ms"] == "250"
         finally:
             await srv.stop(checkpoint=False)
@@ -180,18 +178,17 @@ def test_a_begun_groups_member_skips_the_queue_and_new_groups_keep_their_order(h
         srv = held_server(batch_groups=2)  # capacity 4
         await srv.start()
         try:
-            eps = srv.episodes
-            a0 = await eps.begin(req("a"))  # group a begun: 1 open, 1 place held
-            b = [await eps.begin(req("b", n=i)) for i in range(2)]
-            assert eps.capacity() == 1 and eps.reserved() == 1
-            c = asyncio.create_task(eps.begin(req("c")))  # needs 2 places; 0 free besides a's held one
-            d = asyncio.create_task(eps.begin(req("d")))
+            a0 = await srv.admission.begin(req("a"))  # group a begun: 1 open, 1 place held
+            b = [await srv.admission.begin(req("b", n=i)) for i in range(2)]
+            assert srv.admission.capacity() == 1 and srv.admission.reserved() == 1
+            c = asyncio.create_task(srv.admission.begin(req("c")))  # needs 2 places; 0 free besides a's held one
+            d = asyncio.create_task(srv.admission.begin(req("d")))
             await settle()
             assert not c.done() and not d.done()
-            a1 = await eps.begin(req("a", n=1))  # not queued behind c and d: its place was held
-            assert srv.registry.open_by_group["a"] == 2 and eps.reserved() == 0
+            a1 = await srv.admission.begin(req("a", n=1))  # not queued behind c and d: its place was held
+            assert srv.registry.open_by_group["a"] == 2 and srv.admission.reserved() == 0
             for ep in (a0, a1, *b[:1]):
-                await eps.abort(ep.api_key, ep.episode_id, "")
+                await srv.episodes.abort(ep.api_key, ep.episode_id, "")
             await settle()
             assert c.done() and not d.done()  # c first: 3 places free, c takes 2, d needs 2
             d.cancel()
@@ -206,19 +203,18 @@ def test_a_held_place_expires_after_the_group_timeout(held_server) -> None:
         srv = held_server(group_timeout_s=10)
         await srv.start()
         try:
-            eps = srv.episodes
-            a = await eps.begin(req("a"))  # its partner never comes (say its client was killed)
-            assert eps.reserved() == 1 and eps.capacity() == 1
-            b = asyncio.create_task(eps.begin(req("b")))
+            a = await srv.admission.begin(req("a"))  # its partner never comes (say its client was killed)
+            assert srv.admission.reserved() == 1 and srv.admission.capacity() == 1
+            b = asyncio.create_task(srv.admission.begin(req("b")))
             await settle()
             assert not b.done()
             srv.clock.advance(9.9)
             await srv.reap()
-            assert eps.reserved() == 1
+            assert srv.admission.reserved() == 1
             srv.clock.advance(0.2)
             await srv.reap()  # a's held place is released; its lone open episode still counts as running
-            assert eps.reserved() == 0 and eps.capacity() == 1
-            await eps.abort(a.api_key, a.episode_id, "")
+            assert srv.admission.reserved() == 0 and srv.admission.capacity() == 1
+            await srv.episodes.abort(a.api_key, a.episode_id, "")
             await settle()
             assert b.done() and b.exception() is None
         finally:
@@ -232,31 +228,30 @@ def test_a_client_gone_while_held_leaves_nothing(held_server) -> None:
         srv = held_server()
         await srv.start()
         try:
-            eps = srv.episodes
-            a = [await eps.begin(req("a", n=i)) for i in range(2)]
+            a = [await srv.admission.begin(req("a", n=i)) for i in range(2)]
             gone = asyncio.Event()
-            held = asyncio.create_task(eps.begin(req("b"), client_gone=gone.wait))
-            other = asyncio.create_task(eps.begin(req("b", n=1)))
+            held = asyncio.create_task(srv.admission.begin(req("b"), client_gone=gone.wait))
+            other = asyncio.create_task(srv.admission.begin(req("b", n=1)))
             await settle()
             gone.set()  # b's first member disconnects while held
             await settle()
             with pytest.raises(Exception) as err:
                 held.result()
             assert getattr(err.value, "status", None) == 499
-            assert len(eps.admission_queue) == 1 and srv.registry.open_by_group.get("b") is None
+            assert len(srv.admission.queue) == 1 and srv.registry.open_by_group.get("b") is None
             # admitted in the very instant its client went away: the episode is aborted, its place freed
             gone2 = asyncio.Event()
-            racer = asyncio.create_task(eps.begin(req("c"), client_gone=gone2.wait))
+            racer = asyncio.create_task(srv.admission.begin(req("c"), client_gone=gone2.wait))
             await settle()
             other.cancel()
             await settle()
             for ep in a:
-                await eps.abort(ep.api_key, ep.episode_id, "")  # the pump admits c synchronously ...
+                await srv.episodes.abort(ep.api_key, ep.episode_id, "")  # the pump admits c synchronously ...
             gone2.set()  # ... and its client is gone before the handler runs again
             await settle()
             assert racer.done() and racer.exception() is not None
-            assert srv.registry.open_training == 0 and len(eps.admission_queue) == 0
-            assert eps.capacity() == 2 and srv.registry.counts["aborted"] == 3
+            assert srv.registry.open_training == 0 and len(srv.admission.queue) == 0
+            assert srv.admission.capacity() == 2 and srv.registry.counts["aborted"] == 3
         finally:
             await srv.stop(checkpoint=False)
 
@@ -271,14 +266,14 @@ def test_a_server_shutting_down_answers_held_begins_at_once(held_server) -> None
         await srv.start()
         try:
             for i in range(2):
-                await srv.episodes.begin(req("a", n=i))
-            held = asyncio.create_task(srv.episodes.begin(req("b")))
+                await srv.admission.begin(req("a", n=i))
+            held = asyncio.create_task(srv.admission.begin(req("b")))
             await settle()
             srv.exiting = lambda: True  # uvicorn is shutting down: it waits for the requests in flight
             await srv.reap()
             await settle()
             assert isinstance(held.exception(), APIError) and held.exception().status == 503
-            assert len(srv.episodes.admission_queue) == 0
+            assert len(srv.admission.queue) == 0
         finally:
             await srv.stop(checkpoint=False)
 
@@ -361,11 +356,10 @@ def test_chaos_clients_killed_while_held_leave_no_episode_and_no_place(make_serv
 
     asyncio.run(main())
     server = srv.server
-    eps = server.episodes
     assert server.registry.counts == {"begun": 5, "expired": 0, "aborted": 0, "released": 0}
     assert {e.group_key for e in server.registry.episodes()} == {"a", "c", "d"}  # b never began
-    assert server.registry.open_training == 0 and len(eps.admission_queue) == 0 and eps.reserved() == 0
+    assert server.registry.open_training == 0 and len(server.admission.queue) == 0 and server.admission.reserved() == 0
     assert server.trainer.counters.trained_episodes == 5 and server.trainer.pending_count == 0
     t = server.config.training
-    assert eps.capacity() == (t.max_staleness + server.engine.policy_version + 1) * t.group_size - 5 == 3
-    assert eps.admission_held >= 6 and server.status().buffer.dropped_stale_episodes == 0
+    assert server.admission.capacity() == (t.max_staleness + server.engine.policy_version + 1) * t.group_size - 5 == 3
+    assert server.counters.admission.held >= 6 and server.status().buffer.dropped_stale_episodes == 0

@@ -82,4 +82,4 @@ def test_no_episode_begins_after_stop(make_server) -> None:
 
     summary = asyncio.run(main())
     assert summary.episodes == 3 and summary.failed == 0
-    assert srv.server.throughput.ended == 3
+    assert srv.server.counters.requests.episodes_ended == 3

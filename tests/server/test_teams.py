@@ -116,7 +116,7 @@ def test_store_recovery_keeps_prepared_team_episodes(make_server) -> None:
     a, b = make_server(lease_seconds=30), make_server(lease_seconds=30)
     asyncio.run(_prepare_only(Team({"planner": a.url, "executor": b.url}), commit_coordinator=False))
     assert len(b.server.teams.prepared) == 1
-    b.server.episodes.store_healthy = False  # as after a failed write; the next begin probes the store and recovers
+    b.server.store_health.failed()  # as after a failed write; the next begin probes the store and recovers
     r = httpx.post(f"{b.url}/swarm/v1/episodes", json={"client_id": "c", "task_id": "t"})
-    assert r.status_code == 200 and b.server.episodes.store_healthy
+    assert r.status_code == 200 and b.server.store_health.healthy
     assert len(b.server.teams.prepared) == 1

@@ -326,7 +326,7 @@ def test_runner_runs_repeated_task_ids_every_time(make_server) -> None:
             return await run_workflow(client, workflow, tasks, group_size=1, concurrency=1)
 
     summary = asyncio.run(main())
-    assert summary.episodes == 4 and srv.server.throughput.ended == 4
+    assert summary.episodes == 4 and srv.server.counters.requests.episodes_ended == 4
 
 
 def test_client_backoff_honours_retry_after_and_gives_up(monkeypatch) -> None:

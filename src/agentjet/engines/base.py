@@ -204,6 +204,14 @@ class Learner(abc.ABC):
         """``close`` from synchronous code (tests, benchmarks, scripts)."""
 
 
+@dataclass(frozen=True)
+class WeightSyncCounts:
+    """Weight pushes from the learner to the generator since start (the seam's), for the status."""
+
+    syncs: int  # pushes that brought the generator to the learner's version
+    failures: int  # pushes that failed after a committed step (the generator served the previous version)
+
+
 class Engine(abc.ABC):
     """What the server drives: one model that generates and trains. Concurrent ``generate`` calls may be batched;
     ``train_step`` bumps the policy version. The real layouts are one ``Generator`` composed with one ``Learner``
@@ -249,6 +257,11 @@ class Engine(abc.ABC):
     def layout(self) -> str:
         """A short name of what generates and what trains (the status and results files record it)."""
         return type(self).__name__
+
+    @property
+    def weight_sync(self) -> WeightSyncCounts | None:
+        """The weight-sync seam's counts; None for an engine without a seam (the null engine)."""
+        return None
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release background workers."""

@@ -25,6 +25,7 @@ from agentjet.engines.base import (
     StepOutput,
     TokenCallback,
     TrainSample,
+    WeightSyncCounts,
 )
 from agentjet.engines.errors import TrainingHaltedError
 from agentjet.engines.sync import WeightSync
@@ -82,6 +83,11 @@ class ComposedEngine(Engine):
         metrics["policy_version"] = float(self.learner.policy_version)
         metrics["rollout_policy_version"] = float(self.generator.policy_version)
         return StepOutput(metrics, out.trainer_logprobs)
+
+    @property
+    def weight_sync(self) -> WeightSyncCounts:
+        return WeightSyncCounts(syncs=int(self.sync_stats["weight_syncs"]),
+                                failures=int(self.sync_stats["weight_sync_failures"]))
 
     async def sync_weights(self) -> dict[str, float]:
         metrics = await self.seam.push(self.learner, self.generator)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 
 @dataclass(frozen=True)
@@ -26,33 +26,6 @@ class StepRecord:
     metrics: dict[str, float]
     staleness: list[int] = field(default_factory=list)  # per trained episode: versions between generation and step
     samples: list[TrainedSample] = field(default_factory=list)
-
-
-@dataclass
-class TrackingTotals:
-    """Context tracking summed over the episodes stored since start (from each episode's TrackingReport)."""
-
-    episodes: int = 0
-    calls: int = 0
-    samples: int = 0
-    merged_calls: int = 0
-    drift_found: int = 0
-    drift_repaired: int = 0
-    tokens_merged: int = 0
-    tokens_unmerged: int = 0
-
-    def add(self, report: dict[str, Any]) -> None:
-        self.episodes += 1
-        self.calls += int(report.get("calls", 0))
-        self.samples += int(report.get("samples", 0))
-        self.merged_calls += int(report.get("merged_calls", 0))
-        self.drift_found += int(report.get("drift_mismatches", 0))
-        self.drift_repaired += int(report.get("drift_repaired", 0))
-        self.tokens_merged += int(report.get("tokens_merged", 0))
-        self.tokens_unmerged += int(report.get("tokens_unmerged", 0))
-
-    def as_dict(self) -> dict[str, int]:
-        return dict(vars(self))
 
 
 class StepObserver(Protocol):

@@ -159,6 +159,10 @@ class SnapshotCollector(Collector):
                     "episodes_ended": (s.episodes_ended, "episodes ended and acknowledged"),
                     "trained_episodes": (s.trained_episodes, "episodes consumed by a train step"),
                     "eval_episodes": (s.eval_episodes, "eval episodes stored")}
+        if s.weight_syncs is not None:  # engines with a weight-sync seam
+            counters["weight_syncs"] = (s.weight_syncs, "weight pushes from the learner to the generator")
+            counters["weight_sync_failures"] = (s.weight_sync_failures or 0, "weight pushes that failed after a "
+                                                "committed step (the generator served the previous version)")
         for name, (value, doc) in counters.items():
             yield CounterMetricFamily(f"agentjet_{name}", doc, value=value)
         dropped = CounterMetricFamily("agentjet_dropped_episodes", "episodes never trained on, by reason",

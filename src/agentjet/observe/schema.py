@@ -7,7 +7,7 @@ from __future__ import annotations
 import enum
 from typing import Any, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 
 class DropReason(enum.StrEnum):
@@ -21,11 +21,14 @@ class DropReason(enum.StrEnum):
 
 
 class RunSnapshot(BaseModel):
-    """Counters of a running server at one moment (cumulative since start unless said otherwise)."""
+    """A running server at one moment: its one read model. ``GET /swarm/v1/status``, the dashboard's run page and
+    the Prometheus metrics all render this (built by ``agentjet.server.run_state.snapshot``). Counters are
+    cumulative since start unless said otherwise."""
 
     model: str
-    engine: str
-    engine_state: str
+    engine: str  # the layout: <generator>+<learner>
+    engine_info: dict[str, Any] = Field(default_factory=dict)  # what runs where (``Engine.describe``)
+    engine_state: str  # "paused" while training is paused, else the server's lifecycle state
     paused: bool
     policy_version: int
     train_steps: int
@@ -34,14 +37,27 @@ class RunSnapshot(BaseModel):
     pending_episodes: int
     trained_episodes: int
     eval_episodes: int
-    clients: int
+    client_ids: list[str] = Field(default_factory=list, exclude=True)  # every client seen since start
     calls: int
     generated_tokens: int
     episodes_ended: int
     trained_tokens: int
     dropped: dict[DropReason, int]
-    tracking: dict[str, int]  # TrackingTotals.as_dict(): calls, merged_calls, drift_repaired, ...
+    tracking: dict[str, int]  # context tracking over the stored episodes: calls, merged_calls, drift_repaired, ...
     tito: dict[str, float] = Field(default_factory=dict)
+    admission: dict[str, int] = Field(default_factory=dict)  # capacity, refusals, reserved, waiting, held
+    weight_syncs: int | None = None  # None: an engine without a weight-sync seam
+    weight_sync_failures: int | None = None
+    # the latest step's metrics (a NaN is possible: the status shows it as null; the dashboard reads the steps)
+    last_train_metrics: dict[str, float] = Field(default_factory=dict, exclude=True)
+    task_types: dict[str, dict[str, float]] = Field(default_factory=dict)  # trained episodes, mean reward
+    training_halted: str | None = None
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def clients(self) -> int:
+        """Clients seen since start."""
+        return len(self.client_ids)
 
 
 class StepRow(BaseModel):

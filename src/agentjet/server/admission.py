@@ -25,16 +25,38 @@ runs between the capacity check and the members' episodes. A group whose task ty
 share is passed over (it keeps its place) so that the other types are not blocked behind it. A held request
 whose client goes away leaves the queue and nothing else; one that was admitted as its client went away has its
 episode aborted at once, so its place is free again.
+
+The rules above are pure functions and a pure queue; ``Admission`` applies them to the server's begins, with
+what refuses a begin whatever the capacity (the server's state, its store, the client's own limit) and the
+cocktail quotas (a task type ahead of its share is deferred).
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
+import logging
+import math
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
+
+from agentjet.engines.base import Engine
+from agentjet.protocol import BeginEpisodeRequest, BeginEpisodeResponse, EpisodeStatus
+from agentjet.server.clock import Clock
+from agentjet.server.counters import AdmissionCounters
+from agentjet.server.errors import APIError, bad_request, unavailable
+from agentjet.server.registry import EpisodeRegistry
+from agentjet.server.state import Lifecycle, ServerState
+from agentjet.server.store_health import StoreHealth
+from agentjet.server.trainer import Trainer
+from agentjet.settings import ServerConfig
+
+log = logging.getLogger(__name__)
+
+QUOTA_RETRY_MS = 500
+CAPACITY_RETRY_MS = 250
 
 
 def capacity(*, version: int, batch_episodes: int, max_staleness: int, accepted: int, running: int,
@@ -85,7 +107,7 @@ class AdmissionQueue(Generic[R, A]):
         self._groups: OrderedDict[str, deque[Waiter[R, A]]] = OrderedDict()
 
     def __len__(self) -> int:
-        return sum(len(q) for q in self._groups.values())
+        return sum(map(len, list(self._groups.values())))  # one copy: the read side may count from a thread
 
     def groups(self) -> int:
         return len(self._groups)
@@ -139,3 +161,190 @@ class AdmissionQueue(Generic[R, A]):
             if not q:
                 del self._groups[key]
         return expired
+
+
+class Admission:
+    """The server's gate for ``begin``: what refuses a begin whatever the capacity (the server's state, its
+    store, the client's own limit), the cocktail quotas, and the capacity rule above with its queue of held
+    begins. Counts its refusals and held begins (``counters.AdmissionCounters``)."""
+
+    def __init__(self, config: ServerConfig, engine: Engine, registry: EpisodeRegistry, trainer: Trainer,
+                 clock: Clock, lifecycle: Lifecycle, store_health: StoreHealth, counters: AdmissionCounters) -> None:
+        self.config = config
+        self.engine = engine
+        self.registry = registry
+        self.trainer = trainer
+        self.clock = clock
+        self.lifecycle = lifecycle
+        self.store_health = store_health
+        self.counters = counters
+        self.queue: AdmissionQueue[BeginEpisodeRequest, BeginEpisodeResponse] = AdmissionQueue()
+
+    async def begin(self, req: BeginEpisodeRequest,
+                    client_gone: Callable[[], Awaitable[object]] | None = None) -> BeginEpisodeResponse:
+        """Begin an episode. A training episode beyond capacity is held until its group fits, for at most its
+        wait, then answered 429 ``at_capacity``. ``client_gone`` returns when the client disconnects: a held
+        begin then leaves the queue (or, admitted in that instant, is aborted)."""
+        self._check_open(req)
+        wait_s = self._wait_s(req)
+        group_key = req.group_id or req.task_id
+        if req.eval or not self.config.training.admission or wait_s <= 0:
+            if not req.eval:
+                self._check_quota(req.task_type)
+                self._check_capacity(group_key)
+            return self._admit(req)
+        self._check_task_type(req.task_type)
+        if self._begun_in_group(group_key) % self.config.training.group_size:
+            return self._admit(req)  # its group is begun: its place is held
+        waiter = self.queue.join(req, group_key, self.clock.monotonic() + wait_s)
+        self.pump()
+        if waiter.future.done():
+            return waiter.future.result()
+        self.counters.held_begin()
+        gone = asyncio.ensure_future(client_gone()) if client_gone is not None else None
+        try:
+            await asyncio.wait([waiter.future, *([gone] if gone else [])], return_when=asyncio.FIRST_COMPLETED)
+            if gone is not None and gone.done():  # (admitted in the same instant: _withdraw aborts it)
+                raise APIError(499, "the client went away while its begin was held", code="client_gone")
+            return waiter.future.result()
+        except BaseException:
+            self._withdraw(waiter)
+            raise
+        finally:
+            if gone is not None:
+                gone.cancel()
+
+    def _withdraw(self, waiter: Waiter[BeginEpisodeRequest, BeginEpisodeResponse]) -> None:
+        """A held begin ends without an answer reaching its client: out of the queue, or, if it was admitted in
+        that instant, its episode aborted, so that no place stays taken by a client that is gone."""
+        if self.queue.leave(waiter):
+            self.pump()  # the head of the queue may have changed
+            return
+        fut = waiter.future
+        if fut.done() and not fut.cancelled() and fut.exception() is None:
+            ep = self.registry.get(fut.result().episode_id)
+            if ep is not None and ep.is_open:
+                log.info("episode %s aborted: its client went away as it was admitted", ep.episode_id)
+                self.registry.close(ep, EpisodeStatus.ABORTED)
+                self.pump()
+
+    def _wait_s(self, req: BeginEpisodeRequest) -> float:
+        most = self.config.training.admission_wait_s
+        return most if req.wait_s is None else min(req.wait_s, most)
+
+    def _check_open(self, req: BeginEpisodeRequest) -> None:
+        """What refuses a begin whatever the capacity: the server's state, its store, the client's own limit."""
+        state = self.lifecycle.effective()
+        if state is not ServerState.READY:
+            raise unavailable(f"the server is {state.value}", "not_ready", retry_after_s=1)
+        self.store_health.check()
+        cap = self.config.max_open_episodes_per_client
+        if self.registry.open_for_client(req.client_id) >= cap:
+            raise APIError(429, f"client {req.client_id!r} already has {cap} open episodes (the limit); end or "
+                           "abort some first", "rate_limit_error", code="too_many_open_episodes",
+                           headers={"Retry-After": "1"})
+
+    def _admit(self, req: BeginEpisodeRequest) -> BeginEpisodeResponse:
+        if not req.eval and not self._begun_in_group(req.group_id or req.task_id) % self.config.training.group_size:
+            self.trainer.note_admitted(req.group_id or req.task_id)
+        ep, key = self.registry.begin(req, self.engine.policy_version)
+        self.trainer.note_begin(req.task_type)
+        return BeginEpisodeResponse(episode_id=ep.episode_id, api_key=key, base_url=self.config.base_url(),
+                                    lease_seconds=self.config.lease_seconds, policy_version=self.engine.policy_version)
+
+    def _admit_held(self, req: BeginEpisodeRequest) -> BeginEpisodeResponse:
+        self._check_open(req)
+        return self._admit(req)
+
+    def _decide(self, req: BeginEpisodeRequest) -> Decision:
+        """For the queue: may this held begin go now?"""
+        t = self.config.training
+        if self._ahead_of_share(req.task_type):
+            return Decision.PASS
+        group_key = req.group_id or req.task_id
+        if not t.admission or admits(capacity_now=self.capacity() - self.reserved(), group_size=t.group_size,
+                                     begun_in_group=self._begun_in_group(group_key)):
+            return Decision.ADMIT
+        return Decision.BLOCK
+
+    def pump(self) -> None:
+        """Capacity may have changed (an episode closed, a step trained, settings changed): admit what fits now,
+        and answer the held begins whose wait is over."""
+        state = self.lifecycle.effective()
+        if state is not ServerState.READY:  # stopping: answer every held begin now
+            self.queue.expire(math.inf, lambda _: unavailable(f"the server is {state.value}", "not_ready",
+                                                              retry_after_s=1))
+            return
+        self.queue.expire(self.clock.monotonic(), self._held_too_long)
+        self.queue.release(self._decide, self._admit_held)
+
+    def _held_too_long(self, req: BeginEpisodeRequest) -> APIError:
+        """The answer to a begin held for its whole wait: ask again at once (another long poll)."""
+        if self._ahead_of_share(req.task_type):
+            return self._deferred(req.task_type, 0)
+        return self._refuse_at_capacity(0)
+
+    def _deferred(self, task_type: str, retry_ms: int) -> APIError:
+        share = self.config.training.task_ratios[task_type]
+        return APIError(429, f"task type {task_type!r} is ahead of its share ({share} of each batch): retry after "
+                        f"{retry_ms} ms", "rate_limit_error", param="task_type", code="deferred",
+                        headers={"Retry-After": "1", "Retry-After-Ms": str(retry_ms)})
+
+    def _refuse_at_capacity(self, retry_ms: int) -> APIError:
+        """The 429 ``at_capacity`` answer (counted: ``AdmissionCounters.refusals``)."""
+        self.counters.refused()
+        return APIError(429, f"the swarm is at capacity for policy v{self.engine.policy_version}: an episode begun now "
+                        f"would be more than max_staleness={self.config.training.max_staleness} versions old when "
+                        f"trained; retry after {retry_ms} ms", "rate_limit_error", code="at_capacity",
+                        headers={"Retry-After": "1", "Retry-After-Ms": str(retry_ms)})
+
+    def _ahead_of_share(self, task_type: str) -> bool:
+        """Cocktail training: a type that already has two batches' worth of its share in flight waits."""
+        settings = self.config.training
+        if not settings.task_ratios or task_type not in settings.task_ratios:
+            return False
+        quota = max(self.trainer.quotas().get(task_type, 0), 1) * settings.group_size
+        outstanding = self.registry.open_by_type[task_type] + self.trainer.pending_by_type().get(task_type, 0)
+        return outstanding >= 2 * quota
+
+    def _check_task_type(self, task_type: str) -> None:
+        """Cocktail training: a type must have a ratio; one that asks to begin is present (not absent)."""
+        settings = self.config.training
+        if not settings.task_ratios:
+            return
+        if task_type not in settings.task_ratios:
+            raise bad_request(f"task type {task_type!r} has no ratio; the server trains "
+                              f"{sorted(settings.task_ratios)}", param="task_type")
+        self.trainer.note_begin(task_type)  # a deferred type is present, not absent
+
+    def _check_quota(self, task_type: str) -> None:
+        """Cocktail training: defer (429) a type that already has two batches' worth of its share in flight."""
+        self._check_task_type(task_type)
+        if self._ahead_of_share(task_type):
+            raise self._deferred(task_type, QUOTA_RETRY_MS)
+
+    def capacity(self) -> int:
+        """Training episodes that may begin now without going past the staleness bound (``capacity``)."""
+        t = self.config.training
+        return capacity(version=self.engine.policy_version, batch_episodes=t.batch_groups * t.group_size,
+                        max_staleness=t.max_staleness, accepted=self.trainer.accepted_count,
+                        running=self.registry.open_training, max_concurrent=t.max_concurrent)
+
+    def _begun_in_group(self, group_key: str) -> int:
+        return self.registry.open_by_group[group_key] + self.trainer.pending_in_group(group_key)
+
+    def reserved(self) -> int:
+        """Places held for the members that begun groups still lack (``reserved``), for ``group_timeout_s``
+        after the group's admission: a member that never comes (its client was killed) does not hold its place
+        for longer."""
+        t = self.config.training
+        keys = set(self.registry.open_by_group) | set(self.trainer.pending_group_keys())
+        return reserved((self._begun_in_group(k) for k in keys if self.trainer.admitted_within(k, t.group_timeout_s)),
+                        t.group_size)
+
+    def _check_capacity(self, group_key: str) -> None:
+        t = self.config.training
+        if not t.admission or admits(capacity_now=self.capacity() - self.reserved(), group_size=t.group_size,
+                                     begun_in_group=self._begun_in_group(group_key)):
+            return
+        raise self._refuse_at_capacity(CAPACITY_RETRY_MS)

@@ -61,7 +61,7 @@ def apply_change(server: SwarmServer, change: ConfigChange) -> ChangeRecord:
     if any(key.startswith("loss.") for key in applied):
         server.engine.set_loss(new.loss)
     if any(key.startswith("training.") for key in applied):
-        server.episodes.pump_admission()  # a larger bound or batch may admit held begins at once
+        server.admission.pump()  # a larger bound or batch may admit held begins at once
     record = ChangeRecord(at=server.clock.time(), policy_version=server.engine.policy_version,
                           train_step=server.trainer.counters.train_steps, changes=applied)
     if applied:

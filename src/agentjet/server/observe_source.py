@@ -1,8 +1,9 @@
 """The read side of a running server for the observe room (dashboard pages and metrics).
 
-``ServerSource`` implements ``agentjet.observe.schema.DashboardSource`` on a server's ``RunParts``. It reads the
-sample store through ``store.StoreReader`` (a read-only connection of its own, so dashboard polls never wait on
-the store lock that the request path and the trainer hold); the SQL lives in ``store.py``.
+``ServerSource`` implements ``agentjet.observe.schema.DashboardSource`` on a server's ``RunParts``. Its run view
+is the run's one snapshot (``run_state.snapshot``, which the status renders too). It reads the sample store
+through ``store.StoreReader`` (a read-only connection of its own, so dashboard polls never wait on the store
+lock that the request path and the trainer hold); the SQL lives in ``store.py``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from typing import Any
 
 from agentjet.observe.schema import (
     ClientRow,
-    DropReason,
     EpisodeFilter,
     EpisodeRow,
     EpisodeStatusFilter,
@@ -24,8 +24,7 @@ from agentjet.observe.schema import (
 )
 from agentjet.protocol import EpisodeStatus, reward_mean
 from agentjet.server.registry import Episode
-from agentjet.server.run_state import RunParts
-from agentjet.server.store import StoreReader
+from agentjet.server.run_state import RunParts, snapshot
 from agentjet.settings import ServerConfig
 from agentjet.tracking import sample_trace
 
@@ -46,45 +45,14 @@ _LIVE_STATUSES = {
 
 
 class ServerSource:
-    def __init__(self, run: RunParts, counts_ttl_s: float = 2.0) -> None:
+    def __init__(self, run: RunParts) -> None:
         self.run = run
-        self.reader = StoreReader(run.store.path)
-        self._counts_ttl_s = counts_ttl_s
-        self._counts: tuple[float, tuple[int, ...], dict[str, int]] = (-1e18, (), {})
-
-    def close(self) -> None:
-        self.reader.close()
-
-    def _status_counts(self) -> dict[str, int]:
-        """Episodes per stored status. Many pollers share one count while nothing that moves it has happened
-        (and for at most ``counts_ttl_s``: team resolutions are not in the key)."""
-        srv, c = self.run, self.run.trainer.counters
-        key = (srv.throughput.ended, c.train_steps, c.trained_episodes, c.dropped_stale, c.dropped_uniform,
-               len(srv.teams.prepared))
-        at, cached_key, counts = self._counts
-        now = srv.clock.monotonic()
-        if key != cached_key or now - at > self._counts_ttl_s:
-            counts = defaultdict(int, self.reader.count_by_status())
-            self._counts = (now, key, counts)
-        return counts
+        self.reader = run.reader
 
     # ------------------------------------------------------------------ DashboardSource
     def snapshot(self) -> RunSnapshot:
-        srv = self.run
-        counts = self._status_counts()
-        c = srv.trainer.counters
-        reg = srv.registry
-        return RunSnapshot(
-            model=srv.config.name, engine=srv.engine.layout, engine_state=srv.engine_state(),
-            paused=srv.trainer.paused, policy_version=srv.engine.policy_version, train_steps=c.train_steps,
-            uptime_s=srv.clock.monotonic() - srv.throughput.started, open_episodes=reg.open_count,
-            pending_episodes=counts["pending"], trained_episodes=counts["trained"], eval_episodes=counts["eval"],
-            clients=len(reg.clients), calls=srv.throughput.calls, generated_tokens=srv.throughput.generated_tokens,
-            episodes_ended=srv.throughput.ended, trained_tokens=c.trained_tokens,
-            dropped={DropReason.STALE: counts["dropped_stale"], DropReason.UNIFORM: counts["dropped_uniform"],
-                     DropReason.EXPIRED: reg.counts["expired"], DropReason.ABORTED: reg.counts["aborted"],
-                     DropReason.TEAM_ABORTED: counts["aborted"]},
-            tracking=srv.tracking_totals.as_dict(), tito=srv.tito.as_dict())
+        """The run's one snapshot (``run_state.snapshot``), the same that ``GET /swarm/v1/status`` renders."""
+        return snapshot(self.run)
 
     def steps(self, after: int, limit: int) -> list[StepRow]:
         return [StepRow(step=r["step"], policy_version=r["policy_version"], metrics=r["metrics"], time=r["created_at"])

@@ -151,7 +151,7 @@ class ChatCall:
         """Validate, then put this agent's earlier generations back into the prompt as generated (token-in,
         token-out; ``agentjet.server.tito``)."""
         p = cls(request, body, key)
-        ids = await p.server.episodes.tito_prompt_ids(p.episode, p.agent, p.messages, p.tools, p.prompt_ids)
+        ids = await p.server.ingest.tito_prompt_ids(p.episode, p.agent, p.messages, p.tools, p.prompt_ids)
         if ids is not p.prompt_ids:
             p.prompt_ids = ids
             p.sampling = [sampling_for(body, p.server, len(ids), i) for i in range(body.n)]
@@ -176,7 +176,7 @@ class ChatCall:
             completion_logprobs=list(result.logprobs), temperature=sampling.logprob_temperature,
             policy_version=result.policy_version, response_message=reply,
             finish_reason=result.finish_reason.value, completion_versions=result.versions)
-        self.server.episodes.record_call(self.episode, call)
+        self.server.ingest.record_call(self.episode, call)
 
     def finish_reason(self, result: GenerationResult, message: dict[str, Any]) -> str:
         return "tool_calls" if message.get("tool_calls") else result.finish_reason.value

@@ -1,11 +1,15 @@
 """``SwarmServer``: the one object behind the HTTP routes. It builds the parts and runs their lifecycle:
 
 - ``registry`` (open episodes, keys, leases), ``store`` (durable samples), ``trainer`` (batching, steps);
-- ``episodes`` (``episodes.py``: the episode lifecycle), ``teams`` (``teams.py``: two-phase commit);
+- ``keys`` (``keys.py``: key auth), ``admission`` (``admission.py``: begin, quotas, capacity), ``ingest``
+  (``ingest.py``: calls, token-in/token-out, the durable end), ``episodes`` (``episodes.py``: join, heartbeat,
+  abort), ``teams`` (``teams.py``: two-phase commit);
+- ``counters`` (``counters.py``: every counter, each written by one of the parts above);
 - ``auth`` (``auth.py``), the status (``status.py``), and the reaper that expires leases.
 
 The read side (status, dashboard, metrics) gets the parts it reads as one explicit ``RunParts``
-(``run_state.py``), never this object. The routes find it through ``routes.server_of``.
+(``run_state.py``), never this object, and renders the one ``run_state.snapshot`` of them. The routes find
+this object through ``routes.server_of``.
 
 Building a ``SwarmServer`` touches nothing outside it: it works on its own copy of the config (the data dir
 resolved, an admin token generated when none was given) and opens no file. ``start()`` opens the store, the
@@ -25,25 +29,26 @@ from pydantic import SecretStr
 
 from agentjet.engines.base import Engine
 from agentjet.models import agentjet_home
-from agentjet.observe.events import TrackingTotals
 from agentjet.observe.metrics import TRAINLOG_FILE, MetricsHub
 from agentjet.observe.trainlog import TrainLog
 from agentjet.protocol import ChangeRecord, ServerStatus
+from agentjet.server.admission import Admission
 from agentjet.server.auth import Auth, new_admin_token, save_admin_token
 from agentjet.server.chat import ChatFormatter
 from agentjet.server.clock import Clock, SystemClock
+from agentjet.server.counters import RunCounters
 from agentjet.server.episodes import Episodes
+from agentjet.server.ingest import Ingest, TrainingIntake
 from agentjet.server.keys import EpisodeKeys
 from agentjet.server.locks import KeyedLocks
 from agentjet.server.observe_source import ServerSource
 from agentjet.server.registry import EpisodeRegistry
-from agentjet.server.run_state import RunParts
-from agentjet.server.state import ServerState
-from agentjet.server.status import build_status
-from agentjet.server.store import SampleStore
+from agentjet.server.run_state import RunParts, StoredCounts, snapshot
+from agentjet.server.state import Lifecycle, ServerState
+from agentjet.server.status import build_status, eval_reward_by_version
+from agentjet.server.store import SampleStore, StoreReader
+from agentjet.server.store_health import StoreHealth
 from agentjet.server.teams import Teams
-from agentjet.server.throughput import Throughput
-from agentjet.server.tito import TitoCounters
 from agentjet.server.trainer import Trainer
 from agentjet.settings import ServerConfig
 
@@ -53,10 +58,14 @@ log = logging.getLogger(__name__)
 class SwarmServer:
     # opened by start(): they hold files (the routes serve only after start)
     store: SampleStore
+    reader: StoreReader
+    store_health: StoreHealth
     trainer: Trainer
     teams: Teams
-    episodes: Episodes
     keys: EpisodeKeys
+    admission: Admission
+    ingest: Ingest
+    episodes: Episodes
     run: RunParts
     observe: ServerSource
     metrics: MetricsHub
@@ -74,44 +83,64 @@ class SwarmServer:
         self.auth = Auth.from_config(self.config)
         self.formatter = ChatFormatter(engine.tokenizer, self.config.tool_parser)
         self.registry = EpisodeRegistry(self.config.lease_seconds, clock=self.clock)
-        self.throughput = Throughput(clock=self.clock)
-        self.tito = TitoCounters()
-        self.tracking_totals = TrackingTotals()  # merge ratio and drift repairs over every stored episode
-        self.state = ServerState.STARTING
+        self.counters = RunCounters.starting_now(self.clock)  # the read model's counters (``counters.py``)
+        self.lifecycle = Lifecycle()
         self.change_log: list[ChangeRecord] = []  # live config changes, with the version they took effect at
         self.on_stop: Callable[[], None] | None = None  # set by whoever runs the HTTP server
-        # set by whoever runs the HTTP server: True once it is shutting down (it then waits for the requests in
-        # flight, so held begins are answered at once instead of at the end of their wait)
-        self.exiting: Callable[[], bool] = lambda: False
         self._reaper: asyncio.Task[None] | None = None
 
+    @property
+    def state(self) -> ServerState:
+        return self.lifecycle.state
+
+    @state.setter
+    def state(self, state: ServerState) -> None:
+        self.lifecycle.state = state
+
+    @property
+    def exiting(self) -> Callable[[], bool]:
+        """Set by whoever runs the HTTP server: True once it is shutting down (``Lifecycle.exiting``)."""
+        return self.lifecycle.exiting
+
+    @exiting.setter
+    def exiting(self, exiting: Callable[[], bool]) -> None:
+        self.lifecycle.exiting = exiting
+
     def _open(self) -> None:
-        """Open what holds files: the store, the trainer over it, the episode lifecycle, and the read side
-        (the dashboard's source and the metrics: Prometheus, metrics.jsonl, TensorBoard / W&B)."""
-        config, data_dir = self.config, self.data_dir
+        """Open what holds files: the store, the trainer over it, the episode lifecycle (key auth, admission,
+        ingest, teams), and the read side (the run's parts and snapshot, the dashboard's source and the metrics:
+        Prometheus, metrics.jsonl, TensorBoard / W&B)."""
+        config, data_dir, counters = self.config, self.data_dir, self.counters
         if self._generated_admin_token:
             token = ServerConfig.secret(config.admin_token)
             assert token is not None
             self.admin_token_file = save_admin_token(token, data_dir, self._home, config.port)
         self.store = SampleStore(data_dir / "store.sqlite")
-        self.trainer = Trainer(self.engine, self.store, config, data_dir / "checkpoints", clock=self.clock)
-        locks = KeyedLocks()
-        self.teams = Teams(self.store, self.registry, locks, self.clock, lambda: self.config.lease_seconds,
-                           on_committed=lambda stored: self.episodes.acknowledged(stored))
-        self.episodes = Episodes(config, self.engine, self.formatter, self.registry, self.store, self.trainer,
-                                 self.teams, self.throughput, self.tito, locks, self.clock, self.effective_state,
-                                 self.tracking_totals)
-        self.keys = self.episodes.keys
+        self.reader = StoreReader(self.store.path)
+        self.store_health = StoreHealth(self.store)
+        self.trainer = Trainer(self.engine, self.store, config, data_dir / "checkpoints", clock=self.clock,
+                               counters=counters.training)
+        intake = TrainingIntake(self.trainer, counters.requests)
+        locks = KeyedLocks()  # one end / prepare / commit at a time per episode
+        self.teams = Teams(self.store, self.registry, locks, self.clock, config.lease_seconds,
+                           on_committed=intake.acknowledged)
+        self.keys = EpisodeKeys(self.registry, self.store)
+        self.admission = Admission(config, self.engine, self.registry, self.trainer, self.clock, self.lifecycle,
+                                   self.store_health, counters.admission)
+        self.ingest = Ingest(config, self.engine, self.formatter, self.registry, self.store, self.keys, self.teams,
+                             locks, self.clock, self.store_health, intake, self.admission, counters)
+        self.episodes = Episodes(config, self.engine, self.registry, self.keys, self.teams, self.admission)
         trainlog = TrainLog(data_dir / TRAINLOG_FILE)
         self.run = RunParts(config=config, engine=self.engine, clock=self.clock, registry=self.registry,
-                            store=self.store, trainer=self.trainer, episodes=self.episodes, teams=self.teams,
-                            throughput=self.throughput, tito=self.tito, tracking_totals=self.tracking_totals,
-                            trainlog=trainlog, lifecycle=lambda: self.state)
+                            store=self.store, reader=self.reader,
+                            stored=StoredCounts(self.reader, counters, self.trainer, self.teams, self.clock),
+                            trainer=self.trainer, admission=self.admission, teams=self.teams, counters=counters,
+                            trainlog=trainlog, lifecycle=self.lifecycle)
         self.observe = ServerSource(self.run)
         self.metrics = MetricsHub(config.observe, data_dir, self.observe.snapshot, self.public_config(),
                                   trainlog=trainlog)
         self.trainer.observer = self.metrics
-        self.trainer.on_capacity = self.episodes.pump_admission
+        self.trainer.on_capacity = self.admission.pump
 
     @property
     def data_dir(self) -> Path:
@@ -144,7 +173,7 @@ class SwarmServer:
             await asyncio.to_thread(self.trainer.save_checkpoint)
         await self.engine.close()
         self.metrics.close()
-        self.observe.close()
+        self.reader.close()
         self.store.close()
         self.state = ServerState.STOPPED
 
@@ -157,17 +186,13 @@ class SwarmServer:
         """Expire episodes whose lease ran out; resolve team episodes whose commit never came."""
         for ep in self.registry.expire_due():
             log.info("episode %s (client %s) expired: lease ran out", ep.episode_id, ep.client_id)
-        self.episodes.pump_admission()  # expired places are free; held begins past their wait are answered
+        self.admission.pump()  # expired places are free; held begins past their wait are answered
         if self.teams.prepared:
             await self.teams.resolve_expired()
 
     # ------------------------------------------------------------------ views
-    def effective_state(self) -> ServerState:
-        """The state requests see: STOPPING as soon as the HTTP server is shutting down."""
-        return ServerState.STOPPING if self.state is ServerState.READY and self.exiting() else self.state
-
     def status(self) -> ServerStatus:
-        return build_status(self.run)
+        return build_status(snapshot(self.run), eval_reward_by_version(self.reader), self.public_config())
 
     def public_config(self) -> dict[str, Any]:
         return self.config.public_dict()

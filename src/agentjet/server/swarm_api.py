@@ -42,7 +42,7 @@ async def disconnected(request: Request) -> None:
 @router.post("/episodes", response_model=BeginEpisodeResponse, dependencies=[Depends(require_swarm)])
 async def begin_episode(request: Request, body: BeginEpisodeRequest) -> BeginEpisodeResponse:
     """Held beyond capacity until the group fits (a long poll; ``server/admission.py``)."""
-    return await server_of(request).episodes.begin(body, client_gone=lambda: disconnected(request))
+    return await server_of(request).admission.begin(body, client_gone=lambda: disconnected(request))
 
 
 @router.post("/episodes/{episode_id}/heartbeat", response_model=HeartbeatResponse)
@@ -53,7 +53,7 @@ async def heartbeat(request: Request, episode_id: str, key: str | None = Depends
 @router.post("/episodes/{episode_id}/end", response_model=EndEpisodeResponse)
 async def end_episode(request: Request, episode_id: str, body: EndEpisodeRequest,
                       key: str | None = Depends(bearer)) -> EndEpisodeResponse:
-    return await server_of(request).episodes.end(key, episode_id, body)
+    return await server_of(request).ingest.end(key, episode_id, body)
 
 
 @router.post("/episodes/{episode_id}/abort", response_model=AbortEpisodeResponse)
@@ -66,13 +66,13 @@ async def abort_episode(request: Request, episode_id: str, body: AbortEpisodeReq
 async def prepare_episode(request: Request, episode_id: str, body: PrepareEpisodeRequest,
                           key: str | None = Depends(bearer)) -> EndEpisodeResponse:
     """Team episodes, phase one: durable but not trainable until commit."""
-    return await server_of(request).episodes.prepare(key, episode_id, body)
+    return await server_of(request).ingest.prepare(key, episode_id, body)
 
 
 @router.post("/episodes/{episode_id}/commit", response_model=EndEpisodeResponse)
 async def commit_episode(request: Request, episode_id: str, key: str | None = Depends(bearer)) -> EndEpisodeResponse:
     """Team episodes, phase two."""
-    return await server_of(request).episodes.commit(key, episode_id)
+    return await server_of(request).ingest.commit(key, episode_id)
 
 
 @router.get("/teams/{team_id}", response_model=TeamDecisionResponse)

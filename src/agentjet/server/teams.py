@@ -1,6 +1,6 @@
 """Multi-model team episodes: the two-phase commit across servers.
 
-Phase one (``prepare``, in ``episodes.py``) stores a team episode durably as PREPARED: not trainable. Phase two
+Phase one (``prepare``, in ``ingest.py``) stores a team episode durably as PREPARED: not trainable. Phase two
 (``commit``) makes it trainable. A prepared episode whose commit never comes (the client died between the
 phases) is resolved when its deadline passes: the coordinator server aborts and records the decision; a
 participant asks the coordinator (authorised by the team secret) and follows its decision.
@@ -37,7 +37,7 @@ COORDINATOR_TIMEOUT_S = 5.0
 
 class Teams:
     def __init__(self, store: SampleStore, registry: EpisodeRegistry, end_locks: KeyedLocks, clock: Clock,
-                 lease_seconds: Callable[[], float], on_committed: Callable[[StoredEpisode], None]) -> None:
+                 lease_seconds: float, on_committed: Callable[[StoredEpisode], None]) -> None:
         self.store = store
         self.registry = registry
         self.end_locks = end_locks
@@ -48,7 +48,7 @@ class Teams:
 
     def track(self, episode_id: str) -> None:
         """A team episode was prepared: resolve it by itself if its commit does not come in time."""
-        self.prepared[episode_id] = self.clock.monotonic() + self.lease_seconds()
+        self.prepared[episode_id] = self.clock.monotonic() + self.lease_seconds
 
     def load(self) -> None:
         """Team episodes prepared before a restart."""

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
@@ -30,24 +29,6 @@ class TitoOutcome(Enum):
     PLAIN = "plain"  # nothing to splice (or nothing changed): the plain prompt
     SPLICED = "spliced"  # generated ids put back where re-tokenization would have changed them
     FALLBACK = "fallback"  # splicing was attempted but failed a check: the plain prompt (see log at DEBUG)
-
-
-@dataclass
-class TitoCounters:
-    prompts_spliced: int = 0  # requests whose prompt holds generated ids that re-tokenization would have changed
-    drift_prevented: int = 0  # assistant messages whose re-tokenization differed from the generated ids
-    fallbacks: int = 0
-
-    def count(self, outcome: TitoOutcome, drift: int) -> None:
-        if outcome is TitoOutcome.SPLICED:
-            self.prompts_spliced += 1
-            self.drift_prevented += drift
-        elif outcome is TitoOutcome.FALLBACK:
-            self.fallbacks += 1
-
-    def as_dict(self) -> dict[str, float]:
-        return {"tito_prompts_spliced": self.prompts_spliced, "tito_drift_prevented": self.drift_prevented,
-                "tito_fallbacks": self.fallbacks}
 
 
 def may_splice(calls: Sequence[CallRecord], agent: str, messages: list[dict[str, Any]]) -> bool:

@@ -19,7 +19,7 @@ import logging
 import shutil
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from agentjet.algorithms import AdvantageEstimator, compute_advantages
@@ -28,6 +28,7 @@ from agentjet.engines.errors import TrainingHaltedError
 from agentjet.observe.events import StepObserver, StepRecord, TrainedSample, staleness_metrics
 from agentjet.protocol import reward_mean
 from agentjet.server.clock import Clock, SystemClock
+from agentjet.server.counters import TrainingCounters
 from agentjet.server.quotas import apportion
 from agentjet.server.staleness import all_stale, fresh_samples, logprobs_on_stored_mask
 from agentjet.server.store import SampleStore, StoredEpisode, StoredStatus
@@ -49,19 +50,6 @@ class Group:
     @property
     def task_type(self) -> str:
         return self.episodes[0].task_type
-
-
-@dataclass
-class TrainerCounters:
-    train_steps: int = 0
-    trained_episodes: int = 0
-    trained_samples: int = 0
-    dropped_stale: int = 0
-    dropped_uniform: int = 0
-    trained_tokens: int = 0
-    last_metrics: dict[str, float] = field(default_factory=dict)
-    halted_reason: str | None = None  # set when the engine said training must stop (training is paused)
-    by_type: dict[str, dict[str, float]] = field(default_factory=dict)  # task type -> episodes, reward_sum
 
 
 def episode_reward(reward: float | dict[str, float], agent: str) -> float:
@@ -105,13 +93,14 @@ class Trainer:
     plane swaps those sections between steps) takes effect from the next batch."""
 
     def __init__(self, engine: Engine, store: SampleStore, config: ServerConfig, checkpoint_dir: Path,
-                 clock: Clock | None = None) -> None:
+                 clock: Clock | None = None, counters: TrainingCounters | None = None) -> None:
         self.engine = engine
         self.store = store
         self.config = config
         self.checkpoint_dir = checkpoint_dir
         self.clock = clock or SystemClock()
-        self.counters = TrainerCounters()
+        # the read model's training counters (``counters.py``): this trainer is their one writer
+        self.counters = counters if counters is not None else TrainingCounters()
         self.paused = False
         self._pending: dict[str, list[StoredEpisode]] = defaultdict(list)
         self._first_seen: dict[str, float] = {}
@@ -232,7 +221,7 @@ class Trainer:
 
     @property
     def pending_count(self) -> int:
-        return sum(len(v) for v in self._pending.values())
+        return sum(map(len, list(self._pending.values())))  # one copy: the read side may count from a thread
 
     def pending_group_keys(self) -> list[str]:
         return list(self._pending)
@@ -260,7 +249,7 @@ class Trainer:
             self._set_group(key, keep)
         if stale:
             self.store.mark_consumed(stale, step=self.counters.train_steps)
-            self.counters.dropped_stale += len(stale)
+            self.counters.drop_stale(len(stale))
             log.info("dropped %d stale episodes (all their tokens older than %d versions)", len(stale),
                      self.settings.max_staleness)
 
@@ -306,7 +295,7 @@ class Trainer:
             self._take(uniform)
             self.store.mark_consumed({ep.episode_id: StoredStatus.DROPPED_UNIFORM for g in uniform
                                       for ep in g.episodes}, step=self.counters.train_steps)
-            self.counters.dropped_uniform += sum(len(g.episodes) for g in uniform)
+            self.counters.drop_uniform(sum(len(g.episodes) for g in uniform))
         return [g for g in groups if not is_uniform(g)]
 
     # ------------------------------------------------------------ training
@@ -358,11 +347,8 @@ class Trainer:
         if self.observer is not None:
             metrics.update(self.observer.step_context(metrics))
         self.store.mark_consumed(statuses, step=step, step_record=(self.engine.policy_version, metrics))
-        self.counters.train_steps = step
-        self.counters.trained_episodes += len(ids)
-        self.counters.trained_samples += len(batch)
-        self.counters.trained_tokens += sum(s.num_trained_tokens for s in batch)
-        self.counters.last_metrics = metrics
+        self.counters.stepped(step, episodes=len(ids), samples=len(batch),
+                              tokens=sum(s.num_trained_tokens for s in batch), metrics=metrics)
         log.info("step %d: policy v%d, %d episodes, reward %.3f, loss %.4f, %.1fs", step,
                  self.engine.policy_version, len(ids), metrics["reward_mean"], metrics.get("loss", 0.0),
                  metrics.get("step_seconds", 0.0))
@@ -401,9 +387,7 @@ class Trainer:
             rewards = [reward_mean(ep.reward) for ep in mine]
             out[f"share/{t}"] = len(mine) / len(eps)
             out[f"reward/{t}"] = sum(rewards) / len(rewards)
-            acc = self.counters.by_type.setdefault(t, {"episodes": 0.0, "reward_sum": 0.0})
-            acc["episodes"] += len(mine)
-            acc["reward_sum"] += sum(rewards)
+            self.counters.trained_type(t, len(mine), sum(rewards))
         return out
 
     async def maybe_step(self) -> dict[str, float] | None:
@@ -452,9 +436,8 @@ class Trainer:
                 self._capacity_changed()
             self._capacity_changed()  # stale or uniform groups dropped: their places are free
         except TrainingHaltedError as exc:  # going on would train on wrong data: pause, say why, once
-            if self.counters.halted_reason != str(exc):
+            if self.counters.halt(str(exc)):
                 log.error("training halted (paused): %s", exc)
-            self.counters.halted_reason = str(exc)
             self.paused = True
         except Exception:  # a failed step must not kill the loop; the episodes stay pending
             log.exception("train step failed; its episodes stay in the store")
@@ -495,9 +478,8 @@ class Trainer:
         if tmp.exists():
             shutil.rmtree(tmp)
         self.engine.save(tmp)
-        state = {"train_steps": step, "policy_version": self.engine.policy_version,
-                 "dropped_stale": self.counters.dropped_stale, "dropped_uniform": self.counters.dropped_uniform,
-                 "trained_episodes": self.counters.trained_episodes, "saved_at": self.clock.time()}
+        state = {**self.counters.checkpoint_state(), "policy_version": self.engine.policy_version,
+                 "saved_at": self.clock.time()}
         (tmp / CHECKPOINT_STATE).write_text(json.dumps(state, indent=2))
         run = {"model": self.config.model, "model_revision": self.config.model_revision,
                "served_model_name": self.config.name, "settings": self.config.public_dict()}
@@ -532,11 +514,8 @@ class Trainer:
         if ckpt is not None:
             self.engine.load(ckpt)
             state = json.loads((ckpt / CHECKPOINT_STATE).read_text())
-            step = int(state["train_steps"])
-            self.counters.train_steps = step
-            self.counters.dropped_stale = int(state.get("dropped_stale", 0))
-            self.counters.dropped_uniform = int(state.get("dropped_uniform", 0))
-            self.counters.trained_episodes = int(state.get("trained_episodes", 0))
+            self.counters.restore(state)
+            step = self.counters.train_steps
         rewound = self.store.rewind_to_step(step)
         log.info("resumed at step %d (checkpoint %s); %d episodes consumed after it are pending again", step,
                  ckpt, rewound)

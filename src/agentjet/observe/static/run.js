@@ -46,12 +46,16 @@
   function renderTiles(s) {
     const dropped = Object.values(s.dropped).reduce((a, b) => a + b, 0);
     const items = [
-      ["model", s.model], ["state", s.paused ? "paused" : s.engine_state], ["policy version", s.policy_version],
+      ["model", s.model], ["state", s.engine_state], ["policy version", s.policy_version],
       ["train steps", s.train_steps], ["open episodes", s.open_episodes], ["pending", s.pending_episodes],
       ["trained episodes", s.trained_episodes], ["eval episodes", s.eval_episodes], ["clients", s.clients],
       ["chat calls", s.calls], ["generated tokens", s.generated_tokens], ["trained tokens", s.trained_tokens],
       ["dropped", dropped], ["uptime", fmt(s.uptime_s / 60, 1) + " min"],
     ];
+    if (s.weight_syncs !== null && s.weight_syncs !== undefined) {
+      items.push(["weight syncs", s.weight_sync_failures ? `${fmt(s.weight_syncs)} (${fmt(s.weight_sync_failures)} failed)`
+        : s.weight_syncs]);
+    }
     tiles.replaceChildren(...items.map(([k, v]) => el("div", { class: "tile" }, el("div", { class: "k", text: k }),
       el("div", { class: "v", text: typeof v === "number" ? fmt(v) : v }))));
     title.textContent = `Run · ${s.model} · policy v${s.policy_version}`;

@@ -1,0 +1,197 @@
+"""The server's one read model: every counter written at one site (``server/counters.py``), a checkpoint's
+counters restored through one method, and one snapshot (``run_state.snapshot``) behind the status, the
+dashboard's run view and the Prometheus metrics."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+from tests.conftest import settle, wait_until
+from tests.observe.helpers import ADMIN, READ, play_group
+
+import agentjet
+from agentjet.observe import ObserveSettings
+from agentjet.protocol import ServerStatus
+from agentjet.server import counters as counters_module
+from agentjet.server.clock import FakeClock
+from agentjet.server.counters import (
+    CHECKPOINTED,
+    AdmissionCounters,
+    RequestCounters,
+    TitoCounters,
+    TrackingTotals,
+    TrainingCounters,
+)
+from agentjet.server.store import SampleStore
+from agentjet.server.trainer import CHECKPOINT_STATE, Trainer
+from agentjet.settings import ServerConfig
+
+SRC = Path(agentjet.__file__).parent
+COUNTERS = (RequestCounters, TitoCounters, TrackingTotals, AdmissionCounters, TrainingCounters)
+# Attributes that share a counter's name but are no counter: (module, the written expression).
+NOT_COUNTERS = {("server/swarm.py", "self.episodes")}
+
+
+def _written(tree: ast.AST) -> list[ast.expr]:
+    """Every attribute an assignment writes (``a.b = ``, ``a.b += ``, ``a.b[k] = ``)."""
+    out: list[ast.expr] = []
+    for node in ast.walk(tree):
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets = list(node.targets)
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+            targets = [node.target]
+        for t in targets:
+            while isinstance(t, ast.Subscript):
+                t = t.value
+            out.extend(e for e in ast.walk(t) if isinstance(e, ast.Attribute) and isinstance(e.ctx, ast.Store))
+    return out
+
+
+def _fields(cls: type) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)} - {"started"}
+
+
+def test_no_counter_is_written_outside_its_read_model() -> None:
+    names = set().union(*(_fields(c) for c in COUNTERS))
+    found = []
+    for path in sorted([*SRC.glob("server/*.py"), *SRC.glob("observe/*.py")]):
+        rel = path.relative_to(SRC).as_posix()
+        if rel == "server/counters.py":
+            continue
+        for attr in _written(ast.parse(path.read_text())):
+            if attr.attr in names and (rel, ast.unparse(attr)) not in NOT_COUNTERS:
+                found.append(f"{rel}:{attr.lineno}: {ast.unparse(attr)}")
+    assert found == [], "counters are written only by their methods in server/counters.py"
+
+
+@pytest.mark.parametrize("cls", COUNTERS, ids=lambda c: c.__name__)
+def test_each_counter_has_one_write_site(cls: type) -> None:
+    """Inside its class, each counter is written by exactly one method (``restore`` sets the checkpointed ones
+    by name, in one loop: it is the one restore, not a second write per field)."""
+    tree = ast.parse(Path(counters_module.__file__).read_text())
+    (node,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls.__name__]
+    writers: dict[str, list[str]] = {}
+    for fn in node.body:
+        if isinstance(fn, ast.FunctionDef):
+            for attr in _written(fn):
+                if isinstance(attr.value, ast.Name) and attr.value.id == "self":
+                    writers.setdefault(attr.attr, []).append(fn.name)
+    for name in _fields(cls):
+        sites = writers.get(name, [])
+        if cls is TrainingCounters and name == "by_type":
+            continue  # a dict of TypeTotals: written through trained_type (checked below)
+        assert len(sites) == 1, f"{cls.__name__}.{name} is written in {sites}"
+    if cls is TrainingCounters:
+        restore = next(fn for fn in node.body if isinstance(fn, ast.FunctionDef) and fn.name == "restore")
+        assert "setattr" in ast.unparse(restore)
+
+
+class _Versioned:
+    """An engine stand-in for checkpoints: a policy version saved and loaded."""
+
+    policy_version = 0
+
+    def save(self, path: Path) -> None:
+        path.mkdir(parents=True)
+        (path / "v.json").write_text(json.dumps(self.policy_version))
+
+    def load(self, path: Path) -> None:
+        self.policy_version = json.loads((path / "v.json").read_text())
+
+
+def test_a_resume_restores_the_checkpointed_counters_through_restore(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    config = ServerConfig()
+    store = SampleStore(tmp_path / "store.sqlite")
+    first = Trainer(_Versioned(), store, config, tmp_path / "ckpt", clock=FakeClock())  # type: ignore[arg-type]
+    c = first.counters
+    c.stepped(1, episodes=4, samples=6, tokens=50, metrics={"loss": 0.5})
+    c.stepped(2, episodes=4, samples=5, tokens=40, metrics={"loss": 0.25})
+    c.drop_stale(3)
+    c.drop_uniform(2)
+    c.trained_type("math", 8, 3.0)
+    saved = first.save_checkpoint()
+    state = json.loads((saved / CHECKPOINT_STATE).read_text())
+    assert {k: state[k] for k in CHECKPOINTED} == {"train_steps": 2, "trained_episodes": 8, "dropped_stale": 3,
+                                                   "dropped_uniform": 2}  # the names checkpoints always had
+
+    restores: list[dict] = []
+    real = TrainingCounters.restore
+    monkeypatch.setattr(TrainingCounters, "restore", lambda self, s: (restores.append(dict(s)), real(self, s)))
+    again = TrainingCounters()
+    second = Trainer(_Versioned(), store, config, tmp_path / "ckpt", clock=FakeClock(),  # type: ignore[arg-type]
+                     counters=again)
+    assert second.resume_from_checkpoint() == 2 and len(restores) == 1
+    assert second.counters is again and again.checkpoint_state() == c.checkpoint_state()
+    assert (again.trained_samples, again.trained_tokens, again.last_metrics, again.by_type) == (0, 0, {}, {})
+    store.close()
+
+
+def test_a_checkpoint_without_counters_restores_zeros() -> None:
+    c = TrainingCounters(train_steps=5, dropped_stale=1)
+    c.restore({"train_steps": 3})
+    assert c.checkpoint_state() == {"train_steps": 3, "trained_episodes": 0, "dropped_stale": 0, "dropped_uniform": 0}
+
+
+def _metric(text: str, name: str) -> float:
+    (line,) = [ln for ln in text.splitlines() if ln.startswith(name + " ")]
+    return float(line.split()[1])
+
+
+def test_status_dashboard_and_metrics_report_the_same_figures(make_server) -> None:
+    srv = make_server(engine="tiny", admin_token=ADMIN, observe=ObserveSettings(read_token=READ))
+    play_group(srv.url, "t1", [1.0, 0.0])  # trained
+    wait_until(lambda: srv.server.trainer.counters.train_steps == 1, timeout=60)
+    play_group(srv.url, "t2", [0.0, 0.0])  # uniform: dropped
+    play_group(srv.url, "e", [0.5], eval=True)
+    aborted = httpx.post(f"{srv.url}/swarm/v1/episodes", json={"client_id": "c2", "task_id": "a"}).json()
+    httpx.post(f"{srv.url}/swarm/v1/episodes/{aborted['episode_id']}/abort",
+               headers={"Authorization": f"Bearer {aborted['api_key']}"}, json={})
+    httpx.post(f"{srv.url}/swarm/v1/episodes", json={"client_id": "c3", "task_id": "o"})  # still open
+    settle(srv)
+
+    read = {"Authorization": f"Bearer {READ}"}
+    admin = {"Authorization": f"Bearer {ADMIN}"}
+    status = ServerStatus.model_validate(httpx.get(f"{srv.url}/swarm/v1/status", headers=admin).json())
+    snap = httpx.get(f"{srv.url}/dashboard/api/run", params={"evals": "false"}, headers=read).json()["snapshot"]
+    prom = httpx.get(f"{srv.url}/metrics", headers=read).text
+
+    b = status.buffer
+    assert (status.train_steps, status.policy_version, status.engine_state) == (1, 1, "ready")
+    assert (snap["train_steps"], snap["policy_version"], snap["engine_state"]) == (1, 1, "ready")
+    assert (b.open_episodes, b.pending_episodes, b.trained_episodes, b.eval_episodes) == (1, 0, 2, 1)
+    assert (snap["open_episodes"], snap["pending_episodes"], snap["trained_episodes"], snap["eval_episodes"]) == (
+        1, 0, 2, 1)
+    assert (b.dropped_uniform_episodes, b.dropped_stale_episodes, b.aborted_episodes, b.expired_episodes) == (
+        2, 0, 1, 0)
+    assert snap["dropped"] == {"stale": 0, "uniform": 2, "expired": 0, "aborted": 1, "team_aborted": 0}
+    assert len(status.clients) == snap["clients"] == 3
+    for key in ("calls", "generated_tokens", "episodes_ended"):
+        assert status.throughput[key] == snap[key] > 0, key
+    assert {k: v for k, v in status.throughput.items() if k.startswith("tito_")} == snap["tito"]
+    assert {k.removeprefix("admission_"): v for k, v in status.throughput.items()
+            if k.startswith("admission_")} == snap["admission"]
+    # the weight-sync seam (in place here): one push per committed step, none failed
+    assert (status.weight_syncs, status.weight_sync_failures) == (snap["weight_syncs"], snap["weight_sync_failures"])
+    assert (status.weight_syncs, status.weight_sync_failures) == (1, 0)
+    assert _metric(prom, "agentjet_weight_syncs_total") == 1 and _metric(prom, "agentjet_weight_sync_failures_total") == 0
+    assert _metric(prom, "agentjet_train_steps_total") == status.train_steps
+    assert _metric(prom, "agentjet_open_episodes") == b.open_episodes
+    assert _metric(prom, "agentjet_chat_calls_total") == status.throughput["calls"]
+    assert _metric(prom, 'agentjet_dropped_episodes_total{reason="uniform"}') == b.dropped_uniform_episodes
+
+
+def test_an_engine_without_a_seam_shows_no_weight_syncs_and_old_answers_still_parse(make_server) -> None:
+    srv = make_server(admin_token=ADMIN, observe=ObserveSettings(read_token=READ))  # the null engine
+    status = httpx.get(f"{srv.url}/swarm/v1/status").json()
+    assert status["weight_syncs"] is None and status["weight_sync_failures"] is None
+    assert "agentjet_weight_syncs" not in httpx.get(f"{srv.url}/metrics",
+                                                    headers={"Authorization": f"Bearer {READ}"}).text
+    old = {k: v for k, v in status.items() if not k.startswith("weight_sync")}  # a server before these fields
+    assert ServerStatus.model_validate(old).weight_syncs is None
