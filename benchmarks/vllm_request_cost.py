@@ -1,6 +1,8 @@
 """What our vLLM adapter costs: the same concurrent requests sent to the vLLM it manages as a minimal
 ``/v1/completions`` body, with logprobs and token ids, with the adapter's full body, and through
-``VLLMGenerator.generate``. Prints one line per concurrency (median of 2 rounds, tok/s).
+``VLLMGenerator.generate``; the adapter both as it runs by default (``pause_mode="keep"``: streamed from vLLM so
+that each token carries the policy version it was sampled under, see ``engines/vllm/engine.py``) and unstreamed
+(what ``pause_mode="wait"`` or LoRA do). Prints one line per concurrency (median of 2 rounds, tok/s).
 
     flock /tmp/aj-cpu.lock .venv/bin/python benchmarks/vllm_request_cost.py     # needs make setup-vllm, ~4 min
 """
@@ -41,19 +43,21 @@ async def raw(kind, n):
         dt = time.perf_counter() - t0
     toks = sum(r.json()["usage"]["completion_tokens"] for r in rs)
     return toks / dt
-async def ours(n):
+async def ours(n, per_token_versions=True):
     eng._stop_ids = set()
+    type(eng).spans_swaps = property(lambda self: per_token_versions)  # the A/B switch, this script only
     t0 = time.perf_counter()
     rs = await asyncio.gather(*(eng.generate(ids, SamplingParams(temperature=1.0, max_tokens=N_TOK)) for _ in range(n)))
     return sum(len(r.token_ids) for r in rs) / (time.perf_counter() - t0)
 async def main():
     await raw("minimal", 8)
     for n in (1, 8, 32):
-        res = {k: [] for k in ("minimal", "logprobs", "full-body", "adapter")}
+        res = {k: [] for k in ("minimal", "logprobs", "full-body", "adapter", "adapter-unstreamed")}
         for _ in range(2):
             for k in ("minimal", "logprobs", "full-body"):
                 res[k].append(await raw(k, n))
             res["adapter"].append(await ours(n))
+            res["adapter-unstreamed"].append(await ours(n, per_token_versions=False))
         print(f"c={n}: " + ", ".join(f"{k} {statistics.median(v):.1f}" for k, v in res.items()), flush=True)
 try:
     asyncio.run(main())
