@@ -281,3 +281,14 @@ def test_on_quiet_reports_a_server_that_takes_no_step() -> None:
     run = asyncio.run(main())
     assert run.stop_reason == Stop.TIME_BUDGET and not run.steps
     assert quiet == [0, 0]  # after 61 s and 122 s without a step
+
+
+def test_a_periodic_pause_first_seen_after_the_budget_is_left_to_the_final_eval() -> None:
+    """A slow poll (a loaded machine) that first sees the 2 s point when the 3 s budget is already spent runs no
+    periodic eval: the run's final eval comes right after it. A point seen in time still pauses."""
+    from agentjet.client.driver import Budget, PauseEvery, _Schedule
+
+    late = _Schedule(PauseEvery(seconds=1.0), Budget(train_seconds=3.0))
+    assert late.due(1.2, 0) and not late.due(3.05, 0)
+    by_steps = _Schedule(PauseEvery(steps=2), Budget(max_steps=5))
+    assert by_steps.due(2, 2) and not by_steps.due(4.0, 5)  # the 4-step point first seen at step 5

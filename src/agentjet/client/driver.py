@@ -229,11 +229,11 @@ class _Schedule:
         self._at_s = [s for s in self._at_s if s > train_s]
         self._at_steps = [n for n in self._at_steps if n > steps]
         if self._every_s is not None and train_s >= self._next_s:
-            hit |= self._next_s < self._end_s
+            hit |= self._next_s < self._end_s and train_s < self._end_s  # seen only after the budget: the end's eval
             while self._next_s <= train_s:  # points missed while paused or polling count once
                 self._next_s += self._every_s
         if self._every_steps is not None and steps >= self._next_step:
-            hit |= self._next_step < self._end_steps
+            hit |= self._next_step < self._end_steps and steps < self._end_steps
             while self._next_step <= steps:
                 self._next_step += self._every_steps
         return hit
