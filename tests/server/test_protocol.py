@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import time
-
 import httpx
 import pytest
 from tests.conftest import settle, wait_until
+
+from agentjet.clock import FakeClock
 
 USER = [{"role": "user", "content": "hi"}]
 
@@ -186,13 +186,18 @@ def test_lease_expiry_cleans_the_episode(make_server) -> None:
 
 
 def test_heartbeats_keep_the_lease(make_server) -> None:
-    srv = make_server(lease_seconds=0.6)
-    ep = begin(srv.url)
+    """On the fake clock: an episode heartbeated every 0.4 s outlives its 0.6 s lease many times over; one begun
+    beside it and not heartbeated expires within the same time."""
+    clock = FakeClock()
+    srv = make_server(lease_seconds=0.6, clock=clock)
+    ep, idle = begin(srv.url), begin(srv.url)
     for _ in range(8):
-        time.sleep(0.2)
+        clock.advance(0.4)
         r = httpx.post(f"{srv.url}/swarm/v1/episodes/{ep['episode_id']}/heartbeat",
                        headers={"Authorization": f"Bearer {ep['api_key']}"})
         assert r.status_code == 200
+    wait_until(lambda: srv.server.registry.counts["expired"] == 1, timeout=10)  # the reaper saw the fake time
+    assert_openai_error(end(srv.url, idle, 1.0), 409, "expired")
     assert end(srv.url, ep, 1.0).status_code == 200
 
 

@@ -10,6 +10,7 @@ import pytest
 from tests.conftest import wait_until
 
 from agentjet import Team
+from agentjet.clock import FakeClock
 from agentjet.protocol import SWARM_PREFIX
 
 USER = [{"role": "user", "content": "plan it"}]
@@ -93,8 +94,13 @@ def _prepare_only(team: Team, commit_coordinator: bool):
 
 @pytest.mark.parametrize("coordinator_committed", [False, True])
 def test_crash_between_phases_leaves_no_half_committed_team(make_server, coordinator_committed: bool) -> None:
-    a, b = make_server(lease_seconds=0.8), make_server(lease_seconds=0.8)
+    """On fake clocks: the crash is seen when the leases run out, not while the client is still working (a slow,
+    loaded machine let real 0.8 s leases expire between its calls)."""
+    ca, cb = FakeClock(), FakeClock()
+    a, b = make_server(lease_seconds=0.8, clock=ca), make_server(lease_seconds=0.8, clock=cb)
     asyncio.run(_prepare_only(Team({"planner": a.url, "executor": b.url}), coordinator_committed))
+    ca.advance(1.0)
+    cb.advance(1.0)
     wait_until(lambda: counts(a)["prepared"] == 0 and counts(b)["prepared"] == 0, timeout=20)
     expected = "pending" if coordinator_committed else "aborted"
     assert counts(a)[expected] == 1 and counts(b)[expected] == 1  # all or nothing
