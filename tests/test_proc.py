@@ -154,3 +154,27 @@ def test_tail_of_a_missing_log(tmp_path: Path) -> None:
     assert tail(tmp_path / "nope.log") == "(no log)"
     (tmp_path / "l.log").write_text("\n".join(str(i) for i in range(100)))
     assert tail(tmp_path / "l.log", 3) == "97\n98\n99"
+
+
+def test_a_server_process_dies_with_the_thread_that_started_it(tmp_path: Path, tiny_model_path: Path) -> None:
+    """A server started by a demo, a benchmark or ``ajet up`` does not outlive its owner: one whose owner was
+    killed kept its port and a CPU busy (an orphaned benchmark server was found running)."""
+    from agentjet.launch import ServerProcess
+    from agentjet.settings import EngineSettings, ServerConfig
+
+    config = ServerConfig(model=str(tiny_model_path), port=free_port(), data_dir=tmp_path / "data",
+                          engine=EngineSettings(kind="null"))
+    started: list[ServerProcess] = []
+    ready: list[bool] = []
+
+    def own() -> None:  # the owner: starts the server, sees it ready, ends
+        started.append(ServerProcess("s", config, tmp_path / "s.log", tmp_path / "s.yaml").start())
+        started[0].wait_ready(120)
+        ready.append(True)
+
+    thread = threading.Thread(target=own)
+    thread.start()
+    thread.join()
+    child = started[0].child
+    assert child is not None and child.wait(60) is not None, "the server outlived its owner"
+    assert ready and child.returncode in (0, -signal.SIGTERM), child.tail()

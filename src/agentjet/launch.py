@@ -5,6 +5,7 @@ and the chaos suite."""
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from collections.abc import Mapping
@@ -41,7 +42,10 @@ class ServerProcess:
 
     def start(self) -> ServerProcess:
         write_config_file(self.config, self.config_path)
-        self.child = Child.spawn(self.command(), self.log_path, env={**os.environ, **self.env})
+        # The server dies with its owner (a demo, a benchmark, ``ajet up``) even when the owner is killed hard:
+        # an orphaned server kept its port and a CPU busy. Start it from a thread that lives as long as it does.
+        self.child = Child.spawn(self.command(), self.log_path, env={**os.environ, **self.env},
+                                 parent_death_signal=signal.SIGTERM)
         return self
 
     @property

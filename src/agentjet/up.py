@@ -18,6 +18,7 @@ checkpoint), then SIGKILL after a grace period.
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -115,7 +116,8 @@ class Swarm:
             proc.wait_ready(timeout)
             self.echo(f"{name} is ready at {proc.url}")
         for name, spec in self.spec.clients.items():
-            self.clients[name] = Child.spawn(spec.command, self._log(name), env={**os.environ, **spec.env})
+            self.clients[name] = Child.spawn(spec.command, self._log(name), env={**os.environ, **spec.env},
+                                             parent_death_signal=signal.SIGTERM)
             self.echo(f"started {name} (pid {self.clients[name].pid}), log {self._log(name)}")
 
     def wait(self) -> dict[str, int]:
