@@ -292,3 +292,29 @@ def test_a_periodic_pause_first_seen_after_the_budget_is_left_to_the_final_eval(
     assert late.due(1.2, 0) and not late.due(3.05, 0)
     by_steps = _Schedule(PauseEvery(steps=2), Budget(max_steps=5))
     assert by_steps.due(2, 2) and not by_steps.due(4.0, 5)  # the 4-step point first seen at step 5
+
+
+def test_a_run_with_begins_held_for_capacity_ends_when_it_stops(make_server) -> None:
+    """More episodes in flight than the trainer admits (batch 1 group, staleness 0, 16 in flight): at the stop
+    some begins are held by the server until a train step frees capacity. The run ends once they have run;
+    pausing training at the stop left them held for the client's whole defer timeout (found by the objectives
+    benchmark's quick run)."""
+    srv = make_server(reply="7", admin_token="adm1n", training={
+        "group_size": 2, "batch_groups": 1, "drop_uniform_groups": False, "max_staleness": 0})
+
+    async def answer(task, ep) -> float:  # noqa: ANN001
+        reply = await ep.openai().chat.completions.create(model="m", messages=task["messages"], max_tokens=4)
+        return addition.reward(task, reply.choices[0].message.content or "")
+
+    pool = [addition.make_task(a, b) for a, b in [(3, 4), (5, 2), (1, 1)]]
+
+    async def main():
+        async with SwarmClient(srv.url, token="adm1n", defer_timeout=600) as client:
+            driver = Driver(client, answer, DriverSettings(group_size=2, concurrency=16, poll_s=0.05),
+                            evaluate=held_out(client, answer, pool[:1], 1))
+            return await asyncio.wait_for(driver.run(itertools.cycle(pool), None, Budget(max_steps=3)), 60)
+
+    run = asyncio.run(main())
+    assert run.stop_reason == Stop.STEPS and run.train.failed == 0 and run.evals[-1].train_steps >= 3
+    assert srv.server.admission.counters.held > 0  # begins were held at the stop or before it
+    assert not srv.server.trainer.paused

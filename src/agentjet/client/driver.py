@@ -338,9 +338,10 @@ class Driver:
             reason = self._stop_reason(st, budget, stopping)
             if reason is not None:
                 run.stop_reason = reason
+                # Training is not paused here: begins held by the server for capacity (its long poll) get it
+                # only from further train steps, so pausing now left the run waiting on them for the client's
+                # whole defer timeout. The episodes in flight finish on a live trainer; the end point pauses.
                 self._end_training()
-                if self.evaluate is not None:  # hold the policy where it stopped for the end point's eval
-                    await self._hold()
                 return
             await self.clock.sleep(self.settings.poll_s)
 
