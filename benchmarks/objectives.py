@@ -147,7 +147,7 @@ def eval_minutes(budget_min: float, every_s: float) -> list[float]:
     out = [0.0]
     k = 1
     while every > 0 and k * every < budget_min - 1e-9:
-        out.append(round(k * every, 6))
+        out.append(k * every)
         k += 1
     return [*out, budget_min]
 
@@ -162,15 +162,18 @@ def _check_task() -> None:
 
 
 def build_server_config(name: str, seed: int, model: str, work: Path, port: int, token: str,
-                        vllm_python: Path) -> Any:
-    """The demo's server settings (``agentjet.demo.server_config``) with this config's loss block and engine."""
+                        vllm_python: Path, quick: bool = False) -> Any:
+    """The demo's server settings (``agentjet.demo.server_config``) with this config's loss block and engine.
+    ``quick``: one group per train step (the tiny model rarely gets a mixed group, and a plumbing check should
+    still take a train step with the config's loss)."""
     from agentjet.demo import DemoSettings, server_config
     from agentjet.settings import LossSettings
     from agentjet.tasks import addition
 
     cfg = CONFIGS[name]
     s = DemoSettings(model=model, out_dir=work, engine=cfg.engine, seed=seed)
-    config = server_config(s, port, addition.RECOMMENDED, token)
+    rec = addition.RECOMMENDED.model_copy(update={"batch_groups": 1}) if quick else addition.RECOMMENDED
+    config = server_config(s, port, rec, token)
     config.loss = LossSettings.model_validate(cfg.loss)
     if cfg.engine == "vllm":
         config.engine.vllm.python = vllm_python
@@ -235,6 +238,7 @@ async def _train(url: str, token: str, seed: int, budget_s: float, nominal: list
                                   _workflow(addition, addition.EVAL_SAMPLING), pool, eval_tasks, settings,
                                   curriculum=Curriculum([str(t["task_id"]) for t in pool], seed=seed),
                                   on_step=on_step, on_eval=on_eval)
+        await client.pause(wait_for_step=True)  # the run is over: no step past the final eval
         status = await client.status()
     return run, status
 
@@ -248,7 +252,7 @@ def run_one(name: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix=f"objectives-{name}-{seed}-"))
     port = free_port()
     token = secrets.token_urlsafe(32)  # the client pauses training for the evals (control API)
-    config = build_server_config(name, seed, args.model, work, port, token, args.vllm_python)
+    config = build_server_config(name, seed, args.model, work, port, token, args.vllm_python, args.quick)
     server = ServerProcess(f"objectives-{name}", config, work / "server.log", work / "server.yaml")
     nominal = eval_minutes(args.budget_min, args.eval_every_s)
     t0 = time.monotonic()
@@ -263,7 +267,8 @@ def run_one(name: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
         raise
     server.stop(grace=120)
     wall_s = time.monotonic() - t0
-    steps = _store_steps(work / "server" / "store.sqlite")
+    trained = run.evals[-1].train_steps  # at the final eval, the budget's end
+    steps = [st for st in _store_steps(work / "server" / "store.sqlite") if st["step"] <= trained]
     shutil.rmtree(work, ignore_errors=True)
 
     ran_loss = status.config.get("loss", {})
@@ -287,7 +292,7 @@ def run_one(name: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
         "evals": evals,
         "time_to_target_min": time_to_target(curve),
         "eval_at_budget": evals[-1]["reward"] if evals else None,
-        "train_min": run.train_seconds / 60, "wall_s": wall_s, "train_steps": status.train_steps,
+        "train_min": run.train_seconds / 60, "wall_s": wall_s, "train_steps": trained,
         "train_episodes": run.train.episodes, "failed_episodes": run.train.failed, "groups": run.groups,
         "uniform_groups": run.uniform_groups, "stop_reason": run.stop_reason,
         "step_means": {k: _mean([s.get(k) for s in steps]) for k in SUMMARY_METRICS},
@@ -340,12 +345,16 @@ def run_all(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------- aggregate
+RUN_KEYS = {"config", "seed", "engine", "loss", "model", "budget_min", "evals", "train_steps"}
+
+
 def load_runs(out_dir: Path) -> list[dict[str, Any]]:
     runs = []
     for path in sorted(out_dir.glob("*.json")):
         data = json.loads(path.read_text())
-        if not isinstance(data, dict) or not {"config", "seed", "evals", "budget_min"} <= set(data):
-            raise SystemExit(f"{path} is not a run file of benchmarks/objectives.py")
+        missing = RUN_KEYS - set(data) if isinstance(data, dict) else RUN_KEYS
+        if missing:
+            raise SystemExit(f"{path} is not a run file of benchmarks/objectives.py (no {', '.join(sorted(missing))})")
         runs.append({**data, "file": path.name})
     if not runs:
         raise SystemExit(f"no run files in {out_dir}: run the ablation first")
@@ -377,18 +386,22 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name in _config_order(set(by_config)):
         mine = sorted(by_config[name], key=lambda r: r["seed"])
-        times = [r["time_to_target_min"]["interpolated"] for r in mine]
-        budget = [r["eval_at_budget"] for r in mine]
+        if any(r["loss"] != mine[0]["loss"] for r in mine):
+            raise SystemExit(f"the runs of {name} ({', '.join(r['file'] for r in mine)}) ran different loss "
+                             "configs: redo the stale ones (--force)")
+        reach = [time_to_target([(e["train_min"], e["reward"]) for e in r["evals"]]) for r in mine]
+        times = [t["interpolated"] for t in reach]
+        budget = [r["evals"][-1]["reward"] if r["evals"] else None for r in mine]
         out[name] = {
-            "engine": mine[0]["engine"], "what": mine[0]["what"], "loss": mine[0]["loss"],
+            "engine": mine[0]["engine"], "what": mine[0].get("what", ""), "loss": mine[0]["loss"],
             "seeds": [r["seed"] for r in mine], "files": [r["file"] for r in mine],
             "time_to_target_min": {"method": "interpolated between the evals around the first crossing",
                                    "mean": statistics.mean(times) if all(t is not None for t in times) else None,
                                    "each": times, "reached": sum(t is not None for t in times),
-                                   "first_eval_each": [r["time_to_target_min"]["first_eval"] for r in mine]},
+                                   "first_eval_each": [t["first_eval"] for t in reach]},
             "eval_at_budget": {"mean": _mean(budget), "each": budget},
             "train_steps": {"mean": _mean([r["train_steps"] for r in mine]), "each": [r["train_steps"] for r in mine]},
-            "step_means": {k: _mean([r["step_means"].get(k) for r in mine]) for k in SUMMARY_METRICS},
+            "step_means": {k: _mean([r.get("step_means", {}).get(k) for r in mine]) for k in SUMMARY_METRICS},
             "mean_curve": mean_curve(mine),
         }
     return out
@@ -477,7 +490,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--vllm-python", type=Path, default=DEFAULT_VLLM_PYTHON,
                    help="the vLLM venv's interpreter for the vllm_* configs")
     p.add_argument("--quick", action="store_true", help="plumbing only: tiny-random model, 30 s budget, an eval "
-                   "every 10 s on 4 tasks")
+                   "every 10 s on 4 tasks, one group per train step")
     p.add_argument("--aggregate", action="store_true", help="read the run files of --out-dir and write --results "
                    "(.json and .png) and a markdown table; trains nothing")
     p.add_argument("--results", type=Path, default=RESULTS / "objectives.json")
