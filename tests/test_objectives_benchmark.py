@@ -30,8 +30,8 @@ def bench() -> ModuleType:
 
 def test_time_to_target_interpolates_the_first_crossing(bench: ModuleType) -> None:
     # 0.5 at 1 min, 0.9 at 2 min: 0.75 is 0.25 / 0.4 of the way, at 1.625 min; the first eval above is at 2
-    assert bench.time_to_target([(0.0, 0.3), (1.0, 0.5), (2.0, 0.9)], 0.75) == {"interpolated": pytest.approx(1.625),
-                                                                                 "first_eval": 2.0}
+    rising = bench.time_to_target([(0.0, 0.3), (1.0, 0.5), (2.0, 0.9)], 0.75)
+    assert rising == {"interpolated": pytest.approx(1.625), "first_eval": 2.0}
     # the FIRST crossing counts, even if the eval dips below later
     dip = bench.time_to_target([(0.0, 0.2), (1.0, 0.8), (2.0, 0.6), (3.0, 0.9)], 0.75)
     assert dip == {"interpolated": pytest.approx(0.55 / 0.6), "first_eval": 1.0}
@@ -107,12 +107,13 @@ def test_aggregate_writes_the_table_the_json_and_the_plot(bench: ModuleType, tmp
 
 
 def test_aggregate_refuses_mixed_or_foreign_files(bench: ModuleType, tmp_path: Path) -> None:
-    (tmp_path / "dapo_seed0.json").write_text(json.dumps(_run_file("dapo", 0, [(0, 0.1), (1, 0.2), (2, 0.3), (3, 0.4)])))
-    quick = {**_run_file("dapo", 1, [(0, 0.1), (1, 0.2), (2, 0.3), (3, 0.4)]), "quick": True}
+    curve = [(0, 0.1), (1, 0.2), (2, 0.3), (3, 0.4)]
+    (tmp_path / "dapo_seed0.json").write_text(json.dumps(_run_file("dapo", 0, curve)))
+    quick = {**_run_file("dapo", 1, curve), "quick": True}
     (tmp_path / "dapo_seed1.json").write_text(json.dumps(quick))
     with pytest.raises(SystemExit, match="mixes runs"):
         bench.aggregate(tmp_path, tmp_path / "o.json")
-    stale = _run_file("dapo", 1, [(0, 0.1), (1, 0.2), (2, 0.3), (3, 0.4)], loss={"aggregation": "other"})
+    stale = _run_file("dapo", 1, curve, loss={"aggregation": "other"})
     (tmp_path / "dapo_seed1.json").write_text(json.dumps(stale))
     with pytest.raises(SystemExit, match="different loss configs"):
         bench.aggregate(tmp_path, tmp_path / "o.json")
