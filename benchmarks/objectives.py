@@ -276,9 +276,11 @@ def run_one(name: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     shutil.rmtree(work, ignore_errors=True)
 
     ran_loss = status.config.get("loss", {})
-    differs = {k: (v, ran_loss.get(k)) for k, v in cfg.loss.items() if ran_loss.get(k) != v}
+    ran_vllm = status.config.get("engine", {}).get("vllm", {})
+    differs = {**{f"loss.{k}": (v, ran_loss.get(k)) for k, v in cfg.loss.items() if ran_loss.get(k) != v},
+               **{f"engine.vllm.{k}": (v, ran_vllm.get(k)) for k, v in cfg.vllm.items() if ran_vllm.get(k) != v}}
     if differs:
-        raise RuntimeError(f"{name}: the server ran other loss settings than the config's: {differs}")
+        raise RuntimeError(f"{name}: the server ran other settings than the config's (wanted, ran): {differs}")
     evals = [{"target_min": nominal_minute(e.train_seconds / 60, nominal), "train_min": e.train_seconds / 60,
               "wall_min": e.seconds / 60, "train_steps": e.train_steps, "policy_version": e.policy_version,
               "reward": e.reward, "episodes": e.episodes, "eval_s": e.eval_seconds} for e in run.evals]
