@@ -498,7 +498,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--vllm-python", type=Path, default=DEFAULT_VLLM_PYTHON,
                    help="the vLLM venv's interpreter for the vllm_* configs")
     p.add_argument("--quick", action="store_true", help="plumbing only: tiny-random model, 30 s budget, an eval "
-                   "every 10 s on 4 tasks, one group per train step")
+                   "every 10 s on 4 tasks, one group per train step (a vllm_* config: add --model "
+                   "smollm2-135m-instruct, the model vLLM is tested with)")
     p.add_argument("--aggregate", action="store_true", help="read the run files of --out-dir and write --results "
                    "(.json and .png) and a markdown table; trains nothing")
     p.add_argument("--results", type=Path, default=RESULTS / "objectives.json")
