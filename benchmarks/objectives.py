@@ -165,6 +165,15 @@ def _check_task() -> None:
                          f"max_tokens ({addition.SAMPLING['max_tokens']}): update it (Dr. GRPO's constant)")
 
 
+def recommended(quick: bool) -> Any:
+    """The addition task's recommended settings (the demo's); ``quick``: one group per step and one group in flight
+    (more in flight than the admission capacity of 3 one-group batches would be held on the server at the end)."""
+    from agentjet.tasks import addition
+
+    rec = addition.RECOMMENDED
+    return rec.model_copy(update={"batch_groups": 1, "concurrency": rec.group_size}) if quick else rec
+
+
 def build_server_config(name: str, seed: int, model: str, work: Path, port: int, token: str,
                         vllm_python: Path, quick: bool = False) -> Any:
     """The demo's server settings (``agentjet.demo.server_config``) with this config's loss block and engine.
@@ -172,12 +181,10 @@ def build_server_config(name: str, seed: int, model: str, work: Path, port: int,
     still take a train step with the config's loss)."""
     from agentjet.demo import DemoSettings, server_config
     from agentjet.settings import LossSettings
-    from agentjet.tasks import addition
 
     cfg = CONFIGS[name]
     s = DemoSettings(model=model, out_dir=work, engine=cfg.engine, seed=seed)
-    rec = addition.RECOMMENDED.model_copy(update={"batch_groups": 1}) if quick else addition.RECOMMENDED
-    config = server_config(s, port, rec, token)
+    config = server_config(s, port, recommended(quick), token)
     config.loss = LossSettings.model_validate(cfg.loss)
     if cfg.engine == "vllm":
         config.engine.vllm.python = vllm_python
@@ -208,14 +215,16 @@ def _mean(values: list[float]) -> float | None:
     return statistics.mean(vals) if vals else None
 
 
-async def _train(url: str, token: str, seed: int, budget_s: float, nominal: list[float], eval_n: int) -> Any:
+async def _train(url: str, token: str, seed: int, budget_s: float, nominal: list[float], eval_n: int,
+                 quick: bool) -> Any:
     from agentjet.client.client import SwarmClient
+    from agentjet.client.runner import task_workflow
     from agentjet.client.scheduled import EvalPoint, ScheduleSettings, StepPoint, run_scheduled
-    from agentjet.demo import _workflow, train_pool
+    from agentjet.demo import train_pool
     from agentjet.schedule import Curriculum
     from agentjet.tasks import addition
 
-    rec = addition.RECOMMENDED
+    rec = recommended(quick)
     eval_tasks = [{**t, "index": i} for i, t in enumerate(addition.generate_tasks("eval", eval_n, seed=0))]
     pool = train_pool(addition, rec.pool)
     settings = ScheduleSettings(group_size=rec.group_size, concurrency=rec.concurrency, max_steps=None,
@@ -238,8 +247,9 @@ async def _train(url: str, token: str, seed: int, budget_s: float, nominal: list
               f"masked {f('is_masked_frac', '.3f')}", flush=True)
 
     async with SwarmClient(url, token=token, client_id="objectives") as client:
-        run = await run_scheduled(client, _workflow(addition, addition.SAMPLING),
-                                  _workflow(addition, addition.EVAL_SAMPLING), pool, eval_tasks, settings,
+        run = await run_scheduled(client, task_workflow(addition, addition.SAMPLING, model="demo"),
+                                  task_workflow(addition, addition.EVAL_SAMPLING, model="demo"), pool, eval_tasks,
+                                  settings,
                                   curriculum=Curriculum([str(t["task_id"]) for t in pool], seed=seed),
                                   on_step=on_step, on_eval=on_eval)
         await client.pause(wait_for_step=True)  # the run is over: no step past the final eval
@@ -264,7 +274,7 @@ def run_one(name: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     try:
         server.wait_ready(timeout=600)
         run, status = asyncio.run(_train(f"http://127.0.0.1:{port}", token, seed, args.budget_min * 60, nominal,
-                                         args.eval_n))
+                                         args.eval_n, args.quick))
     except BaseException:
         server.stop(grace=60)
         print(f"    the run failed; its server's log and data are kept in {work}", flush=True)
@@ -498,7 +508,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--vllm-python", type=Path, default=DEFAULT_VLLM_PYTHON,
                    help="the vLLM venv's interpreter for the vllm_* configs")
     p.add_argument("--quick", action="store_true", help="plumbing only: tiny-random model, 30 s budget, an eval "
-                   "every 10 s on 4 tasks, one group per train step (a vllm_* config: add --model "
+                   "every 10 s on 4 tasks, one group per train step and in flight (a vllm_* config: add --model "
                    "smollm2-135m-instruct, the model vLLM is tested with)")
     p.add_argument("--aggregate", action="store_true", help="read the run files of --out-dir and write --results "
                    "(.json and .png) and a markdown table; trains nothing")

@@ -158,6 +158,7 @@ def test_quick_run_records_the_loss_config_and_the_eval_curve(tiny_model_path: P
     assert run["config"] == "cispo" and run["seed"] == 3 and run["quick"] is True
     assert run["loss"] == bench.CONFIGS["cispo"].loss == run["server"]["loss"]  # as the server reported it
     assert run["server"]["engine"]["seed"] == 3 and run["server"]["training"]["batch_groups"] == 1
+    assert run["server"]["engine"]["max_batch_size"] == 8  # one group in flight
     assert run["provenance"]["device"] == "cpu" and run["provenance"]["commit"] and run["provenance"]["machine"]
     # evals at 0, every 10 s of training and at the 30 s budget, on the training clock
     assert [e["target_min"] for e in run["evals"]] == pytest.approx([0.0, 1 / 6, 1 / 3, 0.5])
