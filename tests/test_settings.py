@@ -229,6 +229,17 @@ def test_config_file_written_for_a_child_reads_back(tmp_path: Path) -> None:
     assert again == cfg
 
 
+def test_an_unset_value_over_a_set_default_reaches_the_child(tmp_path: Path) -> None:
+    """``engine.vllm.tis_cap: null`` turns vLLM's TIS off; left out of the child's file, the child would take the
+    default cap (2.0) back."""
+    from agentjet.settings import write_config_file
+
+    cfg = load_server_config({"engine": {"vllm": {"tis_cap": "none"}}})
+    assert cfg.engine.vllm.tis_cap is None
+    again = load_server_config(config_file=write_config_file(cfg, tmp_path / "c.yaml"))
+    assert again.engine.vllm.tis_cap is None and again == cfg
+
+
 def test_a_nested_secret_from_a_file_named_in_the_environment(tmp_path: Path) -> None:
     token_file = tmp_path / "read"
     token_file.write_text("r34d\n")
