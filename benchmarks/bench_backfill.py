@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -81,25 +82,48 @@ def run_commit(commit: str, settings: LearnSettings, log: Path | None) -> tuple[
             args = [*base, *command(used), "--out-dir", str(out)]
             print("running", " ".join(args), flush=True)
             with (log.open("a") if log else open(os.devnull, "w")) as sink:
-                subprocess.run(args, cwd=tree, env=env, check=True, stdout=sink, stderr=subprocess.STDOUT)
+                demo = subprocess.Popen(args, cwd=tree, env=env, stdout=sink, stderr=subprocess.STDOUT)
+                try:
+                    if demo.wait() != 0:
+                        raise SystemExit(f"the demo at {commit[:10]} exited {demo.returncode} (log: {log})")
+                except BaseException:
+                    stop(demo)
+                    raise
             data = json.loads((out / "demo_result.json").read_text())
         finally:
             git("worktree", "remove", "--force", str(tree))
     return data, used, missing
 
 
+def stop(demo: subprocess.Popen[bytes]) -> None:
+    """Stop a demo as Ctrl-C would (it then stops its server), or kill it after a minute."""
+    if demo.poll() is None:
+        demo.send_signal(signal.SIGINT)
+        try:
+            demo.wait(60)
+        except subprocess.TimeoutExpired:
+            demo.kill()
+            demo.wait()
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # SIGTERM (a deadline's timeout): stop the demo and remove the worktree
+
+
 def main() -> None:
+    signal.signal(signal.SIGTERM, _interrupt)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("commit")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--budget-min", type=float, default=LearnSettings.budget_s / 60)
     ap.add_argument("--task", default="addition")
+    ap.add_argument("--model", default=LearnSettings.model)
     ap.add_argument("--history", type=Path, default=ROOT / "benchmarks" / "bench_history.jsonl")
     ap.add_argument("--log", type=Path, default=None, help="append the demo's output here")
     ap.add_argument("--from-json", type=Path, default=None, help="convert this demo result; run nothing")
     a = ap.parse_args()
     commit = git("rev-parse", f"{a.commit}^{{commit}}")
-    settings = LearnSettings(task=a.task, seed=a.seed, budget_s=60 * a.budget_min, commit=commit)
+    settings = LearnSettings(task=a.task, model=a.model, seed=a.seed, budget_s=60 * a.budget_min, commit=commit)
     if a.from_json:
         data = json.loads(a.from_json.read_text())
         record = backfill_record(data, commit, settings, {}, [], f"converted from {a.from_json} (a run made before)")
