@@ -290,6 +290,7 @@ async def _train_until(srv: Any, task: Any, group: int, steps: int, budget_s: fl
 # ------------------------------------------------------------------------------------------------ 5. the demo's curve
 LEARN_BUDGET_S = 300.0  # training seconds per learn run (the demo's training clock: evals excluded)
 LEARN_EVAL_EVERY_S = {"addition": 60.0, "lookup": 150.0}  # held-out evals at these training-clock intervals
+LEARN_STEPS_CEILING = 1000
 TOY_STEPS = 14  # the quick check: train steps of the toy task (bounded by steps, not time; its RECOMMENDED)
 
 
@@ -303,7 +304,9 @@ class LearnSettings:
     seed: int = 0
     budget_s: float = LEARN_BUDGET_S
     eval_every_s: float | None = None  # default: LEARN_EVAL_EVERY_S for the task, else 60; 0: before and after only
-    steps: int | None = None  # a ceiling on train steps (default: the task's, far above what the budget allows)
+    # a ceiling on train steps far above what the budget allows, so the budget binds in every version (the first
+    # demo's default ceiling for addition was 12 steps)
+    steps: int | None = LEARN_STEPS_CEILING
     learning_rate: float | None = None  # default: the task's (divide it to inject a learning regression)
     commit: str | None = None  # default: git HEAD of the working directory
 

@@ -183,7 +183,8 @@ def test_backfill_keeps_the_flags_an_old_demo_has_and_says_which_it_lacked() -> 
                 "  --time-budget-s FLOAT  stop training after this many seconds\n  --eval-tasks INTEGER\n")
     settings = LearnSettings(seed=1)
     used, missing = backfill.supported(demo_flags(settings), old_help)
-    assert used == {"--model": "smollm2-135m-instruct", "--task": "addition", "--time-budget-s": "300"}
+    assert used == {"--model": "smollm2-135m-instruct", "--task": "addition", "--time-budget-s": "300",
+                    "--steps": "1000"}
     assert missing == ["--seed", "--eval-every-s", "--no-early-stop"]
     data = json.loads((RESULTS / "demo.json").read_text())
     rec = backfill.backfill_record(data, "84c508c", settings, used, missing, "a test")
@@ -234,6 +235,9 @@ def test_run_bench_learn_mode_runs_seeds_in_a_row_and_gates_a_learning_regressio
     assert run_bench(lowered, console, learn=fake_learn) == 1
     assert "learn/addition/steps_to_target missing" in console.export_text()
     assert (tmp_path / "report" / "bench_learning.png").stat().st_size > 5000
+    again = replace(opts, report_only=True, report_dir=tmp_path / "docs")  # what regenerates docs/bench/
+    assert run_bench(again, console, learn=lambda s, c: pytest.fail("--report-only runs nothing")) == 0
+    assert (tmp_path / "docs" / "bench_history.html").read_text().count("data-commit='base'") == 3
 
 
 def test_the_report_overlays_three_versions(tmp_path: Path) -> None:
