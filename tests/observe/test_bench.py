@@ -243,12 +243,16 @@ def test_run_bench_learn_mode_runs_seeds_in_a_row_and_gates_a_learning_regressio
 def test_the_report_overlays_three_versions(tmp_path: Path) -> None:
     history = learn_history() + [
         record_from_demo(demo_result("v2", [0.27, 0.6, 0.8, 0.9], [0, 2, 4, 6])),
-        record_from_demo(json.loads((RESULTS / "demo.json").read_text()), commit="v1-first", backfilled=True)]
+        record_from_demo(json.loads((RESULTS / "demo.json").read_text()), commit="v1-first", backfilled=True),
+        record_from_demo(demo_result("lr100", [0.27, 0.28, 0.3, 0.29], [0, 2, 4, 6]))]
     out = render_report(history, tmp_path, Baseline(modes={"learn": BaselineRef(commit="base")}))
     assert Path(out["bench_learning"]).stat().st_size > 10000
     page = Path(out["html"]).read_text()
     assert page.count("data-commit='base'") == 3 and "data-commit='v2'" in page and "data-commit='v1-first'" in page
-    assert "3 versions with learning curves" in page and "learn: commit <code>base</code>, 3 runs" in page
+    rows = {row.split("'")[1]: row for row in page.split("<tr data-commit=")[1:]}  # the last row per commit
+    assert "baseline (3 runs)" in rows["base"] and "nothing comparable" in rows["v1-first"]  # two evals only
+    assert "fails: eval_at_step_2, eval_at_step_4, steps_to_target" in rows["lr100"]
+    assert "4 versions with learning curves" in page and "learn: commit <code>base</code>, 3 runs" in page
 
 
 # ---------------------------------------------------------------------------------------------- real runs

@@ -151,6 +151,8 @@ def gate(record: BenchRecord, runs: list[BenchRecord], baseline: Baseline) -> li
         spread = max(std, baseline.std_floor * abs(mean))
         limit = mean - baseline.sigmas * spread if higher else mean + baseline.sigmas * spread
         m = record.metrics.get(name)
+        if m is not None and not m.gated:
+            continue  # the run marks its own figure as not comparable (a two-eval curve's straight-line guess)
         value = m.value if m is not None and math.isfinite(m.value) else None
         regressed = value is None or (value < limit if higher else value > limit)
         out.append(GateResult(name=name, value=value, mean=mean, std=std, spread=spread, limit=limit, k=len(values),
@@ -319,7 +321,28 @@ def render_learning_png(records: list[BenchRecord], path: Path) -> bool:
     return True
 
 
-def _learn_table(records: list[BenchRecord]) -> str:
+def _seed(r: BenchRecord) -> str:
+    bench = r.settings.get("bench") or {}
+    if "--seed" in bench.get("flags_missing", []):
+        return "none (no --seed)"
+    return str(bench.get("seed", r.settings.get("seed", "")))
+
+
+def _verdict(r: BenchRecord, records: list[BenchRecord], baseline: Baseline | None) -> str:
+    """The gate's verdict on a learning run against the learn baseline (as ``ajet bench`` would give it)."""
+    if baseline is None:
+        return ""
+    runs = baseline_runs(records, baseline, r.mode, like=r)
+    if not runs:
+        return "no baseline"
+    if any(b is r for b in runs):
+        return f"baseline ({len(runs)} runs)"
+    results = gate(r, runs, baseline)
+    failed = [g.name.rsplit("/", 1)[-1] for g in results if g.regressed]
+    return "fails: " + ", ".join(failed) if failed else "passes" if results else "nothing comparable"
+
+
+def _learn_table(records: list[BenchRecord], baseline: Baseline | None = None) -> str:
     esc = html.escape
     rows = []
     for r in reversed([r for r in records if r.curves]):
@@ -327,17 +350,18 @@ def _learn_table(records: list[BenchRecord]) -> str:
             m = r.metrics
             p = f"learn/{task}/"
             cells = [m[p + k].value if p + k in m else None for k in
-                     ("steps_to_target", "train_minutes_to_target", "final_eval", "train_steps")]
-            text = "".join(f"<td>{v:.3g}</td>" if v is not None else "<td>not reached</td>" if i < 2 else "<td></td>"
-                           for i, v in enumerate(cells))
-            seed = r.settings.get("seed", "")
+                     ("steps_to_target", "eval_at_step_4", "train_minutes_to_target", "final_eval", "train_steps")]
+            text = "".join(f"<td>{v:.3g}</td>" if v is not None else "<td>not reached</td>" if i in (0, 2)
+                           else "<td></td>" for i, v in enumerate(cells))
             rows.append(f"<tr data-commit='{esc(r.commit)}'><td><code>{esc(r.commit[:10])}</code></td>"
-                        f"<td>{esc(r.date)}</td><td>{esc(task)}</td><td>{esc(str(seed))}</td>"
-                        f"<td>{'yes' if r.backfilled else ''}</td>{text}</tr>")
+                        f"<td>{esc(r.date)}</td><td>{esc(r.mode)}</td><td>{esc(task)}</td><td>{esc(_seed(r))}</td>"
+                        f"<td>{'yes' if r.backfilled else ''}</td>{text}"
+                        f"<td>{esc(_verdict(r, records, baseline))}</td></tr>")
     if not rows:
         return ""
-    head = ("<tr><th>commit</th><th>date</th><th>task</th><th>seed</th><th>backfilled</th><th>steps to target</th>"
-            "<th>training min to target</th><th>final eval</th><th>train steps</th></tr>")
+    head = ("<tr><th>commit</th><th>date</th><th>mode</th><th>task</th><th>seed</th><th>backfilled</th>"
+            "<th>steps to target</th><th>eval at step 4</th><th>training min to target</th><th>final eval</th>"
+            "<th>train steps</th><th>gate</th></tr>")
     return f"<h2>Learning runs</h2><table class='learn'>{head}{''.join(rows)}</table>"
 
 
@@ -373,7 +397,7 @@ def render_html(records: list[BenchRecord], path: Path, baseline: Baseline | Non
         "<style>body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;font-size:12px}"
         "td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}</style></head><body>"
         f"<h1>AgentJet bench history</h1><p>{len(records)} runs, {len(versions(records))} versions with learning "
-        f"curves.</p>{_baseline_html(records, baseline) if baseline else ''}{imgs}{_learn_table(records)}"
+        f"curves.</p>{_baseline_html(records, baseline) if baseline else ''}{imgs}{_learn_table(records, baseline)}"
         f"<h2>All runs</h2><table><tr><th>commit</th><th>date</th><th>machine</th><th>mode</th>{head}</tr>"
         f"{''.join(body)}</table></body></html>\n")
 
