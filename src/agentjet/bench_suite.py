@@ -503,7 +503,8 @@ def _print_gate(console: Console, record: BenchRecord, results: list[GateResult]
 
     table = Table(title=f"ajet bench ({record.mode}, commit {record.commit[:10]}, {record.seconds:.0f} s)")
     for col in ("metric", "value", "unit", "baseline mean ± std (k)", "limit", ""):
-        table.add_column(col, justify="left" if col in ("metric", "unit", "") else "right", no_wrap=col == "metric")
+        table.add_column(col, justify="left" if col in ("metric", "unit", "") else "right",
+                         no_wrap=col in ("metric", ""))
     by_name = {c.name: c for c in results}
     for name in sorted(set(record.metrics) | set(by_name)):
         m, c = record.metrics.get(name), by_name.get(name)
