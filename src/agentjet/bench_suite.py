@@ -502,7 +502,7 @@ def _print_gate(console: Console, record: BenchRecord, results: list[GateResult]
     from rich.table import Table
 
     table = Table(title=f"ajet bench ({record.mode}, commit {record.commit[:10]}, {record.seconds:.0f} s)")
-    for col in ("metric", "value", "unit", "baseline mean ± std (k)", "limit", ""):
+    for col in ("metric", "value", "unit", "baseline: mean±std (k)", "limit", ""):
         table.add_column(col, justify="left" if col in ("metric", "unit", "") else "right",
                          no_wrap=col in ("metric", ""))
     by_name = {c.name: c for c in results}
@@ -511,7 +511,7 @@ def _print_gate(console: Console, record: BenchRecord, results: list[GateResult]
         verdict = ("[red]REGRESSION[/red]" if c.regressed else "ok") if c else (
             "not gated" if m is not None and not m.gated else "")
         table.add_row(name, "missing" if m is None else f"{m.value:.4g}", m.unit if m else "",
-                      f"{c.mean:.4g} ± {c.std:.2g} ({c.k})" if c else "", f"{c.limit:.4g}" if c else "", verdict)
+                      f"{c.mean:.3g}±{c.std:.2g} ({c.k})" if c else "", f"{c.limit:.4g}" if c else "", verdict)
     console.print(table)
 
 
