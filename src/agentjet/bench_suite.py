@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 from rich.console import Console
@@ -48,6 +48,9 @@ from agentjet.observe.bench import (
     save_baseline,
 )
 from agentjet.provenance import device, git_commit, machine
+
+if TYPE_CHECKING:
+    from agentjet.demo import DemoSettings
 
 M = BenchMetric
 
@@ -314,7 +317,7 @@ class LearnSettings:
     def eval_interval_s(self) -> float:
         return self.eval_every_s if self.eval_every_s is not None else LEARN_EVAL_EVERY_S.get(self.task, 60.0)
 
-    def demo_settings(self, out_dir: Path) -> Any:
+    def demo_settings(self, out_dir: Path) -> DemoSettings:
         from agentjet.demo import DemoSettings
 
         return DemoSettings(model=self.model, task=self.task, steps=self.steps, learning_rate=self.learning_rate,
@@ -356,10 +359,14 @@ def _describe(s: LearnSettings) -> str:
     return f"{s.model} on {s.task}, seed {s.seed}, {bound}, evals every {s.eval_interval_s:g} s of training"
 
 
+def toy_settings(model: str) -> LearnSettings:
+    """The quick check's run: the toy task, ``TOY_STEPS`` steps (seed 0), eval before and after only."""
+    return LearnSettings(task="toy", model=model, seed=0, eval_every_s=0, steps=TOY_STEPS, budget_s=600)
+
+
 def toy_learning(model: str, console: Console | None = None) -> BenchRecord:
-    """The quick check: the tiny model learns the toy task in ``TOY_STEPS`` steps (seed 0), eval before and after."""
-    return run_learn(LearnSettings(task="toy", model=model, seed=0, eval_every_s=0, steps=TOY_STEPS, budget_s=600),
-                     Console(quiet=True) if console is None else console, mode="quick")
+    """The quick check: does the tiny model learn the toy task (``toy_settings``)?"""
+    return run_learn(toy_settings(model), Console(quiet=True) if console is None else console, mode="quick")
 
 
 def _now() -> str:

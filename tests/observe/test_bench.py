@@ -16,7 +16,15 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from agentjet.bench_suite import TOY_STEPS, BenchOptions, LearnSettings, SuiteSettings, run_bench, run_learn
+from agentjet.bench_suite import (
+    TOY_STEPS,
+    BenchOptions,
+    LearnSettings,
+    SuiteSettings,
+    run_bench,
+    run_learn,
+    toy_settings,
+)
 from agentjet.observe.bench import (
     Baseline,
     BaselineRef,
@@ -260,7 +268,7 @@ def test_the_report_overlays_three_versions(tmp_path: Path) -> None:
 def test_seeded_toy_run_on_the_tiny_model_learns_and_lr_over_100_fails_the_gate(tiny_model_path: Path) -> None:
     """One seeded run of the quick suite's learning check (the demo, the toy task, fixed steps) and the same run with
     the learning rate / 100: the first is the baseline (one run: the floor's spread), the second fails the gate."""
-    toy = LearnSettings(task="toy", model=str(tiny_model_path), seed=0, eval_every_s=0, steps=TOY_STEPS, budget_s=600)
+    toy = toy_settings(str(tiny_model_path))
     base = run_learn(toy, Console(quiet=True), mode="quick")
     before, after = base.metrics["learn/toy/eval_before"].value, base.metrics["learn/toy/final_eval"].value
     assert base.metrics["learn/toy/train_steps"].value >= TOY_STEPS
