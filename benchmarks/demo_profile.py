@@ -62,8 +62,7 @@ class EngineTimer:
 
 async def _drive(url: str, task: str, seconds: float, group_size: int, concurrency: int) -> dict[str, Any]:
     from agentjet.client.client import SwarmClient
-    from agentjet.client.runner import run_workflow
-    from agentjet.demo import _workflow
+    from agentjet.client.runner import run_workflow, task_workflow
     from agentjet.tasks import get_task
 
     task_mod = get_task(task)
@@ -84,7 +83,7 @@ async def _drive(url: str, task: str, seconds: float, group_size: int, concurren
 
     async with SwarmClient(url, client_id="profile") as client:
         t = asyncio.create_task(timer())
-        summary = await run_workflow(client, _workflow(task_mod, task_mod.SAMPLING, None), tasks(),
+        summary = await run_workflow(client, task_workflow(task_mod, task_mod.SAMPLING, model="demo"), tasks(),
                                      group_size=group_size, concurrency=concurrency)
         await t
         status = await client.status()

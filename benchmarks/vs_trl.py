@@ -132,8 +132,9 @@ def run_agentjet(model: str, seed: int, budget_s: float, points_s: list[float], 
     import sqlite3
 
     from agentjet.client.client import SwarmClient
+    from agentjet.client.runner import task_workflow
     from agentjet.client.scheduled import ScheduleSettings, run_scheduled
-    from agentjet.demo import DemoSettings, _workflow, server_config, train_pool
+    from agentjet.demo import DemoSettings, server_config, train_pool
     from agentjet.launch import ServerProcess, free_port
     from agentjet.protocol import SWARM_PREFIX
     from agentjet.schedule import Curriculum
@@ -166,7 +167,8 @@ def run_agentjet(model: str, seed: int, budget_s: float, points_s: list[float], 
 
                 settings = ScheduleSettings(group_size=SHARED["num_generations"], concurrency=s.concurrency,
                                             time_budget_s=budget_s, eval_every_s=None, eval_at_s=tuple(points_s))
-                run = await run_scheduled(client, _workflow(addition, sampling), _workflow(addition, sampling),
+                run = await run_scheduled(client, task_workflow(addition, sampling, model="demo"),
+                                          task_workflow(addition, sampling, model="demo"),
                                           pool, [], settings, curriculum=Curriculum([str(t["task_id"]) for t in pool],
                                                                                     seed=seed),
                                           at_pause=checkpoint)

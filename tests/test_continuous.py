@@ -186,7 +186,34 @@ def test_rows_in_flight_go_on_across_a_train_step(make_engine, chat_ids) -> None
     res, at = asyncio.run(main())
     assert len(res.token_ids) == 40 and res.policy_version == 0
     assert 3 <= at < 40  # the step ran while the request was generating
+    assert set(res.versions) == {0, 1} and res.versions == sorted(res.versions)  # v0 tokens, then v1 tokens
     assert engine.policy_version == 1
+
+
+def test_a_reply_that_spans_a_train_step_records_the_version_of_each_token(make_engine, chat_ids,
+                                                                          monkeypatch) -> None:
+    """A train step that runs between two decode steps (as the in-process learner's job does) moves the version
+    of every later token of a reply in flight: the reply carries both versions, changing at the right token."""
+    engine = make_engine()
+    engine.set_learning_rate(1e-2)
+    ids = chat_ids("hi", engine)
+    sample = TrainSample(ids + [5, 6], [0] * len(ids) + [1, 1], [0.0] * len(ids) + [-3.0, -3.0],
+                         [0.0] * len(ids) + [1.0, 1.0])
+    scheduler = engine.generator.scheduler
+    real_step, steps = scheduler.step, []
+
+    def step() -> None:  # on the worker thread: one unit of work, then (once) the learner's step job
+        real_step()
+        steps.append(len(scheduler.active[0].ids) if scheduler.active else None)
+        if len(steps) == 2:
+            engine.learner._train([sample])
+
+    monkeypatch.setattr(scheduler, "step", step)
+    res = asyncio.run(engine.generate(ids, SamplingParams(max_tokens=8, seed=1)))
+    at = steps[1]  # tokens generated before the step: the prefill's and one per decode step
+    assert at == 3 and len(res.token_ids) == 8
+    assert res.token_versions == [0] * at + [1] * (8 - at)
+    assert res.policy_version == 0 and engine.generator.policy_version == 1
 
 
 def test_a_cancelled_request_frees_its_slot(make_engine, chat_ids) -> None:

@@ -269,25 +269,18 @@ def learning_metrics(model: str, steps: int, quick: bool) -> tuple[dict[str, Ben
 
 
 async def _train_until(srv: Any, task: Any, group: int, steps: int, budget_s: float) -> None:
+    """Train on the task's train split until the server has taken ``steps`` steps or ``budget_s`` has passed."""
+    import itertools
+
     from agentjet.client.client import SwarmClient
+    from agentjet.client.driver import Budget, Driver, DriverSettings
+    from agentjet.client.runner import task_workflow
 
-    sampling = dict(task.SAMPLING)
-    tasks = task.generate_tasks("train", 1000, seed=0)
-    deadline = time.monotonic() + budget_s
     async with SwarmClient(srv.url, client_id="bench") as client:
-        async def one(t: dict[str, Any]) -> None:
-            async with client.episode(task_id=t["task_id"], task_type=t["task_type"]) as ep:
-                reply = await ep.openai().chat.completions.create(model="bench", messages=t["messages"], **sampling)
-                ep.reward(float(task.reward(t, reply.choices[0].message.content or "")))
-
-        i = 0
-        while srv.server.trainer.counters.train_steps < steps and time.monotonic() < deadline:
-            t = tasks[i % len(tasks)]
-            i += 1
-            await asyncio.gather(*[one(t) for _ in range(group)])
-        while srv.server.trainer.counters.train_steps < steps and srv.server.trainer.pending_count \
-                and time.monotonic() < deadline:
-            await asyncio.sleep(0.2)
+        driver = Driver(client, task_workflow(task, task.SAMPLING, model="bench"),
+                        DriverSettings(group_size=group, concurrency=group, poll_s=0.2))
+        await driver.run(itertools.cycle(task.generate_tasks("train", 1000, seed=0)),
+                         budget=Budget(max_steps=steps, train_seconds=budget_s))
 
 
 # ------------------------------------------------------------------------------------------------ 5. the demo's curve

@@ -20,7 +20,8 @@ from typing import Any
 
 from rich.console import Console
 
-from agentjet.client.client import Episode, SwarmClient
+from agentjet.client.client import SwarmClient
+from agentjet.client.runner import task_workflow
 from agentjet.client.scheduled import EvalPoint, ScheduleSettings, StepPoint, run_scheduled
 from agentjet.launch import ServerProcess
 from agentjet.provenance import git_commit, machine
@@ -80,34 +81,6 @@ class DemoResult:
 
 
 TRANSCRIPTS = 5  # eval tasks whose transcripts the demo keeps (first and last eval)
-
-
-def _workflow(task_mod: ModuleType, sampling: dict[str, Any], record: dict[int, list[float]] | None = None,
-              traces: list[tuple[dict[str, Any], Any]] | None = None):
-    """The task's own multi-turn ``rollout(task, ep, sampling)`` if it has one, else one chat call scored by
-    ``reward(task, text)``. With ``traces`` and a task that traces its episodes (``EpisodeTrace``), each
-    episode's (task, trace) is appended there."""
-    rollout = getattr(task_mod, "rollout", None)
-    trace_cls = getattr(task_mod, "EpisodeTrace", None) if traces is not None else None
-
-    async def workflow(task: dict[str, Any], ep: Episode) -> float:
-        params = dict(sampling)
-        if "seed" in params and "index" in task:
-            params["seed"] = params["seed"] + int(task["index"])
-        if rollout is not None and trace_cls is not None and traces is not None:
-            trace = trace_cls()
-            reward = float(await rollout(task, ep, params, trace=trace))
-            traces.append((task, trace))
-        elif rollout is not None:
-            reward = float(await rollout(task, ep, params))
-        else:
-            reply = await ep.openai().chat.completions.create(model="demo", messages=task["messages"], **params)
-            reward = float(task_mod.reward(task, reply.choices[0].message.content or ""))
-        if record is not None:
-            record[ep.policy_version].append(reward)
-        return reward
-
-    return workflow
 
 
 def server_config(s: DemoSettings, port: int, rec: Recommended, admin_token: str | None = None) -> ServerConfig:
@@ -263,8 +236,8 @@ async def _client_side(s: DemoSettings, task_mod: ModuleType, rec: Recommended, 
     async with SwarmClient(url, token=token, client_id="demo-client") as client:
         console.print(f"evaluating the base model on {len(eval_tasks)} held-out tasks, then training "
                       f"({len(pool)} train tasks" + (", curriculum" if curriculum else "") + ") ...")
-        run = await run_scheduled(client, _workflow(task_mod, task_mod.SAMPLING), _workflow(task_mod,
-                                  task_mod.EVAL_SAMPLING, traces=eval_traces), pool, eval_tasks, settings,
+        run = await run_scheduled(client, task_workflow(task_mod, task_mod.SAMPLING, model="demo"),
+                                  task_workflow(task_mod, task_mod.EVAL_SAMPLING, model="demo", traces=eval_traces), pool, eval_tasks, settings,
                                   curriculum=curriculum,
                                   stopping=stopping, on_step=on_step, on_eval=on_eval, on_quiet=on_quiet)
         status = await client.status()
@@ -280,7 +253,7 @@ async def _client_side(s: DemoSettings, task_mod: ModuleType, rec: Recommended, 
         eval_before=before.reward, eval_after=after.reward, train_steps=status.train_steps,
         policy_version=status.policy_version, train_episodes=run.train.episodes, failed_episodes=run.train.failed,
         seconds=0.0, reward_by_version={v: sum(r) / len(r) for v, r in sorted(run.train_reward_by_version.items())},
-        evals=[{**asdict(e), "minutes": e.seconds / 60} for e in run.evals],
+        evals=[{**e.model_dump(), "minutes": e.seconds / 60} for e in run.evals],
         steps=[{"minutes": p.seconds / 60, "train_steps": p.train_steps, "policy_version": p.policy_version,
                 **{k: p.metrics[k] for k in ("reward_mean", "loss", "step_seconds", "trained_tokens") if k in p.metrics}}
                for p in run.steps],

@@ -339,7 +339,7 @@ def make_app(fake: FakeVLLM) -> FastAPI:
             return JSONResponse(await asyncio.to_thread(_score, fake, model, body))
         gen = _generate(fake, model, body)
         if body.get("stream"):
-            return StreamingResponse(_sse(gen), media_type="text/event-stream")
+            return StreamingResponse(_sse(fake, gen), media_type="text/event-stream")
         tokens, lps, tops, finish = [], [], [], "length"
         async for tok, lp, top, fin in gen:
             tokens.append(tok)
@@ -359,9 +359,17 @@ def _choice(fake: FakeVLLM, tokens: list[int], lps: list[float], tops: list[dict
             "finish_reason": finish, "token_ids": tokens}
 
 
-async def _sse(gen: Any) -> Any:
+async def _sse(fake: FakeVLLM, gen: Any) -> Any:
+    """One chunk per token; its text is the new part of the decoded text (as vLLM streams it)."""
+    tokens: list[int] = []
+    sent = ""
     async for tok, lp, top, fin in gen:
-        yield "data: " + json.dumps({"choices": [{"index": 0, "text": "", "finish_reason": fin, "token_ids": [tok],
+        tokens.append(tok)
+        text = fake.tokenizer.decode(tokens, skip_special_tokens=True)
+        delta = ""
+        if fin is not None or not text.endswith("\ufffd"):  # an incomplete character waits for its next bytes
+            delta, sent = text[len(sent):], text
+        yield "data: " + json.dumps({"choices": [{"index": 0, "text": delta, "finish_reason": fin, "token_ids": [tok],
                                                   "logprobs": {"token_logprobs": [lp], "top_logprobs": [top]}}]}) + "\n\n"
     yield "data: [DONE]\n\n"
 

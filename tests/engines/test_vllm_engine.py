@@ -139,6 +139,48 @@ def test_generation_waits_for_the_swap_and_sees_the_new_version(make_vllm_engine
     assert res.policy_version == 1
 
 
+def test_a_request_in_flight_across_a_swap_records_both_versions(make_vllm_engine):
+    """pause_mode="keep": a request already running when the swap starts finishes after it. Each token carries the
+    version served when it arrived: the old one until the new weights are announced, then the new one."""
+    engine = make_vllm_engine()
+    assert engine.generator.spans_swaps
+    engine.generator.stop_token_ids = set()  # runs to max_tokens
+    fault(engine, token_delay_s=0.03)  # the request stays in flight across the whole step and swap
+
+    async def go():
+        batch = await rollout_batch(engine)
+        seen: list[int] = []
+        started = asyncio.Event()
+
+        def on_token(_t: int, _lp: float) -> None:
+            seen.append(engine.generator.policy_version)
+            if len(seen) == 2:
+                started.set()
+
+        gen = asyncio.create_task(engine.generate(prompt(engine), SamplingParams(max_tokens=150, seed=3),
+                                                  on_token=on_token))
+        await started.wait()
+        await engine.train_step(batch)
+        before = len(seen)
+        return await gen, before
+
+    res, before = asyncio.run(go())
+    assert res.policy_version == 0 and len(res.token_ids) == 150
+    assert set(res.versions) == {0, 1} and res.versions == sorted(res.versions)
+    assert 2 <= res.versions.index(1) <= before  # the change lies between the start of the step and its end
+
+
+def test_requests_cannot_span_a_swap_when_paused_by_draining_or_on_lora(make_vllm_engine):
+    """pause_mode="wait" drains running requests before the swap, and a LoRA request keeps its adapter to the
+    end: neither records versions per token (all are the start version)."""
+    wait = make_vllm_engine(pause_mode="wait")
+    assert not wait.generator.spans_swaps
+    res = asyncio.run(wait.generate(prompt(wait), SamplingParams(max_tokens=4, seed=1)))
+    assert res.token_versions is None and res.versions == [0] * len(res.token_ids)
+    lora = make_vllm_engine(lora=LoraSettings(rank=4, alpha=8))
+    assert not lora.generator.spans_swaps
+
+
 def test_closing_the_gate_holds_a_request_started_in_the_same_loop_turn(make_vllm_engine):
     """The gate closes at once on the loop that closes it: a request that this loop runs next must wait."""
     engine = make_vllm_engine()

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
+from agentjet.client.driver import EvalPoint
 from agentjet.protocol import BufferCounts, ServerStatus
 from agentjet.research.monitor import (
+    EvalRecord,
     Health,
     Limits,
     TrialResult,
@@ -42,6 +46,18 @@ def test_result_points_prefer_the_servers_final_status() -> None:
                          evals=[{"policy_version": 3, "train_steps": 3, "reward": 0.6, "episodes": 4, "failed": 0,
                                  "seconds": 1.0}])
     assert result_points(broken, MetricSource.EVAL_REWARD) == {3: 0.6}
+
+
+def test_an_eval_record_is_the_drivers_eval_point_and_reads_the_older_records() -> None:
+    old = EvalRecord.model_validate({"policy_version": 3, "train_steps": 3, "reward": 0.6, "episodes": 4, "failed": 1,
+                                     "seconds": 2.5})  # before the driver: seconds was the eval's duration
+    assert (old.episodes, old.failed, old.eval_seconds, old.seconds, old.train_seconds) == (3, 1, 2.5, 0.0, 0.0)
+    point = EvalPoint(train_steps=4, policy_version=4, reward=float("nan"), episodes=0, failed=2, train_seconds=30.0,
+                      seconds=45.0, eval_seconds=3.0)
+    result = TrialResult(stop_reason="x", evals=[EvalRecord.model_validate(point.model_dump())])
+    again = TrialResult.model_validate_json(result.model_dump_json())
+    assert again.evals[0].model_dump(exclude={"reward"}) == point.model_dump(exclude={"reward"})
+    assert math.isnan(again.evals[0].reward)  # an eval whose episodes all failed survives result.json
 
 
 def test_start_timeout_then_running_then_stalled_on_a_fake_clock() -> None:

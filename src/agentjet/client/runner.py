@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from agentjet.client.client import Episode, SwarmClient
@@ -60,6 +61,33 @@ class RunSummary:
     def merge_ratio(self) -> float:
         """Chat calls per training sample (1.0: every call its own sample; higher: calls merged)."""
         return self.calls / self.samples if self.samples else float("nan")
+
+
+def task_workflow(task_mod: ModuleType, sampling: dict[str, Any], *, model: str = "agent",
+                  traces: list[tuple[dict[str, Any], Any]] | None = None) -> Workflow:
+    """The workflow of a task module (``agentjet.tasks``' interface): the task's own multi-turn
+    ``rollout(task, ep, sampling)`` if it has one, else one chat call scored by ``reward(task, text)``. A task
+    with an ``index`` gets ``sampling``'s seed plus its index. With ``traces`` and a task that traces its episodes
+    (``EpisodeTrace``), each episode's (task, trace) is appended there."""
+    rollout = getattr(task_mod, "rollout", None)
+    trace_cls = getattr(task_mod, "EpisodeTrace", None) if traces is not None else None
+
+    async def workflow(task: dict[str, Any], ep: Episode) -> float:
+        params = dict(sampling)
+        if "seed" in params and "index" in task:
+            params["seed"] = int(params["seed"]) + int(task["index"])
+        if rollout is not None and trace_cls is not None and traces is not None:
+            trace = trace_cls()
+            reward = float(await rollout(task, ep, params, trace=trace))
+            traces.append((task, trace))
+        elif rollout is not None:
+            reward = float(await rollout(task, ep, params))
+        else:
+            reply = await ep.openai().chat.completions.create(model=model, messages=task["messages"], **params)
+            reward = float(task_mod.reward(task, reply.choices[0].message.content or ""))
+        return reward
+
+    return workflow
 
 
 def load_workflow(spec: str) -> Workflow:

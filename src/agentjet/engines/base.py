@@ -59,6 +59,16 @@ class GenerationResult:
     # Text produced, already cut before a matched stop string (the tokens are not cut: they were generated).
     text: str = ""
     top_logprobs: list[list[tuple[int, float]]] | None = None
+    # The policy version that generated each token (None: all at ``policy_version``). A reply that spans a
+    # weight update carries two or more versions; ``policy_version`` is always the oldest (its first token's).
+    token_versions: list[int] | None = None
+
+    @property
+    def versions(self) -> list[int]:
+        """One policy version per generated token."""
+        if self.token_versions is None:
+            return [self.policy_version] * len(self.token_ids)
+        return list(self.token_versions)
 
 
 @dataclass

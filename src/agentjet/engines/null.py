@@ -21,13 +21,17 @@ from agentjet.engines.base import (
 
 class NullEngine(Engine):
     def __init__(self, tokenizer: Any, reply: str = "ok", delay_s: float = 0.0,
-                 reply_ids: list[int] | None = None) -> None:
+                 reply_ids: list[int] | None = None, update_at_token: int | None = None) -> None:
         """``reply_ids``: the exact ids to generate instead of ``reply``'s encoding (e.g. a non-canonical
-        tokenization, to exercise drift handling); the end-of-sequence id is appended either way."""
+        tokenization, to exercise drift handling); the end-of-sequence id is appended either way.
+        ``update_at_token``: a reply's tokens from this index on are generated at the next policy version, as
+        if a train step had landed between two decode steps (the engine's version moves with it): how tests
+        exercise replies that span an update."""
         self._tokenizer = tokenizer
         ids = list(reply_ids) if reply_ids is not None else list(tokenizer.encode(reply, add_special_tokens=False))
         self._reply_ids = ids + [tokenizer.eos_token_id]
         self.delay_s = delay_s
+        self.update_at_token = update_at_token
         self.policy_version = 0
         self.trained: deque[list[TrainSample]] = deque(maxlen=64)  # the latest batches (tests inspect them)
         self.prompts: deque[list[int]] = deque(maxlen=64)  # the latest prompts received
@@ -42,12 +46,16 @@ class NullEngine(Engine):
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
         ids = self._reply_ids[: sampling.max_tokens]
-        if on_token is not None:
-            for t in ids:
+        versions = []
+        for i, t in enumerate(ids):
+            if i and i == self.update_at_token:
+                self.policy_version += 1
+            versions.append(self.policy_version)
+            if on_token is not None:
                 on_token(t, -0.1)
         finish = FinishReason.STOP if len(ids) == len(self._reply_ids) else FinishReason.LENGTH
-        return GenerationResult(ids, [-0.1] * len(ids), finish, self.policy_version,
-                                text=self._tokenizer.decode(ids, skip_special_tokens=True))
+        return GenerationResult(ids, [-0.1] * len(ids), finish, versions[0] if versions else self.policy_version,
+                                text=self._tokenizer.decode(ids, skip_special_tokens=True), token_versions=versions)
 
     async def train_step(self, batch: list[TrainSample]) -> StepOutput:
         self.trained.append(batch)

@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from agentjet.client.driver import EvalPoint
 from agentjet.protocol import ServerStatus
 from agentjet.research.spec import MetricSource
 
@@ -38,14 +39,17 @@ class Health(enum.StrEnum):
         return self in (Health.CRASHED, Health.START_TIMEOUT, Health.STALLED)
 
 
-class EvalRecord(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    policy_version: int
-    train_steps: int
-    reward: float
-    episodes: int
-    failed: int
-    seconds: float
+class EvalRecord(EvalPoint):
+    """An eval point as ``result.json`` and ``evals.jsonl`` keep it. Also reads the records written before the
+    driver: those had no clocks, ``seconds`` for the eval's duration and ``episodes`` counting the failed ones."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "eval_seconds" not in data and "train_seconds" not in data:
+            data = {**data, "eval_seconds": data.get("seconds", 0.0), "seconds": 0.0,
+                    "episodes": data.get("episodes", 0) - data.get("failed", 0)}
+        return data
 
 
 class TrialResult(BaseModel):

@@ -242,7 +242,7 @@ class TrialClientSettings(_Strict):
     eval_n: int | None = Field(None, ge=1, description="held-out eval episodes per eval point (default: the "
                                                       "task's RECOMMENDED eval_n, else 44)")
     concurrency: int = Field(8, ge=1, le=1024)
-    time_budget_s: float = Field(900.0, gt=0, description="training stops after this; a final eval follows")
+    time_budget_s: float = Field(900.0, gt=0, description="of training time (evals not counted); a final eval follows")
     temperature: float | None = Field(None, ge=0, le=5, description="train sampling (eval keeps the task's)")
     top_p: float | None = Field(None, gt=0, le=1, description="train sampling (eval keeps the task's)")
     max_tokens: int | None = Field(None, ge=1, description="train and eval replies")

@@ -3,9 +3,10 @@
 
     python -m agentjet.research.trial_client --server URL --settings client.json --seed 0 --out DIR
 
-Each eval point is taken with training paused (``SwarmClient.pause(wait_for_step=True)``: the answer waits for a
-step in progress), so every eval episode of a point runs at one policy version and the
-server's ``eval_reward`` for that version is the point's value. The group size comes from the server's
+Training, pauses and stops are the driver's (``agentjet.client.driver``): each eval point is taken with training
+paused (``SwarmClient.pause(wait_for_step=True)``: the answer waits for a step in progress), so every eval
+episode of a point runs at one policy version and the server's ``eval_reward`` for that version is the point's
+value. The time budget counts training time (the evals' pauses excluded). The group size comes from the server's
 status, so a search over ``server.group-size`` needs nothing on the client side.
 
 The seed sets the order of the training tasks; generation is not seeded, so seeds are replicates.
@@ -26,8 +27,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from agentjet.client.client import Episode, SwarmClient
-from agentjet.client.runner import RunSummary, Workflow, run_workflow
+from agentjet.client.client import SwarmClient
+from agentjet.client.driver import Budget, Driver, DriverSettings, EvalPoint, PauseEvery, Stop, held_out
+from agentjet.client.runner import task_workflow
 from agentjet.protocol import SWARM_PREFIX, ServerStatus
 from agentjet.research.monitor import RESULT_FILE, EvalRecord, TrialResult, parse_status
 from agentjet.research.spec import TrialClientSettings
@@ -72,17 +74,6 @@ def group_size_of(status: ServerStatus) -> int:
     return int(training.get("group_size", 4))
 
 
-def make_workflow(task_mod: ModuleType, sampling: dict[str, Any]) -> Workflow:
-    async def workflow(task: dict[str, Any], ep: Episode) -> float:
-        params = dict(sampling)
-        if "seed" in params and "index" in task:
-            params["seed"] = int(params["seed"]) + int(task["index"])
-        reply = await ep.openai().chat.completions.create(model="trial", messages=task["messages"], **params)
-        return float(task_mod.reward(task, reply.choices[0].message.content or ""))
-
-    return workflow
-
-
 class TrialClient:
     def __init__(self, client: SwarmClient, settings: TrialClientSettings, seed: int, out_dir: Path) -> None:
         self.client = client
@@ -97,8 +88,6 @@ class TrialClient:
         if settings.max_tokens is not None:
             self.eval_sampling["max_tokens"] = settings.max_tokens
         self.evals: list[EvalRecord] = []
-        self.train = RunSummary()
-        self._stream = self._all_train_tasks()
 
     @staticmethod
     def _admin_token() -> str | None:
@@ -109,29 +98,15 @@ class TrialClient:
         """The server's status (a NaN train metric is read as NaN: the study runner judges it)."""
         return parse_status(await self.client.request("GET", f"{SWARM_PREFIX}/status"))
 
-    async def pause(self) -> None:
-        """Pause training and wait for a step in progress."""
-        await self.client.pause(wait_for_step=True, admin_token=self._admin_token())
-
-    async def evaluate(self) -> EvalRecord:
-        await self.pause()
-        status = await self.status()
-        tasks = [{**t, "index": i} for i, t in enumerate(self.task.generate_tasks("eval", self.eval_n, seed=0))]
-        t0 = time.monotonic()
-        summary = await run_workflow(self.client, make_workflow(self.task, self.eval_sampling), tasks, group_size=1,
-                                     concurrency=self.s.concurrency, eval=True)
-        record = EvalRecord(policy_version=status.policy_version, train_steps=status.train_steps,
-                            reward=summary.mean_reward, episodes=summary.episodes, failed=summary.failed,
-                            seconds=time.monotonic() - t0)
+    def record(self, point: EvalPoint) -> None:
+        record = EvalRecord.model_validate(point.model_dump())
         self.evals.append(record)
         with open(self.out_dir / EVALS_FILE, "a") as f:
             f.write(record.model_dump_json() + "\n")
         log.info("eval at policy v%d (step %d): %.3f over %d episodes", record.policy_version, record.train_steps,
                  record.reward, record.episodes)
-        await self.client.resume(admin_token=self._admin_token())
-        return record
 
-    def _all_train_tasks(self) -> Iterator[dict[str, Any]]:
+    def train_tasks(self) -> Iterator[dict[str, Any]]:
         """Endless seeded rounds over the train split; every task id is unique (a group never spans phases)."""
         round_ = 0
         while True:
@@ -139,52 +114,23 @@ class TrialClient:
                 yield {**t, "task_id": f"{t['task_id']}-s{self.seed}-r{round_}"}
             round_ += 1
 
-    def _train_tasks(self, done: asyncio.Event) -> Iterator[dict[str, Any]]:
-        while not done.is_set():
-            yield next(self._stream)
-
-    async def train_until(self, target_steps: int, deadline: float, group_size: int) -> None:
-        """Feed training groups until the server has taken ``target_steps`` steps or the deadline passes;
-        training is paused at once then, so no step sneaks in before the next eval."""
-        done = asyncio.Event()
-
-        async def watch() -> None:
-            while not done.is_set():
-                st = await self.status()
-                if st.train_steps >= target_steps or time.monotonic() >= deadline:
-                    await self.client.pause(wait_for_step=False, admin_token=self._admin_token())
-                    done.set()
-                    return
-                await asyncio.sleep(WATCH_S)
-
-        watcher = asyncio.create_task(watch())
-        try:
-            summary = await run_workflow(self.client, make_workflow(self.task, self.train_sampling),
-                                         self._train_tasks(done), group_size=group_size,
-                                         concurrency=self.s.concurrency)
-            self.train.merge(summary)
-        finally:
-            done.set()
-            await watcher
-
     async def run(self) -> TrialResult:
         t0 = time.monotonic()
-        deadline = t0 + self.s.time_budget_s
-        status = await self.status()
-        group_size = group_size_of(status)
-        await self.evaluate()
-        steps = status.train_steps
-        stop_reason = "steps reached"
-        while steps < self.s.steps:
-            if time.monotonic() >= deadline:
-                stop_reason = f"time budget of {self.s.time_budget_s:.0f}s"
-                break
-            await self.train_until(min(steps + self.s.eval_every, self.s.steps), deadline, group_size)
-            record = await self.evaluate()
-            steps = record.train_steps
+        group_size = group_size_of(await self.status())
+        eval_tasks = [{**t, "index": i} for i, t in enumerate(self.task.generate_tasks("eval", self.eval_n, seed=0))]
+        driver = Driver(self.client, task_workflow(self.task, self.train_sampling, model="trial"),
+                        DriverSettings(group_size=group_size, concurrency=self.s.concurrency, poll_s=WATCH_S),
+                        evaluate=held_out(self.client, task_workflow(self.task, self.eval_sampling, model="trial"), eval_tasks,
+                                          self.s.concurrency),
+                        admin_token=self._admin_token(), on_eval=self.record)
+        run = await driver.run(self.train_tasks(), PauseEvery(steps=self.s.eval_every),
+                               Budget(max_steps=self.s.steps, train_seconds=self.s.time_budget_s))
+        stop_reason = {Stop.STEPS: "steps reached",
+                       Stop.TIME_BUDGET: f"time budget of {self.s.time_budget_s:.0f}s"}.get(run.stop_reason,
+                                                                                          run.stop_reason)
         final = await self.status()
         return TrialResult(ok=True, stop_reason=stop_reason, evals=self.evals, final_status=final.model_dump(),
-                           train_episodes=self.train.episodes, failed_episodes=self.train.failed,
+                           train_episodes=run.train.episodes, failed_episodes=run.train.failed,
                            seconds=time.monotonic() - t0)
 
 

@@ -1,37 +1,6 @@
-"""Time, injectable: the registry (leases) and the trainer (group timeouts, absent task types) read the
-clock through this, so their timing rules are tested with a fake clock instead of sleeps."""
+"""The server's clock is the project's one injectable clock (``agentjet.clock``): the registry (leases) and the
+trainer (group timeouts, absent task types) read it, so their timing rules are tested with a fake clock."""
 
-from __future__ import annotations
+from agentjet.clock import Clock, FakeClock, SystemClock
 
-import time
-from typing import Protocol
-
-
-class Clock(Protocol):
-    def monotonic(self) -> float: ...
-
-    def time(self) -> float: ...
-
-
-class SystemClock:
-    def monotonic(self) -> float:
-        return time.monotonic()
-
-    def time(self) -> float:
-        return time.time()
-
-
-class FakeClock:
-    """A clock that moves only when told to (tests)."""
-
-    def __init__(self, start: float = 1000.0) -> None:
-        self.now = start
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def time(self) -> float:
-        return 1.7e9 + self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
+__all__ = ["Clock", "FakeClock", "SystemClock"]

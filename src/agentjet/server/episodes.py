@@ -352,6 +352,8 @@ class Episodes:
             status=StoredStatus.PREPARED if team else final, n_calls=len(calls), n_samples=n_samples,
             begin_policy_version=ep.begin_policy_version,
             min_policy_version=min((c.policy_version for c in calls), default=ep.begin_policy_version),
+            max_policy_version=max((v for c in calls for v in (c.policy_version, *c.versions)),
+                                   default=ep.begin_policy_version),
             ended_at=self.clock.time(), commit_status=final,
             team_id=team.team_id if team else None, team_coordinator=team.coordinator_url if team else None,
             team_secret=team.team_secret if team else None)

@@ -7,6 +7,7 @@ the store lock that the request path and the trainer hold); the SQL lives in ``s
 
 from __future__ import annotations
 
+import math
 import time
 from collections import defaultdict
 from typing import Any
@@ -213,6 +214,6 @@ def _trainer_view(row: dict[str, Any] | None, loss_mask: list[int]) -> dict[str,
     if lps is not None:
         positions = [i for i, m in enumerate(loss_mask) if m]
         for pos, lp in zip(positions, lps, strict=False):
-            per_token[pos] = lp
+            per_token[pos] = None if math.isnan(lp) else lp  # NaN: masked as stale, not trained
     return {"step": row["step"], "policy_version": row["policy_version"], "advantage": row["advantage"],
             "logprobs": per_token if lps is not None else None}

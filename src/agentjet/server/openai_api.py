@@ -175,7 +175,7 @@ class ChatCall:
             prompt_ids=self.prompt_ids, completion_ids=list(result.token_ids),
             completion_logprobs=list(result.logprobs), temperature=sampling.logprob_temperature,
             policy_version=result.policy_version, response_message=reply,
-            finish_reason=result.finish_reason.value)
+            finish_reason=result.finish_reason.value, completion_versions=result.versions)
         self.server.episodes.record_call(self.episode, call)
 
     def finish_reason(self, result: GenerationResult, message: dict[str, Any]) -> str:

@@ -56,7 +56,8 @@ CREATE TABLE IF NOT EXISTS episodes (
   team_id TEXT,
   team_coordinator TEXT,
   team_secret TEXT,
-  tracking TEXT
+  tracking TEXT,
+  max_policy_version INTEGER
 );
 CREATE INDEX IF NOT EXISTS episodes_status ON episodes(status);
 CREATE TABLE IF NOT EXISTS samples (
@@ -70,7 +71,8 @@ CREATE TABLE IF NOT EXISTS samples (
   logprobs BLOB NOT NULL,
   call_indices TEXT NOT NULL,
   stats TEXT NOT NULL,
-  weight REAL NOT NULL DEFAULT 1.0
+  weight REAL NOT NULL DEFAULT 1.0,
+  token_versions BLOB
 );
 CREATE INDEX IF NOT EXISTS samples_episode ON samples(episode_id);
 CREATE TABLE IF NOT EXISTS teams (
@@ -107,6 +109,13 @@ class StoredEpisode:
     team_id: str | None = None
     team_coordinator: str | None = None  # None on the coordinator itself
     team_secret: str | None = None
+    # The newest policy version that generated any of its tokens (None: stored before it was kept; then
+    # ``min_policy_version`` stands for every token).
+    max_policy_version: int | None = None
+
+    @property
+    def newest_version(self) -> int:
+        return self.max_policy_version if self.max_policy_version is not None else self.min_policy_version
 
 
 @dataclass(frozen=True)
@@ -188,7 +197,8 @@ class SampleStore:
                json.dumps(ep.reward), json.dumps(metadata, default=str), ep.status.value, ep.n_calls,
                ep.n_samples, ep.begin_policy_version, ep.min_policy_version, ep.ended_at,
                ep.commit_status.value if ep.commit_status else None, ep.team_id, ep.team_coordinator,
-               ep.team_secret, json.dumps(tracking, default=str) if tracking is not None else None)
+               ep.team_secret, json.dumps(tracking, default=str) if tracking is not None else None,
+               ep.max_policy_version)
         try:
             with self._lock:
                 cur = self._db.cursor()
@@ -200,15 +210,17 @@ class SampleStore:
                     cur.execute(
                         "INSERT INTO episodes (episode_id, key_hash, client_id, task_id, task_type, group_key, "
                         "reward, metadata, status, n_calls, n_samples, begin_policy_version, min_policy_version, "
-                        "ended_at, commit_status, team_id, team_coordinator, team_secret, tracking) "
-                        "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", row)
+                        "ended_at, commit_status, team_id, team_coordinator, team_secret, tracking, "
+                        "max_policy_version) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", row)
                     cur.executemany(
                         "INSERT INTO samples (episode_id, agent, temperature, min_policy_version, input_ids, "
-                        "loss_mask, logprobs, call_indices, stats, weight) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                        "loss_mask, logprobs, call_indices, stats, weight, token_versions) "
+                        "VALUES (?,?,?,?,?,?,?,?,?,?,?)",
                         [(ep.episode_id, s.agent, s.temperature, s.min_policy_version,
                           array("q", s.input_ids).tobytes(), array("q", s.loss_mask).tobytes(),
                           array("d", s.behaviour_logprobs).tobytes(), json.dumps(s.call_indices),
-                          json.dumps(s.stats, default=str), s.weight) for s in samples])
+                          json.dumps(s.stats, default=str), s.weight, array("q", s.versions).tobytes())
+                         for s in samples])
                     cur.execute("COMMIT")
                 except BaseException:
                     cur.execute("ROLLBACK")
@@ -334,12 +346,14 @@ class SampleStore:
             for eid in episode_ids:
                 rows = self._db.execute(
                     "SELECT agent, temperature, min_policy_version, input_ids, loss_mask, logprobs, call_indices, "
-                    "stats, weight FROM samples WHERE episode_id=? ORDER BY id", (eid,)).fetchall()
+                    "stats, weight, token_versions FROM samples WHERE episode_id=? ORDER BY id", (eid,)).fetchall()
                 out[eid] = [EpisodeSample(
                     input_ids=_ints(r["input_ids"]), loss_mask=_ints(r["loss_mask"]),
                     behaviour_logprobs=_floats(r["logprobs"]), agent=r["agent"], temperature=r["temperature"],
                     call_indices=json.loads(r["call_indices"]), min_policy_version=r["min_policy_version"],
-                    stats=json.loads(r["stats"]), weight=r["weight"]) for r in rows]
+                    stats=json.loads(r["stats"]), weight=r["weight"],
+                    token_versions=_ints(r["token_versions"]) if r["token_versions"] is not None else None)
+                    for r in rows]
         return out
 
     def count_by_status(self) -> dict[str, int]:

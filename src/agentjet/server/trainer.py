@@ -4,9 +4,10 @@ Acknowledged episodes wait in the store, grouped by group key (the task id unles
 group id). A group is ready when it holds ``group_size`` episodes, or ``min_group_size`` after
 ``group_timeout_s``. A train step takes ``batch_groups`` ready groups in admission order (within the task
 quotas: see ``candidate_groups``), computes per-agent advantages
-within each group, and calls ``engine.train_step``. Episodes whose oldest token is more than
-``max_staleness`` policy versions old are dropped and counted; younger off-policy tokens are corrected
-by the clipped importance ratio against their recorded behaviour logprobs.
+within each group, and calls ``engine.train_step``. The staleness bound acts per token
+(``server/staleness.py``): tokens generated more than ``max_staleness`` policy versions ago are masked out of
+the loss, episodes whose tokens are all that old are dropped and counted; younger off-policy tokens are
+corrected by the clipped importance ratio against their recorded behaviour logprobs.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from agentjet.observe.events import StepObserver, StepRecord, TrainedSample, sta
 from agentjet.protocol import reward_mean
 from agentjet.server.clock import Clock, SystemClock
 from agentjet.server.quotas import apportion
+from agentjet.server.staleness import all_stale, fresh_samples, logprobs_on_stored_mask
 from agentjet.server.store import SampleStore, StoredEpisode, StoredStatus
 from agentjet.settings import AbsentPolicy, ServerConfig, TrainingSettings
 from agentjet.tracking import EpisodeSample
@@ -251,7 +253,7 @@ class Trainer:
         for key in list(self._pending):
             keep = []
             for ep in self._pending[key]:
-                if version - ep.min_policy_version > self.settings.max_staleness:
+                if all_stale(ep, version, self.settings.max_staleness):
                     stale[ep.episode_id] = StoredStatus.DROPPED_STALE
                 else:
                     keep.append(ep)
@@ -259,7 +261,8 @@ class Trainer:
         if stale:
             self.store.mark_consumed(stale, step=self.counters.train_steps)
             self.counters.dropped_stale += len(stale)
-            log.info("dropped %d stale episodes (older than %d versions)", len(stale), self.settings.max_staleness)
+            log.info("dropped %d stale episodes (all their tokens older than %d versions)", len(stale),
+                     self.settings.max_staleness)
 
     def _set_group(self, key: str, eps: list[StoredEpisode]) -> None:
         if eps:
@@ -315,6 +318,9 @@ class Trainer:
         rewards: list[float] = []
         refs: list[tuple[str, int, str, float]] = []  # observe: (episode, sample index, agent, advantage) per sample
         agent_rewards: dict[str, list[float]] = defaultdict(list)
+        version_before = self.engine.policy_version
+        relaid: dict[int, tuple[list[int], list[int]]] = {}  # batch index -> (stored, used) masks, if they differ
+        stale_tokens = bound_tokens = 0  # masked as stale, of the trained tokens before the bound
         for g in groups:
             advs = group_advantages(g, samples, self.config.loss.estimator, self.config.loss.scale_by_std)
             for ep in g.episodes:
@@ -323,8 +329,13 @@ class Trainer:
                     by_agent[s.agent].append((i, s))
                 for agent, agent_samples in by_agent.items():
                     adv = advs[(ep.episode_id, agent)]
-                    batch.extend(to_train_samples([s for _, s in agent_samples], adv))
-                    refs.extend((ep.episode_id, i, agent, adv) for i, _ in agent_samples)
+                    fresh = fresh_samples(agent_samples, version_before, self.settings.max_staleness)
+                    stale_tokens, bound_tokens = stale_tokens + fresh.masked, bound_tokens + fresh.tokens
+                    for i, kept in fresh.kept:
+                        if kept is not samples[ep.episode_id][i]:
+                            relaid[len(batch)] = (samples[ep.episode_id][i].loss_mask, kept.loss_mask)
+                        batch.extend(to_train_samples([kept], adv))
+                    refs.extend((ep.episode_id, i, agent, adv) for i, _ in fresh.kept)
                     rewards.append(episode_reward(ep.reward, agent))
                     agent_rewards[agent].append(rewards[-1])
         step = self.counters.train_steps + 1
@@ -332,7 +343,6 @@ class Trainer:
         if not any(s.num_trained_tokens for s in batch):  # nothing to learn from (no calls made)
             self.store.mark_consumed(statuses, step=None)
             return {}
-        version_before = self.engine.policy_version
         t1 = self.clock.monotonic()
         out = await self.engine.train_step(batch)
         metrics = dict(out)
@@ -342,7 +352,9 @@ class Trainer:
         metrics = {**metrics, "reward_mean": sum(rewards) / max(len(rewards), 1), "groups": float(len(groups)),
                    "episodes": float(len(ids)), **self._type_metrics(groups),
                    **{f"reward_agent/{a}": sum(r) / len(r) for a, r in sorted(agent_rewards.items())},
-                   **self._timing(t0, t1, t2, metrics), **staleness_metrics(staleness)}
+                   **self._timing(t0, t1, t2, metrics), **staleness_metrics(staleness),
+                   "staleness/masked_tokens": float(stale_tokens),
+                   "staleness/masked_token_share": stale_tokens / bound_tokens if bound_tokens else 0.0}
         if self.observer is not None:
             metrics.update(self.observer.step_context(metrics))
         self.store.mark_consumed(statuses, step=step, step_record=(self.engine.policy_version, metrics))
@@ -357,8 +369,8 @@ class Trainer:
         if self.observer is not None:
             record = StepRecord(step=step, policy_version=self.engine.policy_version, time=self.clock.time(),
                                 metrics=metrics, staleness=staleness,
-                                samples=[TrainedSample(eid, i, agent, adv,
-                                                       trainer_logprobs[k] if k < len(trainer_logprobs) else None)
+                                samples=[TrainedSample(eid, i, agent, adv, self._stored_layout(
+                                    trainer_logprobs[k] if k < len(trainer_logprobs) else None, relaid.get(k)))
                                          for k, (eid, i, agent, adv) in enumerate(refs)])
             await asyncio.to_thread(self.observer.on_step, record)
         if self.settings.checkpoint_every and step % self.settings.checkpoint_every == 0:
@@ -368,6 +380,11 @@ class Trainer:
                 log.exception("checkpoint after step %d failed; training goes on, the next is tried on schedule",
                               step)
         return metrics
+
+    @staticmethod
+    def _stored_layout(lps: list[float] | None, masks: tuple[list[int], list[int]] | None) -> list[float] | None:
+        """A sample's trainer logprobs, one per trained token of its stored loss mask (NaN where masked stale)."""
+        return lps if masks is None else logprobs_on_stored_mask(lps, *masks)
 
     def _timing(self, t0: float, t1: float, t2: float, metrics: dict[str, float]) -> dict[str, float]:
         """The step's wall time split: waiting for a batch, preparing it, training, weight sync (engine-reported)."""

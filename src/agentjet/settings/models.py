@@ -124,8 +124,9 @@ class TrainingSettings(_Section):
                                 "group_timeout_s if it has at least this many episodes")
     group_timeout_s: float = Field(120.0, gt=0, le=86_400, description="how long an incomplete group waits")
     drop_uniform_groups: bool = Field(True, description="skip groups whose rewards are all equal (no signal)")
-    max_staleness: int = Field(4, ge=0, le=1000, description="max policy versions between generation and "
-                               "training; older episodes are dropped and counted")
+    max_staleness: int = Field(4, ge=0, le=1000, description="max policy versions between a token's generation "
+                               "and training; older tokens are masked out of the loss, episodes with no younger "
+                               "token are dropped and counted")
     admission: bool = Field(True, description="admit new training episodes only within the staleness bound "
                             "(AReaL's capacity rule): beyond it, begin is held until its group fits, or answers "
                             "429 (admission_wait_s)")
@@ -294,8 +295,8 @@ class VLLMSettings(_Section):
     # ---------------------------------------------------------------- weight sync
     pause_mode: Literal["keep", "wait", "abort"] = Field(
         "keep", description="what /pause does to requests in flight: keep (freeze them, finish after the swap; "
-        "their recorded version is the one they started on), wait (drain them first: strictly on-policy) or "
-        "abort")
+        "each token records the version served when it arrived), wait (drain them first: strictly on-policy) "
+        "or abort")
     sync_timeout_s: float = Field(300.0, gt=0, le=3600, description="the whole swap (pause -> reload -> "
                                   "reset prefix cache -> resume); past it training stops with an error")
     keep_weight_versions: int = Field(2, ge=1, le=100, description="exported weight directories kept on disk")

@@ -17,10 +17,11 @@ from agentjet.tracking.keys import message_key
 from agentjet.tracking.segment import MessageSpan, Segmentation, segment_messages
 from agentjet.tracking.timeline import TrackingReport, build_samples, track_episode
 from agentjet.tracking.trace import sample_trace
-from agentjet.tracking.types import CallRecord, EpisodeSample
+from agentjet.tracking.types import NO_VERSION, CallRecord, EpisodeSample
 from agentjet.tracking.weights import episode_weights
 
 __all__ = [
+    "NO_VERSION",
     "CallRecord",
     "CompareLevel",
     "EpisodeSample",

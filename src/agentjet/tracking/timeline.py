@@ -39,7 +39,7 @@ from agentjet.tracking.drift import (
 )
 from agentjet.tracking.keys import message_key, tools_key
 from agentjet.tracking.segment import RenderCache
-from agentjet.tracking.types import CallRecord, EpisodeSample
+from agentjet.tracking.types import NO_VERSION, CallRecord, EpisodeSample
 from agentjet.tracking.weights import episode_weights
 
 
@@ -91,6 +91,9 @@ def _validate(calls: Sequence[CallRecord]) -> None:
         if len(c.completion_ids) != len(c.completion_logprobs):
             raise ValueError(f"call {c.call_index}: {len(c.completion_ids)} completion ids but "
                              f"{len(c.completion_logprobs)} logprobs")
+        if c.completion_versions is not None and len(c.completion_versions) != len(c.completion_ids):
+            raise ValueError(f"call {c.call_index}: {len(c.completion_ids)} completion ids but "
+                             f"{len(c.completion_versions)} versions")
     seen = Counter(c.call_index for c in calls)
     dup = [i for i, n in seen.items() if n > 1]
     if dup:
@@ -254,6 +257,7 @@ def _naive_samples(calls: Sequence[CallRecord]) -> list[EpisodeSample]:
             input_ids=list(c.prompt_ids) + list(c.completion_ids),
             loss_mask=mask,
             behaviour_logprobs=[0.0] * n + list(c.completion_logprobs),
+            token_versions=[NO_VERSION] * n + c.versions,
             agent=c.agent,
             temperature=c.temperature,
             call_indices=[c.call_index],
@@ -329,12 +333,14 @@ def _chain_sample(chain: list[Timeline], merger: _Merger, cfg: TrackingConfig, e
     ids = leaf.prompt + list(leaf.call.completion_ids)
     mask = [0] * len(ids)
     lps = [0.0] * len(ids)
+    versions = [NO_VERSION] * len(ids)  # each call's generated span carries its own tokens' versions
     spans = []
     for t in chain:
         out = list(t.call.completion_ids)
         start = merger.region_start(t, leaf)
         if ids[start:start + len(out)] != out:  # the relation guarantees it; never train a wrong token
             raise AssertionError(f"call {t.index}: output ids not found in the merged sequence")
+        versions[start:start + len(out)] = t.call.versions
         for i, lp in enumerate(t.call.completion_logprobs):
             if start + i > 0:
                 mask[start + i] = 1
@@ -376,6 +382,7 @@ def _chain_sample(chain: list[Timeline], merger: _Merger, cfg: TrackingConfig, e
         input_ids=ids,
         loss_mask=mask,
         behaviour_logprobs=lps,
+        token_versions=versions,
         agent=leaf.call.agent,
         temperature=leaf.call.temperature,
         call_indices=[t.index for t in chain],

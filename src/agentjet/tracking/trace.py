@@ -4,7 +4,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentjet.tracking.types import EpisodeSample
+from agentjet.tracking.types import NO_VERSION, EpisodeSample
+
+
+def version_changes(versions: list[int], owner: list[int | None] | None = None) -> list[dict[str, int]]:
+    """Where the policy version changes between two consecutive generated tokens of one reply (a weight
+    update landed while it was generated): ``{"index", "from", "to"}``, ``index`` being the first token at the
+    new version. A change across a prompt or tool token, or between two calls (``owner``: each token's call),
+    is not listed."""
+    out = []
+    for i in range(1, len(versions)):
+        a, b = versions[i - 1], versions[i]
+        same_call = owner is None or owner[i - 1] == owner[i]
+        if a != NO_VERSION and b != NO_VERSION and a != b and same_call:
+            out.append({"index": i, "from": a, "to": b})
+    return out
 
 
 def sample_trace(sample: EpisodeSample, tokenizer: Any = None) -> dict[str, Any]:
@@ -16,6 +30,7 @@ def sample_trace(sample: EpisodeSample, tokenizer: Any = None) -> dict[str, Any]
         pieces = [tokenizer.decode([i], skip_special_tokens=False, clean_up_tokenization_spaces=False) for i in ids]
     else:
         pieces = [str(i) for i in ids]
+    versions = sample.versions
     spans = list(sample.stats.get("call_spans", []))
     owner: list[int | None] = [None] * len(ids)
     for sp in spans:
@@ -45,6 +60,8 @@ def sample_trace(sample: EpisodeSample, tokenizer: Any = None) -> dict[str, Any]
         "pieces": pieces,
         "loss_mask": list(sample.loss_mask),
         "logprobs": [float(x) for x in sample.behaviour_logprobs],
+        "versions": [v if v != NO_VERSION else None for v in versions],  # per token: the policy that generated it
+        "version_changes": version_changes(versions, owner),
         "token_call": owner,
         "calls": calls,
         "messages": list(sample.stats.get("messages", [])),
@@ -54,4 +71,4 @@ def sample_trace(sample: EpisodeSample, tokenizer: Any = None) -> dict[str, Any]
     }
 
 
-__all__ = ["sample_trace"]
+__all__ = ["sample_trace", "version_changes"]

@@ -39,7 +39,8 @@ class Row:
     finish: FinishReason | None = None
     cut_text: str | None = None  # the text cut before a stop string, when one matched
     slot: int = -1  # the continuous scheduler's slot (-1: none)
-    policy_version: int = 0  # the weights' version when the request started
+    policy_version: int = 0  # the weights' version when the request started (its first token's)
+    versions: list[int] = field(default_factory=list)  # the weights' version that sampled each token
 
     @property
     def params(self) -> SamplingParams:
@@ -98,11 +99,13 @@ class RowRules:
         return text[: min(hits)] if hits else None
 
     def accept(self, row: Row, token: int, logprob: float, top: list[tuple[int, float]] | None,
-               emit: Callable[[Request, int, float], None] | None = None) -> None:
-        """Record one generated token, hand it to the caller's stream (``emit``, or the request's own), and
-        decide whether the row is done."""
+               emit: Callable[[Request, int, float], None] | None = None, version: int | None = None) -> None:
+        """Record one generated token and the policy version that sampled it (``version``; the row's own when
+        None), hand it to the caller's stream (``emit``, or the request's own), and decide whether the row is
+        done."""
         row.ids.append(token)
         row.logprobs.append(logprob)
+        row.versions.append(row.policy_version if version is None else version)
         if emit is not None:
             emit(row.req, token, logprob)
         else:
@@ -120,8 +123,9 @@ class RowRules:
         text = row.cut_text if row.cut_text is not None else self.tokenizer.decode(row.ids, skip_special_tokens=True)
         return GenerationResult(token_ids=row.ids, logprobs=row.logprobs,
                                 finish_reason=row.finish or FinishReason.LENGTH,
-                                policy_version=row.policy_version, text=text,
-                                top_logprobs=row.top if row.params.top_logprobs else None)
+                                policy_version=row.versions[0] if row.versions else row.policy_version, text=text,
+                                top_logprobs=row.top if row.params.top_logprobs else None,
+                                token_versions=list(row.versions))
 
 
 def top_lists(top: tuple[torch.Tensor, torch.Tensor] | None, rows: list[Row]) -> list[list[tuple[int, float]] | None]:

@@ -19,8 +19,10 @@ are queued again at the front, to be run one at a time (``solo``), and the rows 
 Weights and train steps: a train step is a job on the same thread, so it runs between two decode steps and
 updates the weights in place. Requests that arrive during it wait in the queue and are generated entirely by
 the new weights. Rows already generating go on with the new weights: their earlier keys and values come from
-the old ones, and each token's behaviour logprob is the exact probability it was sampled with; the result
-carries the policy version the request started under (the oldest weights that touched it).
+the old ones, and each token's behaviour logprob is the exact probability it was sampled with. Every token
+records the policy version of the step that sampled it (``policy_version()`` is read once per prefill and
+once per decode step), so a reply that spans an update carries the version change at the token where it
+happened; the result's ``policy_version`` is its first token's (the oldest weights that touched it).
 """
 
 from __future__ import annotations
@@ -259,6 +261,7 @@ class ContinuousScheduler:
         return logits[torch.tensor([r.slot for r in rows], device=logits.device)]
 
     def _sample_and_accept(self, rows: list[Row], logits: torch.Tensor) -> None:
+        version = self.policy_version()  # the weights that computed these logits (moved only between steps)
         params = [r.params for r in rows]
         tokens, lps, top = sample_next(logits, params, [r.generator for r in rows],
                                        max(p.top_logprobs for p in params))
@@ -269,7 +272,7 @@ class ContinuousScheduler:
         self.stats["generated_tokens"] += len(rows)
         for row, token, lp, tp in zip(rows, tok_list, lp_list, tops, strict=True):
             try:
-                self.rules.accept(row, token, lp, tp, self.outbox.token)
+                self.rules.accept(row, token, lp, tp, self.outbox.token, version)
             except Exception as exc:  # noqa: BLE001 - this row's host work failed: it alone
                 self._fail_rows([row], exc)
                 continue
@@ -307,6 +310,7 @@ class ContinuousScheduler:
         """Back to a freshly prepared state (same slot, same seed)."""
         row.generator = self.rules.prepare(row.req, row.policy_version).generator
         row.ids, row.logprobs, row.top, row.finish, row.cut_text = [], [], [], None, None
+        row.versions = []
 
     def _fail_rows(self, rows: list[Row], exc: Exception) -> None:
         for row in rows:

@@ -4,9 +4,18 @@ the new weights reach vLLM through a seam after every step (``engines/vllm/sync.
 
 Policy versions: ``policy_version`` is the version vLLM *serves*. A request records the version current when
 it was sent to vLLM. New requests wait while weights are being swapped, and the version changes only once
-the new weights serve and have passed the probe. Requests that were in flight during a swap with
-``pause_mode="keep"`` finish on the new weights; they keep the (older) version they started on, so staleness
-is never under-counted, and their per-token behaviour logprobs are exact either way.
+the new weights serve and have passed the probe. Whether a request already running can span a swap depends on
+how the weights arrive:
+- full weights with ``pause_mode="keep"`` (reload or NCCL): yes. ``/pause`` freezes it, the swap resets the
+  prefix cache with ``reset_running_requests`` (it recomputes its KV with the new weights) and it finishes on
+  them. Such requests are always streamed from vLLM, and each token is labelled with the version served when
+  it arrived: tokens that arrive before the new version is announced (after the probe) count as the old one,
+  so a token is never labelled newer than the weights that sampled it (staleness is never under-counted);
+- ``pause_mode="wait"``: no. ``/pause`` waits for running requests to finish before the swap starts;
+- ``pause_mode="abort"``: no. Running requests are aborted (the caller gets an error);
+- LoRA: no. Each request names the adapter it started on, and an old adapter is unloaded only after its last
+  request has finished.
+Per-token behaviour logprobs are exact in every case.
 """
 
 from __future__ import annotations
@@ -285,9 +294,11 @@ class VLLMGenerator(Generator):
         self._check_available()
         model, version = self._served_name(), self.policy_version
         body = self.request_body(prompt_ids, sampling, model)
+        versions: list[int] | None = [] if self.spans_swaps else None  # per token, as it arrives
         self._inflight[model] += 1
         try:
-            comp = await (self._stream(body, sampling.top_logprobs, on_token) if on_token is not None
+            comp = await (self._stream(body, sampling.top_logprobs, on_token, versions)
+                          if on_token is not None or versions is not None
                           else self.client.complete(body, sampling.top_logprobs))
         except VLLMRequestError as exc:
             raise ValueError(str(exc)) from exc
@@ -310,7 +321,14 @@ class VLLMGenerator(Generator):
             token_ids=comp.token_ids, logprobs=comp.logprobs,
             finish_reason=FinishReason.STOP if comp.finish_reason == "stop" else FinishReason.LENGTH,
             policy_version=version, text=comp.text,
-            top_logprobs=comp.top_logprobs if sampling.top_logprobs else None)
+            top_logprobs=comp.top_logprobs if sampling.top_logprobs else None,
+            token_versions=versions if versions is not None and len(versions) == len(comp.token_ids) else None)
+
+    @property
+    def spans_swaps(self) -> bool:
+        """Whether a request in flight can span a weight swap (see the module's docstring): full weights with
+        ``pause_mode="keep"``."""
+        return not self.uses_lora and self.settings.pause_mode == "keep"
 
     async def _exit_code_after(self, exc: VLLMError, wait_s: float = 1.0) -> int | None:
         """After a dropped connection, the exit code of a vLLM that died (a killed process closes its
@@ -322,14 +340,20 @@ class VLLMGenerator(Generator):
                 return code
             await asyncio.sleep(0.05)
 
-    async def _stream(self, body: dict[str, Any], top_k: int, on_token: TokenCallback) -> Completion:
+    async def _stream(self, body: dict[str, Any], top_k: int, on_token: TokenCallback | None,
+                      versions: list[int] | None = None) -> Completion:
+        """Stream the completion: each token to ``on_token`` (if given) and the version served when it arrived
+        to ``versions`` (if given)."""
         final: Completion | None = None
         async for item in self.client.stream(body, top_k):
             if isinstance(item, Completion):
                 final = item
             else:
                 for tok, lp in zip(*item, strict=True):
-                    on_token(tok, lp)
+                    if versions is not None:
+                        versions.append(self.policy_version)
+                    if on_token is not None:
+                        on_token(tok, lp)
         assert final is not None
         return final
 
