@@ -351,8 +351,9 @@ def _learn_table(records: list[BenchRecord], baseline: Baseline | None = None) -
             p = f"learn/{task}/"
             cells = [m[p + k].value if p + k in m else None for k in
                      ("steps_to_target", "eval_at_step_4", "train_minutes_to_target", "final_eval", "train_steps")]
-            text = "".join(f"<td>{v:.3g}</td>" if v is not None else "<td>not reached</td>" if i in (0, 2)
-                           else "<td></td>" for i, v in enumerate(cells))
+            missing = ["not reached", "", "not reached" if cells[0] is None else "no training clock", "", ""]
+            text = "".join(f"<td>{v:.3g}</td>" if v is not None else f"<td>{missing[i]}</td>"
+                           for i, v in enumerate(cells))
             rows.append(f"<tr data-commit='{esc(r.commit)}'><td><code>{esc(r.commit[:10])}</code></td>"
                         f"<td>{esc(r.date)}</td><td>{esc(r.mode)}</td><td>{esc(task)}</td><td>{esc(_seed(r))}</td>"
                         f"<td>{'yes' if r.backfilled else ''}</td>{text}"
