@@ -1,4 +1,4 @@
-.PHONY: demo demo-agent test test-fast lint bench bench-quick bench-vs-trl screenshots setup setup-bench setup-vllm test-vllm bench-vllm
+.PHONY: demo demo-agent test test-fast lint bench bench-quick bench-learn bench-vs-trl screenshots setup setup-bench setup-vllm test-vllm bench-vllm
 
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -54,6 +54,10 @@ bench: setup
 # Version-by-version tracking: the quick suite, appended to benchmarks/bench_history.jsonl, gated by the baseline.
 bench-quick: setup
 	$(PY) -m agentjet.cli bench --quick
+
+# The learning suite: the demo on SmolLM2, seed 0, 5 min of training (~7 min; heavy: use the CPU lock).
+bench-learn: setup
+	$(PY) -m agentjet.cli bench --learn
 
 # Dashboard screenshots for docs/dashboard/ from a short SmolLM2 run (needs chromium; heavy: use the CPU lock).
 screenshots: setup

@@ -1,15 +1,22 @@
 """The ``ajet bench`` suite: a fixed set of measurements, recorded version by version.
 
+Quick and full mode:
 1. engine: generation tok/s serial and 8 concurrent (their ratio is gated), train tok/s;
 2. swarm overhead: chat calls/s through the server's HTTP path against the same null engine (100 ms per call)
    called directly, 8 concurrent episodes, in one process (the ratio is gated);
 3. timeline merging: 8-turn agent episodes through the real server and tracker (null engine, fixed replies):
    tokens without merging / with merging and merged calls / calls (deterministic; gated);
-4. a short learning curve on the demo task (addition) through a real server and client: reward per step and
-   seconds per step (recorded and plotted, not gated: a few RL steps are noise).
+4. learning. Quick: the demo (``agentjet.demo.run_demo``) on the tiny model and the toy task
+   (``agentjet.tasks.toy``), a fixed number of steps and a fixed seed; its final held-out eval is gated (a check
+   that can fail: the learning rate / 100 leaves the eval where it started). Full: a short learning curve on the
+   demo task through a real server and client (reward per step, recorded, not gated).
 
-Quick mode uses the tiny random model and takes well under a minute; full mode uses SmolLM2.
-History, baseline, comparison and report: ``agentjet.observe.bench``.
+Learn mode (``ajet bench --learn``): the demo itself on SmolLM2 (the addition task, or ``--task lookup``) with a
+fixed seed and a fixed training budget (5 minutes), held-out evals at fixed points of the training clock; the
+record holds the eval curve (steps and minutes at each eval) and the figures read off it
+(``agentjet.observe.learncurve``: steps to the target and eval at fixed steps are gated).
+
+History, baseline, the gate and the report: ``agentjet.observe.bench``.
 """
 
 from __future__ import annotations
@@ -19,24 +26,31 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 from rich.console import Console
 
 from agentjet.observe.bench import (
+    BaselineRef,
     BenchMetric,
     BenchRecord,
+    GateResult,
     append_history,
-    compare,
+    baseline_runs,
+    gate,
     load_baseline,
     load_history,
+    record_from_demo,
     render_report,
     save_baseline,
 )
 from agentjet.provenance import device, git_commit, machine
+
+if TYPE_CHECKING:
+    from agentjet.demo import DemoSettings
 
 M = BenchMetric
 
@@ -269,6 +283,89 @@ async def _train_until(srv: Any, task: Any, group: int, steps: int, budget_s: fl
                          budget=Budget(max_steps=steps, train_seconds=budget_s))
 
 
+# ------------------------------------------------------------------------------------------------ 5. the demo's curve
+LEARN_BUDGET_S = 300.0  # training seconds per learn run (the demo's training clock: evals excluded)
+LEARN_EVAL_EVERY_S = {"addition": 60.0, "lookup": 150.0}  # held-out evals at these training-clock intervals
+LEARN_STEPS_CEILING = 1000
+TOY_STEPS = 14  # the quick check: train steps of the toy task (bounded by steps, not time; its RECOMMENDED)
+
+
+@dataclass(frozen=True)
+class LearnSettings:
+    """One learning run: ``ajet demo`` with these settings (``demo_flags`` gives the same as CLI flags, which the
+    backfill script hands to a past commit's demo)."""
+
+    task: str = "addition"
+    model: str = "smollm2-135m-instruct"
+    seed: int = 0
+    budget_s: float = LEARN_BUDGET_S
+    eval_every_s: float | None = None  # default: LEARN_EVAL_EVERY_S for the task, else 60; 0: before and after only
+    # a ceiling on train steps far above what the budget allows, so the budget binds in every version (the first
+    # demo's default ceiling for addition was 12 steps)
+    steps: int | None = LEARN_STEPS_CEILING
+    learning_rate: float | None = None  # default: the task's (divide it to inject a learning regression)
+    commit: str | None = None  # default: git HEAD of the working directory
+
+    @property
+    def eval_interval_s(self) -> float:
+        return self.eval_every_s if self.eval_every_s is not None else LEARN_EVAL_EVERY_S.get(self.task, 60.0)
+
+    def demo_settings(self, out_dir: Path) -> DemoSettings:
+        from agentjet.demo import DemoSettings
+
+        return DemoSettings(model=self.model, task=self.task, steps=self.steps, learning_rate=self.learning_rate,
+                            time_budget_s=self.budget_s, eval_every_s=self.eval_interval_s, curriculum=True,
+                            early_stop=False, seed=self.seed, out_dir=out_dir)
+
+
+def demo_flags(s: LearnSettings) -> dict[str, str | None]:
+    """``ajet demo`` flags for the same run (flag -> value; None for a switch)."""
+    flags: dict[str, str | None] = {
+        "--model": s.model, "--task": s.task, "--seed": str(s.seed), "--time-budget-s": f"{s.budget_s:g}",
+        "--eval-every-s": f"{s.eval_interval_s:g}", "--no-early-stop": None}
+    if s.steps is not None:
+        flags["--steps"] = str(s.steps)
+    if s.learning_rate is not None:
+        flags["--lr"] = f"{s.learning_rate:g}"
+    return flags
+
+
+def run_learn(s: LearnSettings, console: Console | None = None, mode: str = "learn") -> BenchRecord:
+    """Run the demo with ``s`` and turn its result (``demo_result.json``) into a history record."""
+    import json
+
+    from agentjet.demo import run_demo
+
+    console = console or Console()
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        run_demo(s.demo_settings(Path(tmp)), console)
+        data = json.loads((Path(tmp) / "demo_result.json").read_text())
+    record = record_from_demo(data, mode=mode, commit=s.commit or git_commit(), machine=machine(), device=device(),
+                              date=_now(), notes=f"ajet bench: the demo run in process, {_describe(s)}")
+    return record.model_copy(update={"seconds": time.perf_counter() - start,
+                                     "settings": {**record.settings, "bench": asdict(s)}})
+
+
+def _describe(s: LearnSettings) -> str:
+    bound = f"{s.steps} steps" if s.steps is not None and s.eval_interval_s == 0 else f"{s.budget_s / 60:g} min budget"
+    return f"{s.model} on {s.task}, seed {s.seed}, {bound}, evals every {s.eval_interval_s:g} s of training"
+
+
+def toy_settings(model: str) -> LearnSettings:
+    """The quick check's run: the toy task, ``TOY_STEPS`` steps (seed 0), eval before and after only."""
+    return LearnSettings(task="toy", model=model, seed=0, eval_every_s=0, steps=TOY_STEPS, budget_s=600)
+
+
+def toy_learning(model: str, console: Console | None = None) -> BenchRecord:
+    """The quick check: does the tiny model learn the toy task (``toy_settings``)?"""
+    return run_learn(toy_settings(model), Console(quiet=True) if console is None else console, mode="quick")
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
 # ------------------------------------------------------------------------------------------------ the suite
 def run_suite(s: SuiteSettings, console: Console | None = None,
               progress: Callable[[str], None] | None = None) -> BenchRecord:
@@ -285,87 +382,141 @@ def run_suite(s: SuiteSettings, console: Console | None = None,
     metrics |= swarm_metrics(s.quick)
     say("3/4 timeline merging (null engine, real tracker)")
     metrics |= merging_metrics()
-    say(f"4/4 learning curve on the demo task ({s.model_name})")
-    learn, curves = learning_metrics(model, s.learn_steps or (3 if s.quick else 6), s.quick)
-    metrics |= learn
-    return BenchRecord(commit=s.commit or git_commit(), date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                       machine=machine(), device=device(), mode="quick" if s.quick else "full",
-                       seconds=time.perf_counter() - start, metrics=metrics,
-                       notes=f"model {s.model_name}; curves: " + ", ".join(
-                           f"{k}={[round(v, 3) for v in c]}" for k, c in curves.items()))
+    notes = f"model {s.model_name}"
+    curves = {}
+    if s.quick:
+        say(f"4/4 learning check: the demo on the toy task, {TOY_STEPS} steps ({s.model_name})")
+        toy = toy_learning(model)
+        metrics |= toy.metrics
+        curves = toy.curves
+    else:
+        say(f"4/4 learning curve on the demo task ({s.model_name})")
+        learn, rewards = learning_metrics(model, s.learn_steps or 6, s.quick)
+        metrics |= learn
+        notes += "; curves: " + ", ".join(f"{k}={[round(v, 3) for v in c]}" for k, c in rewards.items())
+    return BenchRecord(commit=s.commit or git_commit(), date=_now(), machine=machine(), device=device(),
+                       mode="quick" if s.quick else "full", seconds=time.perf_counter() - start, metrics=metrics,
+                       notes=notes, curves=curves)
 
 
 # ------------------------------------------------------------------------------------------------ ajet bench
 @dataclass(frozen=True)
 class BenchOptions:
     quick: bool = True
+    learn: LearnSettings | None = None  # learn mode: these runs (quick is then ignored)
+    repeat: int = 1  # runs in a row (learn mode: seeds seed, seed + 1, ...); a baseline wants 3 or more
     history: Path = Path("benchmarks/bench_history.jsonl")
     baseline: Path = Path("benchmarks/bench_baseline.json")
-    threshold: float | None = None  # default: the baseline file's (5%)
+    sigmas: float | None = None  # default: the baseline file's (2)
     set_baseline: bool = False
     record: bool = True
     compare_only: bool = False  # re-check the latest history record of this mode; run nothing
+    report_only: bool = False  # render the report from the history; run and compare nothing
     inject: dict[str, float] | None = None  # metric -> factor applied before the comparison (tests the gate)
     report_dir: Path | None = Path("runs/bench")
     suite: SuiteSettings | None = None
 
+    @property
+    def mode(self) -> str:
+        return "learn" if self.learn is not None else "quick" if self.quick else "full"
+
+
+Runner = Callable[[int], BenchRecord]
+
+
+def _runner(opts: BenchOptions, console: Console, suite: Callable[[SuiteSettings, Console], BenchRecord],
+            learn: Callable[[LearnSettings, Console], BenchRecord]) -> Runner:
+    if opts.learn is not None:
+        settings = opts.learn
+        return lambda i: learn(replace(settings, seed=settings.seed + i), console)
+    return lambda i: suite(opts.suite or SuiteSettings(quick=opts.quick), console)
+
 
 def run_bench(opts: BenchOptions, console: Console | None = None,
-              suite: Callable[[SuiteSettings, Console], BenchRecord] = run_suite) -> int:
-    """Run (or re-check) the suite, append to the history, compare with the baseline, render the report.
-    Returns the exit code: 1 on a regression, else 0."""
-    from rich.table import Table
-
+              suite: Callable[[SuiteSettings, Console], BenchRecord] = run_suite,
+              learn: Callable[[LearnSettings, Console], BenchRecord] = run_learn) -> int:
+    """Run (or re-check) the suite, append to the history, gate each run against the baseline runs, render the
+    report. Returns the exit code: 1 on a regression, 2 on bad input, else 0."""
     console = console or Console()
-    mode = "quick" if opts.quick else "full"
+    mode = opts.mode
+    if opts.report_only:
+        return _report(opts, console)
     if opts.compare_only:
         runs = [r for r in load_history(opts.history) if r.mode == mode]
         if not runs:
             console.print(f"[red]error:[/red] no {mode} run in {opts.history} to compare")
             return 2
-        record = runs[-1]
+        records = [runs[-1]]
     else:
-        record = suite(opts.suite or SuiteSettings(quick=opts.quick), console)
+        run = _runner(opts, console, suite, learn)
+        records = []
+        for i in range(opts.repeat):
+            if opts.repeat > 1:
+                console.print(f"[bold]run {i + 1} of {opts.repeat}[/bold]")
+            records.append(run(i))
+            if opts.record and not opts.inject:
+                append_history(opts.history, records[-1])
+                console.print(f"appended to {opts.history}")
     if opts.inject:
-        unknown = set(opts.inject) - set(record.metrics)
+        unknown = set(opts.inject) - {n for r in records for n in r.metrics}
         if unknown:
             console.print(f"[red]error:[/red] --inject-regression names unknown metrics {sorted(unknown)}; "
-                          f"metrics: {sorted(record.metrics)}")
+                          f"metrics: {sorted({n for r in records for n in r.metrics})}")
             return 2
-        record = record.model_copy(update={"metrics": {
-            k: m.model_copy(update={"value": m.value * opts.inject.get(k, 1.0)}) for k, m in record.metrics.items()}})
-    if opts.record and not opts.compare_only and not opts.inject:
-        append_history(opts.history, record)
-        console.print(f"appended to {opts.history}")
+        records = [r.model_copy(update={"metrics": {
+            k: m.model_copy(update={"value": m.value * opts.inject.get(k, 1.0)}) for k, m in r.metrics.items()}})
+            for r in records]
     baseline = load_baseline(opts.baseline)
-    threshold = opts.threshold if opts.threshold is not None else baseline.threshold
-    ref = baseline.runs.get(mode)
-    results = compare(record, ref, threshold)
-
-    table = Table(title=f"ajet bench ({mode}, commit {record.commit[:10]}, {record.seconds:.0f} s)")
-    for col in ("metric", "value", "unit", "baseline", "change", ""):
-        table.add_column(col, justify="left" if col in ("metric", "unit", "") else "right")
-    by_name = {c.name: c for c in results}
-    for name, m in sorted(record.metrics.items()):
-        c = by_name.get(name)
-        verdict = ("[red]REGRESSION[/red]" if c.regressed else "ok") if c else ("" if m.gated else "not gated")
-        table.add_row(name, f"{m.value:.4g}", m.unit, f"{c.baseline:.4g}" if c else "",
-                      f"{100 * c.change:+.1f}%" if c else "", verdict)
-    console.print(table)
+    if opts.sigmas is not None:
+        baseline = baseline.model_copy(update={"sigmas": opts.sigmas})
     if opts.set_baseline and not opts.inject:
-        baseline.runs[mode] = record
-        if opts.threshold is not None:
-            baseline.threshold = opts.threshold
+        baseline.modes[mode] = BaselineRef(commit=records[-1].commit)
         save_baseline(opts.baseline, baseline)
-        console.print(f"baseline for {mode} runs set to commit {record.commit[:10]} in {opts.baseline}")
-    elif ref is None:
-        console.print(f"[yellow]no {mode} baseline in {opts.baseline}: nothing compared (--set-baseline)[/yellow]")
+        console.print(f"baseline for {mode} runs set to commit {records[-1].commit[:10]} in {opts.baseline}")
+    history = load_history(opts.history)
+    failed = 0
+    for record in records:
+        runs = baseline_runs(history, baseline, mode, like=record)
+        results = gate(record, runs, baseline)
+        _print_gate(console, record, results)
+        if not runs:
+            console.print(f"[yellow]no {mode} baseline runs for this record in {opts.baseline} and "
+                          f"{opts.history}: nothing compared (--set-baseline)[/yellow]")
+        elif len(runs) < baseline.min_runs:
+            console.print(f"[yellow]the {mode} baseline has {len(runs)} run(s); the rule asks for "
+                          f"{baseline.min_runs} (--repeat {baseline.min_runs} --set-baseline): its spread is "
+                          "the floor or a thin estimate[/yellow]")
+        regressions = [c for c in results if c.regressed]
+        if regressions:
+            failed += 1
+            console.print(f"[red]{len(regressions)} regression(s) beyond {baseline.sigmas:g} standard deviations of "
+                          f"the baseline:[/red] " + ", ".join(
+                              f"{c.name} {'missing' if c.value is None else f'{c.value:.4g}'} (limit {c.limit:.4g})"
+                              for c in regressions))
     if opts.report_dir is not None:
-        out = render_report(load_history(opts.history), opts.report_dir, load_baseline(opts.baseline))
-        console.print("report: " + ", ".join(out.values()))
-    regressions = [c for c in results if c.regressed]
-    if regressions:
-        console.print(f"[red]{len(regressions)} regression(s) beyond {threshold:.0%}:[/red] "
-                      + ", ".join(f"{c.name} {100 * c.change:+.1f}%" for c in regressions))
-        return 1
+        _report(opts, console)
+    return 1 if failed else 0
+
+
+def _print_gate(console: Console, record: BenchRecord, results: list[GateResult]) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"ajet bench ({record.mode}, commit {record.commit[:10]}, {record.seconds:.0f} s)")
+    for col in ("metric", "value", "unit", "baseline: mean±std (k)", "limit", ""):
+        table.add_column(col, justify="left" if col in ("metric", "unit", "") else "right",
+                         no_wrap=col in ("metric", ""))
+    by_name = {c.name: c for c in results}
+    for name in sorted(set(record.metrics) | set(by_name)):
+        m, c = record.metrics.get(name), by_name.get(name)
+        verdict = ("[red]REGRESSION[/red]" if c.regressed else "ok") if c else (
+            "not gated" if m is not None and not m.gated else "")
+        table.add_row(name, "missing" if m is None else f"{m.value:.4g}", m.unit if m else "",
+                      f"{c.mean:.3g}±{c.std:.2g} ({c.k})" if c else "", f"{c.limit:.4g}" if c else "", verdict)
+    console.print(table)
+
+
+def _report(opts: BenchOptions, console: Console) -> int:
+    out_dir = opts.report_dir or Path("runs/bench")
+    out = render_report(load_history(opts.history), out_dir, load_baseline(opts.baseline))
+    console.print("report: " + ", ".join(out.values()))
     return 0

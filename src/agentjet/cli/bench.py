@@ -1,4 +1,5 @@
-"""``ajet bench``: the version-by-version benchmark suite (``agentjet.bench_suite``, ``docs/dashboard.md``)."""
+"""``ajet bench``: the version-by-version benchmark suite (``agentjet.bench_suite``, ``docs/dashboard.md``,
+the gate in ``docs/benchmarks.md``)."""
 
 from __future__ import annotations
 
@@ -11,20 +12,34 @@ from agentjet.cli.common import console, fail
 
 def bench(
     quick: bool = typer.Option(False, "--quick", help="the tiny model, short measurements (under a minute)"),
+    learn: bool = typer.Option(False, "--learn", help="the learning suite: the demo on SmolLM2, a fixed seed and "
+                               "training budget, evals at fixed training-clock points (about 7 min a run)"),
+    task: str = typer.Option("addition", help="--learn: the demo task (addition or lookup)"),
+    seed: int = typer.Option(0, min=0, help="--learn: the demo's seed (with --repeat: seed, seed + 1, ...)"),
+    budget_min: float = typer.Option(5.0, min=0.1, help="--learn: training minutes per run"),
+    learning_rate: float | None = typer.Option(None, "--lr", min=0.0, help="--learn: the learning rate (default: "
+                                               "the task's; lower it to see the gate catch a learning regression)"),
+    repeat: int = typer.Option(1, min=1, max=20, help="runs in a row, each recorded (a baseline wants 3)"),
     history: Path = typer.Option(Path("benchmarks/bench_history.jsonl"), help="history file (JSON lines)"),
     baseline: Path = typer.Option(Path("benchmarks/bench_baseline.json"), help="baseline file"),
-    threshold: float | None = typer.Option(None, help="regression threshold (default: the baseline's, 0.05)"),
-    set_baseline: bool = typer.Option(False, help="make this run the baseline for its mode"),
-    record: bool = typer.Option(True, help="append this run to the history"),
+    sigmas: float | None = typer.Option(None, min=0.1, help="fail beyond this many standard deviations of the "
+                                        "baseline runs (default: the baseline file's, 2)"),
+    set_baseline: bool = typer.Option(False, help="make this run's commit the baseline of its mode (its runs in "
+                                      "the history are the baseline runs)"),
+    record: bool = typer.Option(True, help="append the runs to the history"),
     compare_only: bool = typer.Option(False, help="re-check the latest history run of this mode; run nothing"),
+    report_only: bool = typer.Option(False, help="render the report from the history (e.g. --report-dir "
+                                     "docs/bench); run and compare nothing"),
     inject_regression: list[str] = typer.Option([], help="metric=factor: scale a measured value before the "
                                                 "comparison (to test the gate; the run is not recorded)"),
-    report_dir: Path | None = typer.Option(Path("runs/bench"), help="where bench_history.html/.png go"),
+    report_dir: Path | None = typer.Option(Path("runs/bench"), help="where bench_history.html/.png and "
+                                           "bench_learning.png go"),
     model: str | None = typer.Option(None, help="model for the engine and learning parts"),
     commit: str | None = typer.Option(None, help="record under this commit (default: git HEAD of the cwd)"),
 ) -> None:
-    """Run the benchmark suite, record it by commit, compare with the baseline; exit 1 on a regression."""
-    from agentjet.bench_suite import BenchOptions, SuiteSettings, run_bench
+    """Run the benchmark suite, record it by commit, gate it by the baseline runs' noise; exit 1 on a regression."""
+    from agentjet.bench_suite import BenchOptions, LearnSettings, SuiteSettings, run_bench
+    from agentjet.tasks import TASKS
 
     inject: dict[str, float] = {}
     for item in inject_regression:
@@ -35,10 +50,17 @@ def bench(
             sep = ""
         if not sep:
             fail(f"--inject-regression {item!r} must look like metric=0.5")
-    if threshold is not None and not 0 < threshold < 1:
-        fail("--threshold must be between 0 and 1 (e.g. 0.05)")
-    code = run_bench(BenchOptions(quick=quick, history=history, baseline=baseline, threshold=threshold,
-                                  set_baseline=set_baseline, record=record, compare_only=compare_only,
-                                  inject=inject or None, report_dir=report_dir,
+    if quick and learn:
+        fail("--quick and --learn are separate modes: pick one")
+    if learn and task not in TASKS:
+        fail(f"--task: unknown task {task!r}; built-in tasks: {sorted(TASKS)}")
+    learn_settings = None
+    if learn:
+        learn_settings = LearnSettings(task=task, seed=seed, budget_s=60 * budget_min, learning_rate=learning_rate,
+                                       commit=commit, **({"model": model} if model else {}))
+    code = run_bench(BenchOptions(quick=quick, learn=learn_settings, repeat=repeat, history=history,
+                                  baseline=baseline, sigmas=sigmas, set_baseline=set_baseline, record=record,
+                                  compare_only=compare_only, report_only=report_only, inject=inject or None,
+                                  report_dir=report_dir,
                                   suite=SuiteSettings(quick=quick, model=model, commit=commit)), console)
     raise typer.Exit(code)

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from agentjet.tasks import addition, calculator, lookup
+from agentjet.tasks import addition, calculator, lookup, toy
 from agentjet.tasks.recommended import Recommended
 
-TASKS: dict[str, ModuleType] = {addition.NAME: addition, calculator.NAME: calculator, lookup.NAME: lookup}
+TASKS: dict[str, ModuleType] = {addition.NAME: addition, calculator.NAME: calculator, lookup.NAME: lookup,
+                              toy.NAME: toy}
 DEFAULT_TASK = addition.NAME
 
 
@@ -20,4 +21,4 @@ def get_task(name: str) -> ModuleType:
         raise KeyError(f"unknown task {name!r}; built-in tasks: {sorted(TASKS)}") from None
 
 
-__all__ = ["DEFAULT_TASK", "TASKS", "Recommended", "addition", "calculator", "get_task", "lookup"]
+__all__ = ["DEFAULT_TASK", "TASKS", "Recommended", "addition", "calculator", "get_task", "lookup", "toy"]

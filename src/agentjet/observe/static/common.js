@@ -84,7 +84,8 @@ const AJ = (() => {
       this.plot = null;
       this.key = "";
     }
-    set(xs, series) {
+    // series: {name: ys aligned with xs}; colors (optional): {name: stroke} (else the palette by name order)
+    set(xs, series, colors) {
       const names = Object.keys(series).sort();
       const points = names.reduce((n, k) => n + series[k].filter((v) => v !== null && v !== undefined).length, 0);
       this.box.dataset.points = String(points);
@@ -102,7 +103,7 @@ const AJ = (() => {
         axes: [{ label: this.opts.xLabel || "step", size: 34, incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000] },
           { size: 56, values: (u, vals) => vals.map((v) => fmt(v, 2)) }],
         series: [{ label: this.opts.xLabel || "step" }, ...names.map((k, i) => ({
-          label: k, stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: true,
+          label: k, stroke: (colors && colors[k]) || COLORS[i % COLORS.length], width: 1.5, spanGaps: true,
           points: { show: true, size: 4 } }))],
         legend: { live: true },
       }, data, this.body);
