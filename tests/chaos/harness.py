@@ -27,7 +27,6 @@ import os
 import random
 import signal
 import sqlite3
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -35,6 +34,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import httpx
+
+from agentjet.proc import Child
 
 CLIENT_SCRIPT = Path(__file__).with_name("client_proc.py")
 
@@ -190,7 +191,7 @@ class ChaosReport:
 class ServerProc:
     def __init__(self, cfg: ChaosConfig, port: int, data_dir: Path, log_dir: Path) -> None:
         self.cfg, self.port, self.data_dir, self.log_dir = cfg, port, data_dir, log_dir
-        self.proc: subprocess.Popen | None = None
+        self.proc: Child | None = None
         self.starts = 0
         self.url = f"http://127.0.0.1:{port}"
 
@@ -201,12 +202,11 @@ class ServerProc:
                "--batch-groups", str(c.batch_groups), "--checkpoint-every", str(c.checkpoint_every),
                "--lease-seconds", str(c.lease_seconds), "--lr", str(c.lr), "--max-staleness", str(c.max_staleness),
                "--max-tokens", "16", "--log-level", "INFO"] + (["--resume"] if resume else [])
-        log = open(self.log_dir / f"server-{self.starts}.log", "wb")  # noqa: SIM115
+        log_path = self.log_dir / f"server-{self.starts}.log"
         self.starts += 1
         t0 = time.monotonic()
         env = {**os.environ, "OMP_NUM_THREADS": str(self.cfg.server_threads), "TOKENIZERS_PARALLELISM": "false"}
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-        log.close()
+        self.proc = Child.spawn(cmd, log_path, env=env, append=False, parent_death_signal=signal.SIGKILL)
         deadline = t0 + 180
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -226,32 +226,26 @@ class ServerProc:
 
     def kill(self) -> None:
         assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait()
+        self.proc.kill()
 
     def terminate(self, timeout: float = 120.0) -> int | None:
-        if self.proc is None or self.proc.poll() is not None:
+        """SIGTERM, then SIGKILL after ``timeout`` s (``agentjet.proc``). The exit code; None when it was killed."""
+        if self.proc is None or not self.proc.alive():
             return self.proc.returncode if self.proc else None
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            return None
+        self.proc.signal(signal.SIGTERM)
+        code = self.proc.wait(timeout)
+        self.proc.kill()
+        return code
 
     def log_tail(self, n: int = 40) -> str:
-        logs = sorted(self.log_dir.glob("server-*.log"))
-        if not logs:
-            return ""
-        return "\n".join(logs[-1].read_text(errors="replace").splitlines()[-n:])
+        return self.proc.tail(n) if self.proc is not None else ""
 
 
 @dataclass
 class ClientSlot:
     slot: int
     generation: int = 0
-    proc: subprocess.Popen | None = None
+    proc: Child | None = None
 
 
 class Clients:
@@ -268,9 +262,7 @@ class Clients:
                "--acked", str(self.log_dir / f"acked-{tag}.log"), "--events", str(self.log_dir / f"events-{tag}.jsonl"),
                "--stop", str(self.stop_file), "--workers", str(self.cfg.workers), "--tasks", str(self.cfg.tasks),
                "--retries", str(self.cfg.client_retries), "--seed", str(self.rng.randrange(2**31))]
-        err = open(self.log_dir / f"client-{tag}.err", "wb")  # noqa: SIM115
-        s.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
-        err.close()
+        s.proc = Child.spawn(cmd, self.log_dir / f"client-{tag}.err", append=False, parent_death_signal=signal.SIGKILL)
         self.started += 1
 
     def start_all(self) -> None:
@@ -280,8 +272,7 @@ class Clients:
     def kill_random(self) -> int:
         live = [s for s in self.slots if s.proc is not None and s.proc.poll() is None]
         s = self.rng.choice(live)
-        s.proc.send_signal(signal.SIGKILL)  # type: ignore[union-attr]
-        s.proc.wait()  # type: ignore[union-attr]
+        s.proc.kill()  # type: ignore[union-attr]
         s.generation += 1
         self.start(s)
         return s.slot
@@ -300,17 +291,13 @@ class Clients:
         for s in self.slots:
             if s.proc is None:
                 continue
-            try:
-                s.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
+            if s.proc.wait(max(0.1, deadline - time.monotonic())) is None:
                 s.proc.kill()
-                s.proc.wait()
 
     def kill_all(self) -> None:
         for s in self.slots:
-            if s.proc is not None and s.proc.poll() is None:
+            if s.proc is not None and s.proc.alive():
                 s.proc.kill()
-                s.proc.wait()
 
 
 # ---------------------------------------------------------------------- reading the evidence
@@ -423,9 +410,8 @@ def run_chaos(cfg: ChaosConfig, workdir: Path, say=print) -> ChaosReport:  # noq
         report.server_exit_code = server.terminate()
     finally:
         clients.kill_all()
-        if server.proc is not None and server.proc.poll() is None:
+        if server.proc is not None and server.proc.alive():
             server.proc.kill()
-            server.proc.wait()
     report.wall_s = time.monotonic() - t_start
     report.client_processes = clients.started
     report.client_crashes = clients.crashes
