@@ -44,6 +44,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentjet.observe.learncurve import first_crossing
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 DEFAULT_OUT_DIR = RESULTS / "objectives"
@@ -127,16 +129,8 @@ def time_to_target(curve: list[tuple[float, float]], target: float = TARGET) -> 
     order: ``interpolated`` (linear between the last eval below the target and the first at or above it; the
     first point's time when that one is already at or above) and ``first_eval`` (the time of that first eval).
     Both None when no eval reaches it."""
-    prev: tuple[float, float] | None = None
-    for x, y in curve:
-        if y >= target:
-            if prev is None or prev[1] >= target or y == prev[1]:
-                interp = x
-            else:
-                interp = prev[0] + (target - prev[1]) * (x - prev[0]) / (y - prev[1])
-            return {"interpolated": interp, "first_eval": x}
-        prev = (x, y)
-    return {"interpolated": None, "first_eval": None}
+    return {"interpolated": first_crossing(curve, target),
+            "first_eval": next((x for x, y in curve if y >= target), None)}
 
 
 def nominal_minute(train_min: float, nominal: list[float]) -> float:

@@ -13,6 +13,7 @@ Pure data: no server imports.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -74,16 +75,21 @@ def train_minutes_to_target(curve: LearnCurve) -> float | None:
 def _to_target(curve: LearnCurve, axis: str) -> float | None:
     if curve.target is None:
         return None
-    prev: CurvePoint | None = None
-    for p in curve.points:
-        if p.reward >= curve.target:
-            x = getattr(p, axis)
+    return first_crossing([(getattr(p, axis), p.reward) for p in curve.points], curve.target)
+
+
+def first_crossing(points: Sequence[tuple[float | None, float]], target: float) -> float | None:
+    """``x`` where the curve of ``(x, eval)`` points, in order, first reaches ``target``: linear between the last
+    point below it and the first at or above it; the first point's ``x`` when that one is already there; None
+    when no point reaches it (or an ``x`` it needs is unknown). The one rule for steps and minutes to a target."""
+    prev: tuple[float | None, float] | None = None
+    for x, reward in points:
+        if reward >= target:
             if prev is None:
                 return None if x is None else float(x)
-            x0 = getattr(prev, axis)
-            return None if x is None or x0 is None else _cross(float(x0), float(x), prev.reward, p.reward,
-                                                                curve.target)
-        prev = p
+            x0, r0 = prev
+            return None if x is None or x0 is None else _cross(float(x0), float(x), r0, reward, target)
+        prev = (x, reward)
     return None
 
 
