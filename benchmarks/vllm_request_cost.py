@@ -45,7 +45,7 @@ async def raw(kind, n):
     return toks / dt
 async def ours(n, per_token_versions=True):
     eng._stop_ids = set()
-    type(eng).spans_swaps = property(lambda self: per_token_versions)  # the A/B switch, this script only
+    type(eng).records_token_versions = property(lambda self: per_token_versions)  # engine.vllm.token_versions, one engine
     t0 = time.perf_counter()
     rs = await asyncio.gather(*(eng.generate(ids, SamplingParams(temperature=1.0, max_tokens=N_TOK)) for _ in range(n)))
     return sum(len(r.token_ids) for r in rs) / (time.perf_counter() - t0)

@@ -181,6 +181,19 @@ def test_requests_cannot_span_a_swap_when_paused_by_draining_or_on_lora(make_vll
     assert not lora.generator.spans_swaps
 
 
+def test_token_versions_off_sends_keep_mode_requests_unstreamed(make_vllm_engine):
+    """engine.vllm.token_versions false: a keep-mode request may still span a swap, but it is not streamed from
+    vLLM (the throughput it costs), so its tokens carry no versions of their own: all count as its start version."""
+    engine = make_vllm_engine(token_versions=False)
+    assert engine.generator.spans_swaps and not engine.generator.records_token_versions
+    res = asyncio.run(engine.generate(prompt(engine), SamplingParams(max_tokens=4, seed=1)))
+    assert res.token_versions is None and res.versions == [0] * len(res.token_ids)
+    on = make_vllm_engine()
+    assert on.generator.records_token_versions
+    res = asyncio.run(on.generate(prompt(on), SamplingParams(max_tokens=4, seed=1)))
+    assert res.token_versions == [0] * len(res.token_ids)
+
+
 def test_closing_the_gate_holds_a_request_started_in_the_same_loop_turn(make_vllm_engine):
     """The gate closes at once on the loop that closes it: a request that this loop runs next must wait."""
     engine = make_vllm_engine()

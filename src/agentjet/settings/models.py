@@ -297,6 +297,10 @@ class VLLMSettings(_Section):
         "keep", description="what /pause does to requests in flight: keep (freeze them, finish after the swap; "
         "each token records the version served when it arrived), wait (drain them first: strictly on-policy) "
         "or abort")
+    token_versions: bool = Field(True, description="pause_mode keep: stream every request from vLLM so that each "
+                                 "token records the policy version it was sampled under (exact per-token staleness; "
+                                 "costs some throughput, see docs/vllm.md); off: a reply that spans a swap counts as "
+                                 "the version it started on throughout (staleness over-counted, never under)")
     sync_timeout_s: float = Field(300.0, gt=0, le=3600, description="the whole swap (pause -> reload -> "
                                   "reset prefix cache -> resume); past it training stops with an error")
     keep_weight_versions: int = Field(2, ge=1, le=100, description="exported weight directories kept on disk")

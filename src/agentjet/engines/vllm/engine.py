@@ -294,7 +294,7 @@ class VLLMGenerator(Generator):
         self._check_available()
         model, version = self._served_name(), self.policy_version
         body = self.request_body(prompt_ids, sampling, model)
-        versions: list[int] | None = [] if self.spans_swaps else None  # per token, as it arrives
+        versions: list[int] | None = [] if self.records_token_versions else None  # per token, as it arrives
         self._inflight[model] += 1
         try:
             comp = await (self._stream(body, sampling.top_logprobs, on_token, versions)
@@ -323,6 +323,12 @@ class VLLMGenerator(Generator):
             policy_version=version, text=comp.text,
             top_logprobs=comp.top_logprobs if sampling.top_logprobs else None,
             token_versions=versions if versions is not None and len(versions) == len(comp.token_ids) else None)
+
+    @property
+    def records_token_versions(self) -> bool:
+        """Whether requests are streamed from vLLM so that each token carries its version: they can span a swap
+        and ``engine.vllm.token_versions`` is on."""
+        return self.spans_swaps and self.settings.token_versions
 
     @property
     def spans_swaps(self) -> bool:
