@@ -24,16 +24,25 @@ class EpisodeStatus(enum.StrEnum):
     PREPARED = "prepared"  # team episode: samples durable, waiting for the team's commit (two-phase)
 
 
-class _Model(BaseModel):
+class _Request(BaseModel):
+    """A body the server reads: an unknown field is refused (HTTP 422 naming it), never silently dropped."""
+
     model_config = ConfigDict(extra="forbid")
 
 
-class JoinRequest(_Model):
+class _Reply(BaseModel):
+    """A body the client reads: fields it does not know (a newer server's) are ignored, so that an older client
+    keeps working against a newer server."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+class JoinRequest(_Request):
     client_id: Identifier
     labels: dict[str, str] = Field(default_factory=dict)
 
 
-class JoinResponse(_Model):
+class JoinResponse(_Reply):
     client_id: str
     model: str
     policy_version: int
@@ -45,7 +54,7 @@ class JoinResponse(_Model):
                                      "(temperature, top_p, max_tokens)")
 
 
-class BeginEpisodeRequest(_Model):
+class BeginEpisodeRequest(_Request):
     client_id: Identifier
     task_id: Identifier
     task_type: Identifier = "default"
@@ -57,7 +66,7 @@ class BeginEpisodeRequest(_Model):
                                  "training.admission_wait_s (the most it holds); 0: answer 429 at once")
 
 
-class BeginEpisodeResponse(_Model):
+class BeginEpisodeResponse(_Reply):
     episode_id: str
     api_key: str
     base_url: str
@@ -65,7 +74,7 @@ class BeginEpisodeResponse(_Model):
     policy_version: int
 
 
-class HeartbeatResponse(_Model):
+class HeartbeatResponse(_Reply):
     episode_id: str
     status: EpisodeStatus
     lease_remaining_seconds: float
@@ -83,7 +92,7 @@ def reward_mean(reward: Reward) -> float:
     return float(reward)
 
 
-class EndEpisodeRequest(_Model):
+class EndEpisodeRequest(_Request):
     reward: Reward = Field(description="a scalar for every agent, or one reward per agent name")
     metadata: Metadata
     ignore_unused_agents: bool = Field(
@@ -103,7 +112,7 @@ class EndEpisodeRequest(_Model):
         return v
 
 
-class EndEpisodeResponse(_Model):
+class EndEpisodeResponse(_Reply):
     episode_id: str
     status: EpisodeStatus
     acknowledged: bool
@@ -112,16 +121,16 @@ class EndEpisodeResponse(_Model):
     samples: int
 
 
-class AbortEpisodeRequest(_Model):
+class AbortEpisodeRequest(_Request):
     reason: str = Field(default="", max_length=2000)
 
 
-class AbortEpisodeResponse(_Model):
+class AbortEpisodeResponse(_Reply):
     episode_id: str
     status: EpisodeStatus
 
 
-class BufferCounts(_Model):
+class BufferCounts(_Reply):
     open_episodes: int
     pending_episodes: int  # acknowledged, waiting in the store to be trained
     trained_episodes: int
@@ -132,7 +141,7 @@ class BufferCounts(_Model):
     eval_episodes: int
 
 
-class ServerStatus(_Model):
+class ServerStatus(_Reply):
     model: str
     engine: str
     engine_info: dict[str, Any] = Field(default_factory=dict, description="what runs where: device, dtype, LoRA, "
@@ -156,7 +165,7 @@ class ServerStatus(_Model):
                                              "generator served the previous version until the next push)")
 
 
-class ConfigChange(_Model):
+class ConfigChange(_Request):
     """A live settings change: any subset of the live sections (``agentjet.settings.LIVE_SECTIONS``)."""
 
     training: dict[str, Any] = Field(default_factory=dict)
@@ -165,12 +174,12 @@ class ConfigChange(_Model):
     force: bool = Field(default=False, description="apply a task_ratios change that shuts out running task types")
 
 
-class PauseRequest(_Model):
+class PauseRequest(_Request):
     wait_for_step: bool = Field(default=False, description="answer only once a train step in progress has "
                                 "finished, so no step runs after the answer until resume")
 
 
-class PauseState(_Model):
+class PauseState(_Reply):
     """The answer to pause and resume: whether training is paused, and where it stands."""
 
     paused: bool
@@ -178,7 +187,7 @@ class PauseState(_Model):
     train_steps: int
 
 
-class ChangeRecord(_Model):
+class ChangeRecord(_Reply):
     at: float
     policy_version: int = Field(description="the policy version current when the change took effect")
     train_step: int
@@ -201,6 +210,6 @@ class PrepareEpisodeRequest(EndEpisodeRequest):
                                         "None when this server is the coordinator")
 
 
-class TeamDecisionResponse(_Model):
+class TeamDecisionResponse(_Reply):
     team_id: str
     decision: TeamDecision
