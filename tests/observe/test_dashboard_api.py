@@ -153,6 +153,7 @@ def test_metrics_endpoint_is_protected_and_scrapes(server) -> None:
     assert 'agentjet_train_step_phase_seconds_count{phase="training"} 1.0' in text
     assert 'agentjet_trained_episode_staleness_versions_bucket{le="0.0"} 2.0' in text
     assert 'agentjet_step_reward{task_type="math"} 0.5' in text
+    assert 'agentjet_step_metric{name="staleness/masked_token_share"} 0.0' in text
 
 
 def test_metrics_open_scrapes_without_a_token_and_registries_are_per_server(make_server) -> None:

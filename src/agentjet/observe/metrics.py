@@ -32,8 +32,9 @@ TRAINLOG_FILE = "observe.sqlite"
 TENSORBOARD_DIR = "tensorboard"
 # Step metrics also exported as Prometheus gauges (their value at the latest step).
 GAUGED = ("loss", "pg_loss", "kl", "grad_norm", "clip_frac", "ratio_max", "mean_abs_logprob_diff", "reward_mean",
-          "trained_tokens", "samples", "episodes", "staleness/mean", "merge/ratio",
-          "throughput/generated_tokens_per_s", "throughput/trained_tokens_per_s")
+          "trained_tokens", "samples", "episodes", "staleness/mean", "staleness/masked_token_share", "merge/ratio",
+          "mismatch_kl", "is_masked_frac", "is_weight_mean", "throughput/generated_tokens_per_s",
+          "throughput/trained_tokens_per_s")
 PHASES = ("waiting", "prepare", "training", "sync")
 
 
