@@ -402,6 +402,8 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
                              "configs: redo the stale ones (--force)")
         reach = [time_to_target([(e["train_min"], e["reward"]) for e in r["evals"]]) for r in mine]
         times = [t["interpolated"] for t in reach]
+        # the same crossing on the train-step axis: what the loss decides, free of each run's seconds per step
+        steps_to = [first_crossing([(e["train_steps"], e["reward"]) for e in r["evals"]], TARGET) for r in mine]
         budget = [r["evals"][-1]["reward"] if r["evals"] else None for r in mine]
         out[name] = {
             "engine": mine[0]["engine"], "what": mine[0].get("what", ""), "loss": mine[0]["loss"],
@@ -410,6 +412,8 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
                                    "mean": statistics.mean(times) if all(t is not None for t in times) else None,
                                    "each": times, "reached": sum(t is not None for t in times),
                                    "first_eval_each": [t["first_eval"] for t in reach]},
+            "steps_to_target": {"mean": statistics.mean(steps_to) if all(t is not None for t in steps_to)
+                                else None, "each": steps_to},
             "eval_at_budget": {"mean": _mean(budget), "each": budget},
             "train_steps": {"mean": _mean([r["train_steps"] for r in mine]),
                             "each": [r["train_steps"] for r in mine]},
@@ -425,8 +429,9 @@ def _fmt(v: float | None, fmt: str = ".2f", none: str = "not reached") -> str:
 
 def table(summary: dict[str, Any], budget_min: float) -> str:
     lines = [f"| config | engine | seeds | min to {TARGET} (mean) | each seed | "
-             f"eval at {budget_min:g} min (mean) | each seed | steps | mismatch KL | masked share |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             f"eval at {budget_min:g} min (mean) | each seed | steps to {TARGET} (mean) | steps | mismatch KL | "
+             "masked share |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, s in summary.items():
         t, b, m = s["time_to_target_min"], s["eval_at_budget"], s["step_means"]
         mean_t = _fmt(t["mean"]) if t["mean"] is not None else f"— ({t['reached']}/{len(t['each'])} reached)"
@@ -434,6 +439,7 @@ def table(summary: dict[str, Any], budget_min: float) -> str:
             f"| {name} | {s['engine']} | {len(s['seeds'])} | {mean_t} | "
             f"{' / '.join(_fmt(x) for x in t['each'])} | "
             f"{_fmt(b['mean'], '.3f', '-')} | {' / '.join(_fmt(x, '.3f', '-') for x in b['each'])} | "
+            f"{_fmt(s['steps_to_target']['mean'], '.1f', '-')} | "
             f"{_fmt(s['train_steps']['mean'], '.1f', '-')} | {_fmt(m['mismatch_kl'], '.2e', '-')} | "
             f"{_fmt(m['is_masked_frac'], '.3f', '-')} |")
     return "\n".join(lines)

@@ -100,9 +100,12 @@ def test_aggregate_writes_the_table_the_json_and_the_plot(bench: ModuleType, tmp
             for line in md.splitlines()[2:]}
     assert list(rows) == ["dapo", "vllm_tis"]  # in the order of the script's table
     assert rows["dapo"][:5] == ["hf", "2", "2.00", "1.50 / 2.50", "0.850"]
-    assert rows["dapo"][5] == "0.900 / 0.800" and rows["dapo"][8] == "-"
+    assert rows["dapo"][5] == "0.900 / 0.800" and rows["dapo"][9] == "-"
+    # steps to 0.75 on the train-step axis (evals at steps 0, 3, 6, 9): 4.5 and 7.5
+    assert dapo["steps_to_target"] == {"mean": pytest.approx(6.0), "each": [pytest.approx(4.5), pytest.approx(7.5)]}
+    assert rows["dapo"][6] == "6.0" and rows["vllm_tis"][6] == "-"
     assert rows["vllm_tis"][2] == "— (1/2 reached)" and rows["vllm_tis"][3] == "not reached / 1.50"
-    assert rows["vllm_tis"][7:] == ["1.50e-03", "0.010"]
+    assert rows["vllm_tis"][8:] == ["1.50e-03", "0.010"]
     assert md == saved["table"]
 
 
