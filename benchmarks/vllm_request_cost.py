@@ -123,7 +123,7 @@ def render(result: dict[str, Any]) -> None:
     for row in result["rows"]:
         t.add_row(str(row["concurrency"]), *(f"{row[f'{k}_tok_s']:.1f}" for k in KINDS),
                   f"{row['ratio_streamed_over_unstreamed']:.2f}x")
-    Console().print(t)
+    Console(width=max(Console().width, 110)).print(t)
 
 
 def main() -> None:
