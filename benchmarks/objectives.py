@@ -75,7 +75,7 @@ class ObjectiveConfig:
 
 def _loss(**changes: Any) -> dict[str, Any]:
     """A full ``loss`` block: AgentJet's defaults (PPO-clip, token ratio, DAPO's token mean and clip-higher,
-    std-scaled GRPO advantages, no KL, no correction) with ``changes``."""
+    std-scaled GRPO advantages, no KL) and no correction, with ``changes``."""
     base: dict[str, Any] = {
         "estimator": "grpo", "scale_by_std": True, "objective": "ppo_clip", "ratio_level": "token",
         "aggregation": "token_mean", "constant_tokens": MAX_NEW_TOKENS, "clip_eps_low": 0.2, "clip_eps_high": 0.28,
@@ -86,8 +86,9 @@ def _loss(**changes: Any) -> dict[str, Any]:
     return {**base, **changes}
 
 
-# vLLM's own TIS (engine.vllm.tis_cap) is off, so that the loss block alone says what corrects the mismatch.
-_VLLM = {"tis_cap": None}
+# Every config names its correction (``correction: none`` in the base block, not ``auto``), so the loss block
+# alone says what corrects the mismatch on either engine.
+_VLLM: dict[str, Any] = {}
 
 # The ablation, one name per config (the recipes of docs/algorithms.md).
 CONFIGS: dict[str, ObjectiveConfig] = {

@@ -134,7 +134,7 @@ def test_every_config_is_a_valid_loss_block(bench: ModuleType, tmp_path: Path) -
         assert config.engine.kind == cfg.engine and config.engine.seed == 1
         assert config.training.batch_groups == 4 and config.training.group_size == 8  # the demo's
         if cfg.engine == "vllm":
-            assert config.engine.vllm.python == tmp_path / "python" and config.engine.vllm.tis_cap is None
+            assert config.engine.vllm.python == tmp_path / "python"
 
 
 def test_a_vllm_config_without_vllm_fails_before_any_run(bench: ModuleType, tmp_path: Path) -> None:

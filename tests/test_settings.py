@@ -229,15 +229,18 @@ def test_config_file_written_for_a_child_reads_back(tmp_path: Path) -> None:
     assert again == cfg
 
 
-def test_an_unset_value_over_a_set_default_reaches_the_child(tmp_path: Path) -> None:
-    """``engine.vllm.tis_cap: null`` turns vLLM's TIS off; left out of the child's file, the child would take the
-    default cap (2.0) back."""
-    from agentjet.settings import write_config_file
+def test_every_optional_setting_defaults_to_none() -> None:
+    """A config file leaves None values out (``dump_config``), so a child reading it gets each field's default:
+    that is the same None only where the default is None. (``engine.vllm.tis_cap``, optional with a default of
+    2.0, once reached a child as 2.0 when set to None.)"""
+    for f in server_fields():
+        if type(None) in typing.get_args(f.info.annotation):
+            assert f.info.get_default(call_default_factory=True) is None, ".".join(f.path)
 
-    cfg = load_server_config({"engine": {"vllm": {"tis_cap": "none"}}})
-    assert cfg.engine.vllm.tis_cap is None
-    again = load_server_config(config_file=write_config_file(cfg, tmp_path / "c.yaml"))
-    assert again.engine.vllm.tis_cap is None and again == cfg
+
+def test_the_moved_tis_cap_is_refused_with_where_it_went() -> None:
+    with pytest.raises(SettingsError, match="loss.correction"):
+        load_server_config({"engine": {"vllm": {"tis_cap": 2.0}}})
 
 
 def test_a_nested_secret_from_a_file_named_in_the_environment(tmp_path: Path) -> None:

@@ -55,18 +55,24 @@ def test_prune_keeps_the_newest_and_the_protected(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes", "v000001", "v000003", "v000004"]
 
 
-def test_vllm_tis_cap_is_tis_in_the_one_policy_step():
-    """On the vLLM generator, ``engine.vllm.tis_cap`` is ``loss.correction: tis`` with that cap (unless the loss
-    names a correction itself): the ratio is taken against the trainer's detached logprobs (1 in the one update)
-    and each token's policy-gradient term is weighted by min(p_trainer / p_behaviour, cap), so the gradient of
-    token t is -weight * adv_t * w_t. No separate scoring pass: the step's own forward gives the proximal."""
+def test_auto_correction_is_tis_on_vllm_in_the_one_policy_step():
+    """``loss.correction: auto`` (the default) is TIS with the cap ``correction_high`` on the vLLM generator and
+    none on the embedded one; a correction the loss names wins on either. With TIS the ratio is taken against the
+    trainer's detached logprobs (1 in the one update) and each token's policy-gradient term is weighted by
+    min(p_trainer / p_behaviour, cap), so the gradient of token t is -weight * adv_t * w_t. No separate scoring
+    pass: the step's own forward gives the proximal."""
     sample = TrainSample(input_ids=[1, 2, 3, 4], loss_mask=[0, 0, 1, 1], behaviour_logprobs=[0.0, 0.0, -1.0, -2.0],
                          advantages=[0.0, 0.0, 0.5, 0.5], temperature=0.7, weight=0.5)
-    vllm = StepConfig.from_settings(EngineSettings(kind="vllm", vllm=VLLMSettings(tis_cap=2.0)), LossSettings(), 1e-3)
+    vllm = StepConfig.from_settings(EngineSettings(kind="vllm"), LossSettings(), 1e-3)
     assert vllm.loss.correction is Correction.TIS and vllm.loss.correction_high == 2.0
     masked = StepConfig.from_settings(EngineSettings(kind="vllm"), LossSettings(correction="mask_token"), 1e-3)
     assert masked.loss.correction is Correction.MASK_TOKEN  # the loss's own choice wins
+    off = StepConfig.from_settings(EngineSettings(kind="vllm"), LossSettings(correction="none"), 1e-3)
+    assert off.loss.correction is Correction.NONE  # none is none on vLLM too
     assert StepConfig.from_settings(EngineSettings(), LossSettings(), 1e-3).loss.correction is Correction.NONE
+    # a live change keeps the path: auto is still tis on the vLLM generator
+    assert off.with_loss(LossSettings(correction_high=3.0)).loss.correction_high == 3.0
+    assert off.with_loss(LossSettings()).loss.correction is Correction.TIS
     lp = torch.tensor([-1.5, -0.5], requires_grad=True)
     res = micro_batch_loss(lp, [sample], vllm)
     res.loss_sum.backward()

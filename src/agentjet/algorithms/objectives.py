@@ -54,6 +54,7 @@ class Correction(enum.StrEnum):
     """Train/sampler mismatch correction, on the weight ``w = p_proximal / p_behaviour`` (the trainer's
     logprob before the update over the sampler's)."""
 
+    AUTO = "auto"  # the path's default (resolve_correction); a setting only, never a PolicyLossConfig's value
     NONE = "none"  # the PPO ratio is taken against the behaviour logprobs directly (no separate weight)
     TIS = "tis"  # per-token weight min(w, high) (Yao et al., 2025)
     TIS_SEQUENCE = "tis_sequence"  # one weight per sequence: min(geometric mean of w, high)
@@ -64,6 +65,20 @@ class Correction(enum.StrEnum):
     def per_sequence(self) -> bool:
         return self in (Correction.TIS_SEQUENCE, Correction.MASK_SEQUENCE)
 
+
+# What ``correction: auto`` is where another engine samples than the one that trains (vLLM: other kernels, bf16).
+# Chosen by the objectives ablation; the figures and the reason are in docs/algorithms.md, "The default".
+SEPARATE_SAMPLER_CORRECTION = Correction.TIS
+
+
+def resolve_correction(correction: Correction, separate_sampler: bool) -> Correction:
+    """``auto`` as the path's default: :data:`SEPARATE_SAMPLER_CORRECTION` where a separate engine samples,
+    ``none`` where the trainer's own engine does (the embedded engine: the only mismatch is staleness, which the
+    PPO ratio against the behaviour logprobs already bounds). Any other value is kept."""
+    if correction is not Correction.AUTO:
+        return correction
+    return SEPARATE_SAMPLER_CORRECTION if separate_sampler else Correction.NONE
+
     @property
     def masks(self) -> bool:
         return self in (Correction.MASK_TOKEN, Correction.MASK_SEQUENCE)
@@ -72,8 +87,8 @@ class Correction(enum.StrEnum):
 @dataclass(frozen=True)
 class PolicyLossConfig:
     """A plain, picklable value (a trainer group sends it to its ranks); build it from the ``loss`` settings
-    with ``LossSettings.policy_loss_config()``. The defaults are token-level PPO-clip, DAPO's token mean, no
-    KL and no correction: the loss AgentJet has always trained with."""
+    with ``LossSettings.policy_loss_config(separate_sampler)``. The defaults are token-level PPO-clip, DAPO's
+    token mean, no KL and no correction: the loss AgentJet has always trained with on the embedded engine."""
 
     objective: Objective = Objective.PPO_CLIP
     ratio_level: RatioLevel = RatioLevel.TOKEN
@@ -88,6 +103,9 @@ class PolicyLossConfig:
     constant_tokens: int = 1024  # Dr. GRPO's constant: the generation budget in tokens
 
     def __post_init__(self) -> None:
+        if self.correction is Correction.AUTO:
+            raise ValueError("PolicyLossConfig.correction: 'auto' is resolved before the loss sees it "
+                             "(resolve_correction)")
         if not 0 < self.correction_low <= 1 <= self.correction_high:
             raise ValueError("PolicyLossConfig: need 0 < correction_low <= 1 <= correction_high")
         if self.constant_tokens < 1:

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from agentjet.algorithms.loss import PolicyLossOutput, policy_loss
-from agentjet.algorithms.objectives import Correction, PolicyLossConfig, loss_normaliser
+from agentjet.algorithms.objectives import PolicyLossConfig, loss_normaliser
 from agentjet.engines.base import TrainSample
 from agentjet.engines.logprobs import chunked_token_logprobs
 from agentjet.settings import EngineSettings, LossSettings
@@ -49,17 +49,17 @@ class StepConfig:
     bf16: bool  # autocast the forward pass to bfloat16
     loss: PolicyLossConfig = PolicyLossConfig()
     betas: tuple[float, float] = (0.9, 0.999)  # AdamW's defaults
-    # engine.vllm.tis_cap (the vLLM generator only): TIS with this cap when ``loss.correction`` is none
-    vllm_tis_cap: float | None = None
+    # another engine samples than the one that trains (vLLM): ``loss.correction: auto`` resolves for that path
+    separate_sampler: bool = False
 
     @classmethod
     def from_settings(cls, engine: EngineSettings, loss: LossSettings, learning_rate: float) -> StepConfig:
         from agentjet.settings import EngineKind
 
-        cap = engine.vllm.tis_cap if engine.kind is EngineKind.VLLM else None
+        separate = engine.kind is EngineKind.VLLM
         return cls(learning_rate=learning_rate, weight_decay=engine.weight_decay, max_grad_norm=engine.max_grad_norm,
                    micro_batch_tokens=engine.micro_batch_tokens, logprob_chunk_tokens=engine.logprob_chunk_tokens,
-                   bf16=engine.autocast_bf16, loss=_loss_config(loss, cap), vllm_tis_cap=cap)
+                   bf16=engine.autocast_bf16, loss=loss.policy_loss_config(separate), separate_sampler=separate)
 
     @property
     def kl_coef(self) -> float:
@@ -77,19 +77,7 @@ class StepConfig:
         """This config with the live loss settings replaced."""
         import dataclasses
 
-        return dataclasses.replace(self, loss=_loss_config(loss, self.vllm_tis_cap))
-
-
-def _loss_config(loss: LossSettings, vllm_tis_cap: float | None) -> PolicyLossConfig:
-    """The loss settings as the policy step takes them. On the vLLM generator, ``engine.vllm.tis_cap`` is
-    ``correction: tis, correction_high: cap`` unless ``loss.correction`` names a correction itself."""
-    import dataclasses
-
-    config = loss.policy_loss_config()
-    if vllm_tis_cap is not None and config.correction is Correction.NONE:
-        config = dataclasses.replace(config, correction=Correction.TIS,
-                                     correction_high=max(vllm_tis_cap, 1.0))
-    return config
+        return dataclasses.replace(self, loss=loss.policy_loss_config(self.separate_sampler))
 
 
 def total_loss_weight(batch: list[TrainSample], loss: PolicyLossConfig | None = None) -> float:

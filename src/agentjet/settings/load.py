@@ -154,24 +154,20 @@ def load_server_config(cli: Mapping[str, Any] | None = None, config_file: Path |
 
 def dump_config(config: ServerConfig, *, reveal_secrets: bool) -> dict[str, Any]:
     """The config as plain data for a config file. Secrets, at any depth, are written only when asked (the file
-    is then made owner-only by ``write_config_file``); otherwise each is masked. An unset value is left out,
-    unless the field's default is set (``engine.vllm.tis_cap: null`` must reach the child as null)."""
+    is then made owner-only by ``write_config_file``); otherwise each is masked. An unset (None) value is left
+    out: every optional setting defaults to None (``tests/test_settings.py`` holds that rule), so the reader
+    gets the same None back."""
     data = config.model_dump(mode="json", exclude_none=True)
     for f in server_fields():
         value: Any = config
         for part in f.path:
             value = getattr(value, part)
-        if value is None and f.info.get_default(call_default_factory=True) is None:
-            continue
-        if value is not None and not f.is_secret:
+        if value is None or not f.is_secret:
             continue
         node = data
         for part in f.path[:-1]:
             node = node.setdefault(part, {})
-        if value is None:
-            node[f.path[-1]] = None
-        else:
-            node[f.path[-1]] = ServerConfig.secret(value) if reveal_secrets else "**********"
+        node[f.path[-1]] = ServerConfig.secret(value) if reveal_secrets else "**********"
     return data
 
 

@@ -34,6 +34,7 @@ from agentjet.algorithms.objectives import (
     Objective,
     PolicyLossConfig,
     RatioLevel,
+    resolve_correction,
 )
 from agentjet.tracking import TrackingConfig
 
@@ -73,11 +74,6 @@ def _split_args(value: Any) -> Any:
 
         return json.loads(value) if value.strip().startswith("[") else shlex.split(value)
     return value
-
-
-def _none_word(value: Any) -> Any:
-    """``none`` / ``null`` / empty (from a command line or the environment) -> None."""
-    return None if isinstance(value, str) and value.strip().lower() in ("", "none", "null") else value
 
 
 CommaList = Annotated[list[str], BeforeValidator(_split_list)]
@@ -183,8 +179,10 @@ class LossSettings(_Section):
                            "restart, so that the reference is the initial weights; changing its value is live")
     kl_estimator: KLEstimator = Field(KLEstimator.K3, description="KL estimator, d = log ref - log p: k1 = -d, "
                                       "k2 = d^2 / 2, k3 = exp(d) - d - 1")
-    correction: Correction = Field(Correction.NONE, description="train/sampler mismatch correction on "
-                                   "w = p_trainer / p_sampler: none (PPO ratio against the sampler's logprobs), "
+    correction: Correction = Field(Correction.AUTO, description="train/sampler mismatch correction on "
+                                   "w = p_trainer / p_sampler: auto (the path's default: tis where another "
+                                   "engine samples, as vLLM does; none on the embedded engine), "
+                                   "none (PPO ratio against the sampler's logprobs), "
                                    "tis (weight min(w, correction_high)), tis_sequence (the same on the "
                                    "sequence's geometric-mean w), mask_token / mask_sequence (drop a token / a "
                                    "sequence whose w leaves [correction_low, correction_high])")
@@ -192,12 +190,15 @@ class LossSettings(_Section):
     correction_high: float = Field(2.0, ge=1, le=1e6, description="masked IS: upper bound of the kept weights; "
                                    "TIS: the cap")
 
-    def policy_loss_config(self) -> PolicyLossConfig:
-        """The plain value the policy step takes (``agentjet.algorithms.loss.policy_loss``)."""
+    def policy_loss_config(self, separate_sampler: bool = False) -> PolicyLossConfig:
+        """The plain value the policy step takes (``agentjet.algorithms.loss.policy_loss``), with ``correction:
+        auto`` resolved for the path: ``separate_sampler`` when another engine samples than the one that trains
+        (vLLM)."""
         return PolicyLossConfig(
             objective=self.objective, ratio_level=self.ratio_level, aggregation=self.aggregation,
             clip_eps_low=self.clip_eps_low, clip_eps_high=self.clip_eps_high, kl_estimator=self.kl_estimator,
-            kl_coef=self.kl_coef, correction=self.correction, correction_low=self.correction_low,
+            kl_coef=self.kl_coef, correction=resolve_correction(self.correction, separate_sampler),
+            correction_low=self.correction_low,
             correction_high=self.correction_high, constant_tokens=self.constant_tokens)
 
 
@@ -317,9 +318,16 @@ class VLLMSettings(_Section):
                                    "probe above which training stops (stale or wrong weights)")
     probe_tokens: int = Field(32, ge=1, le=256, description="tokens vLLM samples after the probe prompt "
                               "(scored through its prefix cache)")
-    tis_cap: Annotated[float | None, BeforeValidator(_none_word)] = Field(2.0, gt=0, le=1e6, description="truncated importance sampling: per-token weight "
-                                  "min(p_trainer / p_vLLM, cap) on the trainer's recomputed logprobs; "
-                                  "None trains on vLLM's logprobs as behaviour (PPO-clip only)")
+
+
+    @model_validator(mode="before")
+    @classmethod
+    def _tis_cap_moved(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "tis_cap" in data:
+            raise ValueError("engine.vllm.tis_cap moved into the loss block: the mismatch correction is "
+                             "loss.correction (auto, the default, is tis on vLLM; none turns it off) and its cap "
+                             "loss.correction_high (see docs/algorithms.md)")
+        return data
 
     @model_validator(mode="after")
     def _nccl_needs_a_gpu(self) -> VLLMSettings:
