@@ -424,6 +424,58 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+# Today's default per engine: a config replaces it only by the rule of ``verdicts`` (docs/algorithms.md).
+INCUMBENTS = {"hf": "dapo", "vllm": "vllm_tis"}
+
+
+def seed_noise(summary: dict[str, Any]) -> dict[str, float | None]:
+    """Per engine, the pooled seed-to-seed standard deviation of the time to the target (minutes), over the
+    configs whose seeds (two or more) all reached it. For two configs of two seeds each, it is also the standard
+    error of the difference of their means."""
+    out: dict[str, float | None] = {}
+    for engine in sorted({s["engine"] for s in summary.values()}):
+        variances = [statistics.variance(s["time_to_target_min"]["each"]) for s in summary.values()
+                     if s["engine"] == engine and len(s["seeds"]) >= 2 and s["time_to_target_min"]["mean"] is not None]
+        out[engine] = math.sqrt(statistics.mean(variances)) if variances else None
+    return out
+
+
+def verdicts(summary: dict[str, Any], noise: dict[str, float | None]) -> dict[str, dict[str, Any]]:
+    """Each config against its engine's incumbent. It **beats** it when (1) its mean time to the target is lower
+    by more than 2 x the engine's seed noise, (2) it is faster on every seed, and (3) its mean eval at the budget
+    is not lower. Anything less leaves the incumbent the default."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, s in summary.items():
+        inc_name = INCUMBENTS.get(s["engine"])
+        if inc_name is None or name == inc_name or inc_name not in summary:
+            continue
+        inc, sd = summary[inc_name], noise.get(s["engine"])
+        t, ti = s["time_to_target_min"], inc["time_to_target_min"]
+        if t["mean"] is None or ti["mean"] is None or sd is None or len(t["each"]) != len(ti["each"]):
+            out[name] = {"against": inc_name, "beats": False, "why": "not comparable (a seed missing or not reached)"}
+            continue
+        gain, bar = ti["mean"] - t["mean"], 2 * sd
+        every_seed = all(a < b for a, b in zip(t["each"], ti["each"], strict=True))
+        eval_ok = (s["eval_at_budget"]["mean"] or 0.0) >= (inc["eval_at_budget"]["mean"] or 0.0)
+        out[name] = {"against": inc_name, "gain_min": gain, "bar_min": bar, "faster_every_seed": every_seed,
+                     "eval_not_lower": eval_ok, "beats": gain > bar and every_seed and eval_ok}
+    return out
+
+
+def verdict_lines(noise: dict[str, float | None], found: dict[str, dict[str, Any]]) -> str:
+    lines = [f"- seed noise ({engine}): {_fmt(sd, '.3f', 'n/a')} min (pooled sd of the time to {TARGET})"
+             for engine, sd in noise.items()]
+    for name, v in found.items():
+        if "gain_min" not in v:
+            lines.append(f"- {name} vs {v['against']}: {v['why']}")
+            continue
+        lines.append(f"- {name} vs {v['against']}: {v['gain_min']:+.2f} min faster (bar {v['bar_min']:.2f}), "
+                     f"faster on every seed: {'yes' if v['faster_every_seed'] else 'no'}, eval at the budget not "
+                     f"lower: {'yes' if v['eval_not_lower'] else 'no'} -> {'BEATS' if v['beats'] else 'does not beat'}"
+                     f" the default")
+    return "\n".join(lines)
+
+
 def _fmt(v: float | None, fmt: str = ".2f", none: str = "not reached") -> str:
     return format(v, fmt) if v is not None else none
 
@@ -484,10 +536,12 @@ def aggregate(out_dir: Path, results: Path) -> str:
     results.parent.mkdir(parents=True, exist_ok=True)
     plot(runs, summary, results.with_suffix(".png"),
          f"Objectives on {TASK}, {Path(model).name}: held-out eval vs training minutes (mean of seeds)")
-    md = table(summary, budget)
+    noise = seed_noise(summary)
+    found = verdicts(summary, noise)
+    md = table(summary, budget) + "\n\n" + verdict_lines(noise, found)
     results.write_text(json.dumps({
         "target": TARGET, "task": TASK, "model": model, "budget_min": budget,
-        "time_to_target": TTT_METHOD,
+        "time_to_target": TTT_METHOD, "incumbents": INCUMBENTS, "seed_noise_min": noise, "verdicts": found,
         "summary": summary, "table": md, "runs": runs,
         "aggregated_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}, indent=2, default=str))
     return md

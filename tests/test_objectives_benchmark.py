@@ -97,7 +97,7 @@ def test_aggregate_writes_the_table_the_json_and_the_plot(bench: ModuleType, tmp
     assert dapo["loss"] == {"aggregation": "dapo"} and len(saved["runs"]) == 4
 
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
-            for line in md.splitlines()[2:]}
+            for line in md.splitlines()[2:] if line.startswith("|")}
     assert list(rows) == ["dapo", "vllm_tis"]  # in the order of the script's table
     assert rows["dapo"][:5] == ["hf", "2", "2.00", "1.50 / 2.50", "0.850"]
     assert rows["dapo"][5] == "0.900 / 0.800" and rows["dapo"][9] == "-"
@@ -107,6 +107,37 @@ def test_aggregate_writes_the_table_the_json_and_the_plot(bench: ModuleType, tmp
     assert rows["vllm_tis"][2] == "— (1/2 reached)" and rows["vllm_tis"][3] == "not reached / 1.50"
     assert rows["vllm_tis"][8:] == ["1.50e-03", "0.010"]
     assert md == saved["table"]
+
+
+def _summary(engine: str, times: list[float | None], evals: list[float]) -> dict[str, Any]:
+    reached = [t for t in times if t is not None]
+    return {"engine": engine, "seeds": list(range(len(times))),
+            "time_to_target_min": {"mean": sum(reached) / len(times) if len(reached) == len(times) else None,
+                                   "each": times},
+            "eval_at_budget": {"mean": sum(evals) / len(evals), "each": evals}}
+
+
+def test_a_config_beats_the_default_only_beyond_the_seed_noise_on_every_seed(bench: ModuleType) -> None:
+    summary = {
+        "dapo": _summary("hf", [1.0, 1.2], [0.90, 0.90]),  # the incumbent; seed sd 0.141
+        "grpo": _summary("hf", [0.4, 0.6], [0.90, 0.92]),  # 0.6 min faster on both seeds, eval not lower
+        "cispo": _summary("hf", [0.9, 1.1], [0.95, 0.95]),  # 0.1 faster: inside the noise
+        "gspo": _summary("hf", [0.7, 1.3], [0.95, 0.95]),  # faster on average, slower on seed 1
+        "dr_grpo": _summary("hf", [0.4, 0.6], [0.85, 0.85]),  # faster, but a lower eval at the budget
+        "vllm_tis": _summary("vllm", [1.5, 1.7], [0.9, 0.9]),
+        "vllm_none": _summary("vllm", [1.0, None], [0.8, 0.9]),  # a seed never reached the target
+    }
+    noise = bench.seed_noise(summary)
+    # pooled over the configs that reached the target on both seeds: variances 0.02, 0.02, 0.02, 0.18, 0.02
+    assert noise["hf"] == pytest.approx(0.052 ** 0.5) and noise["vllm"] == pytest.approx(0.02 ** 0.5)
+    found = bench.verdicts(summary, noise)
+    assert {k: v["beats"] for k, v in found.items()} == {
+        "grpo": True, "cispo": False, "gspo": False, "dr_grpo": False, "vllm_none": False}
+    assert found["grpo"]["gain_min"] == pytest.approx(0.6) and found["grpo"]["bar_min"] == pytest.approx(2 * noise["hf"])
+    assert found["gspo"]["faster_every_seed"] is False and found["dr_grpo"]["eval_not_lower"] is False
+    assert "dapo" not in found and "vllm_tis" not in found and found["vllm_none"]["against"] == "vllm_tis"
+    assert found["vllm_none"]["why"].startswith("not comparable")
+    assert "grpo vs dapo: +0.60 min faster (bar 0.46)" in bench.verdict_lines(noise, found)
 
 
 def test_aggregate_refuses_mixed_or_foreign_files(bench: ModuleType, tmp_path: Path) -> None:
