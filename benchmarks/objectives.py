@@ -108,6 +108,9 @@ CONFIGS: dict[str, ObjectiveConfig] = {
     "cispo": ObjectiveConfig("hf", _loss(objective="cispo", clip_eps_low=1.0, clip_eps_high=0.28),
                              "CISPO (MiniMax-M1, 2025): clipped, detached IS weight x log p, no lower bound, "
                              "upper 1.28, token mean"),
+    "dapo_tis": ObjectiveConfig("hf", _loss(correction="tis", correction_high=2.0),
+                                "DAPO loss with truncated IS per token, cap 2, on the embedded engine (where the "
+                                "only mismatch is staleness): is a correction worth having on every path?"),
     "vllm_none": ObjectiveConfig("vllm", _loss(), "vLLM rollouts, DAPO loss, no mismatch correction (the "
                                  "baseline for the corrections)", _VLLM),
     "vllm_tis": ObjectiveConfig("vllm", _loss(correction="tis", correction_high=2.0),
