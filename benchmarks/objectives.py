@@ -472,7 +472,9 @@ def verdict_lines(noise: dict[str, float | None], found: dict[str, dict[str, Any
         if "gain_min" not in v:
             lines.append(f"- {name} vs {v['against']}: {v['why']}")
             continue
-        lines.append(f"- {name} vs {v['against']}: {v['gain_min']:+.2f} min faster (bar {v['bar_min']:.2f}), "
+        pace = "faster" if v["gain_min"] > 0 else "slower"
+        lines.append(f"- {name} vs {v['against']}: {abs(v['gain_min']):.2f} min {pace} to {TARGET} (bar "
+                     f"{v['bar_min']:.2f} faster), "
                      f"faster on every seed: {'yes' if v['faster_every_seed'] else 'no'}, eval at the budget not "
                      f"lower: {'yes' if v['eval_not_lower'] else 'no'} -> {'BEATS' if v['beats'] else 'does not beat'}"
                      f" the default")

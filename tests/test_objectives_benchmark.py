@@ -137,7 +137,7 @@ def test_a_config_beats_the_default_only_beyond_the_seed_noise_on_every_seed(ben
     assert found["gspo"]["faster_every_seed"] is False and found["dr_grpo"]["eval_not_lower"] is False
     assert "dapo" not in found and "vllm_tis" not in found and found["vllm_none"]["against"] == "vllm_tis"
     assert found["vllm_none"]["why"].startswith("not comparable")
-    assert "grpo vs dapo: +0.60 min faster (bar 0.46)" in bench.verdict_lines(noise, found)
+    assert "grpo vs dapo: 0.60 min faster to 0.75 (bar 0.46 faster)" in bench.verdict_lines(noise, found)
 
 
 def test_aggregate_refuses_mixed_or_foreign_files(bench: ModuleType, tmp_path: Path) -> None:
