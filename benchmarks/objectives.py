@@ -419,6 +419,10 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "steps_to_target": {"mean": statistics.mean(steps_to) if all(t is not None for t in steps_to)
                                 else None, "each": steps_to},
             "eval_at_budget": {"mean": _mean(budget), "each": budget},
+            # the mean of the evals after the start: the whole curve in one figure (less noisy than one eval)
+            "mean_eval": {"mean": _mean(curve_means := [_mean([e["reward"] for e in r["evals"]
+                                                                 if e["target_min"] > 0]) for r in mine]),
+                          "each": curve_means},
             "train_steps": {"mean": _mean([r["train_steps"] for r in mine]),
                             "each": [r["train_steps"] for r in mine]},
             "step_means": {k: _mean([r.get("step_means", {}).get(k) for r in mine]) for k in SUMMARY_METRICS},
@@ -488,8 +492,8 @@ def _fmt(v: float | None, fmt: str = ".2f", none: str = "not reached") -> str:
 def table(summary: dict[str, Any], budget_min: float) -> str:
     lines = [f"| config | engine | seeds | min to {TARGET} (mean) | each seed | "
              f"eval at {budget_min:g} min (mean) | each seed | steps to {TARGET} (mean) | steps | mismatch KL | "
-             "masked share |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "masked share | mean eval after 0 |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, s in summary.items():
         t, b, m = s["time_to_target_min"], s["eval_at_budget"], s["step_means"]
         mean_t = _fmt(t["mean"]) if t["mean"] is not None else f"— ({t['reached']}/{len(t['each'])} reached)"
@@ -499,7 +503,7 @@ def table(summary: dict[str, Any], budget_min: float) -> str:
             f"{_fmt(b['mean'], '.3f', '-')} | {' / '.join(_fmt(x, '.3f', '-') for x in b['each'])} | "
             f"{_fmt(s['steps_to_target']['mean'], '.1f', '-')} | "
             f"{_fmt(s['train_steps']['mean'], '.1f', '-')} | {_fmt(m['mismatch_kl'], '.2e', '-')} | "
-            f"{_fmt(m['is_masked_frac'], '.3f', '-')} |")
+            f"{_fmt(m['is_masked_frac'], '.3f', '-')} | {_fmt(s['mean_eval']['mean'], '.3f', '-')} |")
     return "\n".join(lines)
 
 

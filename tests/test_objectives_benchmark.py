@@ -105,7 +105,9 @@ def test_aggregate_writes_the_table_the_json_and_the_plot(bench: ModuleType, tmp
     assert dapo["steps_to_target"] == {"mean": pytest.approx(6.0), "each": [pytest.approx(4.5), pytest.approx(7.5)]}
     assert rows["dapo"][6] == "6.0" and rows["vllm_tis"][6] == "-"
     assert rows["vllm_tis"][2] == "— (1/2 reached)" and rows["vllm_tis"][3] == "not reached / 1.50"
-    assert rows["vllm_tis"][8:] == ["1.50e-03", "0.010"]
+    # mean eval after 0: seed 0 (0.4 + 0.5 + 0.6) / 3, seed 1 (0.5 + 1 + 1) / 3
+    assert rows["vllm_tis"][8:] == ["1.50e-03", "0.010", "0.667"]
+    assert dapo["mean_eval"] == {"mean": pytest.approx((0.8 + 2 / 3) / 2), "each": [pytest.approx(0.8), pytest.approx(2 / 3)]}
     assert md == saved["table"]
 
 
