@@ -79,10 +79,6 @@ def resolve_correction(correction: Correction, separate_sampler: bool) -> Correc
         return correction
     return SEPARATE_SAMPLER_CORRECTION if separate_sampler else Correction.NONE
 
-    @property
-    def masks(self) -> bool:
-        return self in (Correction.MASK_TOKEN, Correction.MASK_SEQUENCE)
-
 
 @dataclass(frozen=True)
 class PolicyLossConfig:
