@@ -25,7 +25,7 @@ class EpisodeStatus(enum.StrEnum):
 
 
 class _Request(BaseModel):
-    """A body the server reads: an unknown field is refused (HTTP 422 naming it), never silently dropped."""
+    """A body the server reads: an unknown field is refused (a 400 naming it), never silently dropped."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -319,7 +319,6 @@ class VLLMSettings(_Section):
     probe_tokens: int = Field(32, ge=1, le=256, description="tokens vLLM samples after the probe prompt "
                               "(scored through its prefix cache)")
 
-
     @model_validator(mode="before")
     @classmethod
     def _tis_cap_moved(cls, data: Any) -> Any:
