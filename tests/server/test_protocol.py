@@ -185,6 +185,26 @@ def test_lease_expiry_cleans_the_episode(make_server) -> None:
     assert srv.server.registry.open_count == 0
 
 
+def test_a_failing_sweep_does_not_end_the_lease_sweeping(make_server, monkeypatch) -> None:
+    clock = FakeClock()
+    srv = make_server(lease_seconds=0.8, clock=clock)
+    registry = srv.server.registry
+    real, failures = registry.expire_due, []
+
+    def fails_once():
+        if not failures:
+            failures.append(1)
+            raise RuntimeError("a bad sweep")
+        return real()
+
+    monkeypatch.setattr(registry, "expire_due", fails_once)
+    ep = begin(srv.url)
+    wait_until(lambda: failures, timeout=10)
+    clock.advance(1.0)
+    wait_until(lambda: registry.counts["expired"] == 1, timeout=10)  # the next sweep still runs
+    assert_openai_error(end(srv.url, ep, 1.0), 409, "expired")
+
+
 def test_heartbeats_keep_the_lease(make_server) -> None:
     """On the fake clock: an episode heartbeated every 0.4 s outlives its 0.6 s lease many times over; one begun
     beside it and not heartbeated expires within the same time."""

@@ -99,11 +99,39 @@ def test_crash_between_phases_leaves_no_half_committed_team(make_server, coordin
     ca, cb = FakeClock(), FakeClock()
     a, b = make_server(lease_seconds=0.8, clock=ca), make_server(lease_seconds=0.8, clock=cb)
     asyncio.run(_prepare_only(Team({"planner": a.url, "executor": b.url}), coordinator_committed))
-    ca.advance(1.0)
-    cb.advance(1.0)
-    wait_until(lambda: counts(a)["prepared"] == 0 and counts(b)["prepared"] == 0, timeout=20)
+
+    def settled() -> bool:
+        # Each poll moves both clocks past a lease. The participant (b) asks the coordinator (a) once its lease
+        # is out; if it asks before a's own sweep has decided, it is told "undecided" and asks again a lease
+        # later, which on a fake clock comes only when the clock is moved again (the test below).
+        ca.advance(1.0)
+        cb.advance(1.0)
+        return counts(a)["prepared"] == 0 and counts(b)["prepared"] == 0
+
+    wait_until(settled, timeout=20)
     expected = "pending" if coordinator_committed else "aborted"
     assert counts(a)[expected] == 1 and counts(b)[expected] == 1  # all or nothing
+
+
+def test_a_participant_that_asks_before_the_coordinator_decides_asks_again(make_server) -> None:
+    """The participant's sweep asks while the coordinator is undecided: it must ask again later and then follow
+    the decision. (It once raised there, which ended that server's lease sweep for good.)"""
+    ca, cb = FakeClock(), FakeClock()
+    a, b = make_server(lease_seconds=0.8, clock=ca), make_server(lease_seconds=0.8, clock=cb)
+    asyncio.run(_prepare_only(Team({"planner": a.url, "executor": b.url}), False))  # a coordinates
+    cb.advance(1.0)  # only the participant's lease is out: it asks a, which has not decided yet
+
+    def asked_and_waits() -> bool:
+        deadlines = list(b.server.teams.prepared.values())
+        return bool(deadlines) and min(deadlines) > cb.monotonic()
+
+    wait_until(asked_and_waits, timeout=20)
+    assert counts(b)["prepared"] == 1 and counts(a)["prepared"] == 1
+    ca.advance(1.0)  # now the coordinator's lease is out: it aborts and records the decision
+    wait_until(lambda: counts(a)["aborted"] == 1, timeout=20)
+    cb.advance(1.0)  # the participant asks again and follows
+    wait_until(lambda: counts(b)["prepared"] == 0, timeout=20)
+    assert counts(b)["aborted"] == 1 and counts(b)["pending"] == 0
 
 
 def test_team_decision_needs_the_team_secret(make_server) -> None:

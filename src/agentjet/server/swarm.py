@@ -180,7 +180,10 @@ class SwarmServer:
     async def _reap_loop(self) -> None:
         while True:
             await asyncio.sleep(min(1.0, self.config.lease_seconds / 4))
-            await self.reap()
+            try:
+                await self.reap()
+            except Exception:  # one bad sweep must not end the sweeping: leases would never expire again
+                log.exception("the lease sweep failed; it runs again in the next interval")
 
     async def reap(self) -> None:
         """Expire episodes whose lease ran out; resolve team episodes whose commit never came."""

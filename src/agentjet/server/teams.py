@@ -99,7 +99,7 @@ class Teams:
                 continue
             decision = await self._ask_coordinator(stored)
             if decision is TeamDecision.UNDECIDED:
-                self.prepared[eid] = now + min(5.0, self.lease_seconds())  # ask again later
+                self.prepared[eid] = now + min(5.0, self.lease_seconds)  # ask again later
             else:
                 await self._resolve_quietly(eid, commit=decision is TeamDecision.COMMITTED)
 
