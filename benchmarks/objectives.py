@@ -75,7 +75,8 @@ class ObjectiveConfig:
 
 def _loss(**changes: Any) -> dict[str, Any]:
     """A full ``loss`` block: AgentJet's defaults (PPO-clip, token ratio, DAPO's token mean and clip-higher,
-    std-scaled GRPO advantages, no KL) and no correction, with ``changes``."""
+    std-scaled GRPO advantages, no KL) and no correction, with ``changes``. Every config names its correction
+    (``none`` here, not ``auto``), so the loss block alone says what corrects the mismatch on either engine."""
     base: dict[str, Any] = {
         "estimator": "grpo", "scale_by_std": True, "objective": "ppo_clip", "ratio_level": "token",
         "aggregation": "token_mean", "constant_tokens": MAX_NEW_TOKENS, "clip_eps_low": 0.2, "clip_eps_high": 0.28,
@@ -85,10 +86,6 @@ def _loss(**changes: Any) -> dict[str, Any]:
         raise ValueError(f"unknown loss settings {sorted(unknown)}")
     return {**base, **changes}
 
-
-# Every config names its correction (``correction: none`` in the base block, not ``auto``), so the loss block
-# alone says what corrects the mismatch on either engine.
-_VLLM: dict[str, Any] = {}
 
 # The ablation, one name per config (the recipes of docs/algorithms.md).
 CONFIGS: dict[str, ObjectiveConfig] = {
@@ -112,18 +109,16 @@ CONFIGS: dict[str, ObjectiveConfig] = {
                                 "DAPO loss with truncated IS per token, cap 2, on the embedded engine (where the "
                                 "only mismatch is staleness): is a correction worth having on every path?"),
     "vllm_none": ObjectiveConfig("vllm", _loss(), "vLLM rollouts, DAPO loss, no mismatch correction (the "
-                                 "baseline for the corrections)", _VLLM),
+                                 "baseline for the corrections)"),
     "vllm_tis": ObjectiveConfig("vllm", _loss(correction="tis", correction_high=2.0),
-                                "vLLM rollouts, DAPO loss, truncated IS per token, cap 2 (Yao et al., 2025)",
-                                _VLLM),
+                                "vLLM rollouts, DAPO loss, truncated IS per token, cap 2 (Yao et al., 2025)"),
     "vllm_mask_token": ObjectiveConfig("vllm", _loss(correction="mask_token", correction_low=0.5,
                                                      correction_high=2.0),
-                                       "vLLM rollouts, DAPO loss, masked IS per token, band [0.5, 2] (icepop)",
-                                       _VLLM),
+                                       "vLLM rollouts, DAPO loss, masked IS per token, band [0.5, 2] (icepop)"),
     "vllm_mask_sequence": ObjectiveConfig("vllm", _loss(correction="mask_sequence", correction_low=0.5,
                                                         correction_high=2.0),
                                           "vLLM rollouts, DAPO loss, masked IS per sequence (geometric mean), "
-                                          "band [0.5, 2]", _VLLM),
+                                          "band [0.5, 2]"),
 }
 
 
@@ -409,6 +404,8 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         # the same crossing on the train-step axis: what the loss decides, free of each run's seconds per step
         steps_to = [first_crossing([(e["train_steps"], e["reward"]) for e in r["evals"]], TARGET) for r in mine]
         budget = [r["evals"][-1]["reward"] if r["evals"] else None for r in mine]
+        # the mean of the evals after the start: the whole curve in one figure (less noisy than one eval)
+        curve_means = [_mean([e["reward"] for e in r["evals"] if e["target_min"] > 0]) for r in mine]
         out[name] = {
             "engine": mine[0]["engine"], "what": mine[0].get("what", ""), "loss": mine[0]["loss"],
             "seeds": [r["seed"] for r in mine], "files": [r["file"] for r in mine],
@@ -419,10 +416,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "steps_to_target": {"mean": statistics.mean(steps_to) if all(t is not None for t in steps_to)
                                 else None, "each": steps_to},
             "eval_at_budget": {"mean": _mean(budget), "each": budget},
-            # the mean of the evals after the start: the whole curve in one figure (less noisy than one eval)
-            "mean_eval": {"mean": _mean(curve_means := [_mean([e["reward"] for e in r["evals"]
-                                                                 if e["target_min"] > 0]) for r in mine]),
-                          "each": curve_means},
+            "mean_eval": {"mean": _mean(curve_means), "each": curve_means},
             "train_steps": {"mean": _mean([r["train_steps"] for r in mine]),
                             "each": [r["train_steps"] for r in mine]},
             "step_means": {k: _mean([r.get("step_means", {}).get(k) for r in mine]) for k in SUMMARY_METRICS},
