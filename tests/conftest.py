@@ -113,9 +113,9 @@ def make_server(tmp_path: Path, tiny_model_path: Path):
 
 
 def settle(srv) -> None:
-    """Until the server's train loop has made a whole pass over what it holds now (``Trainer.settled``): after
+    """Until the server's train loop has made a whole pass over what it holds now (``TrainLoop.settled``): after
     this, a step that did not happen will not happen by itself. The event-based way to show that nothing trained."""
-    srv.call(srv.server.trainer.settled())
+    srv.call(srv.server.train_loop.settled())
 
 
 def wait_until(predicate, timeout: float = 30.0, interval: float = 0.05) -> None:

@@ -31,7 +31,7 @@ def train_one_step(srv: Any) -> None:
                 async with client.episode(task_id="sum") as ep:
                     await ep.openai().chat.completions.create(model="x", messages=QUESTION, max_tokens=8)
                     ep.reward(reward)
-            wait_until(lambda: srv.server.trainer.counters.train_steps == 1, timeout=120)
+            wait_until(lambda: srv.server.counters.training.train_steps == 1, timeout=120)
             async with client.episode(task_id="sum", eval=True) as ep:
                 await ep.openai().chat.completions.create(model="x", messages=QUESTION, max_tokens=8, temperature=0)
                 ep.reward(0.25)

@@ -254,7 +254,7 @@ def learning_metrics(model: str, steps: int, quick: bool) -> tuple[dict[str, Ben
             t0 = time.perf_counter()
             asyncio.run(_train_until(srv, task, group, steps, budget_s=90 if quick else 1200))
             elapsed = time.perf_counter() - t0
-            done = srv.server.trainer.counters.train_steps
+            done = srv.server.counters.training.train_steps
             curve = [m["reward_mean"] for _, _, m, _ in srv.server.store.step_metrics()]
         finally:
             srv.stop()

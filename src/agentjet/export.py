@@ -17,9 +17,8 @@ from typing import Any
 
 from agentjet.models import hub_offline
 from agentjet.protocol import reward_mean
-from agentjet.server.trainer import CHECKPOINT_RUN, CHECKPOINT_STATE
+from agentjet.weights import checkpoints as layout
 
-ENGINE_STATE = "agentjet_state.json"  # written by the engine's save (agentjet.engines.hf.STATE_FILE)
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 WEIGHT_FILES = ("config.json", "generation_config.json", "*.safetensors", "*.safetensors.index.json")
 
@@ -51,7 +50,7 @@ class Checkpoint:
         """The local directory the engine loaded (for a hub id, its snapshot)."""
         source = self.engine_state.get("source_model")
         if not source:
-            raise ExportError(f"{self.path / ENGINE_STATE} does not name the source model; cannot merge the adapter")
+            raise ExportError(f"{self.path / layout.LEARNER_STATE} does not name the source model; cannot merge the adapter")
         return Path(source)
 
     @property
@@ -64,9 +63,7 @@ class Checkpoint:
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        return {}
+        return layout.read_json(path)
     except (OSError, ValueError) as exc:
         raise ExportError(f"cannot read {path}: {exc}") from exc
 
@@ -76,10 +73,10 @@ def list_checkpoints(run_dir: Path) -> list[Checkpoint]:
     if not ckpt_dir.is_dir():
         raise ExportError(f"{run_dir} is not a run directory: it has no checkpoints/ (pass the server's --data-dir)")
     out = []
-    for path in sorted(p for p in ckpt_dir.glob("step-*") if (p / CHECKPOINT_STATE).exists()):
-        state = _read_json(path / CHECKPOINT_STATE)
+    for path in layout.complete_checkpoints(ckpt_dir):
+        state = _read_json(path / layout.SERVER_STATE)
         out.append(Checkpoint(path, int(state["train_steps"]), int(state["policy_version"]), state,
-                              _read_json(path / ENGINE_STATE), _read_json(path / CHECKPOINT_RUN)))
+                              _read_json(path / layout.LEARNER_STATE), _read_json(path / layout.RUN_INFO)))
     if not out:
         raise ExportError(f"{ckpt_dir} holds no complete checkpoint yet (the server writes one every "
                           "--checkpoint-every steps and on stop)")

@@ -244,7 +244,7 @@ def test_step_pauses_against_a_real_server(make_server) -> None:
         return addition.reward(task, reply.choices[0].message.content or "")
 
     async def evaluate(task, ep) -> float:  # noqa: ANN001
-        paused_during_eval.append(srv.server.trainer.paused)
+        paused_during_eval.append(srv.server.train_loop.paused)
         return await answer(task, ep)
 
     pool = [addition.make_task(a, b) for a, b in [(3, 4), (5, 2), (1, 1)]]
@@ -263,7 +263,7 @@ def test_step_pauses_against_a_real_server(make_server) -> None:
     assert steps[0] == 0 and steps[-1] >= 5 and len(steps) >= 3 and steps == sorted(steps)
     assert all(e.reward == 0.5 for e in run.evals)  # 0+7 right, 1+2 not
     assert {int(v): r for v, r in status.eval_reward.items()} == {e.policy_version: 0.5 for e in run.evals}
-    assert not srv.server.trainer.paused
+    assert not srv.server.train_loop.paused
 
 
 def test_on_quiet_reports_a_server_that_takes_no_step() -> None:
@@ -317,4 +317,4 @@ def test_a_run_with_begins_held_for_capacity_ends_when_it_stops(make_server) -> 
     run = asyncio.run(main())
     assert run.stop_reason == Stop.STEPS and run.train.failed == 0 and run.evals[-1].train_steps >= 3
     assert srv.server.admission.counters.held > 0  # begins were held at the stop or before it
-    assert not srv.server.trainer.paused
+    assert not srv.server.train_loop.paused

@@ -63,7 +63,7 @@ def test_vllm_with_a_trainer_group_is_a_valid_setting_and_lora_with_a_group_is_n
 
 def _trainer_view_of_a_trained_episode(srv, engine) -> None:
     ids = play_group(srv.url, "t1", [1.0, 0.0])
-    wait_until(lambda: srv.server.trainer.counters.train_steps >= 1, timeout=240)
+    wait_until(lambda: srv.server.counters.training.train_steps >= 1, timeout=240)
     wait_until(lambda: srv.server.metrics.trainlog.for_episode(ids[0]) != {}, timeout=60)
     headers = {"Authorization": f"Bearer {READ}"}
     for eid, sign in zip(ids, (1, -1), strict=True):

@@ -233,8 +233,8 @@ def test_vllm_beside_a_two_rank_trainer_group_trains_and_survives_a_rank_killed_
 
     try:
         first = asyncio.run(play("a"))
-        wait_for(lambda: bg.server.trainer.counters.train_steps >= 1, 600)
-        m1 = dict(bg.server.trainer.counters.last_metrics)
+        wait_for(lambda: bg.server.counters.training.train_steps >= 1, 600)
+        m1 = dict(bg.server.counters.training.last_metrics)
         assert m1["ranks"] == 2 and m1["probe_logprob_diff"] < BF16_MEAN_TOL
         assert engine.generator.policy_version == 1
 
@@ -254,9 +254,9 @@ def test_vllm_beside_a_two_rank_trainer_group_trains_and_survives_a_rank_killed_
         second = asyncio.run(play("b"))
         killer.join(timeout=600)
         assert killed
-        wait_for(lambda: bg.server.trainer.counters.train_steps >= 2, 900)
+        wait_for(lambda: bg.server.counters.training.train_steps >= 2, 900)
         assert group.counters["faults"] == 1 and group.counters["restarts"] == 1
-        m2 = bg.server.trainer.counters.last_metrics
+        m2 = bg.server.counters.training.last_metrics
         assert m2["probe_logprob_diff"] < BF16_MEAN_TOL and engine.generator.policy_version == 2
         consumed = bg.server.store.consumed_steps()
         assert {i: consumed[i] for i in first} == {i: [1] for i in first}

@@ -20,7 +20,7 @@ def server(make_server):
 
 
 def _trained(srv, steps: int) -> None:
-    wait_until(lambda: srv.server.trainer.counters.train_steps >= steps)
+    wait_until(lambda: srv.server.counters.training.train_steps >= steps)
 
 
 def test_without_a_token_everything_is_refused(server) -> None:

@@ -32,7 +32,7 @@ def trained_server(tmp_path_factory, tiny_model_path):
     play_group(srv.url, "t2", [0.0, 1.0], task_type="code")
     play_group(srv.url, "t3", [1.0, 0.5])
     play_group(srv.url, "ev", [1.0], eval=True)
-    wait_until(lambda: srv.server.trainer.counters.train_steps >= 3, timeout=120)
+    wait_until(lambda: srv.server.counters.training.train_steps >= 3, timeout=120)
     wait_until(lambda: srv.server.metrics.trainlog.for_episode(merged[0]) != {})
     yield srv, merged[0]
     srv.stop()

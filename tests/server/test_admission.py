@@ -52,7 +52,7 @@ def test_begin_is_refused_at_capacity_and_the_client_waits(make_server, wait: fl
                     ep.reward(reward)
 
             await asyncio.gather(one("a", 1.0), one("a", 0.0), one("b", 1.0), one("b", 0.0))
-        return srv.server.trainer.counters.train_steps
+        return srv.server.counters.training.train_steps
 
     assert asyncio.run(two_more_groups()) >= 2
     status = srv.server.status()
@@ -282,27 +282,24 @@ def test_a_server_shutting_down_answers_held_begins_at_once(held_server) -> None
 
 def test_batches_take_groups_in_admission_order(tmp_path) -> None:
     from agentjet.server.clock import FakeClock
+    from agentjet.server.counters import TrainingCounters
     from agentjet.server.store import SampleStore, StoredEpisode, StoredStatus
-    from agentjet.server.trainer import Trainer
+    from agentjet.server.training.pool import GroupPool
     from agentjet.settings import ServerConfig, TrainingSettings
 
-    class VersionOnly:
-        policy_version = 0
-
     config = ServerConfig(training=TrainingSettings(group_size=2, batch_groups=1, max_staleness=2))
-    trainer = Trainer(VersionOnly(), SampleStore(tmp_path / "s.sqlite"), config, tmp_path / "ckpt",  # type: ignore[arg-type]
-                      clock=FakeClock())
+    pool = GroupPool(lambda: config.training, SampleStore(tmp_path / "s.sqlite"), TrainingCounters(), FakeClock())
     for key in ("first", "second", "third"):
-        trainer.note_admitted(key)
+        pool.note_admitted(key)
     for key in ("third", "second", "first"):  # completed in reverse
         for i in range(2):
             ep = StoredEpisode(episode_id=f"{key}-{i}", key_hash="h", client_id="c", task_id=key, task_type="default",
                                group_key=key, reward=float(i), status=StoredStatus.PENDING, n_calls=1, n_samples=0,
                                begin_policy_version=0, min_policy_version=0, ended_at=0.0)
-            trainer.store.commit_episode(ep, [], {})
-            trainer.add(ep)
-    assert [g.key for g in trainer.candidate_groups()] == ["first", "second", "third"]
-    assert [g.key for g in trainer.select_batch(trainer.candidate_groups())] == ["first"]
+            pool.store.commit_episode(ep, [], {})
+            pool.add(ep)
+    assert [g.key for g in pool.candidate_groups()] == ["first", "second", "third"]
+    assert [g.key for g in pool.select_batch(pool.candidate_groups())] == ["first"]
 
 
 # ---------------------------------------------------------------------- chaos: clients killed while held
@@ -352,14 +349,14 @@ def test_chaos_clients_killed_while_held_leave_no_episode_and_no_place(make_serv
 
         # c trains alone after its group timeout (min_group_size 1)
         await asyncio.gather(play("c2", 1.0), play("d1", 1.0), play("d2", 0.0))
-        await asyncio.to_thread(wait_until, lambda: srv.server.trainer.counters.train_steps == 3, 20)
+        await asyncio.to_thread(wait_until, lambda: srv.server.counters.training.train_steps == 3, 20)
 
     asyncio.run(main())
     server = srv.server
     assert server.registry.counts == {"begun": 5, "expired": 0, "aborted": 0, "released": 0}
     assert {e.group_key for e in server.registry.episodes()} == {"a", "c", "d"}  # b never began
     assert server.registry.open_training == 0 and len(server.admission.queue) == 0 and server.admission.reserved() == 0
-    assert server.trainer.counters.trained_episodes == 5 and server.trainer.pending_count == 0
+    assert server.counters.training.trained_episodes == 5 and server.pool.pending_count == 0
     t = server.config.training
     assert server.admission.capacity() == (t.max_staleness + server.engine.policy_version + 1) * t.group_size - 5 == 3
     assert server.counters.admission.held >= 6 and server.status().buffer.dropped_stale_episodes == 0

@@ -48,13 +48,13 @@ def test_batches_follow_the_ratios_and_wait_for_a_missing_type(make_server) -> N
         async with SwarmClient(srv.url) as client:
             await groups_of(client, "math", 2, counter)
             await asyncio.to_thread(settle, srv)
-            assert srv.server.trainer.counters.train_steps == 0  # two math groups, no code: wait
+            assert srv.server.counters.training.train_steps == 0  # two math groups, no code: wait
             await groups_of(client, "code", 1, counter)
-            await asyncio.to_thread(wait_until, lambda: srv.server.trainer.counters.train_steps == 1)
+            await asyncio.to_thread(wait_until, lambda: srv.server.counters.training.train_steps == 1)
 
     asyncio.run(main())
     assert step_shares(srv) == [{"share/code": 0.5, "share/math": 0.5}]
-    assert srv.server.trainer.pending_count == 2  # the second math group waits for the next batch
+    assert srv.server.pool.pending_count == 2  # the second math group waits for the next batch
     status = httpx.get(f"{srv.url}/swarm/v1/status").json()
     assert status["task_types"]["math"]["episodes"] == 2 and status["task_types"]["code"]["episodes"] == 2
 
@@ -105,10 +105,10 @@ def test_absent_type_policy(make_server, policy: str, trains: bool) -> None:
 
     asyncio.run(main())
     settle(srv)
-    assert srv.server.trainer.counters.train_steps == 0  # both policies wait for a type that is present
+    assert srv.server.counters.training.train_steps == 0  # both policies wait for a type that is present
     clock.advance(31)
     settle(srv)
-    assert srv.server.trainer.counters.train_steps == (1 if trains else 0)
+    assert srv.server.counters.training.train_steps == (1 if trains else 0)
     if trains:
         assert step_shares(srv) == [{"share/math": 1.0}]
 
@@ -126,7 +126,7 @@ def test_two_producers_at_70_30(make_server) -> None:
         await asyncio.gather(producer("math", 21), producer("code", 12))
 
     asyncio.run(main())
-    wait_until(lambda: srv.server.trainer.counters.train_steps == 3, timeout=30)
+    wait_until(lambda: srv.server.counters.training.train_steps == 3, timeout=30)
     shares = step_shares(srv)
     for s in shares:  # each batch of 20 episodes: 14 math, 6 code (exactly, hence within +-1)
         assert round(s["share/math"] * 20) == 14 and round(s["share/code"] * 20) == 6
@@ -145,7 +145,7 @@ def test_ratio_change_takes_effect_from_the_next_batch(make_server) -> None:
         async with SwarmClient(srv.url) as client:
             await groups_of(client, "math", 1, counter)
             await groups_of(client, "code", 1, counter)
-            await asyncio.to_thread(wait_until, lambda: srv.server.trainer.counters.train_steps == 1)
+            await asyncio.to_thread(wait_until, lambda: srv.server.counters.training.train_steps == 1)
             change = {"training": {"task_ratios": {"math": 1.0, "code": 0.0}}}
             refused = httpx.post(f"{srv.url}/swarm/v1/control/config", headers=ADMIN, json=change)
             assert refused.status_code == 409, refused.text  # code clients ran just now: they would be shut out
@@ -155,7 +155,7 @@ def test_ratio_change_takes_effect_from_the_next_batch(make_server) -> None:
             r = httpx.post(f"{srv.url}/swarm/v1/control/config", headers=ADMIN, json={**change, "force": True})
             assert r.status_code == 200 and r.json()["policy_version"] == 1
             await groups_of(client, "math", 2, counter)
-            await asyncio.to_thread(wait_until, lambda: srv.server.trainer.counters.train_steps == 2)
+            await asyncio.to_thread(wait_until, lambda: srv.server.counters.training.train_steps == 2)
 
     asyncio.run(main())
     assert step_shares(srv) == [{"share/code": 0.5, "share/math": 0.5}, {"share/math": 1.0}]

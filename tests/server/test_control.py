@@ -45,7 +45,7 @@ def test_live_settings_take_effect_from_the_next_batch(make_server) -> None:
     async def main() -> None:
         async with SwarmClient(srv.url) as client:
             await group(client, "a")
-            await asyncio.to_thread(wait_until, lambda: srv.server.trainer.counters.train_steps == 1)
+            await asyncio.to_thread(wait_until, lambda: srv.server.counters.training.train_steps == 1)
             r = httpx.post(f"{srv.url}/swarm/v1/control/config", headers=ADMIN, json={
                 "training": {"group_size": 3, "learning_rate": 0.02}, "sampling": {"temperature": 0.5}})
             assert r.status_code == 200, r.text
@@ -55,9 +55,9 @@ def test_live_settings_take_effect_from_the_next_batch(make_server) -> None:
                                       "sampling.temperature": 0.5}
             await group(client, "b", (1.0, 0.0))  # only 2 of the 3 now needed: no step
             await asyncio.to_thread(settle, srv)
-            assert srv.server.trainer.counters.train_steps == 1
+            assert srv.server.counters.training.train_steps == 1
             await group(client, "b", (0.5,))
-            await asyncio.to_thread(wait_until, lambda: srv.server.trainer.counters.train_steps == 2)
+            await asyncio.to_thread(wait_until, lambda: srv.server.counters.training.train_steps == 2)
 
     asyncio.run(main())
     assert len(srv.server.engine.trained[1]) == 3
@@ -87,10 +87,10 @@ def test_pause_resume_and_checkpoint(make_server) -> None:
             assert httpx.post(f"{srv.url}/swarm/v1/control/pause", headers=ADMIN).json()["paused"] is True
             await group(client, "a")
             await asyncio.to_thread(settle, srv)
-            assert srv.server.trainer.counters.train_steps == 0  # episodes wait in the store
+            assert srv.server.counters.training.train_steps == 0  # episodes wait in the store
             assert srv.server.status().engine_state == "paused"
             httpx.post(f"{srv.url}/swarm/v1/control/resume", headers=ADMIN)
-            await asyncio.to_thread(wait_until, lambda: srv.server.trainer.counters.train_steps == 1)
+            await asyncio.to_thread(wait_until, lambda: srv.server.counters.training.train_steps == 1)
 
     asyncio.run(main())
     ck = httpx.post(f"{srv.url}/swarm/v1/control/checkpoint", headers=ADMIN).json()
@@ -122,7 +122,7 @@ def test_loss_objective_settings_are_live(make_server) -> None:
     async def main() -> None:
         async with SwarmClient(srv.url) as client:
             await group(client, "a")
-            await asyncio.to_thread(wait_until, lambda: srv.server.trainer.counters.train_steps == 1)
+            await asyncio.to_thread(wait_until, lambda: srv.server.counters.training.train_steps == 1)
             r = httpx.post(f"{srv.url}/swarm/v1/control/config", headers=ADMIN, json={"loss": {
                 "objective": "cispo", "aggregation": "seq_mean", "ratio_level": "sequence", "scale_by_std": False,
                 "correction": "mask_sequence", "correction_low": 0.8, "kl_estimator": "k2"}})
@@ -131,7 +131,7 @@ def test_loss_objective_settings_are_live(make_server) -> None:
                              json={"loss": {"correction_low": 1.5}})
             assert bad.status_code == 400 and "correction_low" in bad.json()["error"]["message"]
             await group(client, "b")
-            await asyncio.to_thread(wait_until, lambda: srv.server.trainer.counters.train_steps == 2)
+            await asyncio.to_thread(wait_until, lambda: srv.server.counters.training.train_steps == 2)
 
     asyncio.run(main())
     cfg = srv.server.config.loss.policy_loss_config()
@@ -163,20 +163,20 @@ def test_pause_can_wait_for_the_step_in_progress(make_server, tiny_model_path, w
 
     engine = GatedEngine(AutoTokenizer.from_pretrained(tiny_model_path))
     srv = make_server(engine, admin_token="adm1n", training={"group_size": 2, "batch_groups": 1})
-    trainer = srv.server.trainer
+    loop, pool, counters = srv.server.train_loop, srv.server.pool, srv.server.counters.training
     entered = threading.Event()
-    original = trainer.pause
+    original = loop.pause
 
     async def pause(wait_for_step: bool = False) -> None:
         entered.set()  # the pause request is being served, the step is still held at the gate
         await original(wait_for_step)
 
-    trainer.pause = pause
+    loop.pause = pause  # type: ignore[method-assign]
 
     async def main() -> PauseState:
         async with SwarmClient(srv.url) as client:
             await group(client, "a")
-            await asyncio.to_thread(wait_until, lambda: trainer.in_step == 2)  # the step is running
+            await asyncio.to_thread(wait_until, lambda: pool.in_step == 2)  # the step is running
             paused = asyncio.create_task(client.pause(wait_for_step=wait_for_step, admin_token="adm1n"))
             await asyncio.to_thread(entered.wait, 30)
             engine.gate.set()
@@ -186,6 +186,6 @@ def test_pause_can_wait_for_the_step_in_progress(make_server, tiny_model_path, w
 
     state = asyncio.run(main())
     assert state.paused and state.train_steps == (1 if wait_for_step else 0)
-    wait_until(lambda: trainer.counters.train_steps == 1)
+    wait_until(lambda: counters.train_steps == 1)
     settle(srv)
-    assert trainer.counters.train_steps == 1 and trainer.pending_count == 2
+    assert counters.train_steps == 1 and pool.pending_count == 2

@@ -134,12 +134,12 @@ def test_end_is_idempotent_and_trained_once(make_server) -> None:
     for _ in range(3):  # retried three times
         again = end(srv.url, eps[0], 0.0).json()
         assert again["duplicate"] is True and again["acknowledged"] is True
-    wait_until(lambda: srv.server.trainer.counters.train_steps >= 1)
+    wait_until(lambda: srv.server.counters.training.train_steps >= 1)
     settle(srv)  # whatever else was ready has trained by now
     consumed = srv.server.store.consumed_steps()
     assert {e["episode_id"] for e in eps} <= set(consumed)
     assert all(len(steps) == 1 for steps in consumed.values())
-    assert srv.server.trainer.counters.train_steps == 1
+    assert srv.server.counters.training.train_steps == 1
     assert len(srv.server.engine.trained) == 1 and len(srv.server.engine.trained[0]) == 2
 
 
@@ -165,7 +165,7 @@ def test_per_agent_rewards_reach_each_agents_samples(make_server) -> None:
         assert chat(srv.url, ep["api_key"], headers={"X-Agent-Name": "executor"}).status_code == 200
     end(srv.url, eps[0], {"planner": 1.0, "executor": 0.0})
     end(srv.url, eps[1], {"planner": 0.0, "executor": 0.0})
-    wait_until(lambda: srv.server.trainer.counters.train_steps >= 1)
+    wait_until(lambda: srv.server.counters.training.train_steps >= 1)
     batch = srv.server.engine.trained[0]
     assert len(batch) == 4
     # planner rewards differ (1 vs 0): non-zero advantages; executor rewards are equal: zero advantages

@@ -28,8 +28,9 @@ from agentjet.server.counters import (
     TrainingCounters,
 )
 from agentjet.server.store import SampleStore
-from agentjet.server.trainer import CHECKPOINT_STATE, Trainer
+from agentjet.server.training.checkpoints import Checkpoints
 from agentjet.settings import ServerConfig
+from agentjet.weights.checkpoints import SERVER_STATE
 
 SRC = Path(agentjet.__file__).parent
 COUNTERS = (RequestCounters, TitoCounters, TrackingTotals, AdmissionCounters, TrainingCounters)
@@ -60,7 +61,7 @@ def _fields(cls: type) -> set[str]:
 def test_no_counter_is_written_outside_its_read_model() -> None:
     names = set().union(*(_fields(c) for c in COUNTERS))
     found = []
-    for path in sorted([*SRC.glob("server/*.py"), *SRC.glob("observe/*.py")]):
+    for path in sorted([*SRC.glob("server/**/*.py"), *SRC.glob("observe/**/*.py")]):
         rel = path.relative_to(SRC).as_posix()
         if rel == "server/counters.py":
             continue
@@ -109,15 +110,15 @@ def test_a_resume_restores_the_checkpointed_counters_through_restore(tmp_path: P
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     config = ServerConfig()
     store = SampleStore(tmp_path / "store.sqlite")
-    first = Trainer(_Versioned(), store, config, tmp_path / "ckpt", clock=FakeClock())  # type: ignore[arg-type]
-    c = first.counters
+    c = TrainingCounters()
+    first = Checkpoints(tmp_path / "ckpt", _Versioned(), store, c, lambda: config, FakeClock())
     c.stepped(1, episodes=4, samples=6, tokens=50, metrics={"loss": 0.5})
     c.stepped(2, episodes=4, samples=5, tokens=40, metrics={"loss": 0.25})
     c.drop_stale(3)
     c.drop_uniform(2)
     c.trained_type("math", 8, 3.0)
-    saved = first.save_checkpoint()
-    state = json.loads((saved / CHECKPOINT_STATE).read_text())
+    saved = first.save()
+    state = json.loads((saved / SERVER_STATE).read_text())
     assert {k: state[k] for k in CHECKPOINTED} == {"train_steps": 2, "trained_episodes": 8, "dropped_stale": 3,
                                                    "dropped_uniform": 2}  # the names checkpoints always had
 
@@ -125,10 +126,9 @@ def test_a_resume_restores_the_checkpointed_counters_through_restore(tmp_path: P
     real = TrainingCounters.restore
     monkeypatch.setattr(TrainingCounters, "restore", lambda self, s: (restores.append(dict(s)), real(self, s)))
     again = TrainingCounters()
-    second = Trainer(_Versioned(), store, config, tmp_path / "ckpt", clock=FakeClock(),  # type: ignore[arg-type]
-                     counters=again)
-    assert second.resume_from_checkpoint() == 2 and len(restores) == 1
-    assert second.counters is again and again.checkpoint_state() == c.checkpoint_state()
+    second = Checkpoints(tmp_path / "ckpt", _Versioned(), store, again, lambda: config, FakeClock())
+    assert second.resume() == 2 and len(restores) == 1
+    assert again.checkpoint_state() == c.checkpoint_state()
     assert (again.trained_samples, again.trained_tokens, again.last_metrics, again.by_type) == (0, 0, {}, {})
     store.close()
 
@@ -147,7 +147,7 @@ def _metric(text: str, name: str) -> float:
 def test_status_dashboard_and_metrics_report_the_same_figures(make_server) -> None:
     srv = make_server(engine="tiny", admin_token=ADMIN, observe=ObserveSettings(read_token=READ))
     play_group(srv.url, "t1", [1.0, 0.0])  # trained
-    wait_until(lambda: srv.server.trainer.counters.train_steps == 1, timeout=60)
+    wait_until(lambda: srv.server.counters.training.train_steps == 1, timeout=60)
     play_group(srv.url, "t2", [0.0, 0.0])  # uniform: dropped
     play_group(srv.url, "e", [0.5], eval=True)
     aborted = httpx.post(f"{srv.url}/swarm/v1/episodes", json={"client_id": "c2", "task_id": "a"}).json()

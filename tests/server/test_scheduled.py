@@ -26,7 +26,7 @@ def test_curriculum_periodic_evals_and_pauses(make_server) -> None:
 
     async def at_pause(clock: float) -> None:
         paused.append(clock)
-        assert srv.server.trainer.paused  # training is paused while the eval runs
+        assert srv.server.train_loop.paused  # training is paused while the eval runs
 
     async def main():
         async with SwarmClient(srv.url, token="adm1n") as client:  # pausing training needs the admin token
@@ -43,7 +43,7 @@ def test_curriculum_periodic_evals_and_pauses(make_server) -> None:
     assert cur.state(pool[0]["task_id"]) is TaskState.SOLVED and cur.state(pool[2]["task_id"]) is TaskState.HARD
     assert run.groups > 4 and run.uniform_groups == run.groups  # a fixed reply: every group uniform
     assert run.train.calls == run.train.samples > 0 and run.merge_ratio == 1.0
-    assert not srv.server.trainer.paused  # resumed after the last eval
+    assert not srv.server.train_loop.paused  # resumed after the last eval
     assert srv.server.store.count_by_status()["eval"] == 2 * len(run.evals)
 
 

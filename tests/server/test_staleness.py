@@ -108,12 +108,12 @@ def test_a_reply_spanning_an_update_is_trained_on_its_fresh_tokens_and_traced(ma
         return ids
 
     spanning, fresh = asyncio.run(main())
-    wait_until(lambda: srv.server.trainer.counters.train_steps == 1)
+    wait_until(lambda: srv.server.counters.training.train_steps == 1)
     n = len(engine._reply_ids)
     batch = engine.trained[-1]
     masks = sorted((s.loss_mask[-n:] for s in batch), key=sum)
     assert masks == [[0, 0] + [1] * (n - 2), [1] * n]  # the two v0 tokens masked out, the rest trained
-    metrics = srv.server.trainer.counters.last_metrics
+    metrics = srv.server.counters.training.last_metrics
     assert metrics["staleness/masked_tokens"] == 2 and metrics["staleness/masked_token_share"] == 2 / (2 * n)
     assert srv.server.status().buffer.dropped_stale_episodes == 0
 

@@ -39,7 +39,7 @@ def test_team_episode_trains_each_model_on_its_own_samples(make_server) -> None:
                                  one(team, {"planner": 0.0, "executor": 1.0}))
 
     asyncio.run(main())
-    wait_until(lambda: a.server.trainer.counters.train_steps == 1 and b.server.trainer.counters.train_steps == 1)
+    wait_until(lambda: a.server.counters.training.train_steps == 1 and b.server.counters.training.train_steps == 1)
     # each server trained only its own role's samples
     assert all(len(batch) == 2 for batch in (a.server.engine.trained[0], b.server.engine.trained[0]))
     assert counts(a)["trained"] == 2 and counts(b)["trained"] == 2

@@ -200,8 +200,8 @@ def test_within_staleness_bound_is_trained_with_behaviour_logprobs(make_server) 
                 await ep.end(r)
 
     asyncio.run(main())
-    wait_until(lambda: srv.server.trainer.counters.train_steps == 2)  # (the version moves before the metrics land)
-    metrics = srv.server.trainer.counters.last_metrics
+    wait_until(lambda: srv.server.counters.training.train_steps == 2)  # (the version moves before the metrics land)
+    metrics = srv.server.counters.training.last_metrics
     assert metrics["mean_abs_logprob_diff"] > 1e-6  # off-policy by one version: a real importance ratio
     assert srv.server.status().buffer.dropped_stale_episodes == 0
 
@@ -286,7 +286,7 @@ def test_incomplete_group_is_used_after_the_timeout(make_server) -> None:
             await asyncio.gather(*[one_episode(client, "t", r) for r in (1.0, 0.0)])  # half a group
 
     asyncio.run(main())
-    wait_until(lambda: srv.server.trainer.counters.train_steps == 1, timeout=15)
+    wait_until(lambda: srv.server.counters.training.train_steps == 1, timeout=15)
     assert len(srv.server.engine.trained[0]) == 2
 
 
@@ -389,7 +389,7 @@ def test_runner_uses_the_servers_group_size_and_warns_on_a_mismatch(make_server,
 
     asyncio.run(main())
     assert seen.count("a") == 3 and seen.count("b") == 2 and seen.count("e") == 1
-    wait_until(lambda: srv.server.trainer.counters.train_steps == 1)  # the full group of 3 trained
+    wait_until(lambda: srv.server.counters.training.train_steps == 1)  # the full group of 3 trained
 
 
 def test_a_failed_checkpoint_does_not_hand_trained_episodes_back(make_server) -> None:
@@ -413,4 +413,4 @@ def test_a_failed_checkpoint_does_not_hand_trained_episodes_back(make_server) ->
     assert engine.policy_version == 1 and len(engine.trained) == 1
     consumed = srv.server.store.consumed_steps()
     assert {i: consumed[i] for i in ids} == {i: [1] for i in ids}
-    assert srv.server.trainer.pending_count == 0
+    assert srv.server.pool.pending_count == 0

@@ -17,6 +17,7 @@ from agentjet.engines.base import (
     TokenCallback,
     TrainSample,
 )
+from agentjet.weights.checkpoints import LEARNER_STATE, read_policy_version
 
 
 class NullEngine(Engine):
@@ -65,9 +66,7 @@ class NullEngine(Engine):
 
     def save(self, path: Path) -> None:
         Path(path).mkdir(parents=True, exist_ok=True)
-        (Path(path) / "agentjet_state.json").write_text(f'{{"policy_version": {self.policy_version}}}')
+        (Path(path) / LEARNER_STATE).write_text(f'{{"policy_version": {self.policy_version}}}')
 
     def load(self, path: Path) -> None:
-        import json
-
-        self.policy_version = int(json.loads((Path(path) / "agentjet_state.json").read_text())["policy_version"])
+        self.policy_version = read_policy_version(Path(path))

@@ -17,8 +17,8 @@ from typing import Any
 from agentjet.distributed.group import SHARDED_DIR, TrainerGroup
 from agentjet.engines.base import Learner, StepOutput, TrainSample
 from agentjet.engines.weights import WEIGHTS_FILE, untied_config
-from agentjet.learners.inprocess import STATE_FILE, read_policy_version
 from agentjet.settings import LossSettings
+from agentjet.weights.checkpoints import LEARNER_STATE, read_policy_version
 
 
 class GroupLearner(Learner):
@@ -74,7 +74,7 @@ class GroupLearner(Learner):
         if weights is not None and weights != path / WEIGHTS_FILE:
             shutil.copyfile(weights, path / WEIGHTS_FILE)
             self._complete_model_dir(path)
-        (path / STATE_FILE).write_text(json.dumps({"policy_version": self.group.policy_version,
+        (path / LEARNER_STATE).write_text(json.dumps({"policy_version": self.group.policy_version,
                                                    "source_model": str(self.group.model)}, indent=2))
 
     def load(self, path: Path) -> None:

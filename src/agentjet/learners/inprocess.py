@@ -41,15 +41,9 @@ from agentjet.engines.weights import (
     version_dir,
 )
 from agentjet.settings import EngineSettings, LossSettings
+from agentjet.weights.checkpoints import LEARNER_STATE, read_policy_version
 
 OPTIMIZER_FILE = "optimizer.pt"
-STATE_FILE = "agentjet_state.json"
-
-
-def read_policy_version(path: Path) -> int:
-    """The policy version a checkpoint directory records (0 when it records none)."""
-    state = Path(path) / STATE_FILE
-    return int(json.loads(state.read_text())["policy_version"]) if state.exists() else 0
 
 
 class InProcessLearner(Learner):
@@ -212,7 +206,7 @@ class InProcessLearner(Learner):
         torch.save(self.optimizer.state_dict(), path / OPTIMIZER_FILE)
         state = {"policy_version": self.policy_version, "engine": self.settings.model_dump(mode="json"),
                  "source_model": str(self.policy.path)}
-        (path / STATE_FILE).write_text(json.dumps(state, indent=2))
+        (path / LEARNER_STATE).write_text(json.dumps(state, indent=2))
 
     def load(self, path: Path) -> None:
         """Load a checkpoint into the weights in place (on the learner's thread: between decode steps when the

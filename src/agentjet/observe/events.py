@@ -29,7 +29,7 @@ class StepRecord:
 
 
 class StepObserver(Protocol):
-    """The trainer's hook (``Trainer.observer``)."""
+    """The trainer's hook (``BatchStep.observer``)."""
 
     def step_context(self, metrics: dict[str, float]) -> dict[str, float]:
         """Server-wide figures to store with the step being recorded (rates, drops, merging); ``metrics``: the

@@ -50,7 +50,7 @@ from agentjet.server.errors import APIError, bad_request, unavailable
 from agentjet.server.registry import EpisodeRegistry
 from agentjet.server.state import Lifecycle, ServerState
 from agentjet.server.store_health import StoreHealth
-from agentjet.server.trainer import Trainer
+from agentjet.server.training.pool import GroupPool
 from agentjet.settings import ServerConfig
 
 log = logging.getLogger(__name__)
@@ -168,12 +168,12 @@ class Admission:
     store, the client's own limit), the cocktail quotas, and the capacity rule above with its queue of held
     begins. Counts its refusals and held begins (``counters.AdmissionCounters``)."""
 
-    def __init__(self, config: ServerConfig, engine: Engine, registry: EpisodeRegistry, trainer: Trainer,
+    def __init__(self, config: ServerConfig, engine: Engine, registry: EpisodeRegistry, pool: GroupPool,
                  clock: Clock, lifecycle: Lifecycle, store_health: StoreHealth, counters: AdmissionCounters) -> None:
         self.config = config
         self.engine = engine
         self.registry = registry
-        self.trainer = trainer
+        self.pool = pool
         self.clock = clock
         self.lifecycle = lifecycle
         self.store_health = store_health
@@ -246,9 +246,9 @@ class Admission:
 
     def _admit(self, req: BeginEpisodeRequest) -> BeginEpisodeResponse:
         if not req.eval and not self._begun_in_group(req.group_id or req.task_id) % self.config.training.group_size:
-            self.trainer.note_admitted(req.group_id or req.task_id)
+            self.pool.note_admitted(req.group_id or req.task_id)
         ep, key = self.registry.begin(req, self.engine.policy_version)
-        self.trainer.note_begin(req.task_type)
+        self.pool.note_begin(req.task_type)
         return BeginEpisodeResponse(episode_id=ep.episode_id, api_key=key, base_url=self.config.base_url(),
                                     lease_seconds=self.config.lease_seconds, policy_version=self.engine.policy_version)
 
@@ -303,8 +303,8 @@ class Admission:
         settings = self.config.training
         if not settings.task_ratios or task_type not in settings.task_ratios:
             return False
-        quota = max(self.trainer.quotas().get(task_type, 0), 1) * settings.group_size
-        outstanding = self.registry.open_by_type[task_type] + self.trainer.pending_by_type().get(task_type, 0)
+        quota = max(self.pool.quotas().get(task_type, 0), 1) * settings.group_size
+        outstanding = self.registry.open_by_type[task_type] + self.pool.pending_by_type().get(task_type, 0)
         return outstanding >= 2 * quota
 
     def _check_task_type(self, task_type: str) -> None:
@@ -315,7 +315,7 @@ class Admission:
         if task_type not in settings.task_ratios:
             raise bad_request(f"task type {task_type!r} has no ratio; the server trains "
                               f"{sorted(settings.task_ratios)}", param="task_type")
-        self.trainer.note_begin(task_type)  # a deferred type is present, not absent
+        self.pool.note_begin(task_type)  # a deferred type is present, not absent
 
     def _check_quota(self, task_type: str) -> None:
         """Cocktail training: defer (429) a type that already has two batches' worth of its share in flight."""
@@ -327,19 +327,19 @@ class Admission:
         """Training episodes that may begin now without going past the staleness bound (``capacity``)."""
         t = self.config.training
         return capacity(version=self.engine.policy_version, batch_episodes=t.batch_groups * t.group_size,
-                        max_staleness=t.max_staleness, accepted=self.trainer.accepted_count,
+                        max_staleness=t.max_staleness, accepted=self.pool.accepted_count,
                         running=self.registry.open_training, max_concurrent=t.max_concurrent)
 
     def _begun_in_group(self, group_key: str) -> int:
-        return self.registry.open_by_group[group_key] + self.trainer.pending_in_group(group_key)
+        return self.registry.open_by_group[group_key] + self.pool.pending_in_group(group_key)
 
     def reserved(self) -> int:
         """Places held for the members that begun groups still lack (``reserved``), for ``group_timeout_s``
         after the group's admission: a member that never comes (its client was killed) does not hold its place
         for longer."""
         t = self.config.training
-        keys = set(self.registry.open_by_group) | set(self.trainer.pending_group_keys())
-        return reserved((self._begun_in_group(k) for k in keys if self.trainer.admitted_within(k, t.group_timeout_s)),
+        keys = set(self.registry.open_by_group) | set(self.pool.pending_group_keys())
+        return reserved((self._begun_in_group(k) for k in keys if self.pool.admitted_within(k, t.group_timeout_s)),
                         t.group_size)
 
     def _check_capacity(self, group_key: str) -> None:

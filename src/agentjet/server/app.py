@@ -97,7 +97,7 @@ class BackgroundServer:
         return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout=60)  # type: ignore[arg-type]
 
     def _loop(self) -> asyncio.AbstractEventLoop:
-        return self.server.trainer._task.get_loop()  # type: ignore[union-attr]
+        return self.server.train_loop.event_loop()
 
     def __enter__(self) -> BackgroundServer:
         return self.start()

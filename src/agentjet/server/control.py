@@ -28,7 +28,7 @@ router = APIRouter(prefix=f"{SWARM_PREFIX}/control", dependencies=[Depends(requi
 def active_task_types(server: SwarmServer) -> set[str]:
     """Task types that clients are running now: open episodes, or a begin within ``absent_after_s``."""
     now = server.clock.monotonic()
-    recent = {t for t, at in server.trainer.last_begin.items()
+    recent = {t for t, at in server.pool.last_begin.items()
               if now - at <= server.config.training.absent_after_s}
     return recent | {t for t, n in server.registry.open_by_type.items() if n > 0}
 
@@ -63,7 +63,7 @@ def apply_change(server: SwarmServer, change: ConfigChange) -> ChangeRecord:
     if any(key.startswith("training.") for key in applied):
         server.admission.pump()  # a larger bound or batch may admit held begins at once
     record = ChangeRecord(at=server.clock.time(), policy_version=server.engine.policy_version,
-                          train_step=server.trainer.counters.train_steps, changes=applied)
+                          train_step=server.counters.training.train_steps, changes=applied)
     if applied:
         server.change_log.append(record)
         log.info("config change at policy v%d (step %d): %s", record.policy_version, record.train_step, applied)
@@ -87,20 +87,20 @@ async def get_config(request: Request) -> dict[str, Any]:
 @router.post("/config", response_model=ChangeRecord)
 async def set_config(request: Request, body: ConfigChange) -> ChangeRecord:
     server = server_of(request)
-    async with server.trainer.step_lock:  # between train steps: a batch never mixes settings
+    async with server.train_loop.step_lock:  # between train steps: a batch never mixes settings
         return apply_change(server, body)
 
 
 def pause_state(server: SwarmServer) -> PauseState:
-    return PauseState(paused=server.trainer.paused, policy_version=server.engine.policy_version,
-                      train_steps=server.trainer.counters.train_steps)
+    return PauseState(paused=server.train_loop.paused, policy_version=server.engine.policy_version,
+                      train_steps=server.counters.training.train_steps)
 
 
 @router.post("/pause", response_model=PauseState)
 async def pause(request: Request, body: PauseRequest | None = None) -> PauseState:
     """Training starts no new step; with ``wait_for_step``, the answer waits for a step in progress."""
     server = server_of(request)
-    await server.trainer.pause(wait_for_step=body is not None and body.wait_for_step)
+    await server.train_loop.pause(wait_for_step=body is not None and body.wait_for_step)
     log.info("training paused at policy v%d", server.engine.policy_version)
     return pause_state(server)
 
@@ -108,7 +108,7 @@ async def pause(request: Request, body: PauseRequest | None = None) -> PauseStat
 @router.post("/resume", response_model=PauseState)
 async def resume(request: Request) -> PauseState:
     server = server_of(request)
-    server.trainer.resume()
+    server.train_loop.resume()
     log.info("training resumed at policy v%d", server.engine.policy_version)
     return pause_state(server)
 
@@ -116,8 +116,8 @@ async def resume(request: Request) -> PauseState:
 @router.post("/checkpoint")
 async def checkpoint(request: Request) -> dict[str, Any]:
     server = server_of(request)
-    path = await server.trainer.checkpoint_now()
-    return {"path": str(path), "train_step": server.trainer.counters.train_steps,
+    path = await server.train_loop.checkpoint_now()
+    return {"path": str(path), "train_step": server.counters.training.train_steps,
             "policy_version": server.engine.policy_version}
 
 

@@ -12,7 +12,7 @@ object                      counts                                           wri
 ``TitoCounters``            token-in, token-out splices and fallbacks        ``ingest.Ingest.tito_prompt_ids``
 ``TrackingTotals``          context tracking over the stored episodes        ``ingest.Ingest`` (the durable write)
 ``AdmissionCounters``       begins refused at capacity, begins held          ``admission.Admission``
-``TrainingCounters``        steps, trained and dropped episodes, last step   ``trainer.Trainer``
+``TrainingCounters``        steps, trained and dropped episodes, last step   ``training.step`` and ``.pool``
 ==========================  ===============================================  ======================================
 
 The episode registry keeps its own lifecycle counts (``registry.counts``: begun, expired, aborted, released),
@@ -126,7 +126,7 @@ CHECKPOINTED = ("train_steps", "trained_episodes", "dropped_stale", "dropped_uni
 
 @dataclass
 class TrainingCounters:
-    """The train loop (``trainer.py``). Cumulative since the run began: the checkpointed ones survive a resume."""
+    """The training core (``training/``). Cumulative since the run began: the checkpointed ones survive a resume."""
 
     train_steps: int = 0
     trained_episodes: int = 0

@@ -28,7 +28,7 @@ from agentjet.server.store import SampleStore, StoredEpisode, StoredStatus, Stor
 from agentjet.server.store_health import StoreHealth
 from agentjet.server.teams import Teams
 from agentjet.server.tito import may_splice, request_prompt_ids
-from agentjet.server.trainer import Trainer
+from agentjet.server.training.loop import TrainLoop
 from agentjet.settings import ServerConfig
 from agentjet.tracking import CallRecord, EpisodeSample, TrackingReport, track_episode
 
@@ -37,16 +37,16 @@ log = logging.getLogger(__name__)
 
 class TrainingIntake:
     """An episode that is durable and final (ended, or a team episode committed): counted, and handed to the
-    trainer when it is a training episode."""
+    train loop when it is a training episode."""
 
-    def __init__(self, trainer: Trainer, requests: RequestCounters) -> None:
-        self.trainer = trainer
+    def __init__(self, loop: TrainLoop, requests: RequestCounters) -> None:
+        self.loop = loop
         self.requests = requests
 
     def acknowledged(self, stored: StoredEpisode) -> None:
         self.requests.episode_ended()
         if stored.status is StoredStatus.PENDING:
-            self.trainer.add(stored)
+            self.loop.add(stored)
 
 
 class Ingest:

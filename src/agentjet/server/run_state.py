@@ -19,7 +19,8 @@ from agentjet.server.registry import EpisodeRegistry
 from agentjet.server.state import Lifecycle
 from agentjet.server.store import SampleStore, StoreReader
 from agentjet.server.teams import Teams
-from agentjet.server.trainer import Trainer
+from agentjet.server.training.loop import TrainLoop
+from agentjet.server.training.pool import GroupPool
 from agentjet.settings import ServerConfig
 
 
@@ -27,11 +28,11 @@ class StoredCounts:
     """Episodes per stored status, counted through the read side's own connection (``StoreReader``). Every
     view shares one count while nothing that moves it has happened, and for at most ``ttl_s``."""
 
-    def __init__(self, reader: StoreReader, counters: RunCounters, trainer: Trainer, teams: Teams, clock: Clock,
+    def __init__(self, reader: StoreReader, counters: RunCounters, pool: GroupPool, teams: Teams, clock: Clock,
                  ttl_s: float = 2.0) -> None:
         self.reader = reader
         self.counters = counters
-        self.trainer = trainer
+        self.pool = pool
         self.teams = teams
         self.clock = clock
         self.ttl_s = ttl_s
@@ -39,10 +40,10 @@ class StoredCounts:
 
     def _moved(self) -> tuple[int, ...]:
         """What changes whenever a stored status does: an episode acknowledged (ended or committed), one
-        prepared or resolved, the trainer taking from its pool (steps, drops, batches with nothing to learn)."""
+        prepared or resolved, the train loop taking from the pool (steps, drops, batches with nothing to learn)."""
         t = self.counters.training
         return (self.counters.requests.episodes_ended, t.train_steps, t.trained_episodes, t.dropped_stale,
-                t.dropped_uniform, self.trainer.pending_count, self.trainer.in_step, len(self.teams.prepared))
+                t.dropped_uniform, self.pool.pending_count, self.pool.in_step, len(self.teams.prepared))
 
     def by_status(self) -> dict[str, int]:
         key = self._moved()  # read before the count: a change in between makes the next call count again
@@ -63,7 +64,8 @@ class RunParts:
     store: SampleStore  # the trace reads samples through it
     reader: StoreReader  # every other read of the store
     stored: StoredCounts
-    trainer: Trainer
+    pool: GroupPool
+    train_loop: TrainLoop
     admission: Admission
     teams: Teams
     counters: RunCounters
@@ -73,7 +75,7 @@ class RunParts:
     def engine_state(self) -> str:
         """The run's state as every view shows it: ``paused`` while training is paused, else the server's
         lifecycle state."""
-        return "paused" if self.trainer.paused else self.lifecycle.state.value
+        return "paused" if self.train_loop.paused else self.lifecycle.state.value
 
 
 def snapshot(run: RunParts) -> RunSnapshot:
@@ -85,7 +87,7 @@ def snapshot(run: RunParts) -> RunSnapshot:
     sync = run.engine.weight_sync
     return RunSnapshot(
         model=run.config.name, engine=run.engine.layout, engine_info=run.engine.describe(),
-        engine_state=run.engine_state(), paused=run.trainer.paused, policy_version=run.engine.policy_version,
+        engine_state=run.engine_state(), paused=run.train_loop.paused, policy_version=run.engine.policy_version,
         train_steps=t.train_steps, uptime_s=max(run.clock.monotonic() - c.requests.started, 1e-9),
         open_episodes=reg.open_count, pending_episodes=counts["pending"], trained_episodes=counts["trained"],
         eval_episodes=counts["eval"], client_ids=sorted(reg.clients), calls=c.requests.calls,

@@ -4,7 +4,7 @@ Every generated token records the policy version that sampled it (a reply that s
 two or more). With ``training.max_staleness = S`` and the learner at version ``V``, a token generated at a
 version older than ``V - S`` is stale: it is masked out of the loss (its loss-mask entry becomes 0), and the
 rest of its sample is trained on. A sample whose trained tokens are all stale leaves the batch; an episode whose
-tokens are all stale is dropped before batching (``Trainer._drop_stale``), as whole episodes were before
+tokens are all stale is dropped before batching (``GroupPool.drop_stale``), as whole episodes were before
 versions were kept per token. Pure functions: the trainer calls them, tests check them.
 """
 

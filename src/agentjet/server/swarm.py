@@ -1,6 +1,6 @@
 """``SwarmServer``: the one object behind the HTTP routes. It builds the parts and runs their lifecycle:
 
-- ``registry`` (open episodes, keys, leases), ``store`` (durable samples), ``trainer`` (batching, steps);
+- ``registry`` (open episodes, keys, leases), ``store`` (durable samples), the training core (``training/``: pool, step, loop, checkpoints);
 - ``keys`` (``keys.py``: key auth), ``admission`` (``admission.py``: begin, quotas, capacity), ``ingest``
   (``ingest.py``: calls, token-in/token-out, the durable end), ``episodes`` (``episodes.py``: join, heartbeat,
   abort), ``teams`` (``teams.py``: two-phase commit);
@@ -49,7 +49,10 @@ from agentjet.server.status import build_status, eval_reward_by_version
 from agentjet.server.store import SampleStore, StoreReader
 from agentjet.server.store_health import StoreHealth
 from agentjet.server.teams import Teams
-from agentjet.server.trainer import Trainer
+from agentjet.server.training.checkpoints import Checkpoints
+from agentjet.server.training.loop import TrainLoop
+from agentjet.server.training.pool import GroupPool
+from agentjet.server.training.step import BatchStep
 from agentjet.settings import ServerConfig
 
 log = logging.getLogger(__name__)
@@ -60,7 +63,9 @@ class SwarmServer:
     store: SampleStore
     reader: StoreReader
     store_health: StoreHealth
-    trainer: Trainer
+    pool: GroupPool
+    checkpoints: Checkpoints
+    train_loop: TrainLoop
     teams: Teams
     keys: EpisodeKeys
     admission: Admission
@@ -107,7 +112,7 @@ class SwarmServer:
         self.lifecycle.exiting = exiting
 
     def _open(self) -> None:
-        """Open what holds files: the store, the trainer over it, the episode lifecycle (key auth, admission,
+        """Open what holds files: the store, the training core over it, the episode lifecycle (key auth, admission,
         ingest, teams), and the read side (the run's parts and snapshot, the dashboard's source and the metrics:
         Prometheus, metrics.jsonl, TensorBoard / W&B)."""
         config, data_dir, counters = self.config, self.data_dir, self.counters
@@ -118,14 +123,13 @@ class SwarmServer:
         self.store = SampleStore(data_dir / "store.sqlite")
         self.reader = StoreReader(self.store.path)
         self.store_health = StoreHealth(self.store)
-        self.trainer = Trainer(self.engine, self.store, config, data_dir / "checkpoints", clock=self.clock,
-                               counters=counters.training)
-        intake = TrainingIntake(self.trainer, counters.requests)
+        self._open_training(data_dir)
+        intake = TrainingIntake(self.train_loop, counters.requests)
         locks = KeyedLocks()  # one end / prepare / commit at a time per episode
         self.teams = Teams(self.store, self.registry, locks, self.clock, config.lease_seconds,
                            on_committed=intake.acknowledged)
         self.keys = EpisodeKeys(self.registry, self.store)
-        self.admission = Admission(config, self.engine, self.registry, self.trainer, self.clock, self.lifecycle,
+        self.admission = Admission(config, self.engine, self.registry, self.pool, self.clock, self.lifecycle,
                                    self.store_health, counters.admission)
         self.ingest = Ingest(config, self.engine, self.formatter, self.registry, self.store, self.keys, self.teams,
                              locks, self.clock, self.store_health, intake, self.admission, counters)
@@ -133,14 +137,26 @@ class SwarmServer:
         trainlog = TrainLog(data_dir / TRAINLOG_FILE)
         self.run = RunParts(config=config, engine=self.engine, clock=self.clock, registry=self.registry,
                             store=self.store, reader=self.reader,
-                            stored=StoredCounts(self.reader, counters, self.trainer, self.teams, self.clock),
-                            trainer=self.trainer, admission=self.admission, teams=self.teams, counters=counters,
+                            stored=StoredCounts(self.reader, counters, self.pool, self.teams, self.clock),
+                            pool=self.pool, train_loop=self.train_loop, admission=self.admission, teams=self.teams, counters=counters,
                             trainlog=trainlog, lifecycle=self.lifecycle)
         self.observe = ServerSource(self.run)
         self.metrics = MetricsHub(config.observe, data_dir, self.observe.snapshot, self.public_config(),
                                   trainlog=trainlog)
-        self.trainer.observer = self.metrics
-        self.trainer.on_capacity = self.admission.pump
+        self.train_loop.step.observer = self.metrics
+        self.train_loop.on_capacity = self.admission.pump
+
+    def _open_training(self, data_dir: Path) -> None:
+        """The training core over the store: the group pool, checkpoints, the batch step and the loop."""
+        counters = self.counters.training
+
+        def config() -> ServerConfig:
+            return self.config  # read afresh: the control plane swaps live sections between steps
+
+        self.pool = GroupPool(lambda: self.config.training, self.store, counters, self.clock)
+        self.checkpoints = Checkpoints(data_dir / "checkpoints", self.engine, self.store, counters, config, self.clock)
+        step = BatchStep(self.engine, self.store, counters, config, self.checkpoints, self.clock)
+        self.train_loop = TrainLoop(self.pool, step, self.checkpoints, self.engine, counters, self.clock)
 
     @property
     def data_dir(self) -> Path:
@@ -151,14 +167,14 @@ class SwarmServer:
     async def start(self) -> None:
         self._open()
         if self.config.resume:
-            await asyncio.to_thread(self.trainer.resume_from_checkpoint)
+            await asyncio.to_thread(self.checkpoints.resume)
         self.engine.set_learning_rate(self.config.training.learning_rate)  # the configured rate wins on resume
         self.engine.set_loss(self.config.loss)
         self.teams.load()
-        n = self.trainer.load_pending()
+        n = self.pool.load_pending()
         if n:
             log.info("%d acknowledged episodes waiting in the store", n)
-        self.trainer.start()
+        self.train_loop.start()
         self._reaper = asyncio.get_running_loop().create_task(self._reap_loop())
         self.state = ServerState.READY
 
@@ -168,9 +184,9 @@ class SwarmServer:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reaper
-        await self.trainer.stop()
-        if checkpoint and self.trainer.counters.train_steps:
-            await asyncio.to_thread(self.trainer.save_checkpoint)
+        await self.train_loop.stop()
+        if checkpoint and self.counters.training.train_steps:
+            await asyncio.to_thread(self.checkpoints.save)
         await self.engine.close()
         self.metrics.close()
         self.reader.close()

@@ -1,0 +1,87 @@
+"""Checkpoints of a run: save (the learner's weights and optimizer, plus the server's counters and the run's
+settings), prune to ``keep_checkpoints``, and resume (load the latest, rewind the store to its step). The
+layout on disk is ``agentjet.weights.checkpoints``."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+from agentjet.clock import Clock
+from agentjet.server.counters import TrainingCounters
+from agentjet.server.store import SampleStore
+from agentjet.settings import ServerConfig
+from agentjet.weights import checkpoints as layout
+
+log = logging.getLogger(__name__)
+
+
+class Persistent(Protocol):
+    """What a checkpoint saves and loads: the learner's side of the engine."""
+
+    @property
+    def policy_version(self) -> int: ...
+
+    def save(self, path: Path) -> None: ...
+
+    def load(self, path: Path) -> None: ...
+
+
+class Checkpoints:
+    def __init__(self, root: Path, engine: Persistent, store: SampleStore, counters: TrainingCounters,
+                 config: Callable[[], ServerConfig], clock: Clock) -> None:
+        self.root = root
+        self.engine = engine
+        self.store = store
+        self.counters = counters
+        self._config = config
+        self.clock = clock
+
+    def save(self) -> Path:
+        """A checkpoint of the committed step (call between steps). Written under a temporary name and renamed
+        in whole; then the ``latest`` pointer moves and old ones are pruned."""
+        config = self._config()
+        step = self.counters.train_steps
+        target, tmp = layout.step_dir(self.root, step), layout.temp_dir(self.root, step)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        self.engine.save(tmp)
+        state = {**self.counters.checkpoint_state(), "policy_version": self.engine.policy_version,
+                 "saved_at": self.clock.time()}
+        (tmp / layout.SERVER_STATE).write_text(json.dumps(state, indent=2))
+        run = {"model": config.model, "model_revision": config.model_revision,
+               "served_model_name": config.name, "settings": config.public_dict()}
+        (tmp / layout.RUN_INFO).write_text(json.dumps(run, indent=2, default=str))
+        if target.exists():
+            shutil.rmtree(target)
+        tmp.rename(target)
+        pointer = self.root / ".latest.tmp"  # write-then-rename: a crash never leaves a torn pointer
+        pointer.write_text(target.name)
+        pointer.replace(self.root / layout.LATEST)
+        self._prune(config.training.keep_checkpoints)
+        log.info("checkpoint saved: %s", target)
+        return target
+
+    def _prune(self, keep: int) -> None:
+        for old in layout.step_dirs(self.root)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def latest(self) -> Path | None:
+        return layout.latest(self.root)
+
+    def resume(self) -> int:
+        """Load the latest checkpoint (if any) and rewind the store to it. Returns the restored step."""
+        ckpt = self.latest()
+        step = 0
+        if ckpt is not None:
+            self.engine.load(ckpt)
+            self.counters.restore(layout.read_json(ckpt / layout.SERVER_STATE))
+            step = self.counters.train_steps
+        rewound = self.store.rewind_to_step(step)
+        log.info("resumed at step %d (checkpoint %s); %d episodes consumed after it are pending again", step,
+                 ckpt, rewound)
+        return step
