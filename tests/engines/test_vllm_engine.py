@@ -128,7 +128,7 @@ def test_generation_waits_for_the_swap_and_sees_the_new_version(make_vllm_engine
     async def go():
         batch = await rollout_batch(engine)
         step = asyncio.create_task(engine.train_step(batch))
-        while not engine.generator._syncing:
+        while not engine.generator.gate.closed:
             await asyncio.sleep(0.01)
         res = await engine.generate(prompt(engine), SamplingParams(max_tokens=3, seed=2))
         assert step.done()  # the request was held until the swap had finished
@@ -199,11 +199,11 @@ def test_closing_the_gate_holds_a_request_started_in_the_same_loop_turn(make_vll
     engine = make_vllm_engine()
 
     async def go():
-        assert engine.generator._serving_event().is_set()
-        engine.generator._set_gate(False)
-        closed_now = not engine.generator._serving_event().is_set()
-        engine.generator._set_gate(True)
-        return closed_now, engine.generator._serving_event().is_set()
+        assert engine.generator.gate.event().is_set()
+        engine.generator.gate.set(False)
+        closed_now = not engine.generator.gate.event().is_set()
+        engine.generator.gate.set(True)
+        return closed_now, engine.generator.gate.event().is_set()
 
     assert asyncio.run(go()) == (True, True)
 
@@ -247,11 +247,11 @@ def test_lora_sync_uses_versioned_adapters(make_vllm_engine):
 
     async def go():
         await engine.train_step(await rollout_batch(engine))
-        assert engine.generator._served_name() == "policy-v1"
+        assert engine.generator.served.current() == "policy-v1"
         batch = await rollout_batch(engine)
         fault(engine, token_delay_s=0.05)  # ~3 s for the slow request: in flight across the next sync
         slow = asyncio.create_task(engine.generate(prompt(engine), SamplingParams(max_tokens=60, seed=1)))
-        while "policy-v1" not in engine.generator._inflight:
+        while "policy-v1" not in engine.generator.served.inflight:
             await asyncio.sleep(0.01)
         await engine.train_step(batch)
         loaded = [c for c in calls(engine) if c["route"].endswith("lora_adapter")]
@@ -320,7 +320,7 @@ def test_load_brings_vllm_to_the_checkpoint(make_vllm_engine, tmp_path):
     other = make_vllm_engine()
     other.load(tmp_path / "ckpt")  # the learner loads it; the seam reloads vLLM and probes
     assert other.policy_version == 1 and other.generator.policy_version == 1
-    probe = asyncio.run(other.generator.probe(other.learner.score))
+    probe = asyncio.run(other.generator.swaps.probe(other.learner.score))
     assert probe.diff < 1e-3  # vLLM serves the checkpoint's weights
 
 

@@ -111,24 +111,22 @@ def test_settings_are_validated():
 def test_vllm_tmpdir_stays_short_enough_for_its_unix_sockets(tmp_path):
     """vLLM puts ZMQ sockets named by a uuid in TMPDIR; a unix socket path holds at most 107 bytes. A run
     directory too deep for that gets a private short directory instead, removed when vLLM stops."""
-    from agentjet.engines.vllm.engine import MAX_SOCKET_DIR, VLLMGenerator
+    from agentjet.engines.vllm.launch import MAX_SOCKET_DIR, VLLMLaunch
 
-    def generator(work: Path) -> VLLMGenerator:
-        g = VLLMGenerator.__new__(VLLMGenerator)  # no process: only the directory rule is exercised
-        g.work_dir, g._short_tmp = work, None
-        g.process = type("P", (), {"stop": lambda self: None})()
-        return g
+    def launch(work: Path) -> VLLMLaunch:  # no process: only the directory rule is exercised
+        return VLLMLaunch(VLLMSettings(), work / "model", work, 8000, seed=0, uses_lora=False,
+                          max_context=lambda: 2048)
 
     import shutil
     import tempfile
 
     short = Path(tempfile.mkdtemp(prefix="aj-"))
     try:
-        assert generator(short)._tmp_dir() == short / "tmp"  # in the run's directory when it fits
+        assert launch(short).tmp_dir() == short / "tmp"  # in the run's directory when it fits
     finally:
         shutil.rmtree(short)
-    deep = generator(tmp_path / ("d" * 80) / "vllm")
-    tmp = deep._tmp_dir()
+    deep = launch(tmp_path / ("d" * 80) / "vllm")
+    tmp = deep.tmp_dir()
     assert len(str(tmp)) <= MAX_SOCKET_DIR and len(str(tmp)) + 1 + 36 <= 107 and tmp.is_dir()
-    deep.close_sync()
+    deep.cleanup()
     assert not tmp.exists()

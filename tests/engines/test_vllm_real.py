@@ -102,12 +102,12 @@ def test_sync_after_a_train_step_brings_the_probe_back_to_zero(engine):
             mask = [0] * len(ids) + [1] * len(r.token_ids)
             batch.append(TrainSample(seq, mask, [0.0] * len(ids) + r.logprobs,
                                      [(1.0 if i % 2 else -1.0) * m for m in mask]))
-        before = await engine.generator.probe(engine.learner.score)
+        before = await engine.generator.swaps.probe(engine.learner.score)
         # train the learner alone first: vLLM now serves stale weights and the probe must say so
         # (three steps: one step at this lr moves the probe by only ~0.1, too close to bf16 noise to judge)
         for _ in range(3):
             engine.learner.train_step_sync(batch)
-        stale = await engine.generator.probe(engine.learner.score)
+        stale = await engine.generator.swaps.probe(engine.learner.score)
         synced = await engine.sync_weights()
         return before, stale, synced
 
@@ -189,7 +189,7 @@ def test_lora_sync(tmp_path):
 
         m1, m2, after = asyncio.run(go())
         assert m1["probe_logprob_diff"] < BF16_MEAN_TOL and m2["probe_logprob_diff"] < BF16_MEAN_TOL
-        assert eng.generator._served_name() == "policy-v2" and after.policy_version == 2
+        assert eng.generator.served.current() == "policy-v2" and after.policy_version == 2
     finally:
         eng.shutdown()
 

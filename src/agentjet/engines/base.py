@@ -175,6 +175,11 @@ class Learner(abc.ABC):
         ``engines/weights.py``), in a directory of its own per version under the learner's export root; the
         learner keeps the newest few. ``dtype`` casts floating tensors (a learner may ignore it)."""
 
+    async def export_adapter(self) -> Path:
+        """The current version's LoRA adapter (PEFT files) in a directory of its own, for a generator that
+        loads adapters by name. Only a learner that trains LoRA adapters has one."""
+        raise NotImplementedError(f"{type(self).__name__} trains the full weights: it has no LoRA adapter to export")
+
     @abc.abstractmethod
     def save(self, path: Path) -> None:
         """Weights, optimizer and policy version, so that ``load`` resumes exactly."""

@@ -17,18 +17,21 @@ from __future__ import annotations
 import abc
 import asyncio
 import time
-from typing import TYPE_CHECKING
+from typing import Generic, TypeVar
 
-if TYPE_CHECKING:
-    from agentjet.engines.base import Generator, Learner
+from agentjet.engines.base import Generator, Learner
+
+L = TypeVar("L", bound=Learner)
+G = TypeVar("G", bound=Generator)
 
 
 class WeightSyncTimeout(TimeoutError):
     """A weight push did not finish within its deadline."""
 
 
-class WeightSync(abc.ABC):
-    """Brings ``generator`` to ``learner.policy_version``'s weights. Returns the push's metrics."""
+class WeightSync(abc.ABC, Generic[L, G]):
+    """Brings ``generator`` to ``learner.policy_version``'s weights. Returns the push's metrics. Typed on the
+    pair it serves (``WeightSync[Learner, VLLMGenerator]``), so a seam never downcasts its generator."""
 
     transport: str = "none"
 
@@ -37,7 +40,7 @@ class WeightSync(abc.ABC):
             raise ValueError("a weight sync needs a timeout > 0")
         self.timeout_s = timeout_s
 
-    async def push(self, learner: Learner, generator: Generator) -> dict[str, float]:
+    async def push(self, learner: L, generator: G) -> dict[str, float]:
         start = time.perf_counter()
         try:
             async with asyncio.timeout(self.timeout_s):
@@ -48,13 +51,13 @@ class WeightSync(abc.ABC):
         return {**metrics, "sync_seconds": time.perf_counter() - start}
 
     @abc.abstractmethod
-    async def _push(self, learner: Learner, generator: Generator) -> dict[str, float]: ...
+    async def _push(self, learner: L, generator: G) -> dict[str, float]: ...
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release what the transport holds (process groups, shared memory)."""
 
 
-class InPlace(WeightSync):
+class InPlace(WeightSync[Learner, Generator]):
     """The generator and the learner share one module, updated in place by the step: nothing moves but the
     version the generator serves (the learner already moved it on the worker thread, in the step's own job:
     ``InProcessLearner(on_version=...)``; this keeps them equal for any other caller)."""

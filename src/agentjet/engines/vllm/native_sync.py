@@ -33,12 +33,12 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 import torch
 
+from agentjet.engines.base import Generator, Learner
 from agentjet.engines.sync import WeightSync, WeightSyncTimeout
 from agentjet.engines.vllm.client import VLLMClient, VLLMError
 from agentjet.engines.weights import DTYPES, untied_named_tensors
 
 if TYPE_CHECKING:
-    from agentjet.engines.base import Generator, Learner
     from agentjet.settings.models import VLLMSettings
 
 T = TypeVar("T")
@@ -301,7 +301,7 @@ class TorchNcclSender:
 
 
 # ---------------------------------------------------------------------------------------------- the seam
-class VLLMNativeSync(WeightSync):
+class VLLMNativeSync(WeightSync[Learner, Generator]):
     """The weight-sync seam over vLLM's native weight transfer (NCCL). Unverified on a GPU.
 
     vLLM must run with ``--weight-transfer-config '{"backend": "nccl"}'`` and ``VLLM_SERVER_DEV_MODE=1``

@@ -8,9 +8,8 @@ stops training (stale or half-loaded weights are caught, not trained on). A push
 from __future__ import annotations
 
 import time
-from typing import Any
 
-from agentjet.engines.base import Generator, Learner
+from agentjet.engines.base import Learner
 from agentjet.engines.errors import TrainingHaltedError
 from agentjet.engines.sync import WeightSync, WeightSyncTimeout
 from agentjet.engines.vllm.client import VLLMError
@@ -19,39 +18,37 @@ from agentjet.engines.vllm.process import ProcessStartError
 from agentjet.settings import VLLMSettings
 
 
-class VLLMReload(WeightSync):
+class VLLMReload(WeightSync[Learner, VLLMGenerator]):
     transport = "safetensors"
 
     def __init__(self, settings: VLLMSettings) -> None:
         super().__init__(settings.sync_timeout_s)
         self.dtype = settings.dtype if settings.dtype != "auto" else None
 
-    async def push(self, learner: Learner, generator: Generator) -> dict[str, float]:
-        assert isinstance(generator, VLLMGenerator)
+    async def push(self, learner: Learner, generator: VLLMGenerator) -> dict[str, float]:
         version = learner.policy_version
         try:
             return await super().push(learner, generator)
         except WeightSyncTimeout as exc:
-            await generator.best_effort_resume()
+            await generator.swaps.best_effort_resume()
             generator.halt(f"the weight sync to policy v{version} did not finish within {self.timeout_s:.0f}s "
                            "(sync_timeout_s); vLLM may still serve the old weights")
             raise TrainingHaltedError(generator.halted_reason or "") from exc
         except (VLLMError, ProcessStartError) as exc:
-            await generator.best_effort_resume()
+            await generator.swaps.best_effort_resume()
             generator.halt(f"the weight sync to policy v{version} failed: {exc}")
             raise TrainingHaltedError(generator.halted_reason or "") from exc
         finally:
-            generator.open_gate()
+            generator.gate.set(True)
 
-    async def _push(self, learner: Learner, generator: Generator) -> dict[str, float]:
-        assert isinstance(generator, VLLMGenerator)
+    async def _push(self, learner: Learner, generator: VLLMGenerator) -> dict[str, float]:
         version = learner.policy_version
         t0 = time.perf_counter()
         if generator.uses_lora:
-            path = await learner.export_adapter()  # type: ignore[attr-defined]
+            path = await learner.export_adapter()
         else:
             path = await learner.export_weights(self.dtype)
         export_s = time.perf_counter() - t0
-        swap: Any = generator.swap_adapter if generator.uses_lora else generator.swap_full
+        swap = generator.swaps.adapter if generator.uses_lora else generator.swaps.full
         metrics = await swap(path, version, learner.score)
         return {**metrics, "export_seconds": export_s, "vllm_restarts": float(generator.process.counters.restarts)}
