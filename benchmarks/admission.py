@@ -33,7 +33,7 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from agentjet.launch import ServerProcess, free_port
+from agentjet.runtime.launch import ServerProcess, free_port
 from agentjet.settings import ServerConfig
 
 ROOT = Path(__file__).resolve().parents[1]

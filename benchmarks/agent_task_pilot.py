@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agentjet.runtime import prefer_passive_openmp
+from agentjet.runtime.omp import prefer_passive_openmp
 
 prefer_passive_openmp()  # before torch loads, as in the server
 
@@ -153,10 +153,10 @@ def main() -> None:
     p.add_argument("--tag", default="", help="a label for this setting (results are merged by tag and variant)")
     args = p.parse_args()
 
-    from agentjet.launch import free_port
     from agentjet.layouts import embedded_engine
+    from agentjet.runtime.launch import free_port
     from agentjet.server import SwarmServer
-    from agentjet.server.app import BackgroundServer
+    from agentjet.server.http.app import BackgroundServer
     from agentjet.settings import EngineSettings, ServerConfig
     from agentjet.tasks import calculator
 

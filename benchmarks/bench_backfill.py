@@ -6,10 +6,10 @@ with the learn suite's settings and append the result as a ``learn`` record mark
 1. ``git worktree add --detach`` a temporary worktree at COMMIT;
 2. read its ``ajet demo --help`` (run as ``python -m agentjet.cli`` with PYTHONPATH=<worktree>/src and this
    interpreter: the commit's code, today's environment) and keep the learn suite's flags
-   (``agentjet.bench_suite.demo_flags``) that it has. The first demos lack ``--seed``, ``--eval-every-s`` and
+   (``agentjet.apps.bench.suite.demo_flags``) that it has. The first demos lack ``--seed``, ``--eval-every-s`` and
    ``--no-early-stop``: they ran without them (the record's notes and ``settings.bench`` say which);
 3. run the demo there (cwd: the worktree, so its provenance names COMMIT), convert its ``demo_result.json`` with
-   ``agentjet.observe.bench.record_from_demo`` (any demo format since the first one) and append the record;
+   ``agentjet.apps.bench.report.record_from_demo`` (any demo format since the first one) and append the record;
 4. remove the worktree.
 
 ``--from-json FILE`` converts a demo result that exists already (no run, no worktree).
@@ -31,9 +31,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from agentjet.bench_suite import LearnSettings, demo_flags
-from agentjet.observe.bench import BenchRecord, append_history, record_from_demo
-from agentjet.provenance import device, machine
+from agentjet.apps.bench.report import BenchRecord, append_history, record_from_demo
+from agentjet.apps.bench.suite import LearnSettings, demo_flags
+from agentjet.runtime.provenance import device, machine
 
 ROOT = Path(__file__).resolve().parent.parent
 

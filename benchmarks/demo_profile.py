@@ -92,10 +92,10 @@ async def _drive(url: str, task: str, seconds: float, group_size: int, concurren
 
 
 def profile(args: argparse.Namespace) -> dict[str, Any]:
-    from agentjet.launch import free_port
     from agentjet.layouts import embedded_engine
+    from agentjet.runtime.launch import free_port
     from agentjet.server import SwarmServer
-    from agentjet.server.app import BackgroundServer
+    from agentjet.server.http.app import BackgroundServer
     from agentjet.settings import EngineSettings, ServerConfig, TrainingSettings
     from agentjet.tasks import get_task
 

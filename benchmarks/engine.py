@@ -57,7 +57,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from agentjet.runtime import prefer_passive_openmp  # noqa: E402
+from agentjet.runtime.omp import prefer_passive_openmp  # noqa: E402
 
 prefer_passive_openmp()  # before torch loads: the process-wide OpenMP default, as in the server
 

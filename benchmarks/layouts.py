@@ -56,7 +56,7 @@ torch.set_num_threads(threads)
 try:
     from agentjet.layouts import embedded_engine as make
 except ImportError:
-    from agentjet.engines.hf import HFEngine as make
+    from agentjet.generators.hf import HFEngine as make
 engine = make(model, EngineSettings(max_batch_size=8), learning_rate=2e-5)
 rng = random.Random(0)
 vocab = len(engine.tokenizer)
@@ -161,7 +161,7 @@ def baseline(args: argparse.Namespace) -> dict[str, Any]:
 def main() -> None:
     import torch
 
-    from agentjet.provenance import device, git_commit, machine
+    from agentjet.runtime.provenance import device, git_commit, machine
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="smollm2-135m-instruct")

@@ -200,8 +200,8 @@ def main() -> None:
     seconds = 20.0 if args.quick else args.seconds
     warmup = args.warmup if args.warmup is not None else 0.25 * seconds
 
-    from agentjet.launch import free_port
     from agentjet.models import resolve_model
+    from agentjet.runtime.launch import free_port
 
     console = Console()
     resolve_model("tiny-random")

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agentjet.runtime import prefer_passive_openmp
+from agentjet.runtime.omp import prefer_passive_openmp
 
 prefer_passive_openmp()  # before torch loads, as in the server
 
@@ -76,11 +76,11 @@ def main() -> None:
     p.add_argument("--tag", default="", help="a label for this setting (rows merge by tag, prompt, checker)")
     args = p.parse_args()
 
-    from agentjet.launch import free_port
     from agentjet.layouts import embedded_engine
-    from agentjet.provenance import git_commit, machine
+    from agentjet.runtime.launch import free_port
+    from agentjet.runtime.provenance import git_commit, machine
     from agentjet.server import SwarmServer
-    from agentjet.server.app import BackgroundServer
+    from agentjet.server.http.app import BackgroundServer
     from agentjet.settings import EngineSettings, ServerConfig
 
     checkers = {"on": [True], "off": [False], "both": [True, False]}[args.checker]

@@ -6,7 +6,7 @@
     .venv/bin/python benchmarks/objectives.py --quick --configs dapo   # plumbing only: tiny model, 30 s
 
 One run is one loss config (``CONFIGS``: each a named set of ``loss`` settings, written out in full) and one seed.
-It trains exactly as ``ajet demo`` does (``agentjet.demo``: its server settings in their own ``ajet server``
+It trains exactly as ``ajet demo`` does (``agentjet.apps.demo``: its server settings in their own ``ajet server``
 process, and its scheduled client: SmolLM2-135M-Instruct on ``addition``, 32 episodes in flight, the curriculum,
 uniform groups skipped, the task's recommended lr / group size / batch), with two differences for a fair budget:
 no early stop and no step ceiling, so every run trains for the whole ``--budget-min`` of training clock. The
@@ -169,10 +169,10 @@ def recommended(quick: bool) -> Any:
 
 def build_server_config(name: str, seed: int, model: str, work: Path, port: int, token: str,
                         vllm_python: Path, quick: bool = False) -> Any:
-    """The demo's server settings (``agentjet.demo.server_config``) with this config's loss block and engine.
+    """The demo's server settings (``agentjet.apps.demo.server_config``) with this config's loss block and engine.
     ``quick``: one group per train step (the tiny model rarely gets a mixed group, and a plumbing check should
     still take a train step with the config's loss)."""
-    from agentjet.demo import DemoSettings, server_config
+    from agentjet.apps.demo import DemoSettings, server_config
     from agentjet.settings import LossSettings
 
     cfg = CONFIGS[name]
@@ -210,10 +210,10 @@ def _mean(values: list[float]) -> float | None:
 
 async def _train(url: str, token: str, seed: int, budget_s: float, nominal: list[float], eval_n: int,
                  quick: bool) -> Any:
+    from agentjet.apps.demo import train_pool
     from agentjet.client.client import SwarmClient
     from agentjet.client.runner import task_workflow
     from agentjet.client.scheduled import EvalPoint, ScheduleSettings, StepPoint, run_scheduled
-    from agentjet.demo import train_pool
     from agentjet.schedule import Curriculum
     from agentjet.tasks import addition
 
@@ -252,8 +252,8 @@ async def _train(url: str, token: str, seed: int, budget_s: float, nominal: list
 
 def run_one(name: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     """Train one config with one seed for the budget; the run's record (see the module docstring)."""
-    from agentjet.launch import ServerProcess, free_port
-    from agentjet.provenance import git_commit, machine
+    from agentjet.runtime.launch import ServerProcess, free_port
+    from agentjet.runtime.provenance import git_commit, machine
 
     cfg = CONFIGS[name]
     work = Path(tempfile.mkdtemp(prefix=f"objectives-{name}-{seed}-"))

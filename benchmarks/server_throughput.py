@@ -28,7 +28,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from agentjet.runtime import prefer_passive_openmp  # noqa: E402
+from agentjet.runtime.omp import prefer_passive_openmp  # noqa: E402
 
 prefer_passive_openmp()
 
@@ -94,9 +94,9 @@ def main() -> None:
     args.concurrency = args.concurrency or ([1, 8, 64] if cuda else [8, 16])
     device = torch.device(args.device)
 
-    from agentjet.launch import ServerProcess, free_port
     from agentjet.layouts import embedded_engine
-    from agentjet.server.chat import ChatFormatter
+    from agentjet.runtime.launch import ServerProcess, free_port
+    from agentjet.server.episodes.chat import ChatFormatter
     from agentjet.settings import EngineSettings, ServerConfig
 
     root = Path(tempfile.gettempdir()) / "agentjet-bench-models"

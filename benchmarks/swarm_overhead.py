@@ -31,7 +31,7 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from agentjet.launch import ServerProcess
+from agentjet.runtime.launch import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -110,8 +110,8 @@ async def load(url: str, episodes: int, seconds: float, poll_interval: float | N
 
 
 def throughput(levels: list[int], seconds: float) -> list[dict[str, float]]:
-    from agentjet.launch import free_port
     from agentjet.models import resolve_model
+    from agentjet.runtime.launch import free_port
 
     resolve_model("tiny-random")
     port = free_port()
@@ -127,8 +127,8 @@ def throughput(levels: list[int], seconds: float) -> list[dict[str, float]]:
 
 def dashboard_overhead(rounds: int, seconds: float, interval: float = 2.0) -> dict:
     """64 concurrent episodes with and without one dashboard client polling, alternating rounds on one server."""
-    from agentjet.launch import free_port
     from agentjet.models import resolve_model
+    from agentjet.runtime.launch import free_port
 
     resolve_model("tiny-random")
     port = free_port()
@@ -162,10 +162,10 @@ def _commit() -> str:
 def added_latency(rounds: int, max_tokens: int) -> dict[str, float]:
     """Direct engine.generate vs the same generation through the HTTP API, on one server and engine."""
     from agentjet.engines.base import SamplingParams
-    from agentjet.launch import free_port
     from agentjet.layouts import embedded_engine
+    from agentjet.runtime.launch import free_port
     from agentjet.server import SwarmServer
-    from agentjet.server.app import BackgroundServer
+    from agentjet.server.http.app import BackgroundServer
     from agentjet.settings import EngineSettings, ServerConfig
 
     engine = embedded_engine("smollm2-135m-instruct", EngineSettings(max_batch_size=8))

@@ -1,5 +1,5 @@
 """Cost of token-in/token-out at request time: building the prompt of a request that resends the agent's earlier
-replies with their generated ids spliced in (``agentjet.server.tito.request_prompt_ids``), against the plain
+replies with their generated ids spliced in (``agentjet.server.episodes.tito.request_prompt_ids``), against the plain
 prompt (chat template + tokenize), on the SmolLM2 tokenizer and the episodes of benchmarks/timeline_merging.py.
 The server runs the splice in a worker thread, so it adds latency to that request but does not block others.
 
@@ -27,8 +27,8 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from agentjet.models import resolve_model  # noqa: E402
-from agentjet.server.chat import ChatFormatter  # noqa: E402
-from agentjet.server.tito import TitoOutcome, request_prompt_ids  # noqa: E402
+from agentjet.server.episodes.chat import ChatFormatter  # noqa: E402
+from agentjet.server.episodes.tito import TitoOutcome, request_prompt_ids  # noqa: E402
 
 
 def median_ms(fn: Callable[..., Any], *args: Any, repeats: int = 7) -> float:

@@ -49,8 +49,8 @@ import torch
 
 from agentjet.distributed import TrainerGroup, TrainerGroupSettings
 from agentjet.engines.base import TrainSample
-from agentjet.engines.policy_step import StepConfig
 from agentjet.layouts import embedded_engine
+from agentjet.learners.policy_step import StepConfig
 from agentjet.models import resolve_model
 from agentjet.settings import EngineSettings, LossSettings
 

@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agentjet.runtime import prefer_passive_openmp
+from agentjet.runtime.omp import prefer_passive_openmp
 
 prefer_passive_openmp()  # before torch loads, for both sides (the server does the same)
 
@@ -131,12 +131,12 @@ def run_agentjet(model: str, seed: int, budget_s: float, points_s: list[float], 
     import secrets
     import sqlite3
 
+    from agentjet.apps.demo import DemoSettings, server_config, train_pool
     from agentjet.client.client import SwarmClient
     from agentjet.client.runner import task_workflow
     from agentjet.client.scheduled import ScheduleSettings, run_scheduled
-    from agentjet.demo import DemoSettings, server_config, train_pool
-    from agentjet.launch import ServerProcess, free_port
     from agentjet.protocol import SWARM_PREFIX
+    from agentjet.runtime.launch import ServerProcess, free_port
     from agentjet.schedule import Curriculum
     from agentjet.tasks import addition
 

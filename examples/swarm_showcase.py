@@ -28,8 +28,8 @@ from pathlib import Path
 
 import httpx
 
-from agentjet.launch import free_port
-from agentjet.up import ClientSpec, Swarm, SwarmSpec, server_spec
+from agentjet.apps.up import ClientSpec, Swarm, SwarmSpec, server_spec
+from agentjet.runtime.launch import free_port
 
 HERE = Path(__file__).resolve().parent
 WORDS_V2 = '''"""Reward code for the 'words' task, version 2: edited while training runs (whole word first)."""

@@ -24,12 +24,12 @@ sys.path.insert(0, str(ROOT / "tests" / "observe"))
 from browser import CHROMIUM_ARGS, chromium_path  # noqa: E402
 
 from agentjet.client.client import SwarmClient  # noqa: E402
-from agentjet.launch import free_port  # noqa: E402
 from agentjet.layouts import embedded_engine  # noqa: E402
 from agentjet.observe import ObserveSettings  # noqa: E402
 from agentjet.observe.schema import EpisodeFilter  # noqa: E402
+from agentjet.runtime.launch import free_port  # noqa: E402
 from agentjet.server import SwarmServer  # noqa: E402
-from agentjet.server.app import BackgroundServer  # noqa: E402
+from agentjet.server.http.app import BackgroundServer  # noqa: E402
 from agentjet.settings import EngineSettings, ServerConfig, TrainingSettings  # noqa: E402
 from agentjet.tasks import get_task  # noqa: E402
 
@@ -65,7 +65,7 @@ async def drive(srv: BackgroundServer, steps: int, budget_s: float) -> None:
     async with SwarmClient(srv.url, client_id="screenshot-client") as client:
         await asyncio.gather(*[episode(client, t, k, eval=True) for t in evals for k in ("add", "add-check")])
         deadline, i = time.monotonic() + budget_s, 0
-        while srv.server.trainer.counters.train_steps < steps and time.monotonic() < deadline:
+        while srv.server.counters.training.train_steps < steps and time.monotonic() < deadline:
             t = train[i % len(train)]
             i += 1
             await asyncio.gather(*[episode(client, t, k) for k in ("add", "add-check") for _ in range(4)])
@@ -128,7 +128,7 @@ def main() -> None:
         try:
             t0 = time.monotonic()
             asyncio.run(drive(srv, args.steps, args.budget_s))
-            print(f"trained {srv.server.trainer.counters.train_steps} steps in {time.monotonic() - t0:.0f} s")
+            print(f"trained {srv.server.counters.training.train_steps} steps in {time.monotonic() - t0:.0f} s")
             rows = srv.server.observe.episodes(EpisodeFilter(status="trained", task_type="add-check"))
             merged = next(r.episode_id for r in rows if srv.server.metrics.trainlog.for_episode(r.episode_id))
             shoot(srv.url, merged, args.out)

@@ -80,11 +80,11 @@ def chat_ids(tiny_model_path: Path):
 @pytest.fixture
 def make_server(tmp_path: Path, tiny_model_path: Path):
     """Start real swarm servers (uvicorn on a free loopback port). ``engine``: "tiny", "null" or an Engine."""
-    from agentjet.engines.null import NullEngine
-    from agentjet.launch import free_port
     from agentjet.layouts import embedded_engine
+    from agentjet.layouts.null import NullEngine
+    from agentjet.runtime.launch import free_port
     from agentjet.server import SwarmServer
-    from agentjet.server.app import BackgroundServer
+    from agentjet.server.http.app import BackgroundServer
     from agentjet.settings import EngineSettings, ServerConfig, TrainingSettings
 
     started: list[BackgroundServer] = []

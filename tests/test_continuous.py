@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from agentjet.engines.base import GenerationResult, SamplingParams, TrainSample
-from agentjet.engines.composed import ComposedEngine
 from agentjet.engines.errors import EngineUnavailableError
-from agentjet.engines.hf import slot_cache_fits
-from agentjet.engines.hf.kv_cache import SlotKVCache
+from agentjet.generators.hf import slot_cache_fits
+from agentjet.generators.hf.kv_cache import SlotKVCache
 from agentjet.layouts import embedded_engine
+from agentjet.layouts.composed import ComposedEngine
 from agentjet.settings import EngineSettings
 
 QUESTIONS = ["a", "what is 12 + 30?", "write the word hello in capital letters", "sort 3 1 2", "yes",
@@ -308,7 +308,7 @@ def test_graph_buckets_replay_verify_and_fall_back(make_engine, chat_ids, monkey
     """The CUDA-graph control flow, on CPU: rows and the attention window are rounded up to buckets (the
     columns past t are masked), each (rows, window) bucket is captured once, checked against an eager step on its
     first replay, and dropped for the eager step when it disagrees or cannot be captured. Exact in every case."""
-    from agentjet.engines.hf.runner import _Graph
+    from agentjet.generators.hf.runner import _Graph
 
     engine, reference = make_engine(max_batch_size=8), make_engine(max_batch_size=8)
     runner = engine.generator.runner

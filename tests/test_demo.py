@@ -13,7 +13,7 @@ import pytest
 from rich.console import Console
 
 from agentjet import tasks
-from agentjet.demo import DemoSettings, run_demo
+from agentjet.apps.demo import DemoSettings, run_demo
 from agentjet.tasks import Recommended
 
 EVAL_N = 4

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agentjet.server.app import create_app
+from agentjet.server.http.app import create_app
 from agentjet.server.swarm import SwarmServer
 from agentjet.settings import ServerConfig, server_fields
 
@@ -15,7 +15,7 @@ DOCS = Path(__file__).resolve().parents[1] / "docs"
 def test_every_route_is_documented(tmp_path: Path, tiny_model_path: Path) -> None:
     from transformers import AutoTokenizer
 
-    from agentjet.engines.null import NullEngine
+    from agentjet.layouts.null import NullEngine
 
     config = ServerConfig(model=str(tiny_model_path), data_dir=tmp_path, admin_token="adm1n")
     app = create_app(SwarmServer(config, NullEngine(AutoTokenizer.from_pretrained(tiny_model_path))))

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from agentjet.engines.base import FinishReason, SamplingParams, TrainSample
-from agentjet.engines.composed import ComposedEngine
 from agentjet.layouts import embedded_engine
+from agentjet.layouts.composed import ComposedEngine
 from agentjet.settings import EngineSettings, LoraSettings, LossSettings
 
 

@@ -15,8 +15,8 @@ import torch
 from tests.test_continuous import teacher_forced
 
 from agentjet.engines.base import SamplingParams, TrainSample
-from agentjet.engines.composed import ComposedEngine
 from agentjet.layouts import embedded_engine
+from agentjet.layouts.composed import ComposedEngine
 from agentjet.settings import EngineSettings, LoraSettings
 
 cuda = pytest.mark.cuda  # skipped without a CUDA device (tests/conftest.py)

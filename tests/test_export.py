@@ -192,9 +192,9 @@ def test_a_hub_model_run_names_its_base_on_the_card(offline: None, hub_cache: di
     pytest.importorskip("peft")
     from tests.conftest import SHA_V1
 
-    from agentjet.launch import free_port
+    from agentjet.runtime.launch import free_port
     from agentjet.server import SwarmServer
-    from agentjet.server.app import BackgroundServer, build_engine
+    from agentjet.server.http.app import BackgroundServer, build_engine
     from agentjet.settings import EngineSettings, LoraSettings, ServerConfig, TrainingSettings
 
     config = ServerConfig(model="acme/tiny-chat", model_revision="v1", port=free_port(), data_dir=tmp_path / "run",

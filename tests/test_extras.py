@@ -71,7 +71,7 @@ def test_the_base_install_runs_without_any_extra() -> None:
     dists = importlib.metadata.packages_distributions()
     blocked = sorted({m for m, ds in dists.items() if {_name(d) for d in ds} & only_extras} | only_extras)
     code = (f"import sys; sys.modules.update(dict.fromkeys({blocked!r}))\n"  # None: ImportError on import
-            "import agentjet, agentjet.server.app, agentjet.export\n"
+            "import agentjet, agentjet.server.http.app, agentjet.apps.export\n"
             "from typer.testing import CliRunner\n"
             "from agentjet.cli import app\n"
             "for args in (['--help'], ['server', '--help'], ['run', '--help'], ['export', '--help'], "

@@ -54,11 +54,14 @@ def test_the_copy_keeps_them_too(tree: Path) -> None:  # the planting tests belo
     ("algorithms/loss.py", "import httpx", "tracking and algorithms are pure"),
     ("server/store.py", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import agentjet.server.swarm",
      "No import cycles inside a package"),
-    ("server/swarm.py", "from fastapi import Request", "The server domain imports no web framework"),
+    ("server/swarm.py", "from fastapi import Request", "Only server.http imports a web framework"),
+    ("server/training/pool.py", "import starlette", "Only server.http imports a web framework"),
+    ("generators/vllm/client.py", "import uvicorn", "Only server.http imports a web framework"),
+    ("server/training/loop.py", "import agentjet.server.episodes.ingest", "Server floors"),  # the core reaching up
 ])
 def test_a_planted_import_breaks_its_contract(tree: Path, module: str, line: str, contract: str) -> None:
     plant(tree, module, line)
     result = lint(tree)
     assert result.returncode == 1, result.stdout + result.stderr
-    broken = [ln for ln in result.stdout.splitlines() if ln.endswith(" BROKEN")]
+    broken = [ln for ln in result.stdout.splitlines() if " BROKEN" in ln]
     assert any(ln.startswith(contract) for ln in broken), result.stdout

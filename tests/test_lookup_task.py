@@ -17,12 +17,12 @@ import pytest
 from agentjet import SwarmClient
 from agentjet.client.runner import run_workflow
 from agentjet.engines.base import FinishReason, GenerationResult, SamplingParams, TrainSample
-from agentjet.engines.composed import ComposedEngine
-from agentjet.engines.hf import HFGenerator, load_policy_model
-from agentjet.engines.sync import InPlace
+from agentjet.generators.hf import HFGenerator, load_policy_model
+from agentjet.layouts.composed import ComposedEngine
 from agentjet.learners import InProcessLearner
 from agentjet.settings import EngineSettings, LossSettings
 from agentjet.tasks import get_task, lookup
+from agentjet.weights.sync import InPlace
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -181,7 +181,7 @@ def test_demo_records_tool_use_and_transcripts_at_each_eval(tiny_model_path: Pat
     and last evals keep transcripts (what the 20-minute runs report)."""
     from rich.console import Console
 
-    from agentjet.demo import DemoSettings, run_demo
+    from agentjet.apps.demo import DemoSettings, run_demo
 
     console = Console(record=True, width=200)
     result = run_demo(DemoSettings(model=str(tiny_model_path), task="lookup", concurrency=4, eval_tasks=4,

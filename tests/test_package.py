@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-SERVER = ("import sys, os; from agentjet.runtime import prefer_passive_openmp; prefer_passive_openmp(); "
+SERVER = ("import sys, os; from agentjet.runtime.omp import prefer_passive_openmp; prefer_passive_openmp(); "
           "print('torch' in sys.modules, os.environ.get('OMP_WAIT_POLICY'))")
 CLIENT = "import sys, os, agentjet; print('torch' in sys.modules, os.environ.get('OMP_WAIT_POLICY'))"
 
@@ -37,6 +37,6 @@ def test_ajet_server_sets_it(monkeypatch) -> None:
 
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     seen = []
-    monkeypatch.setattr("agentjet.server.app.serve", lambda config: seen.append(os.environ.get("OMP_WAIT_POLICY")))
+    monkeypatch.setattr("agentjet.server.http.app.serve", lambda config: seen.append(os.environ.get("OMP_WAIT_POLICY")))
     assert CliRunner().invoke(app, ["server", "--model", "tiny-random"]).exit_code == 0
     assert seen == ["PASSIVE"]

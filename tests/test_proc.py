@@ -1,4 +1,4 @@
-"""The one process supervisor (agentjet.proc): a child in its own session logging to a file, SIGTERM then SIGKILL
+"""The one process supervisor (agentjet.runtime.proc): a child in its own session logging to a file, SIGTERM then SIGKILL
 after a grace period on a fake clock, one grace period for several children, the parent-death signal."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import threading
 import time
 from pathlib import Path
 
-from agentjet.proc import Child, Timer, free_port, stop_all, tail
-from agentjet.server.clock import FakeClock
+from agentjet.runtime.clock import FakeClock
+from agentjet.runtime.proc import Child, Timer, free_port, stop_all, tail
 
 IGNORE_TERM = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); "
                "time.sleep(120)")
@@ -159,7 +159,7 @@ def test_tail_of_a_missing_log(tmp_path: Path) -> None:
 def test_a_server_process_dies_with_the_thread_that_started_it(tmp_path: Path, tiny_model_path: Path) -> None:
     """A server started by a demo, a benchmark or ``ajet up`` does not outlive its owner: one whose owner was
     killed kept its port and a CPU busy (an orphaned benchmark server was found running)."""
-    from agentjet.launch import ServerProcess
+    from agentjet.runtime.launch import ServerProcess
     from agentjet.settings import EngineSettings, ServerConfig
 
     config = ServerConfig(model=str(tiny_model_path), port=free_port(), data_dir=tmp_path / "data",

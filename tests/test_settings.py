@@ -96,7 +96,7 @@ def got(config: ServerConfig, f: SettingField) -> Any:
 def captured(monkeypatch: pytest.MonkeyPatch, tiny_model_path: Path) -> list[ServerConfig]:
     """`ajet server` up to the point where it would serve: the config it would serve is captured."""
     configs: list[ServerConfig] = []
-    monkeypatch.setattr("agentjet.server.app.serve", lambda config: configs.append(config))
+    monkeypatch.setattr("agentjet.server.http.app.serve", lambda config: configs.append(config))
     for name in list(__import__("os").environ):
         if name.startswith("AGENTJET_") and name != "AGENTJET_HOME":
             monkeypatch.delenv(name)
@@ -202,7 +202,7 @@ def test_find_field_by_flag_alias_and_path() -> None:
 
 
 def test_engine_settings_reach_the_engine(captured: list[ServerConfig], monkeypatch: pytest.MonkeyPatch) -> None:
-    from agentjet.server.app import build_engine
+    from agentjet.server.http.app import build_engine
 
     result = CliRunner().invoke(app, ["server", "--model", "tiny-random", "--device", "cpu", "--dtype", "bfloat16",
                                       "--lora-rank", "8", "--lora-alpha", "16", "--max-batch-size", "3",

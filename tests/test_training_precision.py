@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 
 from agentjet.engines.base import SamplingParams, TrainSample
-from agentjet.engines.composed import ComposedEngine
 from agentjet.layouts import embedded_engine
+from agentjet.layouts.composed import ComposedEngine
 from agentjet.settings import EngineSettings
 
 

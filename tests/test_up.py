@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agentjet.launch import free_port
-from agentjet.up import load_spec
+from agentjet.apps.up import load_spec
+from agentjet.runtime.launch import free_port
 
 
 def test_server_entries_are_validated_settings(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from agentjet import __version__
-from agentjet.launch import free_port
+from agentjet.runtime.launch import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKFLOW = '''

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import httpx
 
-from agentjet.proc import Child
+from agentjet.runtime.proc import Child
 
 CLIENT_SCRIPT = Path(__file__).with_name("client_proc.py")
 
@@ -229,7 +229,7 @@ class ServerProc:
         self.proc.kill()
 
     def terminate(self, timeout: float = 120.0) -> int | None:
-        """SIGTERM, then SIGKILL after ``timeout`` s (``agentjet.proc``). The exit code; None when it was killed."""
+        """SIGTERM, then SIGKILL after ``timeout`` s (``agentjet.runtime.proc``). The exit code; None when it was killed."""
         if self.proc is None or not self.proc.alive():
             return self.proc.returncode if self.proc else None
         self.proc.signal(signal.SIGTERM)
@@ -353,7 +353,7 @@ def checkpoint_step(data_dir: Path) -> int:
 
 # ---------------------------------------------------------------------- the run
 def _free_port() -> int:
-    from agentjet.launch import free_port
+    from agentjet.runtime.launch import free_port
 
     return free_port()
 

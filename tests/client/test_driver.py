@@ -16,8 +16,8 @@ import pytest
 from agentjet import SwarmClient
 from agentjet.client.client import SwarmError
 from agentjet.client.driver import Budget, Driver, DriverSettings, PauseAt, PauseEvery, Stop, held_out
-from agentjet.clock import FakeClock
 from agentjet.protocol import PauseState
+from agentjet.runtime.clock import FakeClock
 from agentjet.tasks import addition
 
 TASKS = [{"task_id": f"t{i}"} for i in range(4)]

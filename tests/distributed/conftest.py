@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from agentjet.engines.base import TrainSample
-from agentjet.engines.policy_step import StepConfig
+from agentjet.learners.policy_step import StepConfig
 from agentjet.settings import EngineSettings, LossSettings
 
 LR = 1e-3

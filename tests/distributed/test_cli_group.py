@@ -21,7 +21,7 @@ def test_a_trainer_group_cannot_train_lora(tiny_model_path: Path, tmp_path: Path
 
 def test_vllm_and_a_trainer_group_on_the_same_gpu_are_refused_naming_both(tiny_model_path: Path, tmp_path: Path,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("agentjet.server.app.serve", lambda config: pytest.fail("the server must not start"))
+    monkeypatch.setattr("agentjet.server.http.app.serve", lambda config: pytest.fail("the server must not start"))
     vllm = tmp_path / "python"
     vllm.touch()  # a vLLM interpreter that exists (the check comes before anything is started)
     result = run(tiny_model_path, tmp_path, "--engine", "vllm", "--vllm-python", str(vllm), "--vllm-platform", "gpu",

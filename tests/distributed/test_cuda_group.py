@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from agentjet.distributed import TrainerGroup, TrainerGroupSettings
-from agentjet.engines.policy_step import StepConfig
+from agentjet.learners.policy_step import StepConfig
 from agentjet.settings import EngineSettings, LossSettings
 
 pytestmark = [pytest.mark.cuda, pytest.mark.timeout(300),

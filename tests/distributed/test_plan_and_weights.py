@@ -14,10 +14,10 @@ from agentjet.distributed import TrainerGroup, TrainerGroupSettings
 from agentjet.distributed.launch import torchrun_command
 from agentjet.distributed.plan import padding_sample, plan_step, split_by_tokens
 from agentjet.engines.base import TrainSample
-from agentjet.engines.policy_step import StepConfig, collate, micro_batch_loss, total_loss_weight
-from agentjet.engines.weights import copy_weights_into
-from agentjet.engines.weights import write_safetensors as write_weights
+from agentjet.learners.policy_step import StepConfig, collate, micro_batch_loss, total_loss_weight
 from agentjet.settings import EngineSettings, LossSettings
+from agentjet.weights.io import copy_weights_into
+from agentjet.weights.io import write_safetensors as write_weights
 
 
 def sample(n: int, trained: int = 1, weight: float = 1.0) -> TrainSample:

@@ -16,8 +16,8 @@ from tests.conftest import wait_until
 
 from agentjet import SwarmClient
 from agentjet.distributed import TrainerGroupSettings
-from agentjet.engines.composed import ComposedEngine
 from agentjet.layouts import group_engine as build_group_engine
+from agentjet.layouts.composed import ComposedEngine
 from agentjet.settings import ServerConfig
 
 pytestmark = pytest.mark.timeout(400)

@@ -14,7 +14,7 @@ import pytest
 from tests.distributed.conftest import WEIGHT_ATOL, max_weight_diff, train_config
 
 from agentjet.distributed import RankFailure, TrainerGroup, TrainerGroupSettings
-from agentjet.launch import free_port
+from agentjet.runtime.launch import free_port
 
 pytestmark = pytest.mark.timeout(400)
 

@@ -10,7 +10,7 @@ HERE = Path(__file__).resolve().parent
 
 def fake_settings(**overrides):
     """Settings that run tests/engines/fake_vllm.py in place of vLLM (same routes and JSON shapes)."""
-    from agentjet.engines.vllm import VLLMSettings
+    from agentjet.generators.vllm import VLLMSettings
 
     base = {"python": Path(sys.executable), "module": "fake_vllm", "extra_env": {"PYTHONPATH": str(HERE)},
             "dtype": "float32", "max_model_len": 1024, "startup_timeout_s": 120, "restart_backoff_s": 0.1,

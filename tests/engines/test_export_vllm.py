@@ -15,7 +15,7 @@ import httpx
 import pytest
 from tests.test_export import export, server_greedy, train_one_step
 
-from agentjet.launch import free_port
+from agentjet.runtime.launch import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = Path(os.environ.get("AGENTJET_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))

@@ -35,7 +35,7 @@ def test_server_config_carries_the_vllm_block() -> None:
 
 def test_demo_takes_the_engine_and_refuses_one_that_cannot_learn(monkeypatch) -> None:
     seen = []
-    monkeypatch.setattr("agentjet.demo.run_demo", lambda s, console: seen.append(s) or _Result())
+    monkeypatch.setattr("agentjet.apps.demo.run_demo", lambda s, console: seen.append(s) or _Result())
     assert CliRunner().invoke(app, ["demo", "--engine", "vllm"]).exit_code == 0
     assert seen[-1].engine == "vllm"
     result = CliRunner().invoke(app, ["demo", "--engine", "null"])

@@ -18,7 +18,7 @@ from tests.conftest import wait_until
 
 from agentjet.engines.base import SamplingParams, TrainSample
 from agentjet.engines.errors import EngineUnavailableError, TrainingHaltedError
-from agentjet.engines.vllm.process import ProcessState
+from agentjet.generators.vllm.process import ProcessState
 from agentjet.settings import LoraSettings
 
 

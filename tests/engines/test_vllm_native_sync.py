@@ -14,9 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from agentjet.engines.sync import WeightSyncTimeout
-from agentjet.engines.vllm.client import VLLMClient, VLLMServerError
-from agentjet.engines.vllm.native_sync import (
+from agentjet.generators.vllm.client import VLLMClient, VLLMServerError
+from agentjet.generators.vllm.native_sync import (
     ModuleTensors,
     TensorSpec,
     TorchNcclSender,
@@ -26,6 +25,7 @@ from agentjet.engines.vllm.native_sync import (
     pack_plan,
     tensor_specs,
 )
+from agentjet.weights.sync import WeightSyncTimeout
 
 from .fake_vllm import FakeVLLM, ServedInThread
 
@@ -304,7 +304,7 @@ def test_a_source_that_differs_from_its_announcement_is_caught_naming_the_tensor
 
 
 def test_the_settings_configure_the_seam(tiny):
-    from agentjet.engines.vllm.native_sync import native_sync
+    from agentjet.generators.vllm.native_sync import native_sync
     from agentjet.settings.models import VLLMSettings
 
     settings = VLLMSettings(platform="gpu", weight_transfer="nccl", nccl_buffer_mib=8, dtype="float16",

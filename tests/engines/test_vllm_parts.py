@@ -12,11 +12,11 @@ from pydantic import ValidationError
 
 from agentjet.algorithms.objectives import Correction
 from agentjet.engines.base import TrainSample
-from agentjet.engines.policy_step import StepConfig, micro_batch_loss
-from agentjet.engines.vllm import VLLMSettings
-from agentjet.engines.vllm.probe import compare, probe_prompt_ids
-from agentjet.engines.weights import export_full, prune_versions, version_dir
+from agentjet.generators.vllm import VLLMSettings
+from agentjet.generators.vllm.probe import compare, probe_prompt_ids
+from agentjet.learners.policy_step import StepConfig, micro_batch_loss
 from agentjet.settings import EngineSettings, LossSettings
+from agentjet.weights.io import export_full, prune_versions, version_dir
 
 
 def test_export_full_is_untied_and_reloads_to_the_same_model(tiny_engine, tmp_path):
@@ -111,7 +111,7 @@ def test_settings_are_validated():
 def test_vllm_tmpdir_stays_short_enough_for_its_unix_sockets(tmp_path):
     """vLLM puts ZMQ sockets named by a uuid in TMPDIR; a unix socket path holds at most 107 bytes. A run
     directory too deep for that gets a private short directory instead, removed when vLLM stops."""
-    from agentjet.engines.vllm.launch import MAX_SOCKET_DIR, VLLMLaunch
+    from agentjet.generators.vllm.launch import MAX_SOCKET_DIR, VLLMLaunch
 
     def launch(work: Path) -> VLLMLaunch:  # no process: only the directory rule is exercised
         return VLLMLaunch(VLLMSettings(), work / "model", work, 8000, seed=0, uses_lora=False,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from agentjet.engines.vllm.process import (
+from agentjet.generators.vllm.process import (
     LaunchSpec,
     ManagedProcess,
     ProcessStartError,

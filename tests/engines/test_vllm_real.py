@@ -32,7 +32,7 @@ BF16_MEAN_TOL = 0.06
 
 
 def settings(**kw):
-    from agentjet.engines.vllm import VLLMSettings
+    from agentjet.generators.vllm import VLLMSettings
 
     return VLLMSettings(python=VLLM_PYTHON, kv_cache_gib=1, startup_timeout_s=600, restart_backoff_s=0.5, **kw)
 
@@ -120,9 +120,9 @@ def test_sync_after_a_train_step_brings_the_probe_back_to_zero(engine):
 
 
 def test_crash_mid_episode_gives_503_and_the_server_stays_up(engine, tmp_path):
-    from agentjet.launch import free_port
+    from agentjet.runtime.launch import free_port
     from agentjet.server import SwarmServer
-    from agentjet.server.app import BackgroundServer
+    from agentjet.server.http.app import BackgroundServer
     from agentjet.settings import ServerConfig, TrainingSettings
 
     cfg = ServerConfig(model="smollm2-135m-instruct", served_model_name="smol", port=free_port(),
@@ -200,10 +200,10 @@ def test_vllm_beside_a_two_rank_trainer_group_trains_and_survives_a_rank_killed_
     acknowledged episode is lost and none is trained twice."""
     from agentjet import SwarmClient
     from agentjet.distributed.group import GroupState
-    from agentjet.launch import free_port
     from agentjet.layouts import build_engine
+    from agentjet.runtime.launch import free_port
     from agentjet.server import SwarmServer
-    from agentjet.server.app import BackgroundServer
+    from agentjet.server.http.app import BackgroundServer
 
     config = real_config(tmp_path, lr=1e-4, train_procs=2).model_copy(update={
         "port": free_port(), "served_model_name": "smol"})

@@ -177,10 +177,10 @@ def fuzz_server_factory(tmp_path_factory: pytest.TempPathFactory, tiny_model_pat
     tool call)."""
     from transformers import AutoTokenizer
 
-    from agentjet.engines.null import NullEngine
-    from agentjet.launch import free_port
+    from agentjet.layouts.null import NullEngine
+    from agentjet.runtime.launch import free_port
     from agentjet.server import SwarmServer
-    from agentjet.server.app import BackgroundServer
+    from agentjet.server.http.app import BackgroundServer
     from agentjet.settings import ServerConfig, TrainingSettings
 
     started: list[tuple[BackgroundServer, Api]] = []

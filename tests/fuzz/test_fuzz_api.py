@@ -54,7 +54,7 @@ def episode(api: Api, eid: str):  # noqa: ANN201
 def snapshot(api: Api) -> tuple:
     """Everything a refused request must leave alone."""
     s = api.server
-    return (json.dumps(s.public_config(), sort_keys=True, default=str), len(s.change_log), s.trainer.paused,
+    return (json.dumps(s.public_config(), sort_keys=True, default=str), len(s.control.change_log), s.train_loop.paused,
             s.state, s.registry.counts["begun"], s.registry.open_count,
             sum(s.store.count_by_status().values()))  # rows stored (the trainer moves statuses meanwhile)
 

@@ -16,16 +16,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from agentjet.bench_suite import (
-    TOY_STEPS,
-    BenchOptions,
-    LearnSettings,
-    SuiteSettings,
-    run_bench,
-    run_learn,
-    toy_settings,
-)
-from agentjet.observe.bench import (
+from agentjet.apps.bench.report import (
     Baseline,
     BaselineRef,
     BenchMetric,
@@ -36,6 +27,15 @@ from agentjet.observe.bench import (
     load_history,
     record_from_demo,
     render_report,
+)
+from agentjet.apps.bench.suite import (
+    TOY_STEPS,
+    BenchOptions,
+    LearnSettings,
+    SuiteSettings,
+    run_bench,
+    run_learn,
+    toy_settings,
 )
 from agentjet.observe.learncurve import LearnCurve, curve_from_demo, eval_at_step, steps_to_target
 
@@ -184,7 +184,7 @@ def load_backfill() -> ModuleType:
 
 
 def test_backfill_keeps_the_flags_an_old_demo_has_and_says_which_it_lacked() -> None:
-    from agentjet.bench_suite import demo_flags
+    from agentjet.apps.bench.suite import demo_flags
 
     backfill = load_backfill()
     old_help = ("Options:\n  --model TEXT\n  --task TEXT\n  --steps INTEGER\n  --lr FLOAT\n  --out-dir PATH\n"

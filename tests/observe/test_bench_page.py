@@ -11,8 +11,8 @@ from tests.observe.browser import CHROMIUM_ARGS, chromium_path, skip_reason
 from tests.observe.helpers import READ
 from tests.observe.test_bench import BASE_CURVES, RESULTS, demo_result
 
+from agentjet.apps.bench.report import append_history, record_from_demo
 from agentjet.observe import ObserveSettings
-from agentjet.observe.bench import append_history, record_from_demo
 
 pytestmark = [pytest.mark.browser, pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")]
 

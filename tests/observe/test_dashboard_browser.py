@@ -17,10 +17,10 @@ pytestmark = [pytest.mark.browser, pytest.mark.skipif(skip_reason() is not None,
 
 @pytest.fixture(scope="module")
 def trained_server(tmp_path_factory, tiny_model_path):
-    from agentjet.launch import free_port
     from agentjet.layouts import embedded_engine
+    from agentjet.runtime.launch import free_port
     from agentjet.server import SwarmServer
-    from agentjet.server.app import BackgroundServer
+    from agentjet.server.http.app import BackgroundServer
     from agentjet.settings import EngineSettings, ServerConfig, TrainingSettings
 
     cfg = ServerConfig(model=str(tiny_model_path), served_model_name="tiny", port=free_port(),
@@ -126,10 +126,10 @@ def test_trace_viewer_marks_where_the_version_changed_inside_a_reply(tiny_model_
     marks the change between the two tokens and the hover names each token's version."""
     from transformers import AutoTokenizer
 
-    from agentjet.engines.null import NullEngine
-    from agentjet.launch import free_port
+    from agentjet.layouts.null import NullEngine
+    from agentjet.runtime.launch import free_port
     from agentjet.server import SwarmServer
-    from agentjet.server.app import BackgroundServer
+    from agentjet.server.http.app import BackgroundServer
     from agentjet.settings import ServerConfig, TrainingSettings
 
     engine = NullEngine(AutoTokenizer.from_pretrained(tiny_model_path), reply="one two three", update_at_token=2)

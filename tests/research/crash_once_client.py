@@ -11,6 +11,6 @@ if not marker.exists():
     marker.write_text("crashed once")
     sys.exit(3)
 
-from agentjet.research.trial_client import main  # noqa: E402
+from agentjet.apps.research.trial_client import main  # noqa: E402
 
 sys.exit(main(sys.argv[3:]))

@@ -8,8 +8,8 @@ from pathlib import Path
 import agentjet
 
 SRC = Path(agentjet.__file__).parent
-ALLOWED = {"agentjet.up", "agentjet.launch", "agentjet.proc", "agentjet.settings", "agentjet.client", "agentjet.protocol",
-           "agentjet.tasks", "agentjet.research"}
+ALLOWED = {"agentjet.apps.up", "agentjet.runtime.launch", "agentjet.runtime.proc", "agentjet.settings", "agentjet.client", "agentjet.protocol",
+           "agentjet.tasks", "agentjet.apps.research"}
 
 
 def agentjet_imports(path: Path) -> set[str]:
@@ -32,4 +32,4 @@ def test_nothing_but_the_cli_imports_research() -> None:
     for path in SRC.rglob("*.py"):
         if "research" in path.parts or "cli" in path.parts:
             continue
-        assert not any(m.startswith("agentjet.research") for m in agentjet_imports(path)), path
+        assert not any(m.startswith("agentjet.apps.research") for m in agentjet_imports(path)), path

@@ -16,10 +16,10 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from agentjet.research.llm_planner import LLMPlanner, check_proposal, extract_json
-from agentjet.research.planner import OptunaPlanner, params_key
-from agentjet.research.spec import StudySpec
-from agentjet.research.state import StudyState
+from agentjet.apps.research.llm_planner import LLMPlanner, check_proposal, extract_json
+from agentjet.apps.research.planner import OptunaPlanner, params_key
+from agentjet.apps.research.spec import StudySpec
+from agentjet.apps.research.state import StudyState
 
 
 class FakeOpenAI:

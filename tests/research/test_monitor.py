@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import math
 
-from agentjet.client.driver import EvalPoint
-from agentjet.protocol import BufferCounts, ServerStatus
-from agentjet.research.monitor import (
+from agentjet.apps.research.monitor import (
     EvalRecord,
     Health,
     Limits,
@@ -17,7 +15,9 @@ from agentjet.research.monitor import (
     parse_status,
     result_points,
 )
-from agentjet.research.spec import MetricSource
+from agentjet.apps.research.spec import MetricSource
+from agentjet.client.driver import EvalPoint
+from agentjet.protocol import BufferCounts, ServerStatus
 
 LIMITS = Limits(start_timeout_s=60, stall_s=120, run_timeout_s=1000)
 

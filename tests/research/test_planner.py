@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from agentjet.research.planner import OptunaPlanner, params_key
-from agentjet.research.spec import StudySpec
-from agentjet.research.state import (
+from agentjet.apps.research.planner import OptunaPlanner, params_key
+from agentjet.apps.research.spec import StudySpec
+from agentjet.apps.research.state import (
     Attempt,
     IllegalTransition,
     StudyBusy,

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from agentjet.research.runner import trial_swarm
-from agentjet.research.spec import (
+from agentjet.apps.research.runner import trial_swarm
+from agentjet.apps.research.spec import (
     Param,
     ParamType,
     StudySpec,
@@ -17,7 +17,7 @@ from agentjet.research.spec import (
     parse_space_item,
     spec_from_args,
 )
-from agentjet.research.state import StudyState
+from agentjet.apps.research.state import StudyState
 
 BASE = {"servers": {"policy": {"model": "tiny-random", "options": {"engine": "null", "group-size": 4}}}}
 
@@ -134,7 +134,7 @@ def test_trial_swarm_puts_server_settings_on_fresh_ports_and_uses_the_builtin_cl
     assert server["port"] == 45678 and server["data_dir"] == str(tmp_path / "a1" / "server-policy")
     assert server["options"] == {"engine": "null", "group-size": 8, "lr": 3e-5}
     cmd = swarm["clients"]["trial"]["command"]
-    assert cmd[:3] == [sys.executable, "-m", "agentjet.research.trial_client"]
+    assert cmd[:3] == [sys.executable, "-m", "agentjet.apps.research.trial_client"]
     assert cmd[cmd.index("--server") + 1] == "http://127.0.0.1:45678"
 
 
@@ -152,7 +152,7 @@ def test_trial_swarm_fills_placeholders_of_custom_clients(tmp_path: Path) -> Non
 
 
 def test_command_line_overrides_apply_to_a_question_and_to_a_study_file(tmp_path: Path) -> None:
-    from agentjet.research.app import resolve_spec
+    from agentjet.apps.research.app import resolve_spec
 
     swarm = tmp_path / "swarm.yaml"
     swarm.write_text("servers:\n  policy: {model: tiny-random, port: 10086}\n")

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from agentjet import SwarmClient
-from agentjet.server.admission import capacity
+from agentjet.server.episodes.admission import capacity
 
 
 @pytest.mark.parametrize(("kw", "want"), [
@@ -66,7 +66,7 @@ def test_begin_is_refused_at_capacity_and_the_client_waits(make_server, wait: fl
 @pytest.mark.parametrize(("cap", "begun", "want"), [(1, 1, True), (1, 0, False), (2, 0, True), (0, 3, True),
                                                      (1, 2, False)])
 def test_whole_groups_are_admitted(cap: int, begun: int, want: bool) -> None:
-    from agentjet.server.admission import admits
+    from agentjet.server.episodes.admission import admits
 
     assert admits(capacity_now=cap, group_size=2, begun_in_group=begun) is want
 
@@ -78,9 +78,9 @@ def held_server(tmp_path, tiny_model_path):
     capacity is 2 until a step trains."""
     from transformers import AutoTokenizer
 
-    from agentjet.engines.null import NullEngine
+    from agentjet.layouts.null import NullEngine
+    from agentjet.runtime.clock import FakeClock
     from agentjet.server import SwarmServer
-    from agentjet.server.clock import FakeClock
     from agentjet.settings import ServerConfig, TrainingSettings
 
     def make(**training):
@@ -281,7 +281,7 @@ def test_a_server_shutting_down_answers_held_begins_at_once(held_server) -> None
 
 
 def test_batches_take_groups_in_admission_order(tmp_path) -> None:
-    from agentjet.server.clock import FakeClock
+    from agentjet.runtime.clock import FakeClock
     from agentjet.server.counters import TrainingCounters
     from agentjet.server.store import SampleStore, StoredEpisode, StoredStatus
     from agentjet.server.training.pool import GroupPool

@@ -70,9 +70,9 @@ def test_building_a_server_leaves_its_config_alone_and_writes_nothing_until_star
     appears before start(): the token files, the store and the metric files are written when the server starts."""
     from transformers import AutoTokenizer
 
-    from agentjet.engines.null import NullEngine
-    from agentjet.launch import free_port
-    from agentjet.server.app import BackgroundServer, create_app
+    from agentjet.layouts.null import NullEngine
+    from agentjet.runtime.launch import free_port
+    from agentjet.server.http.app import BackgroundServer, create_app
     from agentjet.server.swarm import SwarmServer
     from agentjet.settings import ServerConfig
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from agentjet.server.chat import ChatFormatError, ChatFormatter, normalize_messages
+from agentjet.server.episodes.chat import ChatFormatError, ChatFormatter, normalize_messages
 
 CONVERSATIONS = [
     [{"role": "user", "content": "hi"}],

@@ -11,8 +11,8 @@ import pytest
 from tests.conftest import settle, wait_until
 
 from agentjet import SwarmClient
-from agentjet.server.clock import FakeClock
-from agentjet.server.quotas import apportion
+from agentjet.runtime.clock import FakeClock
+from agentjet.server.training.quotas import apportion
 
 USER = [{"role": "user", "content": "go"}]
 

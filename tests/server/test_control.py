@@ -12,7 +12,7 @@ import pytest
 from tests.conftest import settle, wait_until
 
 from agentjet import SwarmClient
-from agentjet.engines.null import NullEngine
+from agentjet.layouts.null import NullEngine
 from agentjet.protocol import PauseState
 
 ADMIN = {"Authorization": "Bearer adm1n"}

@@ -11,7 +11,7 @@ from tests.conftest import settle, wait_until
 
 from agentjet import SwarmClient
 from agentjet.engines.errors import EngineUnavailableError, TrainingHaltedError
-from agentjet.engines.null import NullEngine
+from agentjet.layouts.null import NullEngine
 
 USER = [{"role": "user", "content": "what is 2 + 2?"}]
 

@@ -10,8 +10,8 @@ import httpx
 import pytest
 
 from agentjet.engines.base import GenerationError, SamplingParams
-from agentjet.engines.composed import ComposedEngine
 from agentjet.layouts import embedded_engine
+from agentjet.layouts.composed import ComposedEngine
 
 USER = [{"role": "user", "content": "what is 1 + 2?"}]
 HOSTILE = [

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from agentjet.server.locks import KeyedLocks
+from agentjet.server.episodes.locks import KeyedLocks
 
 
 def test_same_key_is_exclusive_even_with_three_contenders() -> None:

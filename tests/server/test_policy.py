@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from agentjet.protocol import BeginEpisodeRequest, EpisodeStatus
-from agentjet.server.clock import FakeClock
+from agentjet.runtime.clock import FakeClock
 from agentjet.server.counters import TrainingCounters
-from agentjet.server.registry import EpisodeRegistry
+from agentjet.server.episodes.registry import EpisodeRegistry
 from agentjet.server.store import SampleStore, StoredEpisode, StoredStatus
 from agentjet.server.training.pool import GroupPool
 from agentjet.settings import ServerConfig, TrainingSettings

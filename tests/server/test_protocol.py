@@ -6,7 +6,7 @@ import httpx
 import pytest
 from tests.conftest import settle, wait_until
 
-from agentjet.clock import FakeClock
+from agentjet.runtime.clock import FakeClock
 
 USER = [{"role": "user", "content": "hi"}]
 

@@ -17,8 +17,8 @@ from tests.observe.helpers import ADMIN, READ, play_group
 import agentjet
 from agentjet.observe import ObserveSettings
 from agentjet.protocol import ServerStatus
+from agentjet.runtime.clock import FakeClock
 from agentjet.server import counters as counters_module
-from agentjet.server.clock import FakeClock
 from agentjet.server.counters import (
     CHECKPOINTED,
     AdmissionCounters,

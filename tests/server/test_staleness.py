@@ -14,9 +14,9 @@ from tests.conftest import wait_until
 from transformers import AutoTokenizer
 
 from agentjet import SwarmClient
-from agentjet.engines.null import NullEngine
-from agentjet.server.staleness import all_stale, fresh_samples, logprobs_on_stored_mask, stale_mask
+from agentjet.layouts.null import NullEngine
 from agentjet.server.store import SampleStore, StoredEpisode, StoredStatus
+from agentjet.server.training.staleness import all_stale, fresh_samples, logprobs_on_stored_mask, stale_mask
 from agentjet.tracking import NO_VERSION, EpisodeSample
 
 USER = [{"role": "user", "content": "what is 2 + 2?"}]

@@ -10,8 +10,8 @@ import pytest
 from tests.conftest import wait_until
 
 from agentjet import Team
-from agentjet.clock import FakeClock
 from agentjet.protocol import SWARM_PREFIX
+from agentjet.runtime.clock import FakeClock
 
 USER = [{"role": "user", "content": "plan it"}]
 

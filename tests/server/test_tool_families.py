@@ -32,7 +32,7 @@ from tests.tracking.templates import (
 )
 
 from agentjet import SwarmClient
-from agentjet.server.chat import ChatFormatter, normalize_messages
+from agentjet.server.episodes.chat import ChatFormatter, normalize_messages
 from agentjet.settings import ToolParserKind
 
 TOOLS = [{"type": "function", "function": {"name": "add", "description": "add two numbers", "parameters": {
@@ -199,7 +199,7 @@ def trained_runs(sample: Any) -> list[list[int]]:
 
 def serve_family(make_server, tiny_base, kind: ToolParserKind, reply_ids: list[int] | None = None,
                  reply: dict[str, Any] | None = None):
-    from agentjet.engines.null import NullEngine
+    from agentjet.layouts.null import NullEngine
 
     tok = family_tokenizer(tiny_base, kind)
     if reply_ids is None:

@@ -117,7 +117,7 @@ def drifted_two_turns(make_server, tiny_model_path, **config) -> DriftRun:
     resends the first reply as text."""
     from transformers import AutoTokenizer
 
-    from agentjet.engines.null import NullEngine
+    from agentjet.layouts.null import NullEngine
 
     tok = AutoTokenizer.from_pretrained(tiny_model_path)
     ids = spelled_reply(tok)

@@ -63,7 +63,7 @@ def test_exception_in_block_aborts_and_reraises(make_server) -> None:
 
 
 def test_client_retries_until_the_server_is_up(make_server, tmp_path: Path) -> None:
-    from agentjet.launch import free_port
+    from agentjet.runtime.launch import free_port
 
     port = free_port()
 

@@ -1,4 +1,4 @@
-"""``ajet bench``: the version-by-version benchmark suite (``agentjet.bench_suite``, ``docs/dashboard.md``,
+"""``ajet bench``: the version-by-version benchmark suite (``agentjet.apps.bench.suite``, ``docs/dashboard.md``,
 the gate in ``docs/benchmarks.md``)."""
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def bench(
     commit: str | None = typer.Option(None, help="record under this commit (default: git HEAD of the cwd)"),
 ) -> None:
     """Run the benchmark suite, record it by commit, gate it by the baseline runs' noise; exit 1 on a regression."""
-    from agentjet.bench_suite import BenchOptions, LearnSettings, SuiteSettings, run_bench
+    from agentjet.apps.bench.suite import BenchOptions, LearnSettings, SuiteSettings, run_bench
     from agentjet.tasks import TASKS
 
     inject: dict[str, float] = {}

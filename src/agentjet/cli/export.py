@@ -1,4 +1,4 @@
-"""``ajet export``: a run's checkpoint as a standalone Hugging Face model directory (``agentjet.export``)."""
+"""``ajet export``: a run's checkpoint as a standalone Hugging Face model directory (``agentjet.apps.export``)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def export(
 ) -> None:
     """Write a run's checkpoint as a standalone Hugging Face model directory: weights (LoRA merged), config,
     tokenizer with its chat template, and a README.md model card."""
-    from agentjet.export import ExportError, export_checkpoint, upload_to_hub
+    from agentjet.apps.export import ExportError, export_checkpoint, upload_to_hub
 
     try:
         ckpt = export_checkpoint(run_dir, out, step, version, adapter_only)

@@ -1,4 +1,4 @@
-"""``ajet research``: plan, run, watch and report an RL study on the swarm (``agentjet.research``)."""
+"""``ajet research``: plan, run, watch and report an RL study on the swarm (``agentjet.apps.research``)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def research(
 ) -> None:
     """Plan, run, watch and report an RL study on the swarm (resumable; see docs/research.md)."""
     try:
-        from agentjet.research.app import main as research_main
+        from agentjet.apps.research.app import main as research_main
     except ImportError as exc:
         fail(f"{exc}; install the research extra: pip install 'agentjet[research]'")
     overrides = {k: v for k, v in {"seeds": seeds, "parallel": parallel, "budget.trials": trials,

@@ -99,7 +99,7 @@ def server(**kwargs: Any) -> None:
         check_sinks_available(config.observe.log_to)
     except MissingExtra as exc:
         fail(f"--log-to: {exc}")
-    from agentjet.runtime import prefer_passive_openmp
+    from agentjet.runtime.omp import prefer_passive_openmp
 
     prefer_passive_openmp()  # before torch loads
     from agentjet.models import ModelNotFoundError, agentjet_home, resolve_model
@@ -120,7 +120,7 @@ def server(**kwargs: Any) -> None:
     except PlacementError as exc:
         fail(str(exc))
     config.data_dir = config.resolved_data_dir(agentjet_home())
-    from agentjet.server.app import serve
+    from agentjet.server.http.app import serve
 
     console.print(f"AgentJet server: model [bold]{config.model}[/bold] on http://{config.host}:{config.port}/v1, "
                   f"engine {config.engine.kind.value}, data in {config.data_dir}", soft_wrap=True)

@@ -48,7 +48,7 @@ def demo(
                                     "(torchrun; gloo on CPU) instead of in the server process"),
 ) -> None:
     """Train SmolLM2 on a built-in task through a real swarm server and client; print eval before/after."""
-    from agentjet.demo import DemoSettings, run_demo
+    from agentjet.apps.demo import DemoSettings, run_demo
     from agentjet.tasks import TASKS
 
     if task not in TASKS:
@@ -69,8 +69,8 @@ def up(spec_file: Path = typer.Argument(..., help="swarm YAML: servers (and opti
     """Start a set of servers and clients described in one file; Ctrl-C stops them cleanly."""
     import signal
 
-    from agentjet.launch import ServerExited
-    from agentjet.up import Swarm, load_spec
+    from agentjet.apps.up import Swarm, load_spec
+    from agentjet.runtime.launch import ServerExited
 
     try:
         spec = load_spec(spec_file)

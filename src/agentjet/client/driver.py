@@ -39,8 +39,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agentjet.client.client import Episode, SwarmClient, SwarmError
 from agentjet.client.runner import RunSummary, Workflow, run_workflow
-from agentjet.clock import Clock, SystemClock
 from agentjet.protocol import PauseState, Reward, ServerStatus
+from agentjet.runtime.clock import Clock, SystemClock
 
 log = logging.getLogger(__name__)
 

@@ -37,8 +37,8 @@ from agentjet.client.driver import (
     held_out,
 )
 from agentjet.client.runner import Workflow
-from agentjet.clock import Clock
 from agentjet.protocol import Reward, ServerStatus, reward_mean
+from agentjet.runtime.clock import Clock
 from agentjet.schedule import Curriculum, StoppingRule
 
 __all__ = ["EvalPoint", "ScheduleSettings", "ScheduledRun", "StepPoint", "run_scheduled"]

@@ -5,8 +5,8 @@
 - ``worker.py``: a rank (run by torchrun); ``launch.py``: torchrun command lines, the launcher for other nodes.
 - ``plan.py``: how a batch is split across ranks.
 
-The learner that wraps a group for the server is ``agentjet.learners.group.GroupLearner``; weight files are
-written and read by ``agentjet.engines.weights``.
+The learner that wraps a group for the server is ``agentjet.distributed.learner.GroupLearner``; weight files are
+written and read by ``agentjet.weights.io``.
 """
 
 from agentjet.distributed.group import GroupState, GroupTimeout, RankFailure, TrainerGroup, TrainerGroupError

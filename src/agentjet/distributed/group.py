@@ -46,11 +46,11 @@ from agentjet.distributed.messages import (
 )
 from agentjet.distributed.plan import plan_step
 from agentjet.engines.base import StepOutput, TrainSample
-from agentjet.engines.policy_step import StepConfig
-from agentjet.engines.weights import WEIGHTS_FILE, prune_versions, version_dir
+from agentjet.learners.policy_step import StepConfig
 from agentjet.models import resolve_model
-from agentjet.proc import Child
+from agentjet.runtime.proc import Child
 from agentjet.settings import LossSettings, TrainerGroupSettings
+from agentjet.weights.io import WEIGHTS_FILE, prune_versions, version_dir
 
 log = logging.getLogger(__name__)
 

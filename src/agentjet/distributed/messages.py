@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentjet.engines.base import TrainSample
-from agentjet.engines.policy_step import StepConfig
+from agentjet.learners.policy_step import StepConfig
 
 TOKEN_ENV = "AGENTJET_TRAINER__AUTH_TOKEN"  # the shared secret; never on a command line
 

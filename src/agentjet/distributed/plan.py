@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from agentjet.algorithms.objectives import PolicyLossConfig
 from agentjet.engines.base import TrainSample
-from agentjet.engines.policy_step import micro_batch_indices, total_loss_weight
+from agentjet.learners.policy_step import micro_batch_indices, total_loss_weight
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from agentjet.distributed.messages import (
     Step,
 )
 from agentjet.distributed.plan import padding_sample
-from agentjet.engines.policy_step import (
+from agentjet.learners.policy_step import (
     PaddedBatch,
     PolicyOptimizer,
     StepSums,
@@ -44,8 +44,8 @@ from agentjet.engines.policy_step import (
     run_policy_step,
     trained_token_logprobs,
 )
-from agentjet.engines.weights import untie, write_safetensors
-from agentjet.proc import die_with_parent
+from agentjet.runtime.proc import die_with_parent
+from agentjet.weights.io import untie, write_safetensors
 
 
 class PolicyLogprobs(torch.nn.Module):

@@ -122,7 +122,7 @@ class StepOutput(Mapping[str, float]):
 class Generator(abc.ABC):
     """The rollout role: generates (or streams) tokens with their behaviour logprobs, says which policy version
     it serves and how many requests it runs at once, and accepts new weights through a weight-sync seam
-    (``agentjet.engines.sync``). Implementations: the embedded engine (``engines/hf``) and vLLM (``engines/vllm``)."""
+    (``agentjet.weights.sync``). Implementations: the embedded engine (``engines/hf``) and vLLM (``engines/vllm``)."""
 
     policy_version: int = 0  # the version whose weights serve new requests
 
@@ -158,7 +158,7 @@ class Learner(abc.ABC):
     """The training role: ``train_step(batch) -> StepOutput`` (bumps ``policy_version``), one optimizer config
     (live: ``set_learning_rate``), scoring for probes, its own save/load, and an export of its weights for a
     generator. Implementations: in process (``agentjet.learners.inprocess``) and an FSDP2 trainer group
-    (``agentjet.learners.group``). Both run ``engines.policy_step.run_policy_step``."""
+    (``agentjet.distributed.learner``). Both run ``engines.policy_step.run_policy_step``."""
 
     policy_version: int = 0  # the version of the weights it holds (what the next export holds)
 

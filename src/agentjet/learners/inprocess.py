@@ -22,9 +22,9 @@ from typing import Any
 import torch
 
 from agentjet.engines.base import Learner, StepOutput, TrainSample
-from agentjet.engines.hf.model import PolicyModel
-from agentjet.engines.hf.worker import EngineWorker
-from agentjet.engines.policy_step import (
+from agentjet.engines.model import PolicyModel
+from agentjet.engines.worker import EngineWorker
+from agentjet.learners.policy_step import (
     PolicyOptimizer,
     StepConfig,
     collate,
@@ -33,15 +33,15 @@ from agentjet.engines.policy_step import (
     total_loss_weight,
     trained_token_logprobs,
 )
-from agentjet.engines.weights import (
+from agentjet.settings import EngineSettings, LossSettings
+from agentjet.weights.checkpoints import LEARNER_STATE, read_policy_version
+from agentjet.weights.io import (
     export_full,
     export_lora,
     load_state_into,
     prune_versions,
     version_dir,
 )
-from agentjet.settings import EngineSettings, LossSettings
-from agentjet.weights.checkpoints import LEARNER_STATE, read_policy_version
 
 OPTIMIZER_FILE = "optimizer.pt"
 

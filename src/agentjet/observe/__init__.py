@@ -2,8 +2,8 @@
 the token-level trace viewer) and the benchmark history (``ajet bench``).
 
 Layering: this room sits below ``server``. It defines what it needs from a running server as protocols and
-plain data (``schema``); ``agentjet.server.observe_source`` implements them on a ``SwarmServer``, and
-``agentjet.server.app`` mounts the routes.
+plain data (``schema``); ``agentjet.server.views.observe_source`` implements them on a ``SwarmServer``, and
+``agentjet.server.http.app`` mounts the routes.
 """
 
 from agentjet.settings import LogSink, ObserveSettings

@@ -1,6 +1,6 @@
 """Plain data the dashboard and the metrics read from a running server, and the protocol that provides it.
 
-``agentjet.server.observe_source.ServerSource`` implements ``DashboardSource`` on a ``SwarmServer``."""
+``agentjet.server.views.observe_source.ServerSource`` implements ``DashboardSource`` on a ``SwarmServer``."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ class DropReason(enum.StrEnum):
 
 class RunSnapshot(BaseModel):
     """A running server at one moment: its one read model. ``GET /swarm/v1/status``, the dashboard's run page and
-    the Prometheus metrics all render this (built by ``agentjet.server.run_state.snapshot``). Counters are
+    the Prometheus metrics all render this (built by ``agentjet.server.views.run_state.snapshot``). Counters are
     cumulative since start unless said otherwise."""
 
     model: str

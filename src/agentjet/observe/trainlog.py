@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from agentjet.observe.events import TrainedSample
-from agentjet.storage import open_wal_db
+from agentjet.runtime.storage import open_wal_db
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS trained_samples (

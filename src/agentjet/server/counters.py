@@ -26,8 +26,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentjet.server.clock import Clock
-from agentjet.server.tito import TitoOutcome
+from agentjet.runtime.clock import Clock
+from agentjet.tracking.drift import TitoOutcome
 
 
 @dataclass

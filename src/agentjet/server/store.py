@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentjet.runtime.storage import open_wal_db
 from agentjet.server.digest import digest, matches
-from agentjet.storage import open_wal_db
 from agentjet.tracking import EpisodeSample
 
 

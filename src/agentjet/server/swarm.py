@@ -31,28 +31,30 @@ from agentjet.engines.base import Engine
 from agentjet.models import agentjet_home
 from agentjet.observe.metrics import TRAINLOG_FILE, MetricsHub
 from agentjet.observe.trainlog import TrainLog
-from agentjet.protocol import ChangeRecord, ServerStatus
-from agentjet.server.admission import Admission
+from agentjet.protocol import ServerStatus
+from agentjet.runtime.clock import Clock, SystemClock
 from agentjet.server.auth import Auth, new_admin_token, save_admin_token
-from agentjet.server.chat import ChatFormatter
-from agentjet.server.clock import Clock, SystemClock
+from agentjet.server.control_plane import ControlPlane
 from agentjet.server.counters import RunCounters
-from agentjet.server.episodes import Episodes
-from agentjet.server.ingest import Ingest, TrainingIntake
-from agentjet.server.keys import EpisodeKeys
-from agentjet.server.locks import KeyedLocks
-from agentjet.server.observe_source import ServerSource
-from agentjet.server.registry import EpisodeRegistry
-from agentjet.server.run_state import RunParts, StoredCounts, snapshot
+from agentjet.server.episodes.admission import Admission
+from agentjet.server.episodes.chat import ChatFormatter
+from agentjet.server.episodes.chat_call import Chat
+from agentjet.server.episodes.ingest import Ingest, TrainingIntake
+from agentjet.server.episodes.keys import EpisodeKeys
+from agentjet.server.episodes.lifecycle import Episodes
+from agentjet.server.episodes.locks import KeyedLocks
+from agentjet.server.episodes.registry import EpisodeRegistry
+from agentjet.server.episodes.teams import Teams
 from agentjet.server.state import Lifecycle, ServerState
-from agentjet.server.status import build_status, eval_reward_by_version
 from agentjet.server.store import SampleStore, StoreReader
 from agentjet.server.store_health import StoreHealth
-from agentjet.server.teams import Teams
 from agentjet.server.training.checkpoints import Checkpoints
 from agentjet.server.training.loop import TrainLoop
 from agentjet.server.training.pool import GroupPool
 from agentjet.server.training.step import BatchStep
+from agentjet.server.views.observe_source import ServerSource
+from agentjet.server.views.run_state import RunParts, StoredCounts, snapshot
+from agentjet.server.views.status import build_status, eval_reward_by_version
 from agentjet.settings import ServerConfig
 
 log = logging.getLogger(__name__)
@@ -70,6 +72,8 @@ class SwarmServer:
     keys: EpisodeKeys
     admission: Admission
     ingest: Ingest
+    chat: Chat
+    control: ControlPlane
     episodes: Episodes
     run: RunParts
     observe: ServerSource
@@ -90,7 +94,6 @@ class SwarmServer:
         self.registry = EpisodeRegistry(self.config.lease_seconds, clock=self.clock)
         self.counters = RunCounters.starting_now(self.clock)  # the read model's counters (``counters.py``)
         self.lifecycle = Lifecycle()
-        self.change_log: list[ChangeRecord] = []  # live config changes, with the version they took effect at
         self.on_stop: Callable[[], None] | None = None  # set by whoever runs the HTTP server
         self._reaper: asyncio.Task[None] | None = None
 
@@ -133,6 +136,7 @@ class SwarmServer:
                                    self.store_health, counters.admission)
         self.ingest = Ingest(config, self.engine, self.formatter, self.registry, self.store, self.keys, self.teams,
                              locks, self.clock, self.store_health, intake, self.admission, counters)
+        self.chat = Chat(config, self.engine, self.formatter, self.keys, self.registry, self.ingest)
         self.episodes = Episodes(config, self.engine, self.registry, self.keys, self.teams, self.admission)
         trainlog = TrainLog(data_dir / TRAINLOG_FILE)
         self.run = RunParts(config=config, engine=self.engine, clock=self.clock, registry=self.registry,
@@ -143,6 +147,8 @@ class SwarmServer:
         self.observe = ServerSource(self.run)
         self.metrics = MetricsHub(config.observe, data_dir, self.observe.snapshot, self.public_config(),
                                   trainlog=trainlog)
+        self.control = ControlPlane(config, self.engine, self.registry, self.pool, self.train_loop, self.admission,
+                                    counters.training, self.clock)
         self.train_loop.step.observer = self.metrics
         self.train_loop.on_capacity = self.admission.pump
 

@@ -242,7 +242,7 @@ class EngineKind(enum.StrEnum):
 
 
 class ToolParserKind(enum.StrEnum):
-    """How tool calls are read from a reply (``agentjet.server.tool_parsers``)."""
+    """How tool calls are read from a reply (``agentjet.server.episodes.tool_parsers``)."""
 
     AUTO = "auto"  # from the chat template
     HERMES = "hermes"  # <tool_call>{...}</tool_call> (Qwen2.5, Qwen3, SmolLM2)

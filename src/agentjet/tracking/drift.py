@@ -17,6 +17,7 @@ Drift = the recorded prompt holds the region's re-tokenization and that differs 
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -31,6 +32,14 @@ REPAIRED = "repaired"  # the prompt held a different re-tokenization; the genera
 KEPT = "kept"  # drift found, left as recorded (fix_drift=False)
 RENDER_MISMATCH = "render_mismatch"  # the message renders to another text than the one generated: not drift
 UNALIGNED = "unaligned"  # the generated text is there but a token crosses its boundary: cannot be spliced
+
+
+class TitoOutcome(enum.Enum):
+    """What token-in, token-out did to one request's prompt (``server/episodes/tito.py``)."""
+
+    PLAIN = "plain"  # nothing to splice (or nothing changed): the plain prompt
+    SPLICED = "spliced"  # generated ids put back where re-tokenization would have changed them
+    FALLBACK = "fallback"  # splicing was attempted but failed a check: the plain prompt (see log at DEBUG)
 
 
 def decode_exact(tokenizer: Any, ids: Sequence[int]) -> str:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from agentjet.clock import Clock
+from agentjet.runtime.clock import Clock
 from agentjet.server.counters import TrainingCounters
 from agentjet.server.store import SampleStore
 from agentjet.settings import ServerConfig

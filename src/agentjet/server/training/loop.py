@@ -11,8 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from agentjet.clock import Clock
 from agentjet.engines.errors import TrainingHaltedError
+from agentjet.runtime.clock import Clock
 from agentjet.server.counters import TrainingCounters
 from agentjet.server.store import StoredEpisode
 from agentjet.server.training.checkpoints import Checkpoints

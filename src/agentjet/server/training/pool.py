@@ -19,11 +19,11 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from agentjet.clock import Clock
+from agentjet.runtime.clock import Clock
 from agentjet.server.counters import TrainingCounters
-from agentjet.server.quotas import apportion
-from agentjet.server.staleness import all_stale
 from agentjet.server.store import SampleStore, StoredEpisode, StoredStatus
+from agentjet.server.training.quotas import apportion
+from agentjet.server.training.staleness import all_stale
 from agentjet.settings import AbsentPolicy, TrainingSettings
 
 log = logging.getLogger(__name__)

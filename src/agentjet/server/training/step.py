@@ -13,15 +13,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from agentjet.algorithms import AdvantageEstimator, compute_advantages
-from agentjet.clock import Clock
 from agentjet.engines.base import Engine, StepOutput, TrainSample
 from agentjet.observe.events import StepObserver, StepRecord, TrainedSample, staleness_metrics
 from agentjet.protocol import reward_mean
+from agentjet.runtime.clock import Clock
 from agentjet.server.counters import TrainingCounters
-from agentjet.server.staleness import fresh_samples, logprobs_on_stored_mask
 from agentjet.server.store import SampleStore, StoredStatus
 from agentjet.server.training.checkpoints import Checkpoints
 from agentjet.server.training.pool import Group
+from agentjet.server.training.staleness import fresh_samples, logprobs_on_stored_mask
 from agentjet.settings import ServerConfig
 from agentjet.tracking import EpisodeSample
 

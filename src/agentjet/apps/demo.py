@@ -1,0 +1,263 @@
+"""The demo: a swarm server (its own process) and a client train SmolLM2 on a built-in task.
+
+1. Start ``ajet server`` on a free loopback port.
+2. Evaluate on the held-out split (eval episodes: never trained on).
+3. Train (``agentjet.client.scheduled``): a curriculum draws each group's task, the held-out eval runs every
+   ``eval_every_s``, and training stops at ``steps``, the time budget, or an eval plateau / solved task.
+4. Evaluate again, print before/after, save a reward-curve PNG (steps and wall-clock minutes) and a JSON summary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from rich.console import Console
+
+from agentjet.client.client import SwarmClient
+from agentjet.client.runner import task_workflow
+from agentjet.client.scheduled import EvalPoint, ScheduleSettings, StepPoint, run_scheduled
+from agentjet.runtime.launch import ServerProcess
+from agentjet.runtime.provenance import git_commit, machine
+from agentjet.schedule import Curriculum, StoppingRule, StopSettings
+from agentjet.settings import EngineSettings, ServerConfig, TrainerGroupSettings, TrainingSettings
+from agentjet.settings.load import dump_config
+from agentjet.tasks import Recommended, get_task
+
+
+@dataclass
+class DemoSettings:
+    model: str = "smollm2-135m-instruct"
+    task: str = "addition"
+    steps: int | None = None  # default: the task's RECOMMENDED.steps
+    learning_rate: float | None = None
+    group_size: int | None = None
+    batch_groups: int | None = None
+    # episodes in flight = the engine's batch (default: the task's RECOMMENDED.concurrency)
+    concurrency: int | None = None
+    eval_tasks: int | None = None  # default: the task's RECOMMENDED.eval_n
+    max_staleness: int = 2
+    time_budget_s: float = 20 * 60
+    out_dir: Path = Path("runs/demo")
+    port: int | None = None
+    engine: str = "hf"  # or "vllm": the server rolls out on a managed vLLM subprocess
+    train_procs: int = 0  # > 0: an FSDP2 trainer group of this many ranks trains (beside either generator)
+    eval_every_s: float | None = None  # periodic held-out eval (None: the task's RECOMMENDED, else 120; 0: none)
+    curriculum: bool = True  # draw each group's task by its recent group results (retire solved tasks)
+    early_stop: bool = True  # stop on an eval plateau or when the groups stop teaching (agentjet.schedule)
+    seed: int = 0  # the engine's sampling draws and the curriculum's order (a second seed: a second run)
+
+
+@dataclass
+class DemoResult:
+    eval_before: float
+    eval_after: float
+    train_steps: int
+    policy_version: int
+    train_episodes: int
+    failed_episodes: int
+    seconds: float
+    reward_by_version: dict[int, float] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)
+    evals: list[dict[str, Any]] = field(default_factory=list)  # periodic held-out evals (minutes, step, reward)
+    steps: list[dict[str, Any]] = field(default_factory=list)  # each train step: minutes, step, train reward
+    stop_reason: str = ""
+    groups: int = 0
+    uniform_groups: int = 0  # groups whose rewards were all equal (no learning signal)
+    merge_ratio: float = float("nan")  # chat calls per training sample (timeline merging)
+    curriculum: dict[str, int] = field(default_factory=dict)  # train tasks per state at the end
+    provenance: dict[str, str] = field(default_factory=dict)  # commit, machine, device
+    # tasks that trace their episodes (``EpisodeTrace``, ``tool_use_summary``): tool use at each held-out eval
+    # (minutes, step, success, tool-call and correct-call shares, turns), and the first eval tasks' transcripts
+    # at the first and the last eval
+    tool_use: list[dict[str, Any]] = field(default_factory=list)
+    transcripts: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+
+TRANSCRIPTS = 5  # eval tasks whose transcripts the demo keeps (first and last eval)
+
+
+def server_config(s: DemoSettings, port: int, rec: Recommended, admin_token: str | None = None) -> ServerConfig:
+    """The demo server's settings (handed to the child ``ajet server`` as a config file). The client pauses
+    training for its periodic evals, so it holds the admin token."""
+    return ServerConfig(
+        model=s.model, port=port, data_dir=s.out_dir / "server", log_level="INFO", admin_token=admin_token,
+        engine=EngineSettings(kind=s.engine, max_batch_size=concurrency(s, rec), seed=s.seed),
+        trainer=TrainerGroupSettings(procs=s.train_procs),
+        training=TrainingSettings(**rec.training(), max_staleness=s.max_staleness,
+                                  checkpoint_every=0))
+
+
+def save_plot(result: DemoResult, path: Path) -> bool:
+    """Train reward per step, and train reward and held-out eval against wall-clock minutes."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(11, 4))
+    versions = sorted(result.reward_by_version)
+    by_step.plot(versions, [result.reward_by_version[v] for v in versions], marker="o", label="train reward (sampled)")
+    evals = result.evals
+    by_step.plot([e["train_steps"] for e in evals], [e["reward"] for e in evals], marker="s", color="green",
+                 label="held-out eval")
+    by_step.set_xlabel("policy version (train steps)")
+    by_step.set_ylabel("mean reward")
+    by_step.legend(loc="lower right")
+    by_step.grid(alpha=0.3)
+    steps = [p for p in result.steps if "reward_mean" in p]
+    by_time.plot([p["minutes"] for p in steps], [p["reward_mean"] for p in steps], marker=".", alpha=0.7,
+                 label="train reward (trained batches: mixed groups)")
+    by_time.plot([e["minutes"] for e in evals], [e["reward"] for e in evals], marker="s", color="green",
+                 label="held-out eval")
+    by_time.set_xlabel("wall-clock minutes (evals included)")
+    by_time.legend(loc="lower right")
+    by_time.grid(alpha=0.3)
+    fig.suptitle(f"AgentJet demo: {result.settings.get('model')} on {result.settings.get('task')} "
+                 f"(eval {result.eval_before:.3f} -> {result.eval_after:.3f}, {result.seconds / 60:.1f} min)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def run_demo(s: DemoSettings, console: Console | None = None) -> DemoResult:
+    from agentjet.runtime.launch import free_port
+
+    console = console or Console()
+    task_mod = get_task(s.task)
+    overrides = {"learning_rate": s.learning_rate, "group_size": s.group_size, "batch_groups": s.batch_groups}
+    rec = Recommended.model_validate({**task_mod.RECOMMENDED.model_dump(),
+                                      **{k: v for k, v in overrides.items() if v is not None}})
+    steps = s.steps or rec.steps
+    s.eval_tasks = s.eval_tasks or rec.eval_n
+    s.out_dir.mkdir(parents=True, exist_ok=True)
+    port = s.port or free_port()
+    url = f"http://127.0.0.1:{port}"
+    log_path = s.out_dir / "server.log"
+    admin_token = secrets.token_urlsafe(32)
+    config = server_config(s, port, rec, admin_token)
+    server = ServerProcess("demo", config, log_path, s.out_dir / "server.yaml")
+    start = time.monotonic()
+    console.print(f"[bold]AgentJet demo[/bold]: {s.model} learns '{s.task}' ({steps} steps, {rec.group_size} "
+                  f"episodes/group, {rec.batch_groups} groups/step, lr {rec.learning_rate})")
+    console.print(f"starting the swarm server on {url} (log: {log_path}) ...")
+    server.start()
+    try:
+        server.wait_ready()
+        result = asyncio.run(_client_side(s, task_mod, rec, steps, url, admin_token, console))
+    finally:
+        server.stop(grace=120)
+    result.seconds = time.monotonic() - start
+    # the server's settings as it ran them (engine, training, loss, tracking...; secrets masked)
+    result.settings = {**{k: str(v) for k, v in asdict(s).items()}, **rec.model_dump(), "steps": steps,
+                       "server": dump_config(config, reveal_secrets=False)}
+    result.provenance = {"commit": git_commit(), "machine": machine(), **result.provenance}
+    (s.out_dir / "demo_result.json").write_text(json.dumps(asdict(result), indent=2, default=str))
+    plot = s.out_dir / "reward_curve.png"
+    saved = save_plot(result, plot)
+    console.print(f"\n[bold]eval reward (held-out, {s.eval_tasks} tasks): before {result.eval_before:.3f} -> "
+                  f"after {result.eval_after:.3f}[/bold]  ({result.train_steps} train steps, "
+                  f"{result.train_episodes} training episodes, {result.seconds / 60:.1f} min)")
+    console.print(f"stopped: {result.stop_reason or 'done'}; {result.uniform_groups} of {result.groups} groups had "
+                  f"equal rewards; calls per training sample {result.merge_ratio:.2f}")
+    console.print(f"saved {s.out_dir / 'demo_result.json'}" + (f" and {plot}" if saved else ""))
+    return result
+
+
+def concurrency(s: DemoSettings, rec: Recommended) -> int:
+    """Episodes in flight, which is also the engine's batch size."""
+    return s.concurrency or rec.concurrency
+
+
+def eval_every_s(s: DemoSettings, rec: Recommended) -> float | None:
+    """Seconds between periodic held-out evals (None: only before and after training)."""
+    every = s.eval_every_s if s.eval_every_s is not None else rec.eval_every_s
+    return every or None
+
+
+def train_pool(task_mod: ModuleType, n: int = 1024) -> list[dict[str, Any]]:
+    """The distinct train tasks among the first ``n`` the task generates (the curriculum's pool)."""
+    seen: dict[str, dict[str, Any]] = {}
+    for t in task_mod.generate_tasks("train", n, seed=0):
+        seen.setdefault(str(t["task_id"]), t)
+    return list(seen.values())
+
+
+async def _client_side(s: DemoSettings, task_mod: ModuleType, rec: Recommended, steps: int, url: str,
+                       token: str, console: Console) -> DemoResult:
+    eval_tasks = [{**t, "index": i} for i, t in enumerate(task_mod.generate_tasks("eval", s.eval_tasks, seed=0))]
+    pool = train_pool(task_mod, rec.pool)
+    curriculum = Curriculum([str(t["task_id"]) for t in pool], seed=s.seed) if s.curriculum else None
+    stopping = StoppingRule(StopSettings(**rec.stop)) if s.early_stop else None
+    settings = ScheduleSettings(group_size=rec.group_size, concurrency=concurrency(s, rec), max_steps=steps,
+                                time_budget_s=s.time_budget_s, eval_every_s=eval_every_s(s, rec))
+
+    eval_traces: list[tuple[dict[str, Any], Any]] = []
+    tool_use: list[dict[str, Any]] = []
+    transcripts: dict[str, list[dict[str, Any]]] = {}
+
+    def on_eval(p: EvalPoint) -> None:
+        console.print(f"  [green]eval[/green] at {p.seconds / 60:4.1f} min, step {p.train_steps:3d}: held-out reward "
+                      f"{p.reward:.3f} ({p.episodes} tasks, {p.eval_seconds:.0f}s)")
+        if not eval_traces or not hasattr(task_mod, "tool_use_summary"):
+            return
+        done = sorted(eval_traces, key=lambda tt: int(tt[0].get("index", 0)))
+        row = task_mod.tool_use_summary([t for t, _ in done], [tr for _, tr in done])
+        tool_use.append({"minutes": p.seconds / 60, "train_minutes": p.train_seconds / 60,
+                         "train_steps": p.train_steps, **row})
+        transcripts["before" if len(tool_use) == 1 else "after"] = [
+            {"task_id": t["task_id"], "question": t["messages"][-1]["content"], "answer": t.get("answer"),
+             "reward": tr.reward, "transcript": list(tr.transcript)} for t, tr in done[:TRANSCRIPTS]]
+        eval_traces.clear()
+        console.print(f"        tool use: {row['tool_call_share']:.0%} of episodes call a tool, "
+                      f"{row['correct_call_share']:.0%} call it correctly; {row['turns_per_episode']:.2f} turns "
+                      "per episode")
+
+    def on_step(p: StepPoint) -> None:
+        m = p.metrics
+        console.print(f"  step {p.train_steps:3d}/{steps}  {p.seconds / 60:4.1f} min  policy v{p.policy_version}  "
+                      f"train reward {m.get('reward_mean', float('nan')):.3f}  loss {m.get('loss', 0):+.4f}  "
+                      f"step {m.get('step_seconds', 0):.1f}s")
+
+    def on_quiet(st: Any) -> None:  # say why nothing happens (a model that solves most tasks)
+        b = st.buffer
+        console.print(f"  ... collecting: {b.dropped_uniform_episodes} episodes so far in groups where every reward "
+                      f"was equal (no learning signal, skipped), {b.pending_episodes} pending")
+
+    async with SwarmClient(url, token=token, client_id="demo-client") as client:
+        console.print(f"evaluating the base model on {len(eval_tasks)} held-out tasks, then training "
+                      f"({len(pool)} train tasks" + (", curriculum" if curriculum else "") + ") ...")
+        run = await run_scheduled(client, task_workflow(task_mod, task_mod.SAMPLING, model="demo"),
+                                  task_workflow(task_mod, task_mod.EVAL_SAMPLING, model="demo", traces=eval_traces), pool, eval_tasks, settings,
+                                  curriculum=curriculum,
+                                  stopping=stopping, on_step=on_step, on_eval=on_eval, on_quiet=on_quiet)
+        status = await client.status()
+    if run.stop_reason == "time_budget":
+        budget = f"{s.time_budget_s / 60:.0f} min" if s.time_budget_s >= 120 else f"{s.time_budget_s:.0f} s"
+        console.print(f"  training budget of {budget} reached after {status.train_steps} of {steps} steps "
+                      "(--time-budget-s to change)")
+    elif run.stop_reason in ("solved", "eval_plateau", "no_signal"):
+        console.print(f"  stopped early ({run.stop_reason}): {run.uniform_groups} of {run.groups} groups had equal "
+                      f"rewards; evals {', '.join(f'{e.reward:.2f}' for e in run.evals)}")
+    before, after = run.evals[0], run.evals[-1]
+    return DemoResult(
+        eval_before=before.reward, eval_after=after.reward, train_steps=status.train_steps,
+        policy_version=status.policy_version, train_episodes=run.train.episodes, failed_episodes=run.train.failed,
+        seconds=0.0, reward_by_version={v: sum(r) / len(r) for v, r in sorted(run.train_reward_by_version.items())},
+        evals=[{**e.model_dump(), "minutes": e.seconds / 60} for e in run.evals],
+        steps=[{"minutes": p.seconds / 60, "train_steps": p.train_steps, "policy_version": p.policy_version,
+                **{k: p.metrics[k] for k in ("reward_mean", "loss", "step_seconds", "trained_tokens") if k in p.metrics}}
+               for p in run.steps],
+        stop_reason=run.stop_reason, groups=run.groups, uniform_groups=run.uniform_groups,
+        merge_ratio=run.merge_ratio, curriculum=run.curriculum,
+        provenance={"engine": status.engine, "device": str(status.engine_info.get("device", "unknown"))},
+        tool_use=tool_use, transcripts=transcripts)

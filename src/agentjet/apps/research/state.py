@@ -1,0 +1,270 @@
+"""The study on disk: a state machine per run, written atomically after every change.
+
+    <study dir>/study.json        the spec digest, the configurations (and why each was tried), every run
+    <study dir>/spec.yaml         the study spec as resolved
+    <study dir>/results.tsv|json  one row per run (the results table)
+    <study dir>/trials/<run>/attempt-<n>/   trial.yaml (an `ajet up` spec), logs, the client's result.json
+
+A run moves planned -> running -> done | failed | pruned. Done, failed and pruned are final: a final run
+is never started again, whatever happens to the process that runs the study.
+"""
+
+from __future__ import annotations
+
+import enum
+import fcntl
+import json
+import math
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+from agentjet.apps.research.spec import Aggregate, Metric, Scalar, StudySpec
+
+STUDY_FILE = "study.json"
+
+
+class TrialState(enum.StrEnum):
+    PLANNED = "planned"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    PRUNED = "pruned"
+
+    @property
+    def final(self) -> bool:
+        return self in (TrialState.DONE, TrialState.FAILED, TrialState.PRUNED)
+
+
+_ALLOWED: dict[TrialState, set[TrialState]] = {
+    TrialState.PLANNED: {TrialState.RUNNING, TrialState.PRUNED},  # pruned unstarted: a sibling seed was pruned
+    TrialState.RUNNING: {TrialState.RUNNING, TrialState.DONE, TrialState.FAILED, TrialState.PRUNED},
+    TrialState.DONE: set(),
+    TrialState.FAILED: set(),
+    TrialState.PRUNED: set(),
+}
+
+
+class IllegalTransition(RuntimeError):
+    pass
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Point(_Model):
+    step: int
+    value: float
+
+
+class Attempt(_Model):
+    number: int
+    started_at: float
+    port: int
+    pid: int | None = None
+    create_time: float | None = Field(None, description="the process's start time: a reused pid is not ours")
+    ended_at: float | None = None
+    ready: bool = False
+    outcome: str | None = None
+    children: list[tuple[int, float]] = Field(default_factory=list, description="(pid, start time) of its "
+                                              "servers and clients, to stop them if `ajet up` dies first")
+
+
+class TrialRecord(_Model):
+    id: str
+    config_id: str
+    seed: int
+    params: dict[str, Scalar]
+    state: TrialState = TrialState.PLANNED
+    attempts: list[Attempt] = Field(default_factory=list)
+    crashes: int = 0
+    points: list[Point] = Field(default_factory=list)
+    reason: str = ""
+    optuna_attrs: dict[str, Any] = Field(default_factory=dict, description="the planner's bookkeeping (ASHA rungs)")
+    seconds: float = 0.0
+
+    def move(self, new: TrialState, reason: str = "") -> None:
+        if new not in _ALLOWED[self.state]:
+            raise IllegalTransition(f"run {self.id}: {self.state} -> {new} is not allowed")
+        self.state = new
+        if reason:
+            self.reason = reason
+
+    @property
+    def attempt(self) -> Attempt | None:
+        return self.attempts[-1] if self.attempts else None
+
+    def add_point(self, step: int, value: float) -> bool:
+        """Record an eval point; False if the step is already known."""
+        if any(p.step == step for p in self.points) or not math.isfinite(value):
+            return False
+        self.points.append(Point(step=step, value=value))
+        self.points.sort(key=lambda p: p.step)
+        return True
+
+    def value(self, metric: Metric) -> float | None:
+        """The run's metric: at the last eval point, or the best one; None before any point after step 0."""
+        pts = [p for p in self.points if p.step > 0] or []
+        if not pts:
+            return None
+        if metric.aggregate is Aggregate.LAST:
+            return pts[-1].value
+        values = [p.value for p in pts]
+        return max(values) if metric.direction == "maximize" else min(values)
+
+    @property
+    def last_step(self) -> int | None:
+        return self.points[-1].step if self.points else None
+
+
+class ConfigRecord(_Model):
+    id: str
+    params: dict[str, Scalar]
+    source: str = Field(description="default, tpe, random, grid, llm, or llm-fallback")
+    why: str = Field(description="why it was tried: the baseline, the sampler's pick, or the LLM's hypothesis")
+    created_at: float
+
+
+class StudyState(_Model):
+    digest: str
+    created_at: float
+    elapsed_s: float = Field(0.0, description="study time used by earlier sessions")
+    sessions: int = 0
+    configs: list[ConfigRecord] = Field(default_factory=list)
+    trials: list[TrialRecord] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+    finished: bool = False
+
+    def config(self, config_id: str) -> ConfigRecord:
+        return next(c for c in self.configs if c.id == config_id)
+
+    def trial(self, trial_id: str) -> TrialRecord:
+        return next(t for t in self.trials if t.id == trial_id)
+
+    def by_state(self, *states: TrialState) -> list[TrialRecord]:
+        return [t for t in self.trials if t.state in states]
+
+    def add_config(self, params: dict[str, Scalar], source: str, why: str, seeds: int) -> ConfigRecord:
+        config = ConfigRecord(id=f"c{len(self.configs):02d}", params=params, source=source, why=why,
+                              created_at=time.time())
+        self.configs.append(config)
+        for seed in range(seeds):
+            self.trials.append(TrialRecord(id=f"t{len(self.trials):03d}", config_id=config.id, seed=seed,
+                                           params=dict(params)))
+        return config
+
+    def siblings(self, trial: TrialRecord) -> list[TrialRecord]:
+        return [t for t in self.trials if t.config_id == trial.config_id and t.id != trial.id]
+
+
+class StudyBusy(RuntimeError):
+    """Another ``ajet research`` is running this study."""
+
+
+class StudyStore:
+    """Reads and writes a study directory. Every write is write-then-rename: a kill never tears a file."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self._lock: Any = None
+
+    def acquire(self) -> None:
+        """Hold the study for this process (released on exit, also by a kill): one runner per study."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        handle = open(self.root / ".lock", "a+")  # noqa: SIM115 - held for the whole session
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "?"
+            handle.close()
+            raise StudyBusy(f"{self.root} is in use by another `ajet research` (pid {holder})") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+        self._lock = handle
+
+    def release(self) -> None:
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
+
+    @property
+    def state_path(self) -> Path:
+        return self.root / STUDY_FILE
+
+    def exists(self) -> bool:
+        return self.state_path.exists()
+
+    def load(self) -> StudyState:
+        return StudyState.model_validate_json(self.state_path.read_text())
+
+    def save(self, state: StudyState) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        _atomic_write(self.state_path, state.model_dump_json(indent=1))
+
+    def save_spec(self, spec: StudySpec) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        _atomic_write(self.root / "spec.yaml", yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
+
+    def attempt_dir(self, trial: TrialRecord, number: int) -> Path:
+        return self.root / "trials" / trial.id / f"attempt-{number}"
+
+    def write_results(self, state: StudyState, spec: StudySpec) -> None:
+        rows = results_rows(state, spec)
+        names = list(spec.space)
+        header = ["run", "config", "seed", "state", *names, "value", "last_step", "attempts", "minutes", "reason"]
+        lines = ["\t".join(header)]
+        for r in rows:
+            cells = [r["run"], r["config"], r["seed"], r["state"], *[r["params"][n] for n in names],
+                     "" if r["value"] is None else f"{r['value']:.4f}", "" if r["last_step"] is None else r["last_step"],
+                     r["attempts"], f"{r['minutes']:.1f}", r["reason"].replace("\t", " ").replace("\n", " ")]
+            lines.append("\t".join(str(c) for c in cells))
+        _atomic_write(self.root / "results.tsv", "\n".join(lines) + "\n")
+        payload = {"question": spec.question, "metric": spec.metric.model_dump(mode="json"), "runs": rows,
+                   "configs": config_summaries(state, spec)}
+        _atomic_write(self.root / "results.json", json.dumps(payload, indent=1))
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(path)
+
+
+def results_rows(state: StudyState, spec: StudySpec) -> list[dict[str, Any]]:
+    return [{"run": t.id, "config": t.config_id, "seed": t.seed, "state": t.state.value, "params": t.params,
+             "value": t.value(spec.metric), "last_step": t.last_step, "attempts": len(t.attempts),
+             "minutes": t.seconds / 60, "reason": t.reason, "points": [p.model_dump() for p in t.points]}
+            for t in state.trials]
+
+
+def mean_spread(values: list[float]) -> tuple[float | None, float | None]:
+    """Mean and sample standard deviation (None with fewer than two values)."""
+    if not values:
+        return None, None
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else None)
+
+
+def config_summaries(state: StudyState, spec: StudySpec) -> list[dict[str, Any]]:
+    """Per configuration: the mean and spread of the metric over its finished (done) seeds."""
+    out = []
+    for c in state.configs:
+        runs = [t for t in state.trials if t.config_id == c.id]
+        done = [v for t in runs if t.state is TrialState.DONE and (v := t.value(spec.metric)) is not None]
+        partial = [v for t in runs if t.state is TrialState.PRUNED and (v := t.value(spec.metric)) is not None]
+        mean, sd = mean_spread(done)
+        out.append({"config": c.id, "params": c.params, "source": c.source, "why": c.why, "mean": mean, "sd": sd,
+                    "n_done": len(done), "values": done, "pruned_values": partial,
+                    "states": {s.value: sum(t.state is s for t in runs) for s in TrialState}})
+    return out

@@ -1,0 +1,272 @@
+"""The device half of continuous batching: prefill joining requests into their slots and run one decode step
+over slots ``[0, n)``, on the slot KV cache of ``kv_cache.py``.
+
+A decode step's inputs live in preallocated device tensors (the last token of every slot, every slot's start
+column, the write column ``t``), and everything derived from them (position ids, the 4D attention mask) is
+computed on the device. So for a given row count ``n`` and attention window ``w`` the step has static shapes
+and needs nothing from the host but ``t``. Eagerly (CPU), ``w = t + 1``: attention reads only the columns in
+use. With CUDA graphs (or ``torch.compile``), ``n`` and ``w`` are rounded up to buckets and each (n, w) is
+captured once and replayed. A captured graph is checked against an eager step on its first replay; a graph that
+cannot be captured or disagrees is dropped, with a warning, and that bucket runs eagerly.
+
+Train steps update the weights in place (the optimizer writes into the same tensors), so the graphs read the new
+weights with no recapture. Compaction moves cache columns in place; only growing the cache reallocates it, and
+then every graph is captured again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from agentjet.generators.hf.kv_cache import INACTIVE_START, SlotKVCache
+
+log = logging.getLogger(__name__)
+
+
+def batch_buckets(slots: int) -> list[int]:
+    """Row counts a decode step is padded to: powers of two below ``slots``, and ``slots``."""
+    sizes, n = [], 1
+    while n < slots:
+        sizes.append(n)
+        n *= 2
+    return [*sizes, slots]
+
+
+WINDOW_MIN = 64  # the smallest attention window bucket (graphs, compile)
+COMPACT_MIN = 32  # compact when at least this many unused columns lead the window and they are half of it
+
+
+def window_bucket(needed: int, capacity: int) -> int:
+    w = WINDOW_MIN
+    while w < needed:
+        w *= 2
+    return min(w, capacity)
+
+
+@dataclass
+class _Graph:
+    graph: Any  # torch.cuda.CUDAGraph
+    logits: torch.Tensor  # the graph's static output
+    verified: bool = False
+
+
+class SlotRunner:
+    """Owns the slot KV cache and the decode step's static inputs; optionally CUDA graphs and torch.compile."""
+
+    def __init__(self, model: torch.nn.Module, config: Any, device: torch.device, dtype: torch.dtype, slots: int,
+                 capacity: int, max_capacity: int, pad_id: int, cuda_graphs: bool = False,
+                 compile: bool = False) -> None:
+        self.model = model
+        self.config = config
+        self.device = device
+        self.slots = slots
+        self.max_capacity = max_capacity
+        self.pad_id = pad_id
+        self.cache = SlotKVCache(config, slots, min(capacity, max_capacity), dtype, device)
+        self.tokens = torch.zeros((slots, 1), dtype=torch.long, device=device)  # each slot's next input token
+        self.start = torch.full((slots,), INACTIVE_START, dtype=torch.long, device=device)
+        self.starts = [INACTIVE_START] * slots  # the host's copy
+        self.step_t = torch.zeros((), dtype=torch.long, device=device)  # the device copy of ``t``
+        self.column = torch.zeros(1, dtype=torch.long, device=device)
+        self.t = 0  # the next column a decode step writes
+        self.buckets = batch_buckets(slots)
+        self.use_graphs = cuda_graphs and device.type == "cuda"
+        self.bucketed = self.use_graphs or compile  # static shapes: round n and the window up
+        self._graphs: dict[tuple[int, int], _Graph] = {}
+        self._eager_buckets: set[tuple[int, int]] = set()  # buckets whose graph failed: run eagerly
+        self._pool: Any = None
+        self._step_fn: Callable[[int, int], torch.Tensor] = self._decode_body
+        if compile:
+            # automatic dynamic shapes: the second (rows, window) shape compiles a dynamic kernel set, so a few
+            # compilations cover every bucket (one row is a specialisation of its own)
+            self._step_fn = torch.compile(self._decode_body, dynamic=None)
+        self.stats = {"graph_captures": 0, "graph_replays": 0, "graph_failures": 0, "cache_grows": 0,
+                      "compactions": 0}
+
+    @property
+    def capacity(self) -> int:
+        return self.cache.capacity
+
+    def bucket(self, rows: int) -> int:
+        return next(b for b in self.buckets if b >= rows) if self.bucketed else rows
+
+    # ------------------------------------------------------------------ columns
+    def ensure_capacity(self, needed: int) -> None:
+        """Grow the cache (doubling, at most ``max_capacity``) so that a row of ``needed`` tokens fits."""
+        if needed <= self.cache.capacity:
+            return
+        if needed > self.max_capacity:
+            raise ValueError(f"a row of {needed} tokens exceeds the KV cache limit of {self.max_capacity}")
+        new = self.cache.capacity
+        while new < needed:
+            new *= 2
+        self.cache.grow(min(new, self.max_capacity), self.t)
+        self._graphs.clear()  # they read the old tensors
+        self._eager_buckets.clear()
+        self.stats["cache_grows"] += 1
+        log.info("KV cache grown to %d columns x %d slots (%.0f MiB)", self.cache.capacity, self.slots,
+                 self.cache.bytes / 2**20)
+
+    def _move(self, delta: int) -> None:
+        """Every slot in use now starts ``delta`` columns later (the cache moved its columns)."""
+        self.t += delta
+        self.starts = [s + delta if s != INACTIVE_START else s for s in self.starts]
+        self.start.copy_(torch.tensor(self.starts, dtype=torch.long), non_blocking=True)
+
+    def _lowest_start(self) -> int | None:
+        used = [s for s in self.starts if s != INACTIVE_START]
+        return min(used) if used else None
+
+    def _compact_if_due(self) -> None:
+        lo = self._lowest_start()
+        if lo is None or lo <= 0:
+            return
+        if self.t >= self.cache.capacity or (lo >= COMPACT_MIN and 2 * lo >= self.t):
+            self.cache.compact(lo, self.t)
+            self._move(-lo)
+            self.stats["compactions"] += 1
+
+    # ------------------------------------------------------------------ prefill
+    @torch.inference_mode()
+    def prefill(self, slots: list[int], prompts: list[list[int]]) -> torch.Tensor:
+        """Run the prompts of joining rows (left-padded into one block), write their keys and values into their
+        slots so that they end right before column ``t``, and return each one's next-token logits ``[k, V]``."""
+        k, width = len(prompts), max(len(p) for p in prompts)
+        if width >= self.cache.capacity:
+            raise ValueError(f"a prompt of {width} tokens does not fit the {self.cache.capacity}-column KV cache")
+        if self.t < width:  # make room before t
+            self.cache.shift_right(width - self.t, self.t)
+            self._move(width - self.t)
+        ids = torch.full((k, width), self.pad_id, dtype=torch.long)
+        valid = torch.zeros((k, width), dtype=torch.bool)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+            valid[i, width - len(p):] = True
+        positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
+        causal = torch.ones((width, width), dtype=torch.bool).tril()
+        mask = (causal[None] & valid[:, None, :])[:, None]  # [k, 1, width, width]
+        # a pad query row would attend to nothing: let it see itself (its output is never used)
+        mask |= torch.eye(width, dtype=torch.bool)[None, None]
+        dev = self.device
+        slot_index = torch.tensor(slots, dtype=torch.long)
+        self.cache.begin_prefill(slot_index.to(dev), torch.arange(self.t - width, self.t, device=dev))
+        try:
+            out = self.model(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=positions.to(dev),
+                             past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+        finally:
+            self.cache.end()
+        for s, p in zip(slots, prompts, strict=True):
+            self.starts[s] = self.t - len(p)
+        starts = torch.tensor([self.starts[s] for s in slots], dtype=torch.long)
+        self.start.index_copy_(0, slot_index.to(dev), starts.to(dev))
+        return out.logits[:, -1, :]
+
+    def set_next_tokens(self, slots: torch.Tensor, tokens: torch.Tensor) -> None:
+        """The tokens that slots feed into the next decode step (device tensors, no host round trip)."""
+        self.tokens.index_copy_(0, slots, tokens.view(-1, 1))
+
+    def release(self, slots: list[int]) -> None:
+        if slots:
+            for s in slots:
+                self.starts[s] = INACTIVE_START
+            self.start.index_fill_(0, torch.tensor(slots, dtype=torch.long, device=self.device), INACTIVE_START)
+
+    def restart(self) -> None:
+        """With no slot in use, the columns start again at 0: a request alone on an idle engine then always
+        uses the same columns, so its logprobs are reproducible to the bit."""
+        self.t = 0
+
+    # ------------------------------------------------------------------ decode
+    def _decode_body(self, n: int, w: int) -> torch.Tensor:
+        """One decode step for slots ``[0, n)`` attending to columns ``[0, w)``, from the device tensors alone."""
+        t = self.step_t
+        start = self.start[:n]
+        cols = torch.arange(w, device=self.device)
+        # a row sees its own columns [start, t]; a free slot (start far beyond t) sees only column t
+        mask = ((cols[None, :] >= start[:, None]) & (cols[None, :] <= t)) | (cols[None, :] == t)
+        self.column.copy_(t.view(1))
+        self.cache.begin_decode(n, w, self.column)
+        try:
+            out = self.model(input_ids=self.tokens[:n], attention_mask=mask[:, None, None, :],
+                             position_ids=(t - start).clamp(min=0)[:, None], past_key_values=self.cache,
+                             use_cache=True)
+        finally:
+            self.cache.end()
+        return out.logits[:, -1, :]
+
+    @torch.inference_mode()
+    def decode(self, rows: int) -> torch.Tensor:
+        """One decode step for the slots ``[0, rows)`` (padded up to a bucket); returns logits ``[>= rows, V]``.
+        Advances ``t``."""
+        self._compact_if_due()
+        n = self.bucket(rows)
+        w = window_bucket(self.t + 1, self.cache.capacity) if self.bucketed else self.t + 1
+        if self.use_graphs and (n, w) not in self._eager_buckets:
+            logits = self._replay(n, w)
+        else:
+            self.step_t.fill_(self.t)
+            logits = self._step_fn(n, w)
+        self.t += 1
+        return logits
+
+    # ------------------------------------------------------------------ CUDA graphs
+    def _replay(self, n: int, w: int) -> torch.Tensor:
+        self.step_t.fill_(self.t)
+        key = (n, w)
+        g = self._graphs.get(key)
+        if g is None:
+            try:
+                g = self._capture(n, w)
+            except Exception as exc:  # noqa: BLE001 - any capture failure: run this bucket eagerly
+                log.warning("CUDA graph capture failed for %d rows x %d columns (%s: %s); running it eagerly", n, w,
+                            type(exc).__name__, exc)
+                self.stats["graph_failures"] += 1
+                self._eager_buckets.add(key)
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)
+                return self._step_fn(n, w)
+            self._graphs[key] = g
+        g.graph.replay()
+        self.stats["graph_replays"] += 1
+        if not g.verified:
+            # The first replay is checked against an eager step on the same inputs (both write the same
+            # column with the same values, so running both is harmless).
+            eager = self._step_fn(n, w)
+            if not _close(g.logits, eager):
+                log.warning("CUDA graph for %d rows x %d columns disagrees with the eager step (max |diff| %.3g); "
+                            "running it eagerly", n, w, float((g.logits.float() - eager.float()).abs().max()))
+                self.stats["graph_failures"] += 1
+                self._graphs.pop(key)
+                self._eager_buckets.add(key)
+                return eager
+            g.verified = True
+        return g.logits
+
+    def _capture(self, n: int, w: int) -> _Graph:
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # warm-up: lazy initialisation, cuBLAS workspaces, compilation
+                self._step_fn(n, w)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            logits = self._step_fn(n, w)
+        self.stats["graph_captures"] += 1
+        return _Graph(graph, logits)
+
+
+def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Replayed and eager logits agree: the same kernels on the same inputs, so only reduction order differs."""
+    tol = 1e-4 if a.dtype == torch.float32 else 5e-2
+    a, b = a.float(), b.float()
+    if a.shape != b.shape or not bool(torch.isfinite(a).all()):
+        return False
+    return bool(((a - b).abs() <= tol * (1 + b.abs())).all())

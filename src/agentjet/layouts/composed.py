@@ -1,0 +1,141 @@
+"""The engine the server drives: one generator composed with one learner, joined by one weight-sync seam
+(``engines/sync.py``). It builds nothing itself: ``agentjet.layouts`` chooses and builds the parts.
+
+A train step is the learner's step, then the seam's push. The step is committed once the learner returns (its
+version moved), and it is reported as such whatever the push does, so its episodes count as trained exactly
+once. A push that fails is retried before the next step while the generator serves the previous version; a push
+that finds the generator's weights wrong (vLLM's probe, a timed-out swap) halts it: ``halted_reason`` is set, the
+server pauses training, and the next step raises ``TrainingHaltedError`` rather than train on data from weights
+nobody can check.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+
+from agentjet.engines.base import (
+    Engine,
+    GenerationResult,
+    Generator,
+    Learner,
+    SamplingParams,
+    StepOutput,
+    TokenCallback,
+    TrainSample,
+    WeightSyncCounts,
+)
+from agentjet.engines.errors import TrainingHaltedError
+from agentjet.weights.sync import WeightSync
+
+log = logging.getLogger(__name__)
+
+
+class ComposedEngine(Engine):
+    def __init__(self, generator: Generator, learner: Learner, seam: WeightSync) -> None:
+        self.generator = generator
+        self.learner = learner
+        self.seam = seam
+        self.sync_stats: dict[str, float] = {"weight_syncs": 0, "weight_sync_failures": 0}
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.generator.tokenizer
+
+    @property
+    def max_context(self) -> int:
+        return self.generator.max_context
+
+    @property
+    def halted_reason(self) -> str | None:  # type: ignore[override]
+        """Why training must stop (the generator cannot be brought to the learner's weights), else None."""
+        return getattr(self.generator, "halted_reason", None)
+
+    @property
+    def policy_version(self) -> int:  # type: ignore[override]
+        """The learner's version (what the next checkpoint holds); each rollout records the version of the
+        generator that produced it, so staleness counts from the weights being trained."""
+        return self.learner.policy_version
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams,
+                       on_token: TokenCallback | None = None) -> GenerationResult:
+        return await self.generator.generate(prompt_ids, sampling, on_token)
+
+    async def train_step(self, batch: list[TrainSample]) -> StepOutput:
+        if not batch:
+            raise ValueError("train_step needs at least one sample")
+        if self.halted_reason is not None:
+            raise TrainingHaltedError(self.halted_reason)
+        if self.generator.policy_version != self.learner.policy_version:
+            await self.sync_weights()  # a push failed after the previous step: again, before training on
+        out = await self.learner.train_step(batch)
+        metrics = dict(out.metrics)
+        try:
+            metrics.update(await self.sync_weights())
+        except TrainingHaltedError:  # the step is committed all the same: report it; ``halted_reason`` stops the next
+            metrics["weight_sync_halted"] = 1.0
+        except Exception:  # the step is committed: report it, serve the previous weights, push again next step
+            self.sync_stats["weight_sync_failures"] += 1
+            log.exception("pushing v%d to the generator failed; it serves v%d until the next step",
+                          self.learner.policy_version, self.generator.policy_version)
+        metrics["policy_version"] = float(self.learner.policy_version)
+        metrics["rollout_policy_version"] = float(self.generator.policy_version)
+        return StepOutput(metrics, out.trainer_logprobs)
+
+    @property
+    def weight_sync(self) -> WeightSyncCounts:
+        return WeightSyncCounts(syncs=int(self.sync_stats["weight_syncs"]),
+                                failures=int(self.sync_stats["weight_sync_failures"]))
+
+    async def sync_weights(self) -> dict[str, float]:
+        metrics = await self.seam.push(self.learner, self.generator)
+        self.sync_stats["weight_syncs"] += 1
+        return metrics
+
+    def save(self, path: Path) -> None:
+        self.learner.save(Path(path))
+
+    def load(self, path: Path) -> None:
+        """The learner loads the checkpoint; the generator then gets its weights through the seam."""
+        self.learner.load(Path(path))
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            asyncio.run(self.sync_weights())
+            return
+        raise RuntimeError("ComposedEngine.load blocks: call it from a thread (asyncio.to_thread), not the loop")
+
+    @property
+    def learning_rate(self) -> float:
+        return self.learner.learning_rate
+
+    def set_learning_rate(self, lr: float) -> None:
+        self.learner.set_learning_rate(lr)
+
+    def set_loss(self, loss: Any) -> None:
+        self.learner.set_loss(loss)
+
+    def describe(self) -> dict[str, Any]:
+        return {**self.generator.describe(), **self.learner.describe(), "weight_sync": self.seam.transport,
+                "layout": self.layout}
+
+    @property
+    def layout(self) -> str:
+        """``<generator>+<learner>``: hf+in-process, hf+trainer-group, vllm+in-process, vllm+trainer-group."""
+        return f"{self.generator.describe().get('kind', 'generator')}+{self.learner.describe().get('learner')}"
+
+    def train_step_sync(self, batch: list[TrainSample]) -> StepOutput:
+        """``train_step`` from synchronous code (scripts, benchmarks, tests): not from a running event loop."""
+        return asyncio.run(self.train_step(batch))
+
+    async def close(self) -> None:
+        await self.seam.close()
+        await self.learner.close()
+        await self.generator.close()
+
+    def shutdown(self) -> None:
+        """Stop threads and processes from synchronous code (tests, benchmarks)."""
+        self.learner.shutdown()
+        self.generator.shutdown()

@@ -1,0 +1,1 @@
+"""The episode lifecycle: registry and leases, keys, admission, chat calls and ingest, team two-phase commits."""

@@ -1,0 +1,1 @@
+"""The server's web edge: the FastAPI app, every route module, the error mapping and the dashboard's routes. The only part of the server that imports a web framework; each route parses, calls one domain method and renders."""

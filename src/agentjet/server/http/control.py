@@ -1,0 +1,52 @@
+"""The control plane's routes (``/swarm/v1/control``, admin token): live settings, pause/resume, checkpoint, stop.
+Each parses, calls one operation of ``server/control_plane.py`` and renders."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+
+from agentjet.protocol import SWARM_PREFIX, ChangeRecord, ConfigChange, PauseRequest, PauseState
+from agentjet.server.errors import bad_request
+from agentjet.server.http.deps import require_admin, server_of
+
+router = APIRouter(prefix=f"{SWARM_PREFIX}/control", dependencies=[Depends(require_admin)])
+
+
+@router.get("/config")
+async def get_config(request: Request) -> dict[str, Any]:
+    server = server_of(request)
+    return {"config": server.public_config(), "changes": [c.model_dump() for c in server.control.change_log]}
+
+
+@router.post("/config", response_model=ChangeRecord)
+async def set_config(request: Request, body: ConfigChange) -> ChangeRecord:
+    return await server_of(request).control.change(body)
+
+
+@router.post("/pause", response_model=PauseState)
+async def pause(request: Request, body: PauseRequest | None = None) -> PauseState:
+    """Training starts no new step; with ``wait_for_step``, the answer waits for a step in progress."""
+    return await server_of(request).control.pause(wait_for_step=body is not None and body.wait_for_step)
+
+
+@router.post("/resume", response_model=PauseState)
+async def resume(request: Request) -> PauseState:
+    return server_of(request).control.resume()
+
+
+@router.post("/checkpoint")
+async def checkpoint(request: Request) -> dict[str, Any]:
+    return await server_of(request).control.checkpoint()
+
+
+@router.post("/stop")
+async def stop(request: Request) -> dict[str, Any]:
+    """Checkpoint and shut the server down gracefully (the answer is sent first)."""
+    server = server_of(request)
+    if server.on_stop is None:
+        raise bad_request("this server was not started with a stop handler", param=None)
+    asyncio.get_running_loop().call_later(0.2, server.on_stop)
+    return {"stopping": True, "policy_version": server.engine.policy_version}

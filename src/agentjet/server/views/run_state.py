@@ -1,0 +1,107 @@
+"""The server's one read model, read side: the parts of a running server that the views read, named explicitly
+(no back-reference to ``SwarmServer``), and the one ``snapshot`` of them that every view renders:
+``GET /swarm/v1/status`` (``status.py``), the dashboard's run page (``observe_source.py``) and the Prometheus
+metrics and per-step context (``observe/metrics.py``). The counters themselves are written in ``counters.py``.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from agentjet.engines.base import Engine
+from agentjet.observe.schema import DropReason, RunSnapshot
+from agentjet.observe.trainlog import TrainLog
+from agentjet.runtime.clock import Clock
+from agentjet.server.counters import RunCounters
+from agentjet.server.episodes.admission import Admission
+from agentjet.server.episodes.registry import EpisodeRegistry
+from agentjet.server.episodes.teams import Teams
+from agentjet.server.state import Lifecycle
+from agentjet.server.store import SampleStore, StoreReader
+from agentjet.server.training.loop import TrainLoop
+from agentjet.server.training.pool import GroupPool
+from agentjet.settings import ServerConfig
+
+
+class StoredCounts:
+    """Episodes per stored status, counted through the read side's own connection (``StoreReader``). Every
+    view shares one count while nothing that moves it has happened, and for at most ``ttl_s``."""
+
+    def __init__(self, reader: StoreReader, counters: RunCounters, pool: GroupPool, teams: Teams, clock: Clock,
+                 ttl_s: float = 2.0) -> None:
+        self.reader = reader
+        self.counters = counters
+        self.pool = pool
+        self.teams = teams
+        self.clock = clock
+        self.ttl_s = ttl_s
+        self._cached: tuple[float, tuple[int, ...], dict[str, int]] = (-1e18, (), {})
+
+    def _moved(self) -> tuple[int, ...]:
+        """What changes whenever a stored status does: an episode acknowledged (ended or committed), one
+        prepared or resolved, the train loop taking from the pool (steps, drops, batches with nothing to learn)."""
+        t = self.counters.training
+        return (self.counters.requests.episodes_ended, t.train_steps, t.trained_episodes, t.dropped_stale,
+                t.dropped_uniform, self.pool.pending_count, self.pool.in_step, len(self.teams.prepared))
+
+    def by_status(self) -> dict[str, int]:
+        key = self._moved()  # read before the count: a change in between makes the next call count again
+        at, cached_key, counts = self._cached
+        now = self.clock.monotonic()
+        if key != cached_key or now - at > self.ttl_s:
+            counts = defaultdict(int, self.reader.count_by_status())
+            self._cached = (now, key, counts)
+        return counts
+
+
+@dataclass(frozen=True)
+class RunParts:
+    config: ServerConfig
+    engine: Engine
+    clock: Clock
+    registry: EpisodeRegistry
+    store: SampleStore  # the trace reads samples through it
+    reader: StoreReader  # every other read of the store
+    stored: StoredCounts
+    pool: GroupPool
+    train_loop: TrainLoop
+    admission: Admission
+    teams: Teams
+    counters: RunCounters
+    trainlog: TrainLog
+    lifecycle: Lifecycle
+
+    def engine_state(self) -> str:
+        """The run's state as every view shows it: ``paused`` while training is paused, else the server's
+        lifecycle state."""
+        return "paused" if self.train_loop.paused else self.lifecycle.state.value
+
+
+def snapshot(run: RunParts) -> RunSnapshot:
+    """The run at one moment, for every view. It may run in a worker thread (dashboard polls, Prometheus
+    scrapes): collections that the event loop changes are copied in one call (``list``, ``dict``, ``sorted``)
+    before they are iterated."""
+    counts = run.stored.by_status()
+    c, t, reg = run.counters, run.counters.training, run.registry
+    sync = run.engine.weight_sync
+    return RunSnapshot(
+        model=run.config.name, engine=run.engine.layout, engine_info=run.engine.describe(),
+        engine_state=run.engine_state(), paused=run.train_loop.paused, policy_version=run.engine.policy_version,
+        train_steps=t.train_steps, uptime_s=max(run.clock.monotonic() - c.requests.started, 1e-9),
+        open_episodes=reg.open_count, pending_episodes=counts["pending"], trained_episodes=counts["trained"],
+        eval_episodes=counts["eval"], client_ids=sorted(reg.clients), calls=c.requests.calls,
+        generated_tokens=c.requests.generated_tokens, episodes_ended=c.requests.episodes_ended,
+        trained_tokens=t.trained_tokens,
+        dropped={DropReason.STALE: counts["dropped_stale"], DropReason.UNIFORM: counts["dropped_uniform"],
+                 DropReason.EXPIRED: reg.counts["expired"], DropReason.ABORTED: reg.counts["aborted"],
+                 DropReason.TEAM_ABORTED: counts["aborted"]},
+        tracking=c.tracking.as_dict(), tito=c.tito.as_dict(),
+        admission={"capacity": run.admission.capacity(), "refusals": c.admission.refusals,
+                   "reserved": run.admission.reserved(), "waiting": len(run.admission.queue),
+                   "held": c.admission.held},
+        weight_syncs=sync.syncs if sync is not None else None,
+        weight_sync_failures=sync.failures if sync is not None else None,
+        last_train_metrics=dict(t.last_metrics),
+        task_types={k: {"episodes": v.episodes, "reward_mean": v.reward_mean} for k, v in list(t.by_type.items())},
+        training_halted=t.halted_reason)
