@@ -176,7 +176,7 @@ def test_the_converter_reads_every_recorded_demo_format() -> None:
 
 
 def load_backfill() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_backfill", ROOT / "benchmarks" / "bench_backfill.py")
+    spec = importlib.util.spec_from_file_location("bench_backfill", ROOT / "benchmarks" / "learning" / "bench_backfill.py")
     assert spec and spec.loader
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

@@ -1,8 +1,8 @@
 """AgentJet vs TRL's GRPOTrainer on the demo's single-turn task, by wall clock, on this CPU.
 
-    .venv/bin/python benchmarks/vs_trl.py                       # 20 min each, seeds 0 and 1 (~90 min)
-    .venv/bin/python benchmarks/vs_trl.py --budget-min 10       # shorter
-    .venv/bin/python benchmarks/vs_trl.py --quick               # plumbing check on the tiny model (~3 min)
+    .venv/bin/python benchmarks/learning/vs_trl.py                       # 20 min each, seeds 0 and 1 (~90 min)
+    .venv/bin/python benchmarks/learning/vs_trl.py --budget-min 10       # shorter
+    .venv/bin/python benchmarks/learning/vs_trl.py --quick               # plumbing check on the tiny model (~3 min)
 
 Both train SmolLM2-135M-Instruct (``agentjet.models.resolve_model``) on ``agentjet.tasks.addition``: the same
 train prompts (chat template, no system prompt of ours), the same reward function, 8 generations per prompt
@@ -39,7 +39,7 @@ from agentjet.runtime.omp import prefer_passive_openmp
 
 prefer_passive_openmp()  # before torch loads, for both sides (the server does the same)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 TARGET = 0.75
 EVAL_POINTS_MIN = (1, 2, 3, 4, 5, 7.5, 10, 12.5, 15, 17.5, 20, 25, 30)

@@ -1,9 +1,9 @@
 """The objectives ablation: the policy-gradient loss family of docs/algorithms.md on the demo task, by wall clock.
 
-    .venv/bin/python benchmarks/objectives.py                          # every config, seeds 0 and 1, 5 min each
-    .venv/bin/python benchmarks/objectives.py --configs dapo grpo --seeds 0
-    .venv/bin/python benchmarks/objectives.py --aggregate              # -> results/objectives.json, .png, a table
-    .venv/bin/python benchmarks/objectives.py --quick --configs dapo   # plumbing only: tiny model, 30 s
+    .venv/bin/python benchmarks/learning/objectives.py                          # every config, seeds 0 and 1, 5 min each
+    .venv/bin/python benchmarks/learning/objectives.py --configs dapo grpo --seeds 0
+    .venv/bin/python benchmarks/learning/objectives.py --aggregate              # -> results/objectives.json, .png, a table
+    .venv/bin/python benchmarks/learning/objectives.py --quick --configs dapo   # plumbing only: tiny model, 30 s
 
 One run is one loss config (``CONFIGS``: each a named set of ``loss`` settings, written out in full) and one seed.
 It trains exactly as ``ajet demo`` does (``agentjet.apps.demo``: its server settings in their own ``ajet server``
@@ -46,7 +46,7 @@ from typing import Any
 
 from agentjet.observe.learncurve import first_crossing
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 DEFAULT_OUT_DIR = RESULTS / "objectives"
 QUICK_OUT_DIR = ROOT / "runs" / "objectives_quick"
@@ -154,7 +154,7 @@ def _check_task() -> None:
     from agentjet.tasks import addition
 
     if addition.SAMPLING["max_tokens"] != MAX_NEW_TOKENS:
-        raise SystemExit(f"benchmarks/objectives.py: MAX_NEW_TOKENS ({MAX_NEW_TOKENS}) is not the addition task's "
+        raise SystemExit(f"benchmarks/learning/objectives.py: MAX_NEW_TOKENS ({MAX_NEW_TOKENS}) is not the addition task's "
                          f"max_tokens ({addition.SAMPLING['max_tokens']}): update it (Dr. GRPO's constant)")
 
 
@@ -363,7 +363,7 @@ def load_runs(out_dir: Path) -> list[dict[str, Any]]:
         data = json.loads(path.read_text())
         missing = RUN_KEYS - set(data) if isinstance(data, dict) else RUN_KEYS
         if missing:
-            raise SystemExit(f"{path} is not a run file of benchmarks/objectives.py "
+            raise SystemExit(f"{path} is not a run file of benchmarks/learning/objectives.py "
                              f"(no {', '.join(sorted(missing))})")
         runs.append({**data, "file": path.name})
     if not runs:

@@ -3,8 +3,8 @@ per transport, and the single-process step against the commit before the generat
 
 How to run (heavy: take the shared CPU lock; the vLLM layouts need ``make setup-vllm``)::
 
-    flock /tmp/aj-cpu.lock .venv/bin/python benchmarks/layouts.py --baseline-commit 86a1a0a
-    .venv/bin/python benchmarks/layouts.py --model tiny-random --rounds 1 --no-baseline       # smoke
+    flock /tmp/aj-cpu.lock .venv/bin/python benchmarks/training/layouts.py --baseline-commit 86a1a0a
+    .venv/bin/python benchmarks/training/layouts.py --model tiny-random --rounds 1 --no-baseline       # smoke
 
 It prints two tables and writes ``benchmarks/results/layouts.json`` (commit, machine, device, settings).
 
@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 
 # Run in a child with PYTHONPATH at a checkout's src: times its single-process layout's train step, whichever API
