@@ -41,6 +41,7 @@ import agentjet  # noqa: F401  (before torch: the process-wide OpenMP defaults, 
 import httpx
 import torch
 from engine_vllm import vllm_version
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # workloads.py
 from workloads import machine  # noqa: E402
 

@@ -43,21 +43,20 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 
-# Run in a child with PYTHONPATH at a checkout's src: times its single-process layout's train step, whichever API
-# that checkout has (HFEngine before the split, agentjet.layouts.embedded_engine after).
+# Run in a child with PYTHONPATH at a checkout's src: times its single-process layout's train step, built the way
+# that checkout's own ``ajet server`` builds it (``build_engine`` from a default ``ServerConfig``), so each side
+# runs with its own imports and settings.
 CHILD = r"""
-import json, random, sys, time
+import asyncio, json, random, sys, time
 import agentjet
 import torch
 from agentjet.engines.base import TrainSample
-from agentjet.settings import EngineSettings
+from agentjet.layouts import build_engine
+from agentjet.settings import ServerConfig
 model, batch_n, prompt, completion, steps, threads = sys.argv[1], *map(int, sys.argv[2:7])
 torch.set_num_threads(threads)
-try:
-    from agentjet.layouts import embedded_engine as make
-except ImportError:
-    from agentjet.generators.hf import HFEngine as make
-engine = make(model, EngineSettings(max_batch_size=8), learning_rate=2e-5)
+# what ``ajet server --model MODEL`` builds on each side (its own settings, its own layouts), defaults otherwise
+engine = build_engine(ServerConfig(model=model))
 rng = random.Random(0)
 vocab = len(engine.tokenizer)
 batch = []
@@ -67,14 +66,20 @@ for _ in range(batch_n):
     mask = [0] * prompt + [1] * completion
     batch.append(TrainSample(ids, mask, [0.0] * prompt + [-2.0] * completion,
                              [0.0] * prompt + [rng.uniform(-1, 1) for _ in range(completion)]))
-engine.train_step_sync(batch)  # warm-up
-times = []
-for _ in range(steps):
-    t0 = time.perf_counter()
-    engine.train_step_sync(batch)
-    times.append(time.perf_counter() - t0)
-print(json.dumps({"step_seconds": times}))
-engine.shutdown()
+
+
+async def main():
+    await engine.train_step(batch)  # warm-up
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        await engine.train_step(batch)
+        times.append(time.perf_counter() - t0)
+    await engine.close()
+    return times
+
+
+print(json.dumps({"step_seconds": asyncio.run(main())}))
 """
 
 
