@@ -226,6 +226,17 @@ class Engine(abc.ABC):
     halted_reason: str | None = None  # set when training must stop (the server pauses and reports it)
 
     @property
+    def generator_version(self) -> int:
+        """The version whose weights generate new requests. An engine that generates with the weights it trains
+        serves its own ``policy_version``; a composed engine's generator lags its learner while a push runs."""
+        return self.policy_version
+
+    @property
+    def weight_push_in_flight(self) -> bool:
+        """Whether the learner's weights are being pushed to the generator now (never, without a seam)."""
+        return False
+
+    @property
     @abc.abstractmethod
     def tokenizer(self) -> Any: ...
 
