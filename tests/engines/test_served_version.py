@@ -9,13 +9,27 @@ import threading
 import httpx
 import pytest
 from tests.conftest import wait_until
+from tests.engines.conftest import fake_config
+from tests.engines.test_layouts import _group_settings
 from tests.engines.test_vllm_engine import fault
 from tests.observe.helpers import play_group
 
+from agentjet.layouts import vllm_engine
 
-@pytest.mark.timeout(300)
-def test_a_client_that_waits_for_version_n_finds_n_trained_and_served(make_server, make_vllm_engine) -> None:
-    engine = make_vllm_engine()
+
+@pytest.fixture(params=[0, 1], ids=["in-process", "trainer-group"])
+def engine(request, tiny_model_path, tmp_path):
+    """vLLM (the fake) with the in-process learner, or a trainer group (torchrun, gloo: one rank on a CPU)."""
+    cfg = fake_config(tiny_model_path, lr=1e-3, train_procs=request.param)
+    if request.param:
+        cfg = cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update=_group_settings(tmp_path))})
+    engine = vllm_engine(cfg.model_copy(update={"data_dir": tmp_path}), tmp_path / "vllm")
+    yield engine
+    engine.shutdown()
+
+
+@pytest.mark.timeout(400)
+def test_a_client_that_waits_for_version_n_finds_n_trained_and_served(make_server, engine) -> None:
     fault(engine, pause_delay_s=1.5)  # every weight swap takes at least 1.5 s: the push is in flight that long
     srv = make_server(engine)  # group_size 2, batch_groups 1: one group is one step
     seen: list[tuple[dict, int]] = []  # (the status, the generator's version once it was answered)
