@@ -33,6 +33,7 @@ def test_a_client_that_waits_for_version_n_finds_n_trained_and_served(make_serve
     fault(engine, pause_delay_s=1.5)  # every weight swap takes at least 1.5 s: the push is in flight that long
     srv = make_server(engine)  # group_size 2, batch_groups 1: one group is one step
     seen: list[tuple[dict, int]] = []  # (the status, the generator's version once it was answered)
+    others: list[tuple[int, int]] = []  # (/health's or /v1/models' version, the generator's once answered)
     eval_tags: list[int] = []  # the version an eval begun during the push is tagged with
     stop = threading.Event()
 
@@ -40,7 +41,10 @@ def test_a_client_that_waits_for_version_n_finds_n_trained_and_served(make_serve
         with httpx.Client(base_url=srv.url, timeout=30) as http:
             while not stop.is_set():
                 status = http.get("/swarm/v1/status").json()
+                named = [http.get("/health").json()["policy_version"],
+                         http.get("/v1/models").json()["data"][0]["policy_version"]]
                 seen.append((status, engine.generator.policy_version))
+                others.extend((v, engine.generator.policy_version) for v in named)
                 if status.get("weight_push_in_flight") and not eval_tags:
                     ep = http.post("/swarm/v1/episodes", json={"client_id": "evals", "task_id": "e1", "eval": True})
                     eval_tags.append(ep.json()["policy_version"])
@@ -65,6 +69,7 @@ def test_a_client_that_waits_for_version_n_finds_n_trained_and_served(make_serve
         assert st["buffer"]["trained_episodes"] >= 2 * n, st  # n's episodes already count as trained
         assert st["train_steps"] >= n
         assert generator_version >= n  # the generator held n's weights when the status named n
+    assert all(v <= generator_version for v, generator_version in others)  # /health and /v1/models: the same rule
     pushing = [st for st, _ in seen if st["weight_push_in_flight"]]
     assert pushing, "the status never showed the 1.5 s push in flight"
     for st in pushing:  # the learner's newer version beside the served one, whose step is not committed yet
