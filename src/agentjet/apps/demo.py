@@ -23,6 +23,8 @@ from rich.console import Console
 from agentjet.client.client import SwarmClient
 from agentjet.client.runner import task_workflow
 from agentjet.client.scheduled import EvalPoint, ScheduleSettings, StepPoint, run_scheduled
+from agentjet.observe.curveplot import Line, Panel, plot_curves
+from agentjet.observe.learncurve import LearnCurve, demo_eval
 from agentjet.runtime.launch import ServerProcess
 from agentjet.runtime.provenance import git_commit, machine
 from agentjet.schedule import Curriculum, StoppingRule, StopSettings
@@ -96,37 +98,21 @@ def server_config(s: DemoSettings, port: int, rec: Recommended, admin_token: str
 
 def save_plot(result: DemoResult, path: Path) -> bool:
     """Train reward per step, and train reward and held-out eval against wall-clock minutes."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(11, 4))
+    curve = LearnCurve(task=str(result.settings.get("task", "")), points=[demo_eval(e) for e in result.evals])
     versions = sorted(result.reward_by_version)
-    by_step.plot(versions, [result.reward_by_version[v] for v in versions], marker="o", label="train reward (sampled)")
-    evals = result.evals
-    by_step.plot([e["train_steps"] for e in evals], [e["reward"] for e in evals], marker="s", color="green",
-                 label="held-out eval")
-    by_step.set_xlabel("policy version (train steps)")
-    by_step.set_ylabel("mean reward")
-    by_step.legend(loc="lower right")
-    by_step.grid(alpha=0.3)
     steps = [p for p in result.steps if "reward_mean" in p]
-    by_time.plot([p["minutes"] for p in steps], [p["reward_mean"] for p in steps], marker=".", alpha=0.7,
-                 label="train reward (trained batches: mixed groups)")
-    by_time.plot([e["minutes"] for e in evals], [e["reward"] for e in evals], marker="s", color="green",
-                 label="held-out eval")
-    by_time.set_xlabel("wall-clock minutes (evals included)")
-    by_time.legend(loc="lower right")
-    by_time.grid(alpha=0.3)
-    fig.suptitle(f"AgentJet demo: {result.settings.get('model')} on {result.settings.get('task')} "
-                 f"(eval {result.eval_before:.3f} -> {result.eval_after:.3f}, {result.seconds / 60:.1f} min)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True
+    evals = {"marker": "s", "color": "green"}
+    by_step = Panel([Line(xy=[(v, result.reward_by_version[v]) for v in versions], label="train reward (sampled)",
+                          style={"marker": "o"}),
+                     Line(curve, label="held-out eval", style=evals)],
+                    x="steps", xlabel="policy version (train steps)", ylabel="mean reward")
+    by_time = Panel([Line(xy=[(p["minutes"], p["reward_mean"]) for p in steps],
+                          label="train reward (trained batches: mixed groups)", style={"marker": ".", "alpha": 0.7}),
+                     Line(curve, label="held-out eval", style=evals)],
+                    x="minutes", xlabel="wall-clock minutes (evals included)")
+    return plot_curves([by_step, by_time], path, cols=2, figsize=(11, 4), dpi=120,
+                       title=f"AgentJet demo: {result.settings.get('model')} on {result.settings.get('task')} "
+                             f"(eval {result.eval_before:.3f} -> {result.eval_after:.3f}, {result.seconds / 60:.1f} min)")
 
 
 def run_demo(s: DemoSettings, console: Console | None = None) -> DemoResult:

@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from agentjet.apps.research.spec import Direction, Param, ParamType, StudySpec
-from agentjet.apps.research.state import StudyState, TrialState, config_summaries, mean_spread
+from agentjet.apps.research.state import StudyState, TrialRecord, TrialState, config_summaries, mean_spread
+from agentjet.observe.curveplot import Line, Panel, plot_curves
+from agentjet.observe.learncurve import EvalPoint, LearnCurve
 
 STEP_PLOT = "metric_vs_step.png"
 
@@ -195,6 +197,12 @@ def caveats(spec: StudySpec, state: StudyState, rows: list[dict[str, Any]], eval
     return out
 
 
+def trial_curve(t: TrialRecord) -> LearnCurve:
+    """A run's points (``study.json`` keeps them as step and value) as one curve of eval points."""
+    return LearnCurve(task=t.id, points=[EvalPoint(train_steps=p.step, policy_version=p.step, reward=p.value)
+                                         for p in t.points])
+
+
 def make_plots(spec: StudySpec, state: StudyState, root: Path) -> list[str]:
     """The metric against the step for every run, and against each parameter. Names of the files written."""
     try:
@@ -208,28 +216,23 @@ def make_plots(spec: StudySpec, state: StudyState, root: Path) -> list[str]:
     if not runs:
         return []
     names = [STEP_PLOT]
-    cmap = plt.get_cmap("tab10")
-    colour = {c.id: cmap(i % 10) for i, c in enumerate(state.configs)}
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    colour = {c.id: f"C{i % 10}" for i, c in enumerate(state.configs)}  # tab10, matplotlib's default cycle
+    lines: list[Line] = []
     labelled: set[str] = set()
     for t in runs:
-        xs, ys = [p.step for p in t.points], [p.value for p in t.points]
         label = None
         if t.config_id not in labelled:
             labelled.add(t.config_id)
             label = f"{t.config_id}: " + ", ".join(f"{n.split('.', 1)[-1]}={_fmt(t.params[n])}" for n in spec.space)
         style = "--" if t.state is TrialState.PRUNED else "-"
-        ax.plot(xs, ys, style, marker="o", color=colour[t.config_id], label=label, alpha=0.85)
+        lines.append(Line(trial_curve(t), label=label,
+                          style={"linestyle": style, "marker": "o", "color": colour[t.config_id], "alpha": 0.85}))
         if t.state is TrialState.PRUNED:
-            ax.plot(xs[-1], ys[-1], marker="x", color="black", markersize=9)
-    ax.set_xlabel("policy version (train steps)")
-    ax.set_ylabel(spec.metric.source.value)
-    ax.set_title("metric at each eval point (dashed, x: pruned)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
-    fig.tight_layout()
-    fig.savefig(root / STEP_PLOT, dpi=110)
-    plt.close(fig)
+            last = t.points[-1]
+            lines.append(Line(xy=[(last.step, last.value)], style={"marker": "x", "color": "black", "markersize": 9}))
+    plot_curves(Panel(lines, x="steps", xlabel="policy version (train steps)", ylabel=spec.metric.source.value,
+                      legend="best", legend_fontsize=7),
+                path=root / STEP_PLOT, title="metric at each eval point (dashed, x: pruned)", dpi=110)
     for name, p in spec.space.items():
         fname = param_plot_name(name)
         _param_plot(plt, spec, state, name, p, colour, root / fname)
