@@ -3,8 +3,11 @@ are still read, and ``plot_curves`` writes a PNG."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -91,3 +94,37 @@ def test_the_demo_plot_draws_through_plot_curves(tmp_path: Path) -> None:
                         steps=[{"minutes": 0.5, "train_steps": 1, "reward_mean": 0.3}])
     assert save_plot(result, tmp_path / "reward_curve.png")
     assert (tmp_path / "reward_curve.png").stat().st_size > 5000
+
+
+def _script(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"{name}_curves", ROOT / "benchmarks" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_benchmark_scripts_read_their_result_files_into_the_one_record(tmp_path: Path) -> None:
+    """vs_trl.json and objectives.json keep their dict-shaped points (the files are not rewritten); each script
+    reads them into a curve of EvalPoints, and its figure is drawn by plot_curves."""
+    vs_trl = _script("vs_trl")
+    data = json.loads((ROOT / "benchmarks" / "results" / "vs_trl.json").read_text())
+    for run in data["runs"]:
+        curve = vs_trl.run_curve(run, data["base_eval"])
+        assert all(type(p) is EvalPoint for p in curve.points) and curve.points[0].reward == data["base_eval"]
+        assert [(p.train_steps, p.reward) for p in curve.points[1:]] == [(p["step"], p["eval"]) for p in run["points"]]
+        old = next((p["train_s"] / 60 for p in run["points"] if p["eval"] >= vs_trl.TARGET), None)  # the old rule
+        assert vs_trl._time_to(run, vs_trl.TARGET) == pytest.approx(old)
+    objectives = _script("objectives")
+    saved = json.loads((ROOT / "benchmarks" / "results" / "objectives.json").read_text())
+    for run in saved["runs"]:
+        curve = objectives.run_curve(run)
+        assert [(p.train_steps, p.policy_version, p.reward) for p in curve.points] == \
+            [(e["train_steps"], e["policy_version"], e["reward"]) for e in run["evals"]]
+        row = objectives.eval_row(curve.points[-1], [0.0, run["budget_min"]])
+        assert set(row) == set(run["evals"][-1]) and row["reward"] == run["evals"][-1]["reward"]
+    pytest.importorskip("matplotlib")
+    vs_trl.plot(data["runs"], data["base_eval"], tmp_path / "vs_trl.png", "vs TRL")
+    objectives.plot(saved["runs"], saved["summary"], tmp_path / "objectives.png", "objectives")
+    assert (tmp_path / "vs_trl.png").stat().st_size > 10_000 and (tmp_path / "objectives.png").stat().st_size > 10_000
