@@ -14,7 +14,7 @@ import pytest
 from agentjet.apps.demo import DemoResult, save_plot
 from agentjet.apps.research.monitor import TrialResult, read_eval_record
 from agentjet.apps.research.report import trial_curve
-from agentjet.apps.research.state import Point, TrialRecord
+from agentjet.apps.research.state import StudyState, TrialRecord
 from agentjet.client import driver, scheduled
 from agentjet.observe.bench_records import BenchRecord, load_history
 from agentjet.observe.curveplot import Line, Panel, plot_curves
@@ -39,9 +39,15 @@ def test_every_former_shape_reads_into_the_one_record() -> None:
                             "seconds": 2.5})
     assert type(old) is EvalPoint and old.eval_seconds == 2.5 and old.episodes == 3
     assert all(type(p) is EvalPoint for p in TrialResult(stop_reason="x", evals=[e.model_dump()]).evals)
-    # a study's points
-    t = TrialRecord(id="r", config_id="c", seed=0, params={}, points=[Point(step=0, value=0.1), Point(step=2, value=0.3)])
-    assert [(p.train_steps, p.reward) for p in trial_curve(t).points] == [(0, 0.1), (2, 0.3)]
+    # a study's points: EvalPoints, kept in study.json as step and value as before
+    stored = [{"step": 0, "value": 0.1}, {"step": 2, "value": 0.3}]
+    t = TrialRecord(id="r", config_id="c", seed=0, params={}, points=stored)
+    assert all(type(p) is EvalPoint for p in t.points) and t.add_point(4, 0.5) and not t.add_point(4, 0.6)
+    assert [(p.train_steps, p.policy_version, p.reward) for p in trial_curve(t).points] == \
+        [(0, 0, 0.1), (2, 2, 0.3), (4, 4, 0.5)]
+    state = StudyState(digest="d", created_at=0.0, trials=[t])
+    assert json.loads(state.model_dump_json())["trials"][0]["points"] == [*stored, {"step": 4, "value": 0.5}]
+    assert StudyState.model_validate_json(state.model_dump_json()) == state
     # a demo result -> a bench curve
     curve = curve_from_demo({"settings": {"task": "addition"}, "evals": [e.model_dump()]})
     assert curve.points == [e]

@@ -14,7 +14,7 @@ from typing import Any
 from agentjet.apps.research.spec import Direction, Param, ParamType, StudySpec
 from agentjet.apps.research.state import StudyState, TrialRecord, TrialState, config_summaries, mean_spread
 from agentjet.observe.curveplot import Line, Panel, plot_curves
-from agentjet.observe.learncurve import EvalPoint, LearnCurve
+from agentjet.observe.learncurve import LearnCurve
 
 STEP_PLOT = "metric_vs_step.png"
 
@@ -122,7 +122,7 @@ def write_report(spec: StudySpec, state: StudyState, root: Path) -> Path:
     lines += ["", "### Every run", "", "| run | config | seed | state | metric | eval points (step: value) | "
               "attempts | minutes | note |", "|---|---|---|---|---|---|---|---|---|"]
     for t in state.trials:
-        pts = ", ".join(f"{p.step}: {p.value:.3f}" for p in t.points) or "–"
+        pts = ", ".join(f"{p.train_steps}: {p.reward:.3f}" for p in t.points) or "–"
         lines.append(f"| {t.id} | {t.config_id} | {t.seed} | {t.state.value} | {_fmt(t.value(spec.metric))} | "
                      f"{pts} | {len(t.attempts)} | {t.seconds / 60:.1f} | {t.reason.replace('|', '/')} |")
     if plots:
@@ -199,8 +199,7 @@ def caveats(spec: StudySpec, state: StudyState, rows: list[dict[str, Any]], eval
 
 def trial_curve(t: TrialRecord) -> LearnCurve:
     """A run's points (``study.json`` keeps them as step and value) as one curve of eval points."""
-    return LearnCurve(task=t.id, points=[EvalPoint(train_steps=p.step, policy_version=p.step, reward=p.value)
-                                         for p in t.points])
+    return LearnCurve(task=t.id, points=list(t.points))
 
 
 def make_plots(spec: StudySpec, state: StudyState, root: Path) -> list[str]:
@@ -229,7 +228,7 @@ def make_plots(spec: StudySpec, state: StudyState, root: Path) -> list[str]:
                           style={"linestyle": style, "marker": "o", "color": colour[t.config_id], "alpha": 0.85}))
         if t.state is TrialState.PRUNED:
             last = t.points[-1]
-            lines.append(Line(xy=[(last.step, last.value)], style={"marker": "x", "color": "black", "markersize": 9}))
+            lines.append(Line(xy=[(last.train_steps, last.reward)], style={"marker": "x", "color": "black", "markersize": 9}))
     plot_curves(Panel(lines, x="steps", xlabel="policy version (train steps)", ylabel=spec.metric.source.value,
                       legend="best", legend_fontsize=7),
                 path=root / STEP_PLOT, title="metric at each eval point (dashed, x: pruned)", dpi=110)
@@ -269,7 +268,7 @@ def _param_plot(plt: Any, spec: StudySpec, state: StudyState, name: str, p: Para
     fig, ax = plt.subplots(figsize=(6, 4))
     for t in state.trials:
         v = t.value(spec.metric) if t.state is TrialState.DONE else (
-            t.points[-1].value if t.points and t.state is TrialState.PRUNED else None)
+            t.points[-1].reward if t.points and t.state is TrialState.PRUNED else None)
         if v is not None:
             ax.scatter([axis.x(t.params[name], order[t.config_id])], [v], color=colour[t.config_id], alpha=0.8,
                        marker="o" if t.state is TrialState.DONE else "x")
