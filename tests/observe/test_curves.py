@@ -92,12 +92,16 @@ def test_plot_curves_writes_a_png(tmp_path: Path) -> None:
 
 def test_the_demo_plot_draws_through_plot_curves(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
-    evals = [{**EvalPoint(train_steps=s, policy_version=s, reward=r, train_seconds=30.0 * s,
-                          seconds=40.0 * s).model_dump(), "minutes": 40.0 * s / 60} for s, r in [(0, 0.2), (2, 0.6)]]
+    evals = [EvalPoint(train_steps=s, policy_version=s, reward=r, train_seconds=30.0 * s, seconds=40.0 * s)
+             for s, r in [(0, 0.2), (2, 0.6)]]
     result = DemoResult(eval_before=0.2, eval_after=0.6, train_steps=2, policy_version=2, train_episodes=32,
                         failed_episodes=0, seconds=120.0, reward_by_version={1: 0.3, 2: 0.5},
                         settings={"model": "m", "task": "addition"}, evals=evals,
                         steps=[{"minutes": 0.5, "train_steps": 1, "reward_mean": 0.3}])
+    saved = json.loads(json.dumps(result.to_json()))  # demo_result.json: each eval's fields and its wall minutes
+    assert saved["evals"] == [{**e.model_dump(), "minutes": e.seconds / 60} for e in evals]
+    assert curve_from_demo(saved).points == evals  # what the bench reads back
+    assert result.curve().points == evals
     assert save_plot(result, tmp_path / "reward_curve.png")
     assert (tmp_path / "reward_curve.png").stat().st_size > 5000
 

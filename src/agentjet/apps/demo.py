@@ -24,7 +24,7 @@ from agentjet.client.client import SwarmClient
 from agentjet.client.runner import task_workflow
 from agentjet.client.scheduled import EvalPoint, ScheduleSettings, StepPoint, run_scheduled
 from agentjet.observe.curveplot import Line, Panel, plot_curves
-from agentjet.observe.learncurve import LearnCurve, demo_eval
+from agentjet.observe.learncurve import LearnCurve
 from agentjet.runtime.launch import ServerProcess
 from agentjet.runtime.provenance import git_commit, machine
 from agentjet.schedule import Curriculum, StoppingRule, StopSettings
@@ -67,7 +67,7 @@ class DemoResult:
     seconds: float
     reward_by_version: dict[int, float] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
-    evals: list[dict[str, Any]] = field(default_factory=list)  # periodic held-out evals (minutes, step, reward)
+    evals: list[EvalPoint] = field(default_factory=list)  # every held-out eval (before, periodic, after)
     steps: list[dict[str, Any]] = field(default_factory=list)  # each train step: minutes, step, train reward
     stop_reason: str = ""
     groups: int = 0
@@ -80,6 +80,17 @@ class DemoResult:
     # at the first and the last eval
     tool_use: list[dict[str, Any]] = field(default_factory=list)
     transcripts: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+    def curve(self) -> LearnCurve:
+        """The held-out eval curve."""
+        return LearnCurve(task=str(self.settings.get("task", "")), points=list(self.evals))
+
+    def to_json(self) -> dict[str, Any]:
+        """``demo_result.json``: the fields, each eval as its record plus its wall ``minutes``."""
+        data = asdict(self)
+        data["evals"] = [{**e.model_dump(), "minutes": e.seconds / 60 if e.seconds is not None else None}
+                         for e in self.evals]
+        return data
 
 
 TRANSCRIPTS = 5  # eval tasks whose transcripts the demo keeps (first and last eval)
@@ -98,7 +109,7 @@ def server_config(s: DemoSettings, port: int, rec: Recommended, admin_token: str
 
 def save_plot(result: DemoResult, path: Path) -> bool:
     """Train reward per step, and train reward and held-out eval against wall-clock minutes."""
-    curve = LearnCurve(task=str(result.settings.get("task", "")), points=[demo_eval(e) for e in result.evals])
+    curve = result.curve()
     versions = sorted(result.reward_by_version)
     steps = [p for p in result.steps if "reward_mean" in p]
     evals = {"marker": "s", "color": "green"}
@@ -147,7 +158,7 @@ def run_demo(s: DemoSettings, console: Console | None = None) -> DemoResult:
     result.settings = {**{k: str(v) for k, v in asdict(s).items()}, **rec.model_dump(), "steps": steps,
                        "server": dump_config(config, reveal_secrets=False)}
     result.provenance = {"commit": git_commit(), "machine": machine(), **result.provenance}
-    (s.out_dir / "demo_result.json").write_text(json.dumps(asdict(result), indent=2, default=str))
+    (s.out_dir / "demo_result.json").write_text(json.dumps(result.to_json(), indent=2, default=str))
     plot = s.out_dir / "reward_curve.png"
     saved = save_plot(result, plot)
     console.print(f"\n[bold]eval reward (held-out, {s.eval_tasks} tasks): before {result.eval_before:.3f} -> "
@@ -239,7 +250,7 @@ async def _client_side(s: DemoSettings, task_mod: ModuleType, rec: Recommended, 
         eval_before=before.reward, eval_after=after.reward, train_steps=status.train_steps,
         policy_version=status.policy_version, train_episodes=run.train.episodes, failed_episodes=run.train.failed,
         seconds=0.0, reward_by_version={v: sum(r) / len(r) for v, r in sorted(run.train_reward_by_version.items())},
-        evals=[{**e.model_dump(), "minutes": e.seconds / 60} for e in run.evals],
+        evals=list(run.evals),
         steps=[{"minutes": p.seconds / 60, "train_steps": p.train_steps, "policy_version": p.policy_version,
                 **{k: p.metrics[k] for k in ("reward_mean", "loss", "step_seconds", "trained_tokens") if k in p.metrics}}
                for p in run.steps],
