@@ -203,13 +203,13 @@ async def _client_side(s: DemoSettings, task_mod: ModuleType, rec: Recommended, 
     transcripts: dict[str, list[dict[str, Any]]] = {}
 
     def on_eval(p: EvalPoint) -> None:
-        console.print(f"  [green]eval[/green] at {p.seconds / 60:4.1f} min, step {p.train_steps:3d}: held-out reward "
+        console.print(f"  [green]eval[/green] at {p.minutes or 0.0:4.1f} min, step {p.train_steps:3d}: held-out reward "
                       f"{p.reward:.3f} ({p.episodes} tasks, {p.eval_seconds:.0f}s)")
         if not eval_traces or not hasattr(task_mod, "tool_use_summary"):
             return
         done = sorted(eval_traces, key=lambda tt: int(tt[0].get("index", 0)))
         row = task_mod.tool_use_summary([t for t, _ in done], [tr for _, tr in done])
-        tool_use.append({"minutes": p.seconds / 60, "train_minutes": p.train_seconds / 60,
+        tool_use.append({"minutes": p.minutes, "train_minutes": p.train_minutes,
                          "train_steps": p.train_steps, **row})
         transcripts["before" if len(tool_use) == 1 else "after"] = [
             {"task_id": t["task_id"], "question": t["messages"][-1]["content"], "answer": t.get("answer"),

@@ -17,6 +17,7 @@ from __future__ import annotations
 import html
 import math
 import statistics
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -224,11 +225,11 @@ def render_learning_png(records: list[BenchRecord], path: Path) -> bool:
             else:
                 by_min.append(Line(curve, x="minutes", label=label, style={**kw, "linestyle": "--"}))
             target = curve.target if curve.target is not None else target
-        common = {"ylabel": "held-out eval", "target": target, "legend_fontsize": 7, "title_fontsize": 10}
-        panels += [Panel(by_step, x="steps", title=f"{task}: held-out eval vs train steps", xlabel="train steps",
-                         **common),
-                   Panel(by_min, x="train_minutes", xlabel="training minutes",
-                         title=f"{task}: held-out eval vs training minutes (dashed: wall minutes)", **common)]
+        common = Panel([], ylabel="held-out eval", target=target, legend_fontsize=7, title_fontsize=10)
+        panels += [replace(common, lines=by_step, x="steps", title=f"{task}: held-out eval vs train steps",
+                           xlabel="train steps"),
+                   replace(common, lines=by_min, x="train_minutes", xlabel="training minutes",
+                           title=f"{task}: held-out eval vs training minutes (dashed: wall minutes)")]
     return plot_curves(panels, path, cols=2, figsize=(12, 4.2 * len(tasks)), dpi=100)
 
 
