@@ -284,9 +284,7 @@ def run_one(name: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
                **{f"engine.vllm.{k}": (v, ran_vllm.get(k)) for k, v in cfg.vllm.items() if ran_vllm.get(k) != v}}
     if differs:
         raise RuntimeError(f"{name}: the server ran other settings than the config's (wanted, ran): {differs}")
-    evals = [{"target_min": nominal_minute(e.train_seconds / 60, nominal), "train_min": e.train_seconds / 60,
-              "wall_min": e.seconds / 60, "train_steps": e.train_steps, "policy_version": e.policy_version,
-              "reward": e.reward, "episodes": e.episodes, "eval_s": e.eval_seconds} for e in run.evals]
+    evals = [eval_row(e, nominal) for e in run.evals]
     curve = [(e["train_min"], e["reward"]) for e in evals]
     return {
         "config": name, "seed": seed, "engine": cfg.engine, "what": cfg.what,
@@ -307,6 +305,25 @@ def run_one(name: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
         "step_means": {k: _mean([s.get(k) for s in steps]) for k in SUMMARY_METRICS},
         "steps": steps,
     }
+
+
+def eval_row(e: Any, nominal: list[float]) -> dict[str, Any]:
+    """An ``EvalPoint`` as a run file keeps it (``evals[]``: minutes, and the scheduled point it belongs to)."""
+    return {"target_min": nominal_minute(e.train_seconds / 60, nominal), "train_min": e.train_seconds / 60,
+            "wall_min": e.seconds / 60, "train_steps": e.train_steps, "policy_version": e.policy_version,
+            "reward": e.reward, "episodes": e.episodes, "eval_s": e.eval_seconds}
+
+
+def run_curve(run: dict[str, Any]) -> Any:
+    """A run file's ``evals`` as one curve of ``EvalPoint``s (the reader of :func:`eval_row`'s rows)."""
+    from agentjet.observe.learncurve import EvalPoint, LearnCurve
+
+    points = [EvalPoint(train_steps=e["train_steps"], policy_version=e.get("policy_version"), reward=e["reward"],
+                        episodes=e.get("episodes", 0), train_seconds=e["train_min"] * 60,
+                        seconds=e["wall_min"] * 60 if e.get("wall_min") is not None else None,
+                        eval_seconds=e.get("eval_s", 0.0)) for e in run["evals"]]
+    return LearnCurve(task=run.get("task", TASK), points=points, target=run.get("target", TARGET),
+                      source=f"objectives {run.get('config', '')} seed {run.get('seed', '')}")
 
 
 def run_path(out_dir: Path, name: str, seed: int) -> Path:
@@ -502,33 +519,21 @@ def table(summary: dict[str, Any], budget_min: float) -> str:
 
 
 def plot(runs: list[dict[str, Any]], summary: dict[str, Any], path: Path, title: str) -> None:
-    import matplotlib
+    from agentjet.observe.curveplot import Line, Panel, plot_curves
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(9, 5))
-    colors = plt.get_cmap("tab10")
+    lines: list[Line] = []
     for i, (name, s) in enumerate(summary.items()):
-        color = colors(i % 10)
+        color = f"C{i % 10}"  # tab10, matplotlib's default cycle
         style = "--" if s["engine"] == "vllm" else "-"
-        for r in runs:
-            if r["config"] == name:
-                ax.plot([e["train_min"] for e in r["evals"]], [e["reward"] for e in r["evals"]], color=color,
-                        linestyle=style, alpha=0.25, linewidth=1)
-        xs, ys = zip(*s["mean_curve"], strict=True) if s["mean_curve"] else ((), ())
-        ax.plot(xs, ys, color=color, linestyle=style, marker="o", linewidth=2,
-                label=f"{name} ({len(s['seeds'])} seed{'s' if len(s['seeds']) != 1 else ''})")
-    ax.axhline(TARGET, color="grey", linestyle=":", label=f"target {TARGET}")
-    ax.set_xlabel("training minutes (evals excluded)")
-    ax.set_ylabel("held-out eval reward")
-    ax.set_ylim(0, 1.02)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right", fontsize=8)
-    ax.set_title(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+        lines += [Line(run_curve(r), style={"color": color, "linestyle": style, "alpha": 0.25, "linewidth": 1})
+                  for r in runs if r["config"] == name]
+        lines.append(Line(xy=[tuple(xy) for xy in s["mean_curve"]],
+                          label=f"{name} ({len(s['seeds'])} seed{'s' if len(s['seeds']) != 1 else ''})",
+                          style={"color": color, "linestyle": style, "marker": "o", "linewidth": 2}))
+    plot_curves(Panel(lines, x="train_minutes", target=TARGET, target_label=f"target {TARGET}",
+                      xlabel="training minutes (evals excluded)", ylabel="held-out eval reward", ylim=(0, 1.02),
+                      legend_fontsize=8),
+                path, title, figsize=(9, 5), dpi=120)
 
 
 def aggregate(out_dir: Path, results: Path) -> str:
