@@ -157,7 +157,7 @@ def main() -> None:
     from agentjet.layouts import embedded_engine
     from agentjet.server import SwarmServer
     from agentjet.server.app import BackgroundServer
-    from agentjet.settings import EngineSettings, ServerConfig
+    from agentjet.settings import GeneratorSettings, ServerConfig
     from agentjet.tasks import calculator
 
     args.lo = calculator.OPERANDS.start if args.lo is None else args.lo
@@ -171,9 +171,9 @@ def main() -> None:
                "concurrency": args.concurrency}
     results = []
     with tempfile.TemporaryDirectory() as tmp:
-        engine = embedded_engine(args.model, EngineSettings(max_batch_size=args.concurrency))
+        engine = embedded_engine(args.model, GeneratorSettings(max_batch_size=args.concurrency))
         cfg = ServerConfig(model=args.model, port=free_port(), data_dir=Path(tmp),
-                           engine=EngineSettings(max_batch_size=args.concurrency))
+                           generator=GeneratorSettings(max_batch_size=args.concurrency))
         with BackgroundServer(SwarmServer(cfg, engine)) as bg:
             for v in args.variants:
                 r = asyncio.run(pilot(bg.url, v, tasks, args))

@@ -44,20 +44,26 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 
 # Run in a child with PYTHONPATH at a checkout's src: times its single-process layout's train step, whichever API
-# that checkout has (HFEngine before the split, agentjet.layouts.embedded_engine after).
+# that checkout has (HFEngine before the split, agentjet.layouts.embedded_engine after, and its settings by role
+# after those moved).
 CHILD = r"""
 import json, random, sys, time
 import agentjet
 import torch
 from agentjet.engines.base import TrainSample
-from agentjet.settings import EngineSettings
 model, batch_n, prompt, completion, steps, threads = sys.argv[1], *map(int, sys.argv[2:7])
 torch.set_num_threads(threads)
 try:
-    from agentjet.layouts import embedded_engine as make
+    from agentjet.settings import GeneratorSettings, LearnerSettings
+    from agentjet.layouts import embedded_engine
+    engine = embedded_engine(model, GeneratorSettings(max_batch_size=8), LearnerSettings(learning_rate=2e-5))
 except ImportError:
-    from agentjet.engines.hf import HFEngine as make
-engine = make(model, EngineSettings(max_batch_size=8), learning_rate=2e-5)
+    from agentjet.settings import EngineSettings
+    try:
+        from agentjet.layouts import embedded_engine as make
+    except ImportError:
+        from agentjet.engines.hf import HFEngine as make
+    engine = make(model, EngineSettings(max_batch_size=8), learning_rate=2e-5)
 rng = random.Random(0)
 vocab = len(engine.tokenizer)
 batch = []
@@ -98,12 +104,12 @@ def build(layout: str, args: argparse.Namespace, work: Path) -> Any:
     from agentjet.settings import ServerConfig
 
     generator, learner = layout.split("+")
-    values: dict[str, Any] = {"model": args.model, "data_dir": str(work), "training": {"learning_rate": 2e-5},
-                              "engine": {"kind": "vllm" if generator == "vllm" else "hf", "max_batch_size": 8}}
+    values: dict[str, Any] = {"model": args.model, "data_dir": str(work), "learner": {"learning_rate": 2e-5},
+                              "generator": {"kind": "vllm" if generator == "vllm" else "hf", "max_batch_size": 8}}
     if generator == "vllm":
-        values["engine"]["vllm"] = {"python": str(args.vllm_python), "kv_cache_gib": 1.0}
+        values["generator"]["vllm"] = {"python": str(args.vllm_python), "kv_cache_gib": 1.0}
     if learner == "trainer-group":
-        values["trainer"] = {"procs": args.procs, "threads_per_rank": max(1, args.threads // args.procs),
+        values["learner"]["group"] = {"procs": args.procs, "threads_per_rank": max(1, args.threads // args.procs),
                              "work_dir": str(work / "group")}
     return build_engine(ServerConfig.model_validate(values))
 

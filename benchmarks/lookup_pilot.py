@@ -81,7 +81,7 @@ def main() -> None:
     from agentjet.provenance import git_commit, machine
     from agentjet.server import SwarmServer
     from agentjet.server.app import BackgroundServer
-    from agentjet.settings import EngineSettings, ServerConfig
+    from agentjet.settings import GeneratorSettings, ServerConfig
 
     checkers = {"on": [True], "off": [False], "both": [True, False]}[args.checker]
     setting = {"tag": args.tag, "split": args.split, "n": args.n, "max_turns": args.max_turns,
@@ -90,9 +90,9 @@ def main() -> None:
                "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        engine = embedded_engine(args.model, EngineSettings(max_batch_size=args.concurrency))
+        engine = embedded_engine(args.model, GeneratorSettings(max_batch_size=args.concurrency))
         cfg = ServerConfig(model=args.model, port=free_port(), data_dir=Path(tmp),
-                           engine=EngineSettings(max_batch_size=args.concurrency))
+                           generator=GeneratorSettings(max_batch_size=args.concurrency))
         with BackgroundServer(SwarmServer(cfg, engine)) as bg:
             for prompt in args.prompts:
                 for checker in checkers:

@@ -10,6 +10,6 @@ written and read by ``agentjet.engines.weights``.
 """
 
 from agentjet.distributed.group import GroupState, GroupTimeout, RankFailure, TrainerGroup, TrainerGroupError
-from agentjet.settings import TrainerGroupSettings
+from agentjet.settings import LearnerGroupSettings
 
-__all__ = ["GroupState", "GroupTimeout", "RankFailure", "TrainerGroup", "TrainerGroupError", "TrainerGroupSettings"]
+__all__ = ["GroupState", "GroupTimeout", "RankFailure", "TrainerGroup", "TrainerGroupError", "LearnerGroupSettings"]

@@ -152,7 +152,7 @@ class SwarmServer:
         self._open()
         if self.config.resume:
             await asyncio.to_thread(self.trainer.resume_from_checkpoint)
-        self.engine.set_learning_rate(self.config.training.learning_rate)  # the configured rate wins on resume
+        self.engine.set_learning_rate(self.config.learner.learning_rate)  # the configured rate wins on resume
         self.engine.set_loss(self.config.loss)
         self.teams.load()
         n = self.trainer.load_pending()
