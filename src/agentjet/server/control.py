@@ -49,7 +49,7 @@ def apply_change(server: SwarmServer, change: ConfigChange) -> ChangeRecord:
             try:
                 field = find_field(f"{name}.{key}")
             except KeyError as exc:
-                raise bad_request(f"invalid settings: {exc.args[0]}", param=f"{name}.{key}") from exc
+                raise bad_request(f"invalid settings: {exc.args[0]}", param=name) from exc
             if not field.live:
                 raise bad_request(f"invalid settings: {field.dotted} cannot change while the server runs (restart "
                                   "it with the new value)", param=field.dotted)
