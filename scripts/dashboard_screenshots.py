@@ -30,7 +30,7 @@ from agentjet.observe.schema import EpisodeFilter  # noqa: E402
 from agentjet.runtime.launch import free_port  # noqa: E402
 from agentjet.server import SwarmServer  # noqa: E402
 from agentjet.server.http.app import BackgroundServer  # noqa: E402
-from agentjet.settings import EngineSettings, ServerConfig, TrainingSettings  # noqa: E402
+from agentjet.settings import GeneratorSettings, LearnerSettings, ServerConfig, TrainingSettings  # noqa: E402
 from agentjet.tasks import get_task  # noqa: E402
 
 TOKEN = "screenshot-read-token-0123456789abcdef"
@@ -121,9 +121,10 @@ def main() -> None:
         cfg = ServerConfig(model=args.model, port=free_port(), data_dir=Path(tmp), lease_seconds=300,
                            observe=ObserveSettings(read_token=TOKEN, bench_history=ROOT / "benchmarks" /
                                                    "bench_history.jsonl"),
-                           training=TrainingSettings(group_size=4, batch_groups=2, learning_rate=rec.learning_rate,
-                                                     checkpoint_every=0, max_staleness=2))
-        engine = embedded_engine(args.model, EngineSettings(max_batch_size=16), learning_rate=rec.learning_rate)
+                           learner=LearnerSettings(learning_rate=rec.learning_rate),
+                           training=TrainingSettings(group_size=4, batch_groups=2, checkpoint_every=0,
+                                                     max_staleness=2))
+        engine = embedded_engine(args.model, GeneratorSettings(max_batch_size=16), cfg.learner)
         srv = BackgroundServer(SwarmServer(cfg, engine)).start()
         try:
             t0 = time.monotonic()

@@ -61,9 +61,9 @@ def tiny_model_path(agentjet_home: Path) -> Path:
 @pytest.fixture
 def tiny_engine(tiny_model_path: Path):
     from agentjet.layouts import embedded_engine
-    from agentjet.settings import EngineSettings
+    from agentjet.settings import GeneratorSettings
 
-    engine = embedded_engine(tiny_model_path, EngineSettings(max_batch_size=8))
+    engine = embedded_engine(tiny_model_path, GeneratorSettings(max_batch_size=8))
     yield engine
     engine.shutdown()
 
@@ -85,23 +85,25 @@ def make_server(tmp_path: Path, tiny_model_path: Path):
     from agentjet.runtime.launch import free_port
     from agentjet.server import SwarmServer
     from agentjet.server.http.app import BackgroundServer
-    from agentjet.settings import EngineSettings, ServerConfig, TrainingSettings
+    from agentjet.settings import GeneratorSettings, LearnerSettings, ServerConfig, TrainingSettings
 
     started: list[BackgroundServer] = []
 
     def make(engine="null", data_dir: Path | None = None, resume: bool = False, reply: str = "ok",
-             training: dict | None = None, clock=None, **config):
+             training: dict | None = None, learner: dict | None = None, clock=None, **config):
         if engine == "tiny":
-            engine = embedded_engine(tiny_model_path, EngineSettings(max_batch_size=8))
+            engine = embedded_engine(tiny_model_path, GeneratorSettings(max_batch_size=8))
         elif engine == "null":
             from transformers import AutoTokenizer
 
             engine = NullEngine(AutoTokenizer.from_pretrained(tiny_model_path), reply=reply)
-        training = {"group_size": 2, "batch_groups": 1, "learning_rate": 1e-3, "checkpoint_every": 0,
+        training = {"group_size": 2, "batch_groups": 1, "checkpoint_every": 0,
                     **(training or {})}
         cfg = ServerConfig(model=str(tiny_model_path), served_model_name="tiny", port=free_port(),
                            data_dir=data_dir or tmp_path / f"server{len(started)}",
-                           training=TrainingSettings(**training), resume=resume, **config)
+                           training=TrainingSettings(**training),
+                           learner=LearnerSettings(**{"learning_rate": 1e-3, **(learner or {})}), resume=resume,
+                           **config)
         bg = BackgroundServer(SwarmServer(cfg, engine, clock)).start()
         started.append(bg)
         return bg

@@ -16,7 +16,7 @@ from agentjet.generators.hf import slot_cache_fits
 from agentjet.generators.hf.kv_cache import SlotKVCache
 from agentjet.layouts import embedded_engine
 from agentjet.layouts.composed import ComposedEngine
-from agentjet.settings import EngineSettings
+from agentjet.settings import GeneratorSettings
 
 QUESTIONS = ["a", "what is 12 + 30?", "write the word hello in capital letters", "sort 3 1 2", "yes",
              "tool call please find the city weather", "tell me a long story about a cat and a dog", "hi there"]
@@ -39,7 +39,7 @@ def make_engine(tiny_model_path: Path):
     made: list[ComposedEngine] = []
 
     def make(**settings) -> ComposedEngine:
-        engine = embedded_engine(tiny_model_path, EngineSettings(**{"max_batch_size": 4, **settings}))
+        engine = embedded_engine(tiny_model_path, GeneratorSettings(**{"max_batch_size": 4, **settings}))
         engine.generator.rules.stop_ids = frozenset()  # fixed lengths: every request runs to its max_tokens
         made.append(engine)
         return engine

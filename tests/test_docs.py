@@ -30,9 +30,10 @@ def test_every_setting_is_documented() -> None:
     doc = (DOCS / "configuration.md").read_text()
     missing = [f.dotted for f in server_fields() if f"`--{f.flag}`" not in doc or f"`{f.env}`" not in doc]
     assert not missing, f"settings missing from docs/configuration.md: {missing}"
-    from agentjet.settings.__main__ import table
+    from agentjet.settings.__main__ import page, table
 
-    assert table() in doc, "docs/configuration.md's table is stale: paste `python -m agentjet.settings` into it"
+    assert table() in doc
+    assert doc == page(), "docs/configuration.md is stale: python -m agentjet.settings > docs/configuration.md"
 
 
 def test_every_package_is_named_in_the_architecture() -> None:

@@ -9,7 +9,18 @@ import torch
 from agentjet.engines.base import FinishReason, SamplingParams, TrainSample
 from agentjet.layouts import embedded_engine
 from agentjet.layouts.composed import ComposedEngine
-from agentjet.settings import EngineSettings, LoraSettings, LossSettings
+from agentjet.settings import LoraSettings, LossSettings
+
+
+def engine_of(model, *, device: str = "auto", dtype: str = "auto", lora=None, autocast_bf16: bool = False,
+              loss=None, learning_rate: float = 1e-5, **generator):  # noqa: ANN001, ANN201
+    """The single-process engine with these settings, each given to its section."""
+    from agentjet.settings import GeneratorSettings, LearnerSettings, LoraSettings, PlacementSettings
+
+    return embedded_engine(model, GeneratorSettings(**generator),
+                           LearnerSettings(lora=lora or LoraSettings(), autocast_bf16=autocast_bf16,
+                                           learning_rate=learning_rate),
+                           loss, PlacementSettings(device=device, dtype=dtype))
 
 
 def gen(engine: ComposedEngine, ids: list[int], **kw) -> object:
@@ -176,7 +187,7 @@ def test_masked_tokens_do_not_affect_the_update(tiny_model_path: Path, chat_ids)
 
 
 def test_kl_and_bf16_options_run(tiny_model_path: Path, chat_ids) -> None:
-    engine = embedded_engine(tiny_model_path, EngineSettings(autocast_bf16=True), LossSettings(kl_coef=0.1), 1e-3)
+    engine = engine_of(tiny_model_path, autocast_bf16=True, loss=LossSettings(kl_coef=0.1), learning_rate=1e-3)
     ids = chat_ids("hi", engine)
     batch = [_sample(engine, ids, 1, 1.0)]
     first = asyncio.run(engine.train_step(batch))
@@ -186,7 +197,7 @@ def test_kl_and_bf16_options_run(tiny_model_path: Path, chat_ids) -> None:
 
 
 def test_lora_trains_only_adapters(tiny_model_path: Path, chat_ids, tmp_path: Path) -> None:
-    engine = embedded_engine(tiny_model_path, EngineSettings(lora=LoraSettings(rank=4, alpha=8)))
+    engine = engine_of(tiny_model_path, lora=LoraSettings(rank=4, alpha=8))
     engine.set_learning_rate(1e-2)
     frozen = {n: p.clone() for n, p in engine.generator.model.named_parameters() if not p.requires_grad}
     lora = {n: p.clone() for n, p in engine.generator.model.named_parameters() if p.requires_grad}
@@ -197,7 +208,7 @@ def test_lora_trains_only_adapters(tiny_model_path: Path, chat_ids, tmp_path: Pa
     assert all(torch.equal(named[n], p) for n, p in frozen.items())
     assert any(not torch.equal(named[n], p) for n, p in lora.items())
     engine.save(tmp_path / "ckpt")
-    other = embedded_engine(tiny_model_path, EngineSettings(lora=LoraSettings(rank=4, alpha=8)))
+    other = engine_of(tiny_model_path, lora=LoraSettings(rank=4, alpha=8))
     other.load(tmp_path / "ckpt")
     other_named = dict(other.generator.model.named_parameters())
     assert all(torch.equal(other_named[n], named[n]) for n in lora)

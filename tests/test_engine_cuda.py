@@ -17,7 +17,18 @@ from tests.test_continuous import teacher_forced
 from agentjet.engines.base import SamplingParams, TrainSample
 from agentjet.layouts import embedded_engine
 from agentjet.layouts.composed import ComposedEngine
-from agentjet.settings import EngineSettings, LoraSettings
+from agentjet.settings import LoraSettings
+
+
+def engine_of(model, *, device: str = "auto", dtype: str = "auto", lora=None, autocast_bf16: bool = False,
+              loss=None, learning_rate: float = 1e-5, **generator):  # noqa: ANN001, ANN201
+    """The single-process engine with these settings, each given to its section."""
+    from agentjet.settings import GeneratorSettings, LearnerSettings, LoraSettings, PlacementSettings
+
+    return embedded_engine(model, GeneratorSettings(**generator),
+                           LearnerSettings(lora=lora or LoraSettings(), autocast_bf16=autocast_bf16,
+                                           learning_rate=learning_rate),
+                           loss, PlacementSettings(device=device, dtype=dtype))
 
 cuda = pytest.mark.cuda  # skipped without a CUDA device (tests/conftest.py)
 
@@ -50,7 +61,7 @@ def workload(engine: ComposedEngine, chat_ids, n: int = 6) -> tuple[list[list[in
 
 @cuda
 def test_auto_device_is_cuda_and_dtype_bf16(tiny_model_path: Path) -> None:
-    engine = embedded_engine(tiny_model_path, EngineSettings())
+    engine = engine_of(tiny_model_path)
     try:
         info = engine.describe()
         assert info["device"].startswith("cuda") and info["dtype"] == "bfloat16"
@@ -63,8 +74,8 @@ def test_auto_device_is_cuda_and_dtype_bf16(tiny_model_path: Path) -> None:
 @cuda
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_cuda_graphs_agree_with_the_eager_step(tiny_model_path: Path, chat_ids, dtype: str) -> None:
-    graphs = embedded_engine(tiny_model_path, EngineSettings(device="cuda", dtype=dtype, max_batch_size=8))
-    eager = embedded_engine(tiny_model_path, EngineSettings(device="cuda", dtype=dtype, max_batch_size=8, cuda_graphs=False))
+    graphs = engine_of(tiny_model_path, device="cuda", dtype=dtype, max_batch_size=8)
+    eager = engine_of(tiny_model_path, device="cuda", dtype=dtype, max_batch_size=8, cuda_graphs=False)
     try:
         eager.rules.stop_ids = frozenset()
         prompts, params = workload(graphs, chat_ids)
@@ -84,7 +95,7 @@ def test_cuda_graphs_agree_with_the_eager_step(tiny_model_path: Path, chat_ids, 
 
 @cuda
 def test_fp32_behaviour_logprobs_are_exact_on_cuda(tiny_model_path: Path, chat_ids) -> None:
-    engine = embedded_engine(tiny_model_path, EngineSettings(device="cuda", dtype="float32", max_batch_size=4))
+    engine = engine_of(tiny_model_path, device="cuda", dtype="float32", max_batch_size=4)
     try:
         prompts, params = workload(engine, chat_ids)
         worst = 0.0
@@ -113,7 +124,7 @@ def test_bf16_behaviour_logprobs_against_teacher_forcing(tiny_model_path: Path) 
     """bf16 with graphs: the recorded logprobs against one teacher-forced pass of the same weights. bf16 rounds
     differently in a batched decode step and in a full forward, so the difference is reported and bounded."""
     name, path = _trained_or_tiny(tiny_model_path)
-    engine = embedded_engine(path, EngineSettings(device="cuda", dtype="bfloat16", max_batch_size=16))
+    engine = engine_of(path, device="cuda", dtype="bfloat16", max_batch_size=16)
     try:
         tok = engine.tokenizer
         texts = ["Write a story about a lighthouse.", "Explain how a refrigerator works.", "What is 17 * 23?",
@@ -139,10 +150,10 @@ def test_generate_train_generate_keeps_graphs_valid(tiny_model_path: Path, chat_
                                                     lora: bool) -> None:
     """Train steps update the weights in place: the captured graphs read the new weights with no recapture, and
     what the engine generates next equals what a fresh engine holding the trained weights generates."""
-    settings = EngineSettings(device="cuda", dtype="float32", max_batch_size=4,
-                              lora=LoraSettings(rank=4, alpha=8) if lora else LoraSettings())
-    engine = embedded_engine(tiny_model_path, settings)
-    fresh = embedded_engine(tiny_model_path, settings)
+    settings = {"device": "cuda", "dtype": "float32", "max_batch_size": 4,
+                "lora": LoraSettings(rank=4, alpha=8) if lora else LoraSettings()}
+    engine = engine_of(tiny_model_path, **settings)
+    fresh = engine_of(tiny_model_path, **settings)
     fresh.generator.rules.stop_ids = frozenset()
     try:
         engine.set_learning_rate(1e-2)
@@ -176,10 +187,8 @@ def test_generate_train_generate_keeps_graphs_valid(tiny_model_path: Path, chat_
 @cuda
 def test_compile_and_graphs_match_eager(tiny_model_path: Path, chat_ids) -> None:
     """``compile=True`` on CUDA: the compiled decode step, captured in graphs, gives the eager step's tokens."""
-    plain = embedded_engine(tiny_model_path, EngineSettings(device="cuda", dtype="float32", max_batch_size=4,
-                                                     cuda_graphs=False))
-    compiled = embedded_engine(tiny_model_path, EngineSettings(device="cuda", dtype="float32", max_batch_size=4,
-                                                        compile=True))
+    plain = engine_of(tiny_model_path, device="cuda", dtype="float32", max_batch_size=4, cuda_graphs=False)
+    compiled = engine_of(tiny_model_path, device="cuda", dtype="float32", max_batch_size=4, compile=True)
     try:
         prompts, params = workload(plain, chat_ids, 4)
         compiled.rules.stop_ids = frozenset()
@@ -196,7 +205,7 @@ def test_compile_and_graphs_match_eager(tiny_model_path: Path, chat_ids) -> None
 
 @cuda
 def test_full_fine_tuning_in_bf16_lowers_the_loss(tiny_model_path: Path, chat_ids) -> None:
-    engine = embedded_engine(tiny_model_path, EngineSettings(device="cuda", max_batch_size=4))
+    engine = engine_of(tiny_model_path, device="cuda", max_batch_size=4)
     try:
         engine.set_learning_rate(1e-3)
         prompts, params = workload(engine, chat_ids, 4)

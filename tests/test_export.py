@@ -124,11 +124,11 @@ def test_export_round_trips_through_transformers(make_server, tiny_model_path: P
 def test_lora_run_exports_merged_and_adapter_only(make_server, tiny_model_path: Path, tmp_path: Path) -> None:
     pytest.importorskip("peft")
     from agentjet.layouts import embedded_engine
-    from agentjet.settings import EngineSettings, LoraSettings
+    from agentjet.settings import GeneratorSettings, LearnerSettings, LoraSettings
 
-    engine = embedded_engine(tiny_model_path, EngineSettings(max_batch_size=8, lora=LoraSettings(rank=4, alpha=8)),
-                      learning_rate=1e-2)
-    srv = make_server(engine, training={"checkpoint_every": 1, "learning_rate": 1e-2})
+    learner = LearnerSettings(lora=LoraSettings(rank=4, alpha=8), learning_rate=1e-2)
+    engine = embedded_engine(tiny_model_path, GeneratorSettings(max_batch_size=8), learner)
+    srv = make_server(engine, training={"checkpoint_every": 1}, learner=learner.model_dump())
     train_one_step(srv)
     prompt, served, logprobs = server_greedy(srv)
     run_dir = srv.server.config.data_dir
@@ -195,12 +195,18 @@ def test_a_hub_model_run_names_its_base_on_the_card(offline: None, hub_cache: di
     from agentjet.runtime.launch import free_port
     from agentjet.server import SwarmServer
     from agentjet.server.http.app import BackgroundServer, build_engine
-    from agentjet.settings import EngineSettings, LoraSettings, ServerConfig, TrainingSettings
+    from agentjet.settings import (
+        GeneratorSettings,
+        LearnerSettings,
+        LoraSettings,
+        ServerConfig,
+        TrainingSettings,
+    )
 
     config = ServerConfig(model="acme/tiny-chat", model_revision="v1", port=free_port(), data_dir=tmp_path / "run",
-                          engine=EngineSettings(max_batch_size=8, lora=LoraSettings(rank=4, alpha=8)),
-                          training=TrainingSettings(group_size=2, batch_groups=1, learning_rate=1e-2,
-                                                    checkpoint_every=1))
+                          generator=GeneratorSettings(max_batch_size=8),
+                          learner=LearnerSettings(lora=LoraSettings(rank=4, alpha=8), learning_rate=1e-2),
+                          training=TrainingSettings(group_size=2, batch_groups=1, checkpoint_every=1))
     with BackgroundServer(SwarmServer(config, build_engine(config))) as srv:
         train_one_step(srv)
     export(tmp_path / "run", tmp_path / "merged")
@@ -210,3 +216,47 @@ def test_a_hub_model_run_names_its_base_on_the_card(offline: None, hub_cache: di
     export(tmp_path / "run", tmp_path / "adapter", "--adapter-only")
     adapter = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
     assert adapter["base_model_name_or_path"] == "acme/tiny-chat" and adapter["revision"] == SHA_V1
+
+
+@pytest.mark.server
+def test_a_checkpoint_written_before_the_settings_moved_resumes_and_exports(make_server, tmp_path: Path) -> None:
+    """A data dir whose checkpoint records the settings in their shape before the sections by role (``engine``,
+    ``trainer``, ``training.learning_rate``; the fixture was dumped by that code) and whose learner state names
+    them ``engine``: a server resumes from it, trains on, and ``ajet export`` writes its card."""
+    data = tmp_path / "run"
+    srv = make_server("tiny", data_dir=data, training={"checkpoint_every": 1})
+    train_one_step(srv)
+    srv.stop()
+    before = json.loads((Path(__file__).parent / "fixtures" / "settings_before_roles.json").read_text())
+    for ckpt in (data / "checkpoints").glob("step-*"):
+        run = json.loads((ckpt / "agentjet_run.json").read_text())
+        (ckpt / "agentjet_run.json").write_text(json.dumps({**run, "settings": before}))
+        state_file = ckpt / "agentjet_state.json"
+        state = json.loads(state_file.read_text())
+        state["engine"] = before["engine"]  # the learner's state as the earlier code wrote it
+        state.pop("learner", None)
+        state_file.write_text(json.dumps(state))
+
+    again = make_server("tiny", data_dir=data, resume=True, training={"checkpoint_every": 1})
+    assert again.server.engine.policy_version == 1
+    train_one_step_more(again)
+    again.stop()
+    out = tmp_path / "exported"
+    assert "step 1 (policy version 1)" in export(data, out, "--step", "1")
+    card = json.loads((out / "README.md").read_text().split("```json\n", 1)[1].split("\n```", 1)[0])
+    assert card["engine"]["max_batch_size"] == 8 and card["training"]["learning_rate"] == 1e-3  # as recorded
+    export(data, tmp_path / "latest")  # the step written after the resume, in the new shape
+    latest = (tmp_path / "latest" / "README.md").read_text()
+    assert '"learner": {' in latest and '"engine": {' not in latest
+
+
+def train_one_step_more(srv: Any) -> None:
+    async def main() -> None:
+        async with SwarmClient(srv.url) as client:
+            for reward in (0.0, 1.0):
+                async with client.episode(task_id="sum2") as ep:
+                    await ep.openai().chat.completions.create(model="x", messages=QUESTION, max_tokens=8)
+                    ep.reward(reward)
+    asyncio.run(main())
+    wait_until(lambda: srv.server.engine.policy_version == 2, timeout=120)
+    wait_until(lambda: (srv.server.config.data_dir / "checkpoints" / "step-000002").is_dir(), timeout=60)

@@ -14,7 +14,7 @@ import typer
 
 from agentjet import layouts
 from agentjet.cli import app
-from agentjet.cli.server import cli_values
+from agentjet.cli.server import cli_values, refuse_moved_flags
 from agentjet.settings import EngineKind, ServerConfig, load_server_config
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "gpu.md"
@@ -69,6 +69,7 @@ def test_every_server_command_validates(args: list[str], tmp_path: Path, monkeyp
     (tmp_path / "admin.token").write_text("admin-s3cret\n")
     command = typer.main.get_command(app).commands["server"]  # type: ignore[attr-defined]
     params = command.make_context("server", list(args)).params
+    refuse_moved_flags(params)  # no flag renamed for its role (--train-devices is --learner-devices)
     config = load_server_config(cli_values(params), None, {})
     check_placement(config)
 
@@ -76,16 +77,17 @@ def test_every_server_command_validates(args: list[str], tmp_path: Path, monkeyp
 def check_placement(config: ServerConfig) -> None:
     if config.host != "127.0.0.1":
         assert config.swarm_token and config.admin_token, "a public bind needs both tokens"
-    train = {int(g) for g in (config.trainer.cuda_visible_devices or "").split(",") if g}
-    if config.trainer.procs:
-        assert len(train) == config.trainer.procs and train <= NODE_GPUS
+    group, gen = config.learner.group, config.generator
+    train = {int(g) for g in (group.cuda_visible_devices or "").split(",") if g}
+    if group.procs:
+        assert len(train) == group.procs and train <= NODE_GPUS
     layouts.check_placement(config, gpu_count=len(NODE_GPUS), environ={})  # what the server checks at start
-    if config.engine.kind is EngineKind.VLLM:
-        assert config.engine.vllm.platform == "gpu"
-        vllm = {int(g) for g in (config.engine.vllm.cuda_visible_devices or "").split(",") if g}
-        if "--tensor-parallel-size" in config.engine.vllm.extra_args:
-            tp = int(config.engine.vllm.extra_args[config.engine.vllm.extra_args.index("--tensor-parallel-size") + 1])
+    if gen.kind is EngineKind.VLLM:
+        assert gen.vllm.platform == "gpu"
+        vllm = {int(g) for g in (gen.vllm.cuda_visible_devices or "").split(",") if g}
+        if "--tensor-parallel-size" in gen.vllm.extra_args:
+            tp = int(gen.vllm.extra_args[gen.vllm.extra_args.index("--tensor-parallel-size") + 1])
             assert tp == len(vllm), "tensor parallel size = vLLM's GPUs"
-    elif config.trainer.procs:
-        device = config.engine.device
+    elif group.procs:
+        device = config.placement.device
         assert device.startswith("cuda:") and int(device.split(":")[1]) not in train, "rollouts on their own GPU"

@@ -20,7 +20,7 @@ from agentjet.engines.base import FinishReason, GenerationResult, SamplingParams
 from agentjet.generators.hf import HFGenerator, load_policy_model
 from agentjet.layouts.composed import ComposedEngine
 from agentjet.learners import InProcessLearner
-from agentjet.settings import EngineSettings, LossSettings
+from agentjet.settings import GeneratorSettings, LearnerSettings, LossSettings
 from agentjet.tasks import get_task, lookup
 from agentjet.weights.sync import InPlace
 
@@ -112,10 +112,9 @@ class FirstCallScripted(HFGenerator):
 
 def scripted_engine(model: Any) -> ComposedEngine:
     """The single-process layout with the scripted generator."""
-    settings = EngineSettings(max_batch_size=8)
-    policy = load_policy_model(model, settings)
-    generator = FirstCallScripted(policy, settings)
-    generator.scorer = InProcessLearner(policy, settings, LossSettings(), 1e-5, worker=generator.worker)
+    policy = load_policy_model(model)
+    generator = FirstCallScripted(policy, GeneratorSettings(max_batch_size=8))
+    generator.scorer = InProcessLearner(policy, LearnerSettings(), LossSettings(), worker=generator.worker)
     return ComposedEngine(generator, generator.scorer, InPlace())
 
 
@@ -199,9 +198,9 @@ def test_demo_records_tool_use_and_transcripts_at_each_eval(tiny_model_path: Pat
     assert saved["tool_use"] == result.tool_use and "correctly" in console.export_text()
     import yaml
 
-    assert yaml.safe_load((tmp_path / "demo" / "server.yaml").read_text())["engine"]["seed"] == 3  # --seed
+    assert yaml.safe_load((tmp_path / "demo" / "server.yaml").read_text())["generator"]["seed"] == 3  # --seed
     server = saved["settings"]["server"]  # the result records the server's settings, the loss config included
-    assert server["engine"]["seed"] == 3 and server["loss"]["clip_eps_low"] > 0
+    assert server["generator"]["seed"] == 3 and server["loss"]["clip_eps_low"] > 0
     assert set(str(server.get("admin_token", "*"))) == {"*"}  # masked
 
 

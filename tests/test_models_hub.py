@@ -115,8 +115,9 @@ def test_every_engine_part_gets_the_one_resolved_directory(offline: None, hub_ca
     seen: dict[str, object] = {}
     monkeypatch.setattr(layouts, "group_engine", lambda cfg: seen.setdefault("group", cfg.model))
     monkeypatch.setattr(layouts, "vllm_engine", lambda cfg, work_dir: seen.setdefault("vllm", cfg.model))
-    build_engine(config.model_copy(update={"trainer": config.trainer.model_copy(update={"procs": 2})}))
-    build_engine(config.model_copy(update={"engine": config.engine.model_copy(update={"kind": EngineKind.VLLM})}))
+    group = config.learner.model_copy(update={"group": config.learner.group.model_copy(update={"procs": 2})})
+    build_engine(config.model_copy(update={"learner": group}))
+    build_engine(config.model_copy(update={"generator": config.generator.model_copy(update={"kind": EngineKind.VLLM})}))
     assert seen == {"group": str(hub_cache["v1"]), "vllm": str(hub_cache["v1"])}
 
 

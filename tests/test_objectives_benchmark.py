@@ -164,10 +164,10 @@ def test_every_config_is_a_valid_loss_block(bench: ModuleType, tmp_path: Path) -
     for name, cfg in bench.CONFIGS.items():
         config = bench.build_server_config(name, 1, "tiny-random", tmp_path, 1234, "t", tmp_path / "python")
         assert config.loss.model_dump(mode="json") == cfg.loss, name
-        assert config.engine.kind == cfg.engine and config.engine.seed == 1
+        assert config.generator.kind == cfg.engine and config.generator.seed == 1
         assert config.training.batch_groups == 4 and config.training.group_size == 8  # the demo's
         if cfg.engine == "vllm":
-            assert config.engine.vllm.python == tmp_path / "python"
+            assert config.generator.vllm.python == tmp_path / "python"
 
 
 def test_a_vllm_config_without_vllm_fails_before_any_run(bench: ModuleType, tmp_path: Path) -> None:
@@ -193,8 +193,8 @@ def test_quick_run_records_the_loss_config_and_the_eval_curve(tiny_model_path: P
 
     assert run["config"] == "cispo" and run["seed"] == 3 and run["quick"] is True
     assert run["loss"] == bench.CONFIGS["cispo"].loss == run["server"]["loss"]  # as the server reported it
-    assert run["server"]["engine"]["seed"] == 3 and run["server"]["training"]["batch_groups"] == 1
-    assert run["server"]["engine"]["max_batch_size"] == 8  # one group in flight
+    assert run["server"]["generator"]["seed"] == 3 and run["server"]["training"]["batch_groups"] == 1
+    assert run["server"]["generator"]["max_batch_size"] == 8  # one group in flight
     assert run["provenance"]["device"] == "cpu" and run["provenance"]["commit"] and run["provenance"]["machine"]
     # evals at 0, every 10 s of training and at the 30 s budget, on the training clock
     assert [e["target_min"] for e in run["evals"]] == pytest.approx([0.0, 1 / 6, 1 / 3, 0.5])

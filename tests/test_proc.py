@@ -160,10 +160,10 @@ def test_a_server_process_dies_with_the_thread_that_started_it(tmp_path: Path, t
     """A server started by a demo, a benchmark or ``ajet up`` does not outlive its owner: one whose owner was
     killed kept its port and a CPU busy (an orphaned benchmark server was found running)."""
     from agentjet.runtime.launch import ServerProcess
-    from agentjet.settings import EngineSettings, ServerConfig
+    from agentjet.settings import GeneratorSettings, ServerConfig
 
     config = ServerConfig(model=str(tiny_model_path), port=free_port(), data_dir=tmp_path / "data",
-                          engine=EngineSettings(kind="null"))
+                          generator=GeneratorSettings(kind="null"))
     started: list[ServerProcess] = []
     ready: list[bool] = []
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from agentjet.settings import TrainingSettings
+from agentjet.settings import LearnerSettings, TrainingSettings
 from agentjet.tasks import DEFAULT_TASK, TASKS, Recommended, addition, calculator, get_task
 
 
@@ -95,5 +95,6 @@ def test_constants():
     names = set(TrainingSettings.model_fields)
     assert set(addition.RECOMMENDED.training()) <= names  # the training values are named as the settings are
     assert set(calculator.RECOMMENDED.training()) <= names
+    assert set(addition.RECOMMENDED.learner()) <= set(LearnerSettings.model_fields)
     with pytest.raises(ValidationError, match="groups_per_batch"):
         Recommended.model_validate({**addition.RECOMMENDED.model_dump(), "groups_per_batch": 4})

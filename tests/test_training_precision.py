@@ -11,7 +11,7 @@ import torch
 from agentjet.engines.base import SamplingParams, TrainSample
 from agentjet.layouts import embedded_engine
 from agentjet.layouts.composed import ComposedEngine
-from agentjet.settings import EngineSettings
+from agentjet.settings import GeneratorSettings, LearnerSettings, PlacementSettings
 
 
 def _batch(engine: ComposedEngine, chat_ids) -> list[TrainSample]:
@@ -24,8 +24,13 @@ def _batch(engine: ComposedEngine, chat_ids) -> list[TrainSample]:
     return out
 
 
+def bf16_engine(path: Path):  # noqa: ANN201
+    return embedded_engine(path, GeneratorSettings(max_batch_size=2), LearnerSettings(learning_rate=2e-5),
+                           placement=PlacementSettings(dtype="bfloat16"))
+
+
 def test_bf16_weights_train_through_fp32_masters(tiny_model_path: Path, chat_ids, tmp_path: Path) -> None:
-    engine = embedded_engine(tiny_model_path, EngineSettings(dtype="bfloat16", max_batch_size=2), learning_rate=2e-5)
+    engine = bf16_engine(tiny_model_path)
     try:
         trainer = engine.learner
         assert trainer.masters == []  # made at the first step: an engine that only generates holds none
@@ -42,7 +47,7 @@ def test_bf16_weights_train_through_fp32_masters(tiny_model_path: Path, chat_ids
             assert p.dtype == torch.bfloat16 and torch.equal(p.detach(), m.to(torch.bfloat16))
 
         engine.save(tmp_path / "ckpt")
-        other = embedded_engine(tiny_model_path, EngineSettings(dtype="bfloat16", max_batch_size=2), learning_rate=2e-5)
+        other = bf16_engine(tiny_model_path)
         try:
             other.load(tmp_path / "ckpt")
             for (_, a), (_, b) in zip(trainer.masters, other.learner.masters, strict=True):

@@ -21,16 +21,20 @@ def test_server_entries_are_validated_settings(tmp_path: Path) -> None:
                                       "group_size: 8, resume: true}, loss: {kl_coef: 0.1}, env: {X: 1}}\n"
                                       "log_dir: logs\n"))
     a = spec.servers["a"]
-    assert a.config.port == 1234 and a.config.training.learning_rate == 3e-5 and a.config.training.group_size == 8
+    assert a.config.port == 1234 and a.config.learner.learning_rate == 3e-5 and a.config.training.group_size == 8
     assert a.config.resume and a.config.loss.kl_coef == 0.1 and a.env == {"X": "1"}
     assert a.config.data_dir == Path("logs/a")
 
 
 @pytest.mark.parametrize(("entry", "message"), [
     ("{port: 1234, options: {group-siz: 8}}", "unknown setting 'group-siz'; did you mean group-size"),
-    ("{port: 1234, options: {lr: 5}}", "training.learning_rate (--learning-rate): Input should be less than 1"),
+    ("{port: 1234, options: {lr: 5}}", "learner.learning_rate (--learning-rate): Input should be less than 1"),
     ("{port: 1234, training: {batch_groupz: 2}}", "training.batch_groupz"),
-    ("{port: 1234, engine: {device: tpu}}", "engine.device (--device)"),
+    ("{port: 1234, placement: {device: tpu}}", "placement.device (--device)"),
+    ("{port: 1234, engine: {device: cuda}}", "engine.device moved to placement.device"),
+    ("{port: 1234, trainer: {procs: 2}}", "trainer.procs moved to learner.group.procs"),
+    ("{port: 1234, options: {training.learning_rate: 1.0e-5}}", "training.learning_rate moved to learner.learning_rate"),
+    ("{port: 1234, options: {train-nnodes: 2}}", "--train-nnodes moved to --learner-nnodes"),
     ("{options: {lr: 1.0e-5}}", "needs its own port"),
 ])
 def test_bad_server_entry_fails_before_anything_starts(tmp_path: Path, entry: str, message: str) -> None:

@@ -65,7 +65,7 @@ MAX_NEW_TOKENS = 10  # the addition task's sampling.max_tokens (checked against 
 @dataclass(frozen=True)
 class ObjectiveConfig:
     """One row of the ablation: the engine that rolls out and the ``loss`` settings, every one written out (not
-    left to a default that may change), plus ``engine.vllm`` settings for the vLLM path."""
+    left to a default that may change), plus ``generator.vllm`` settings for the vLLM path."""
 
     engine: str  # "hf" (the embedded engine) or "vllm"
     loss: dict[str, Any]
@@ -180,9 +180,9 @@ def build_server_config(name: str, seed: int, model: str, work: Path, port: int,
     config = server_config(s, port, recommended(quick), token)
     config.loss = LossSettings.model_validate(cfg.loss)
     if cfg.engine == "vllm":
-        config.engine.vllm.python = vllm_python
+        config.generator.vllm.python = vllm_python
         for key, value in cfg.vllm.items():
-            setattr(config.engine.vllm, key, value)
+            setattr(config.generator.vllm, key, value)
     return config
 
 
@@ -279,9 +279,9 @@ def run_one(name: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     shutil.rmtree(work, ignore_errors=True)
 
     ran_loss = status.config.get("loss", {})
-    ran_vllm = status.config.get("engine", {}).get("vllm", {})
+    ran_vllm = status.config.get("generator", {}).get("vllm", {})
     differs = {**{f"loss.{k}": (v, ran_loss.get(k)) for k, v in cfg.loss.items() if ran_loss.get(k) != v},
-               **{f"engine.vllm.{k}": (v, ran_vllm.get(k)) for k, v in cfg.vllm.items() if ran_vllm.get(k) != v}}
+               **{f"generator.vllm.{k}": (v, ran_vllm.get(k)) for k, v in cfg.vllm.items() if ran_vllm.get(k) != v}}
     if differs:
         raise RuntimeError(f"{name}: the server ran other settings than the config's (wanted, ran): {differs}")
     evals = [eval_row(e, nominal) for e in run.evals]

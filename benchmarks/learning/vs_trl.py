@@ -103,10 +103,10 @@ def evaluate_checkpoint(path: str, tasks: list[dict[str, Any]]) -> float:
     """Mean reward of the weights in ``path`` on ``tasks`` with the task's EVAL_SAMPLING (seed + index)."""
     from agentjet.engines.base import SamplingParams
     from agentjet.layouts import embedded_engine
-    from agentjet.settings import EngineSettings
+    from agentjet.settings import GeneratorSettings
     from agentjet.tasks import addition
 
-    engine = embedded_engine(path, EngineSettings(max_batch_size=len(tasks)))
+    engine = embedded_engine(path, GeneratorSettings(max_batch_size=len(tasks)))
     tok = engine.tokenizer
     ev = addition.EVAL_SAMPLING
 

@@ -17,13 +17,13 @@ import torch
 from transformers import DynamicCache
 
 from agentjet.layouts import embedded_engine
-from agentjet.settings import EngineSettings
+from agentjet.settings import GeneratorSettings
 
 ROWS = 8
 
 
 def main() -> None:
-    engine = embedded_engine("smollm2-135m-instruct", EngineSettings(max_batch_size=ROWS, batching="continuous"))
+    engine = embedded_engine("smollm2-135m-instruct", GeneratorSettings(max_batch_size=ROWS, batching="continuous"))
     ids = list(engine.tokenizer.apply_chat_template([{"role": "user", "content": "Write a long poem about the sea."}],
                                                     add_generation_prompt=True, tokenize=True, return_dict=False))
     runner, model = engine.generator.runner, engine.generator.causal_lm

@@ -96,16 +96,17 @@ class AgentJet(Variant):
     def __init__(self, name: str, path: Path, device: torch.device, dtype: str, slots: int,
                  cache_tokens: int) -> None:
         from agentjet.layouts import embedded_engine
-        from agentjet.settings import EngineSettings
+        from agentjet.settings import GeneratorSettings, PlacementSettings
 
         self.name = name
         self.warm_each = name == "continuous-compile"
         batching = "static" if name == "static" else "continuous"
         if name == "continuous-bf16":
             dtype = "bfloat16"
-        self.engine = embedded_engine(path, EngineSettings(device=str(device), dtype=dtype, batching=batching,
-                                                    max_batch_size=slots, kv_cache_tokens=cache_tokens,
-                                                    compile=name == "continuous-compile"))
+        self.engine = embedded_engine(path, GeneratorSettings(batching=batching, max_batch_size=slots,
+                                                              kv_cache_tokens=cache_tokens,
+                                                              compile=name == "continuous-compile"),
+                                      placement=PlacementSettings(device=str(device), dtype=dtype))
         self.engine.generator.rules.stop_ids = frozenset()  # no EOS: every request generates exactly its max_tokens
 
     async def run(self, reqs: list[Req], concurrency: int) -> tuple[int, float]:
@@ -413,11 +414,12 @@ def _engine_step(path: Path, device: torch.device, dtype: str, ids: torch.Tensor
     """Ours: the embedded layout's ``train_step_sync`` on the same tokens, every position but the first trained."""
     from agentjet.engines.base import TrainSample
     from agentjet.layouts import embedded_engine
-    from agentjet.settings import EngineSettings
+    from agentjet.settings import GeneratorSettings, LearnerSettings, PlacementSettings
 
-    engine = embedded_engine(path, EngineSettings(device=str(device), dtype=dtype, max_batch_size=1, kv_cache_tokens=16,
-                                           gradient_checkpointing=checkpointing,
-                                           micro_batch_tokens=max(4096, ids.numel())))
+    engine = embedded_engine(path, GeneratorSettings(max_batch_size=1, kv_cache_tokens=16),
+                             LearnerSettings(gradient_checkpointing=checkpointing,
+                                             micro_batch_tokens=max(4096, ids.numel())),
+                             placement=PlacementSettings(device=str(device), dtype=dtype))
     g = torch.Generator().manual_seed(seed + 1)
     samples = []
     for row in ids.tolist():

@@ -133,7 +133,7 @@ def render(result: dict) -> None:
 
 def main() -> None:
     from agentjet.layouts import embedded_engine, vllm_engine
-    from agentjet.settings import EngineSettings, ServerConfig, VLLMSettings
+    from agentjet.settings import GeneratorSettings, ServerConfig, VLLMSettings
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="smollm2-135m-instruct")
@@ -158,12 +158,12 @@ def main() -> None:
     for name, batching in (("hf", "continuous"), ("hf-static", "static")):
         if name == "hf-static" and args.no_static:
             continue
-        hf = embedded_engine(args.model, EngineSettings(max_batch_size=max(concurrencies), batching=batching))
+        hf = embedded_engine(args.model, GeneratorSettings(max_batch_size=max(concurrencies), batching=batching))
         hf.generator.rules.stop_ids = frozenset()  # no stop token: every request generates exactly gen_tokens
         engines[name] = hf
     settings = VLLMSettings(python=args.vllm_python, enforce_eager=not args.no_eager, kv_cache_gib=args.kv_cache_gib)
     work = ROOT / "runs" / "bench_vllm"
-    vllm = vllm_engine(ServerConfig(model=args.model, data_dir=work, engine=EngineSettings(kind="vllm", vllm=settings)),
+    vllm = vllm_engine(ServerConfig(model=args.model, data_dir=work, generator=GeneratorSettings(kind="vllm", vllm=settings)),
                        work)
     vllm.generator.stop_token_ids = set()
     start_s = vllm.generator.process.counters.last_start_seconds

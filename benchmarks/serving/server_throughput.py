@@ -97,19 +97,20 @@ def main() -> None:
     from agentjet.layouts import embedded_engine
     from agentjet.runtime.launch import ServerProcess, free_port
     from agentjet.server.episodes.chat import ChatFormatter
-    from agentjet.settings import EngineSettings, ServerConfig
+    from agentjet.settings import GeneratorSettings, PlacementSettings, ServerConfig
 
     root = Path(tempfile.gettempdir()) / "agentjet-bench-models"
     path = model_path(args.model, torch.bfloat16 if cuda else torch.float32, root)
-    engine_settings = {"device": args.device, "max_batch_size": max(args.concurrency)}
+    generator, placement = {"max_batch_size": max(args.concurrency)}, {"device": args.device}
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         config = ServerConfig.model_validate({
             "model": str(path), "served_model_name": "bench", "port": free_port(), "data_dir": tmp,
-            "log_level": "WARNING", "lease_seconds": 3600, "engine": engine_settings,
+            "log_level": "WARNING", "lease_seconds": 3600, "generator": generator,
+            "placement": placement,
             "training": {"group_size": 1024, "batch_groups": 1024, "min_group_size": 1024}})
         server = ServerProcess("bench", config, Path(tmp) / "server.log", Path(tmp) / "server.yaml").start()
-        engine = embedded_engine(path, EngineSettings(**engine_settings))
+        engine = embedded_engine(path, GeneratorSettings(**generator), placement=PlacementSettings(**placement))
         formatter = ChatFormatter(engine.tokenizer)
         try:
             server.wait_ready(600)

@@ -166,9 +166,9 @@ def added_latency(rounds: int, max_tokens: int) -> dict[str, float]:
     from agentjet.runtime.launch import free_port
     from agentjet.server import SwarmServer
     from agentjet.server.http.app import BackgroundServer
-    from agentjet.settings import EngineSettings, ServerConfig
+    from agentjet.settings import GeneratorSettings, ServerConfig
 
-    engine = embedded_engine("smollm2-135m-instruct", EngineSettings(max_batch_size=8))
+    engine = embedded_engine("smollm2-135m-instruct", GeneratorSettings(max_batch_size=8))
     engine.generator.rules.stop_ids = frozenset()  # fixed-length generations, so both paths produce the same tokens
     with tempfile.TemporaryDirectory() as tmp:
         cfg = ServerConfig(model="smollm2-135m-instruct", port=free_port(), data_dir=Path(tmp))

@@ -15,9 +15,9 @@ that ``VLLMGenerator`` manages, five ways:
 - ``logprobs``: the same with logprobs and token ids returned;
 - ``full_body``: the adapter's own body (``VLLMGenerator.request_body``) posted directly;
 - ``adapter``: through ``VLLMGenerator.generate`` as it runs by default (full weights, ``pause_mode="keep"``,
-  ``engine.vllm.token_versions`` on): streamed from vLLM so that each token carries the policy version it was
+  ``generator.vllm.token_versions`` on): streamed from vLLM so that each token carries the policy version it was
   sampled under;
-- ``adapter_unstreamed``: the same with ``engine.vllm.token_versions`` off (one JSON reply, as with
+- ``adapter_unstreamed``: the same with ``generator.vllm.token_versions`` off (one JSON reply, as with
   ``pause_mode="wait"`` or LoRA).
 
 tok/s is generated tokens / wall time. Within a round the five take turns (the order reverses every other round,
@@ -130,7 +130,7 @@ def render(result: dict[str, Any]) -> None:
 
 def main() -> None:
     from agentjet.layouts import vllm_engine
-    from agentjet.settings import EngineSettings, ServerConfig, VLLMSettings
+    from agentjet.settings import GeneratorSettings, ServerConfig, VLLMSettings
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="smollm2-135m-instruct")
@@ -150,7 +150,7 @@ def main() -> None:
     settings = VLLMSettings(python=args.vllm_python, kv_cache_gib=args.kv_cache_gib)
     work = ROOT / "runs" / "vllm_request_cost"
     engine = vllm_engine(ServerConfig(model=args.model, data_dir=work,
-                                      engine=EngineSettings(kind="vllm", vllm=settings)), work)
+                                      generator=GeneratorSettings(kind="vllm", vllm=settings)), work)
     generator = engine.generator
     generator.stop_token_ids = set()  # no stop token: every request generates exactly `tokens`
     try:

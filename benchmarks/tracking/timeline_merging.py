@@ -403,7 +403,9 @@ def main() -> None:
     tok.chat_template = chatml_tools_template()
     # a learning rate too small to move the weights: every step sees the same model, so the losses of the
     # merged and unmerged batches can be compared directly
-    engine = embedded_engine("smollm2-135m-instruct", learning_rate=1e-12)
+    from agentjet.settings import LearnerSettings
+
+    engine = embedded_engine("smollm2-135m-instruct", learner=LearnerSettings(learning_rate=1e-12))
     engine.train_step_sync(to_train(track_episode(EpisodeMaker(tok, 999).linear(1), tok)[0]))  # warm-up
     # the per-step fixed cost (optimizer step, gradient allocation, ...): steps on a 4-token sample
     tiny = [TrainSample([1, 2, 3, 4], [0, 0, 1, 1], [-1.0] * 4, [0.0, 0.0, 1.0, 1.0])]

@@ -96,15 +96,16 @@ def profile(args: argparse.Namespace) -> dict[str, Any]:
     from agentjet.runtime.launch import free_port
     from agentjet.server import SwarmServer
     from agentjet.server.http.app import BackgroundServer
-    from agentjet.settings import EngineSettings, ServerConfig, TrainingSettings
+    from agentjet.settings import GeneratorSettings, LearnerSettings, ServerConfig, TrainingSettings
     from agentjet.tasks import get_task
 
     rec = get_task(args.task).RECOMMENDED
-    engine = embedded_engine(args.model, EngineSettings(max_batch_size=args.max_batch), learning_rate=rec.learning_rate)
+    learner = LearnerSettings(**rec.learner())
+    engine = embedded_engine(args.model, GeneratorSettings(max_batch_size=args.max_batch), learner)
     timer = EngineTimer(engine)
     with tempfile.TemporaryDirectory() as tmp:
         cfg = ServerConfig(model=args.model, port=free_port(), data_dir=Path(tmp),
-                           engine=EngineSettings(max_batch_size=args.max_batch),
+                           generator=GeneratorSettings(max_batch_size=args.max_batch), learner=learner,
                            training=TrainingSettings(**rec.training(), checkpoint_every=0,
                                                      max_staleness=args.max_staleness))
         bg = BackgroundServer(SwarmServer(cfg, engine)).start()

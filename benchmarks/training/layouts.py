@@ -103,12 +103,12 @@ def build(layout: str, args: argparse.Namespace, work: Path) -> Any:
     from agentjet.settings import ServerConfig
 
     generator, learner = layout.split("+")
-    values: dict[str, Any] = {"model": args.model, "data_dir": str(work), "training": {"learning_rate": 2e-5},
-                              "engine": {"kind": "vllm" if generator == "vllm" else "hf", "max_batch_size": 8}}
+    values: dict[str, Any] = {"model": args.model, "data_dir": str(work), "learner": {"learning_rate": 2e-5},
+                              "generator": {"kind": "vllm" if generator == "vllm" else "hf", "max_batch_size": 8}}
     if generator == "vllm":
-        values["engine"]["vllm"] = {"python": str(args.vllm_python), "kv_cache_gib": 1.0}
+        values["generator"]["vllm"] = {"python": str(args.vllm_python), "kv_cache_gib": 1.0}
     if learner == "trainer-group":
-        values["trainer"] = {"procs": args.procs, "threads_per_rank": max(1, args.threads // args.procs),
+        values["learner"]["group"] = {"procs": args.procs, "threads_per_rank": max(1, args.threads // args.procs),
                              "work_dir": str(work / "group")}
     return build_engine(ServerConfig.model_validate(values))
 

@@ -47,12 +47,12 @@ import agentjet  # noqa: F401  (before torch: the process-wide OpenMP defaults, 
 # isort: split
 import torch
 
-from agentjet.distributed import TrainerGroup, TrainerGroupSettings
+from agentjet.distributed import LearnerGroupSettings, TrainerGroup
 from agentjet.engines.base import TrainSample
 from agentjet.layouts import embedded_engine
 from agentjet.learners.policy_step import StepConfig
 from agentjet.models import resolve_model
-from agentjet.settings import EngineSettings, LossSettings
+from agentjet.settings import LearnerSettings, LossSettings, PlacementSettings
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 
@@ -111,11 +111,11 @@ def main() -> None:
     output = args.output or RESULTS / ("train_scaling.json" if args.device == "cpu" else "train_scaling_cuda.json")
     torch.set_num_threads(args.threads)
     bf16 = args.device == "cuda"  # plain: bf16 autocast; the group: FSDP2's bf16 MixedPrecisionPolicy
-    engine_settings = EngineSettings(device=args.device, dtype="float32", autocast_bf16=bf16)
-    config = StepConfig.from_settings(engine_settings, LossSettings(), 1e-6)
+    learner = LearnerSettings(autocast_bf16=bf16, learning_rate=1e-6)
+    config = StepConfig.from_settings(learner, LossSettings())
     path = resolve_model(args.model)
 
-    plain = embedded_engine(path, engine_settings, LossSettings(), 1e-6)
+    plain = embedded_engine(path, None, learner, LossSettings(), PlacementSettings(device=args.device, dtype="float32"))
     vocab = len(plain.tokenizer)
     batch = make_batch(vocab, args.batch, args.length)
     tokens = sum(s.num_trained_tokens for s in batch)
@@ -123,7 +123,7 @@ def main() -> None:
     startup: dict[int, float] = {}
     try:
         for n in procs:
-            settings = TrainerGroupSettings(procs=n, device=args.device, startup_timeout_s=600, step_timeout_s=1800,
+            settings = LearnerGroupSettings(procs=n, device=args.device, startup_timeout_s=600, step_timeout_s=1800,
                                             push_timeout_s=1800, collective_timeout_s=1800,
                                             threads_per_rank=max(1, args.threads // n) if args.device == "cpu"
                                             else None)

@@ -171,8 +171,11 @@ class ServerStatus(_Reply):
 
 
 class ConfigChange(_Request):
-    """A live settings change: any subset of the live sections (``agentjet.settings.LIVE_SECTIONS``)."""
+    """A live settings change: live settings (each marked so in ``agentjet.settings.models``) by section. A
+    setting that is not live, or an old name (``training.learning_rate``, now ``learner.learning_rate``), is
+    refused with a 400 that names it."""
 
+    learner: dict[str, Any] = Field(default_factory=dict)
     training: dict[str, Any] = Field(default_factory=dict)
     sampling: dict[str, Any] = Field(default_factory=dict)
     loss: dict[str, Any] = Field(default_factory=dict)

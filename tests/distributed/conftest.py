@@ -12,7 +12,7 @@ import torch
 
 from agentjet.engines.base import TrainSample
 from agentjet.learners.policy_step import StepConfig
-from agentjet.settings import EngineSettings, LossSettings
+from agentjet.settings import LearnerSettings, LossSettings
 
 LR = 1e-3
 # Each step moves the weights by about LR (AdamW); a step applied twice or lost shows up far above this.
@@ -22,19 +22,19 @@ LOSS_RTOL = 1e-4
 
 # small micro-batches: each rank runs several passes, and ranks get different numbers of them; the KL term on, so
 # the frozen reference takes part too (both sides take it from the initial weights)
-ENGINE = EngineSettings(micro_batch_tokens=48)
+LEARNER = LearnerSettings(micro_batch_tokens=48, learning_rate=LR)
 LOSS = LossSettings(kl_coef=0.05)
 
 
 def train_config() -> StepConfig:
-    return StepConfig.from_settings(ENGINE, LOSS, LR)
+    return StepConfig.from_settings(LEARNER, LOSS)
 
 
 def plain_engine(model: Path | str, loss: LossSettings = LOSS):  # noqa: ANN201
     """The single-process engine with the same settings."""
     from agentjet.layouts import embedded_engine
 
-    return embedded_engine(model, ENGINE, loss, LR)
+    return embedded_engine(model, None, LEARNER, loss)
 
 
 def make_batch(engine, seed: int, n: int = 6) -> list[TrainSample]:

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from agentjet.distributed import TrainerGroup, TrainerGroupSettings
+from agentjet.distributed import LearnerGroupSettings, TrainerGroup
 from agentjet.learners.policy_step import StepConfig
-from agentjet.settings import EngineSettings, LossSettings
+from agentjet.settings import LearnerSettings, LossSettings, PlacementSettings
 
 pytestmark = [pytest.mark.cuda, pytest.mark.timeout(300),
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -18,11 +18,12 @@ pytestmark = [pytest.mark.cuda, pytest.mark.timeout(300),
 def test_group_on_cuda_tracks_the_single_process_trainer(tiny_model_path: Path, batches, tmp_path: Path) -> None:
     from agentjet.layouts import embedded_engine
 
-    engine = EngineSettings(device="cuda", dtype="float32", autocast_bf16=True)  # plain: autocast; group: bf16 params
-    config = StepConfig.from_settings(engine, LossSettings(), 1e-3)
-    plain = embedded_engine(tiny_model_path, engine, LossSettings(), 1e-3)
+    learner = LearnerSettings(autocast_bf16=True, learning_rate=1e-3)  # plain: autocast; group: bf16 params
+    config = StepConfig.from_settings(learner, LossSettings())
+    plain = embedded_engine(tiny_model_path, None, learner, LossSettings(),
+                            PlacementSettings(device="cuda", dtype="float32"))
     procs = min(2, torch.cuda.device_count())
-    settings = TrainerGroupSettings(procs=procs, device="cuda", work_dir=tmp_path, startup_timeout_s=180,
+    settings = LearnerGroupSettings(procs=procs, device="cuda", work_dir=tmp_path, startup_timeout_s=180,
                                     step_timeout_s=60)
     with TrainerGroup(tiny_model_path, settings, config) as group:
         assert group.backend == "nccl"

@@ -10,12 +10,12 @@ import torch
 from pydantic import ValidationError
 from tests.distributed.conftest import train_config
 
-from agentjet.distributed import TrainerGroup, TrainerGroupSettings
+from agentjet.distributed import LearnerGroupSettings, TrainerGroup
 from agentjet.distributed.launch import torchrun_command
 from agentjet.distributed.plan import padding_sample, plan_step, split_by_tokens
 from agentjet.engines.base import TrainSample
 from agentjet.learners.policy_step import StepConfig, collate, micro_batch_loss, total_loss_weight
-from agentjet.settings import EngineSettings, LossSettings
+from agentjet.settings import LearnerSettings, LossSettings
 from agentjet.weights.io import copy_weights_into
 from agentjet.weights.io import write_safetensors as write_weights
 
@@ -66,35 +66,35 @@ def test_padding_pass_has_exactly_zero_loss_and_gradient() -> None:
     pad = padding_sample(0)
     batch = collate([pad], pad_id=0)
     lp = torch.tensor([-3.0], requires_grad=True)
-    res = micro_batch_loss(lp, [pad], StepConfig.from_settings(EngineSettings(), LossSettings(kl_coef=0.1), 1e-3),
-                           ref_logprobs=torch.tensor([-2.0]))
+    config = StepConfig.from_settings(LearnerSettings(learning_rate=1e-3), LossSettings(kl_coef=0.1))
+    res = micro_batch_loss(lp, [pad], config, ref_logprobs=torch.tensor([-2.0]))
     res.loss_sum.backward()
     assert float(res.loss_sum.detach()) == 0.0 and float(lp.grad.abs().sum()) == 0.0
     assert batch.predicted_mask.sum() == 1
 
 
 def test_settings_validate_several_nodes() -> None:
-    assert TrainerGroupSettings(procs=4).world_size == 4
+    assert LearnerGroupSettings(procs=4).world_size == 4
     with pytest.raises(ValidationError, match="rdzv_endpoint, control_port, auth_token"):
-        TrainerGroupSettings(nnodes=2)
+        LearnerGroupSettings(nnodes=2)
     with pytest.raises(ValidationError, match="node_rank"):
-        TrainerGroupSettings(nnodes=2, node_rank=2)
+        LearnerGroupSettings(nnodes=2, node_rank=2)
     with pytest.raises(ValidationError, match="host:port"):
-        TrainerGroupSettings(rdzv_endpoint="node0")
-    s = TrainerGroupSettings(procs=8, nnodes=2, rdzv_endpoint="node0:29400", control_port=29500, auth_token="x")
+        LearnerGroupSettings(rdzv_endpoint="node0")
+    s = LearnerGroupSettings(procs=8, nnodes=2, rdzv_endpoint="node0:29400", control_port=29500, auth_token="x")
     assert s.world_size == 16
     with pytest.raises(ValidationError, match="export_dir"):
-        TrainerGroupSettings(procs=8, nnodes=2, node_rank=1, rdzv_endpoint="n0:1", control_port=2, auth_token="x")
+        LearnerGroupSettings(procs=8, nnodes=2, node_rank=1, rdzv_endpoint="n0:1", control_port=2, auth_token="x")
     with pytest.raises(ValidationError, match="fewer GPUs"):
-        TrainerGroupSettings(procs=4, cuda_visible_devices="2,3")
-    assert TrainerGroupSettings(procs=2, cuda_visible_devices="2,3").cuda_visible_devices == "2,3"
+        LearnerGroupSettings(procs=4, cuda_visible_devices="2,3")
+    assert LearnerGroupSettings(procs=2, cuda_visible_devices="2,3").cuda_visible_devices == "2,3"
     with pytest.raises(ValidationError):
-        TrainerGroupSettings(cuda_visible_devices="gpu0")
-    assert TrainerGroupSettings().procs == 0  # off: the server trains in its own process
+        LearnerGroupSettings(cuda_visible_devices="gpu0")
+    assert LearnerGroupSettings().procs == 0  # off: the server trains in its own process
     with pytest.raises(ValueError, match="at least one rank"):
-        TrainerGroup("tiny-random", TrainerGroupSettings(), train_config())
+        TrainerGroup("tiny-random", LearnerGroupSettings(), train_config())
     with pytest.raises(ValidationError):
-        TrainerGroupSettings(step_timeout_s=0)
+        LearnerGroupSettings(step_timeout_s=0)
 
 
 def test_torchrun_commands() -> None:

@@ -15,7 +15,7 @@ import torch
 from tests.conftest import wait_until
 
 from agentjet import SwarmClient
-from agentjet.distributed import TrainerGroupSettings
+from agentjet.distributed import LearnerGroupSettings
 from agentjet.layouts import group_engine as build_group_engine
 from agentjet.layouts.composed import ComposedEngine
 from agentjet.settings import ServerConfig
@@ -41,10 +41,10 @@ def run_group(srv, task_id: str) -> list[str]:
 
 
 def group_engine(model: Path, work: Path) -> ComposedEngine:
-    settings = TrainerGroupSettings(procs=1, work_dir=work, export_dir=work / "export", startup_timeout_s=120,
+    settings = LearnerGroupSettings(procs=1, work_dir=work, export_dir=work / "export", startup_timeout_s=120,
                                     step_timeout_s=60, push_timeout_s=60, collective_timeout_s=30)
-    config = ServerConfig.model_validate({"model": str(model), "data_dir": str(work), "trainer": settings,
-                                          "training": {"learning_rate": 1e-3}})
+    config = ServerConfig.model_validate({"model": str(model), "data_dir": str(work),
+                                          "learner": {"learning_rate": 1e-3, "group": settings}})
     return build_group_engine(config)
 
 

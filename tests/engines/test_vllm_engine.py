@@ -182,7 +182,7 @@ def test_requests_cannot_span_a_swap_when_paused_by_draining_or_on_lora(make_vll
 
 
 def test_token_versions_off_sends_keep_mode_requests_unstreamed(make_vllm_engine):
-    """engine.vllm.token_versions false: a keep-mode request may still span a swap, but it is not streamed from
+    """generator.vllm.token_versions false: a keep-mode request may still span a swap, but it is not streamed from
     vLLM (the throughput it costs), so its tokens carry no versions of their own: all count as its start version."""
     engine = make_vllm_engine(token_versions=False)
     assert engine.generator.spans_swaps and not engine.generator.records_token_versions

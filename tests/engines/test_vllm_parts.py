@@ -15,8 +15,10 @@ from agentjet.engines.base import TrainSample
 from agentjet.generators.vllm import VLLMSettings
 from agentjet.generators.vllm.probe import compare, probe_prompt_ids
 from agentjet.learners.policy_step import StepConfig, micro_batch_loss
-from agentjet.settings import EngineSettings, LossSettings
+from agentjet.settings import LearnerSettings, LossSettings
 from agentjet.weights.io import export_full, prune_versions, version_dir
+
+LR = LearnerSettings(learning_rate=1e-3)
 
 
 def test_export_full_is_untied_and_reloads_to_the_same_model(tiny_engine, tmp_path):
@@ -63,13 +65,13 @@ def test_auto_correction_is_tis_on_vllm_in_the_one_policy_step():
     pass: the step's own forward gives the proximal."""
     sample = TrainSample(input_ids=[1, 2, 3, 4], loss_mask=[0, 0, 1, 1], behaviour_logprobs=[0.0, 0.0, -1.0, -2.0],
                          advantages=[0.0, 0.0, 0.5, 0.5], temperature=0.7, weight=0.5)
-    vllm = StepConfig.from_settings(EngineSettings(kind="vllm"), LossSettings(), 1e-3)
+    vllm = StepConfig.from_settings(LR, LossSettings(), separate_sampler=True)
     assert vllm.loss.correction is Correction.TIS and vllm.loss.correction_high == 2.0
-    masked = StepConfig.from_settings(EngineSettings(kind="vllm"), LossSettings(correction="mask_token"), 1e-3)
+    masked = StepConfig.from_settings(LR, LossSettings(correction="mask_token"), True)
     assert masked.loss.correction is Correction.MASK_TOKEN  # the loss's own choice wins
-    off = StepConfig.from_settings(EngineSettings(kind="vllm"), LossSettings(correction="none"), 1e-3)
+    off = StepConfig.from_settings(LR, LossSettings(correction="none"), True)
     assert off.loss.correction is Correction.NONE  # none is none on vLLM too
-    assert StepConfig.from_settings(EngineSettings(), LossSettings(), 1e-3).loss.correction is Correction.NONE
+    assert StepConfig.from_settings(LR, LossSettings()).loss.correction is Correction.NONE
     # a live change keeps the path: auto is still tis on the vLLM generator
     assert off.with_loss(LossSettings(correction_high=3.0)).loss.correction_high == 3.0
     assert off.with_loss(LossSettings()).loss.correction is Correction.TIS
@@ -81,7 +83,7 @@ def test_auto_correction_is_tis_on_vllm_in_the_one_policy_step():
     assert res.is_weight_sum == pytest.approx(sum(w)) and res.masked == 0.0
     assert res.abs_logprob_diff_sum == pytest.approx(0.5 + 1.5)  # |trainer - behaviour|, not against the proximal
     res2 = micro_batch_loss(torch.tensor([-1.5, -0.5], requires_grad=True), [sample],
-                            StepConfig.from_settings(EngineSettings(), LossSettings(), 1e-3))
+                            StepConfig.from_settings(LR, LossSettings()))
     assert res2.is_weight_sum == 2.0 and res2.mismatch_kl_sum > 0 and res2.clipped > 0  # PPO against behaviour
 
 

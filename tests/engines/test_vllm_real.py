@@ -49,13 +49,19 @@ def scored(engine, prompt: list[int], ids: list[int], temperature: float) -> lis
 
 
 def real_config(work_dir: Path, lr: float = 1e-4, lora=None, train_procs: int = 0, **vllm):
-    from agentjet.settings import EngineSettings, LoraSettings, ServerConfig, TrainerGroupSettings
+    from agentjet.settings import (
+        GeneratorSettings,
+        LearnerGroupSettings,
+        LearnerSettings,
+        LoraSettings,
+        ServerConfig,
+    )
 
-    trainer = TrainerGroupSettings(procs=train_procs, threads_per_rank=1, startup_timeout_s=300, step_timeout_s=300,
-                                   push_timeout_s=120, collective_timeout_s=120, work_dir=work_dir / "group")
+    group = LearnerGroupSettings(procs=train_procs, threads_per_rank=1, startup_timeout_s=300, step_timeout_s=300,
+                                 push_timeout_s=120, collective_timeout_s=120, work_dir=work_dir / "group")
     return ServerConfig(model="smollm2-135m-instruct", data_dir=work_dir,
-                        engine=EngineSettings(kind="vllm", vllm=settings(**vllm), lora=lora or LoraSettings()),
-                        trainer=trainer, training={"learning_rate": lr})
+                        generator=GeneratorSettings(kind="vllm", vllm=settings(**vllm)),
+                        learner=LearnerSettings(learning_rate=lr, lora=lora or LoraSettings(), group=group))
 
 
 def real_engine(work_dir: Path, **kw):

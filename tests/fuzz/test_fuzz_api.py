@@ -207,16 +207,20 @@ VALID_TRAINING = st.fixed_dictionaries({}, optional={
     "group_size": st.integers(2, 8), "batch_groups": st.integers(1, 4), "min_group_size": st.integers(1, 2),
     "group_timeout_s": st.floats(0.5, 1000), "drop_uniform_groups": st.booleans(),
     "estimator": st.sampled_from(["grpo", "rloo", "reinforce"]), "max_staleness": st.integers(0, 10),
-    "learning_rate": st.floats(1e-6, 0.1), "keep_checkpoints": st.integers(1, 3)})
+    "keep_checkpoints": st.integers(1, 3)})
+VALID_LEARNER = st.fixed_dictionaries({}, optional={"learning_rate": st.floats(1e-6, 0.1)})
 VALID_SAMPLING = st.fixed_dictionaries({}, optional={
     "temperature": st.floats(0, 5), "top_p": st.floats(0.01, 1), "max_tokens": st.integers(1, 512)})
-VALID_CONFIG = st.fixed_dictionaries({}, optional={"training": VALID_TRAINING, "sampling": VALID_SAMPLING})
+VALID_CONFIG = st.fixed_dictionaries({}, optional={"training": VALID_TRAINING, "sampling": VALID_SAMPLING,
+                                                   "learner": VALID_LEARNER})
 TRAINING_KEYS = ["group_size", "batch_groups", "min_group_size", "group_timeout_s", "drop_uniform_groups", "estimator",
                  "max_staleness", "learning_rate", "checkpoint_every", "keep_checkpoints"]
 SETTING_VALUE = st.one_of(st.integers(-2, 2000), st.floats(allow_nan=True, allow_infinity=True), st.booleans(),
                           st.sampled_from(["grpo", "rloo", "reinforce", "ppo"]), JSON)
 CONFIG_BODY = blend(VALID_CONFIG, maybe(st.fixed_dictionaries({}, optional={
     "training": maybe(st.dictionaries(st.one_of(st.sampled_from(TRAINING_KEYS), TEXT), SETTING_VALUE, max_size=3)),
+    "learner": maybe(st.dictionaries(st.one_of(st.sampled_from(["learning_rate", "weight_decay", "lora"]), TEXT),
+                                     SETTING_VALUE, max_size=2)),
     "sampling": maybe(st.dictionaries(st.one_of(st.sampled_from(["temperature", "top_p", "max_tokens"]), TEXT),
                                       SETTING_VALUE, max_size=2)),
     "extra": JSON}), 10))
@@ -737,7 +741,9 @@ def test_nasty_control_without_the_admin_token(api: Api, fresh: dict[str, Any], 
     ({"training": {"group_size": 0}}, "group_size"),
     ({"training": {"group_size": 4, "min_group_size": 99}}, "min_group_size"),
     ({"training": {"no_such_setting": 1}}, "no_such_setting"),
-    ({"training": {"learning_rate": "fast"}}, "learning_rate"),
+    ({"training": {"learning_rate": 1e-4}}, "training.learning_rate moved to learner.learning_rate"),
+    ({"learner": {"learning_rate": "fast"}}, "learning_rate"),
+    ({"learner": {"weight_decay": 0.1}}, "learner.weight_decay cannot change while the server runs"),
     ({"training": {"estimator": "ppo"}}, "estimator"),
     ({"sampling": {"temperature": float("nan")}}, "temperature"),
     ({"sampling": {"top_p": float("inf")}}, "top_p"),
@@ -840,9 +846,10 @@ HOSTILE_PARAMS = st.dictionaries(
 def engine_api(fuzz_server_factory: Any, tiny_model_path: Any) -> Api:
     """A server with the real, batching tiny engine: hostile and normal calls share its batches."""
     from agentjet.layouts import embedded_engine
-    from agentjet.settings import EngineSettings
+    from agentjet.settings import GeneratorSettings
 
-    return fuzz_server_factory(engine=embedded_engine(tiny_model_path, EngineSettings(max_batch_size=8, batch_wait_ms=20)))
+    return fuzz_server_factory(engine=embedded_engine(tiny_model_path,
+                                                      GeneratorSettings(max_batch_size=8, batch_wait_ms=20)))
 
 
 @settings(FUZZ, max_examples=max(10, examples() // 2))  # three calls through the real engine per example

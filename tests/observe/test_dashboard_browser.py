@@ -21,13 +21,15 @@ def trained_server(tmp_path_factory, tiny_model_path):
     from agentjet.runtime.launch import free_port
     from agentjet.server import SwarmServer
     from agentjet.server.http.app import BackgroundServer
-    from agentjet.settings import EngineSettings, ServerConfig, TrainingSettings
+    from agentjet.settings import GeneratorSettings, LearnerSettings, ServerConfig, TrainingSettings
 
     cfg = ServerConfig(model=str(tiny_model_path), served_model_name="tiny", port=free_port(),
                        data_dir=tmp_path_factory.mktemp("dash"), admin_token=ADMIN,
                        observe=ObserveSettings(read_token=READ),
-                       training=TrainingSettings(group_size=2, batch_groups=1, learning_rate=1e-3, checkpoint_every=0))
-    srv = BackgroundServer(SwarmServer(cfg, embedded_engine(tiny_model_path, EngineSettings(max_batch_size=8)))).start()
+                       learner=LearnerSettings(learning_rate=1e-3),
+                       training=TrainingSettings(group_size=2, batch_groups=1, checkpoint_every=0))
+    engine = embedded_engine(tiny_model_path, GeneratorSettings(max_batch_size=8))
+    srv = BackgroundServer(SwarmServer(cfg, engine)).start()
     merged = play_group(srv.url, "multi", [1.0, 0.0], turns=3)
     play_group(srv.url, "t2", [0.0, 1.0], task_type="code")
     play_group(srv.url, "t3", [1.0, 0.5])

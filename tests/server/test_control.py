@@ -46,13 +46,16 @@ def test_live_settings_take_effect_from_the_next_batch(make_server) -> None:
         async with SwarmClient(srv.url) as client:
             await group(client, "a")
             await asyncio.to_thread(wait_until, lambda: srv.server.counters.training.train_steps == 1)
+            rates: list[float] = []
+            srv.server.engine.set_learning_rate = rates.append  # the learner is told the new rate
             r = httpx.post(f"{srv.url}/swarm/v1/control/config", headers=ADMIN, json={
-                "training": {"group_size": 3, "learning_rate": 0.02}, "sampling": {"temperature": 0.5}})
+                "training": {"group_size": 3}, "learner": {"learning_rate": 0.02}, "sampling": {"temperature": 0.5}})
             assert r.status_code == 200, r.text
             rec = r.json()
             assert rec["policy_version"] == 1 and rec["train_step"] == 1
-            assert rec["changes"] == {"training.group_size": 3, "training.learning_rate": 0.02,
+            assert rec["changes"] == {"training.group_size": 3, "learner.learning_rate": 0.02,
                                       "sampling.temperature": 0.5}
+            assert srv.server.config.learner.learning_rate == 0.02 and rates == [0.02]
             await group(client, "b", (1.0, 0.0))  # only 2 of the 3 now needed: no step
             await asyncio.to_thread(settle, srv)
             assert srv.server.counters.training.train_steps == 1
@@ -72,11 +75,18 @@ def test_invalid_settings_change_nothing(make_server) -> None:
                            ({"training": {"group_size": 8, "learning_rate": -1}}, "learning_rate"),
                            ({"training": {"warp_speed": 9}}, "warp_speed"),
                            ({"training": {"min_group_size": 9}}, "min_group_size"),
-                           ({"nonsense": {}}, "nonsense")):
+                           ({"nonsense": {}}, "nonsense"),
+                           # the learning rate left training: the old key is refused naming the new one
+                           ({"training": {"learning_rate": 0.02}},
+                            "training.learning_rate moved to learner.learning_rate"),
+                           # live-ness is a setting's, not its section's: the learner's others need a restart
+                           ({"learner": {"learning_rate": 0.02, "weight_decay": 0.1}},
+                            "learner.weight_decay cannot change while the server runs")):
         r = httpx.post(f"{srv.url}/swarm/v1/control/config", json=body, headers=ADMIN)
         assert r.status_code == 400, r.text
         assert fragment in r.json()["error"]["message"]
     assert srv.server.config.training.model_dump() == before  # all or nothing
+    assert srv.server.config.learner.learning_rate == 1e-3
 
 
 def test_pause_resume_and_checkpoint(make_server) -> None:
@@ -107,6 +117,13 @@ def test_ajet_ctl_cli(make_server) -> None:
     out = ctl("set", "learning_rate=3e-5", "max_staleness=2", "temperature=0.8")
     assert out.returncode == 0, out.stdout + out.stderr
     assert srv.server.config.training.max_staleness == 2 and srv.server.config.sampling.temperature == 0.8
+    assert srv.server.config.learner.learning_rate == 3e-5
+    out = ctl("set", "lr=4e-5", "learner.learning_rate=4e-5")  # the alias and the new dotted key
+    assert out.returncode == 0 and srv.server.config.learner.learning_rate == 4e-5, out.stdout + out.stderr
+    old = ctl("set", "training.learning_rate=5e-5")  # today's dotted key: refused with the new one
+    assert old.returncode == 2 and "moved to learner.learning_rate" in " ".join((old.stdout + old.stderr).split())
+    fixed = ctl("set", "weight_decay=0.1")  # in a section with a live setting, but not live itself
+    assert fixed.returncode == 2 and "learner.weight_decay cannot change" in " ".join((fixed.stdout + fixed.stderr).split())
     bad = ctl("set", "group_size=-3")
     assert bad.returncode == 2 and "training.group_size (--group-size)" in bad.stdout + bad.stderr
     out = ctl("stop")
@@ -123,6 +140,8 @@ def test_loss_objective_settings_are_live(make_server) -> None:
         async with SwarmClient(srv.url) as client:
             await group(client, "a")
             await asyncio.to_thread(wait_until, lambda: srv.server.counters.training.train_steps == 1)
+            rates: list[float] = []
+            srv.server.engine.set_learning_rate = rates.append  # the learner is told the new rate
             r = httpx.post(f"{srv.url}/swarm/v1/control/config", headers=ADMIN, json={"loss": {
                 "objective": "cispo", "aggregation": "seq_mean", "ratio_level": "sequence", "scale_by_std": False,
                 "correction": "mask_sequence", "correction_low": 0.8, "kl_estimator": "k2"}})

@@ -56,10 +56,10 @@ def test_a_batch_that_fails_is_rerun_request_by_request(tiny_model_path, chat_id
                                                         where: str) -> None:
     """A failure inside the batch itself (not caught while preparing) still fails only its culprit: a static
     batch, a prefill of several joiners, or a decode step of several rows."""
-    from agentjet.settings import EngineSettings
+    from agentjet.settings import GeneratorSettings
 
-    engine = embedded_engine(tiny_model_path, EngineSettings(max_batch_size=8, batch_wait_ms=50,
-                                                      batching="static" if where == "static" else "continuous"))
+    engine = embedded_engine(tiny_model_path, GeneratorSettings(max_batch_size=8, batch_wait_ms=50,
+                                                         batching="static" if where == "static" else "continuous"))
     try:
         ids = chat_ids("hello", engine)
         _poison(engine, monkeypatch, where)

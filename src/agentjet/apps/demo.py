@@ -28,7 +28,13 @@ from agentjet.observe.learncurve import LearnCurve
 from agentjet.runtime.launch import ServerProcess
 from agentjet.runtime.provenance import git_commit, machine
 from agentjet.schedule import Curriculum, StoppingRule, StopSettings
-from agentjet.settings import EngineSettings, ServerConfig, TrainerGroupSettings, TrainingSettings
+from agentjet.settings import (
+    GeneratorSettings,
+    LearnerGroupSettings,
+    LearnerSettings,
+    ServerConfig,
+    TrainingSettings,
+)
 from agentjet.settings.load import dump_config
 from agentjet.tasks import Recommended, get_task
 
@@ -101,8 +107,8 @@ def server_config(s: DemoSettings, port: int, rec: Recommended, admin_token: str
     training for its periodic evals, so it holds the admin token."""
     return ServerConfig(
         model=s.model, port=port, data_dir=s.out_dir / "server", log_level="INFO", admin_token=admin_token,
-        engine=EngineSettings(kind=s.engine, max_batch_size=concurrency(s, rec), seed=s.seed),
-        trainer=TrainerGroupSettings(procs=s.train_procs),
+        generator=GeneratorSettings(kind=s.engine, max_batch_size=concurrency(s, rec), seed=s.seed),
+        learner=LearnerSettings(**rec.learner(), group=LearnerGroupSettings(procs=s.train_procs)),
         training=TrainingSettings(**rec.training(), max_staleness=s.max_staleness,
                                   checkpoint_every=0))
 

@@ -53,8 +53,11 @@ def parse_assignment(item: str) -> tuple[tuple[str, ...], Any]:
     except KeyError as exc:
         raise typer.BadParameter(str(exc.args[0])) from exc
     if not field.live:
+        from agentjet.settings import server_fields
+
+        live = ", ".join(f.dotted for f in server_fields() if f.live and f.section not in ("training", "loss"))
         raise typer.BadParameter(f"{field.dotted} cannot change while the server runs (restart it with the new "
-                                 f"value); live sections: training, sampling, loss")
+                                 f"value); live: the training and loss settings, {live}")
     try:
         value = json.loads(raw)
     except json.JSONDecodeError:

@@ -12,8 +12,16 @@ from typing import Any
 import typer
 
 from agentjet.cli.common import console, fail, is_loopback
-from agentjet.settings import ServerConfig, SettingField, SettingsError, load_server_config, server_fields
+from agentjet.settings import (
+    ServerConfig,
+    SettingField,
+    SettingsError,
+    find_field,
+    load_server_config,
+    server_fields,
+)
 from agentjet.settings.load import nest, read_secret_file
+from agentjet.settings.moved import MOVED_FLAGS
 
 EPILOG = ("Every option is also an environment variable: --port is AGENTJET_PORT, --group-size "
           "AGENTJET_TRAINING__GROUP_SIZE (AGENTJET_<SECTION>__<NAME>); a token also comes from a file named by "
@@ -57,7 +65,24 @@ def _options() -> list[inspect.Parameter]:
                                     show_default=False)
             params.append(inspect.Parameter(_param_name(f, "__file"), inspect.Parameter.KEYWORD_ONLY,
                                             default=file_opt, annotation=Path | None))
+    for old, new in MOVED_FLAGS.items():  # accepted only to be refused with the new name
+        is_bool = find_field(new).is_bool
+        opt = typer.Option(None, f"--{old}/--no-{old}" if is_bool else f"--{old}", hidden=True)
+        params.append(inspect.Parameter(_moved_param(old), inspect.Parameter.KEYWORD_ONLY, default=opt,
+                                        annotation=bool | None if is_bool else str | None))
     return params
+
+
+def _moved_param(old_flag: str) -> str:
+    return "moved__" + old_flag.replace("-", "_")
+
+
+def refuse_moved_flags(kwargs: dict[str, Any]) -> None:
+    """A flag renamed for its role (``--train-nnodes`` is ``--learner-nnodes``) fails with the new name."""
+    used = [f"--{old} moved to --{new}" for old, new in MOVED_FLAGS.items()
+            if kwargs.get(_moved_param(old)) is not None]
+    if used:
+        fail("; ".join(used))
 
 
 def cli_values(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -88,6 +113,7 @@ def check_bind(config: ServerConfig) -> None:
 
 def server(**kwargs: Any) -> None:
     """Run a swarm server: one trainable model behind an OpenAI-compatible API."""
+    refuse_moved_flags(kwargs)
     try:
         config = load_server_config(cli_values(kwargs), kwargs.get("config"), os.environ)
     except SettingsError as exc:
@@ -109,8 +135,8 @@ def server(**kwargs: Any) -> None:
         resolve_model(config.model, config.model_revision)
     except ModelNotFoundError as exc:
         fail(str(exc))
-    vllm_python = config.engine.vllm.python_path()
-    if config.engine.kind == "vllm" and not vllm_python.exists():
+    vllm_python = config.generator.vllm.python_path()
+    if config.generator.kind == "vllm" and not vllm_python.exists():
         fail(f"--vllm-python {vllm_python} does not exist: run `make setup-vllm` (or point --vllm-python at a "
              "Python with vLLM installed)")
     from agentjet.layouts import PlacementError, check_placement
@@ -123,7 +149,7 @@ def server(**kwargs: Any) -> None:
     from agentjet.server.http.app import serve
 
     console.print(f"AgentJet server: model [bold]{config.model}[/bold] on http://{config.host}:{config.port}/v1, "
-                  f"engine {config.engine.kind.value}, data in {config.data_dir}", soft_wrap=True)
+                  f"engine {config.generator.kind.value}, data in {config.data_dir}", soft_wrap=True)
     serve(config)
 
 

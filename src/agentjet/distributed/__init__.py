@@ -11,6 +11,6 @@ written and read by ``agentjet.weights.io``.
 
 from agentjet.distributed.group import GroupState, TrainerGroup
 from agentjet.distributed.ranks import GroupTimeout, RankFailure, TrainerGroupError
-from agentjet.settings import TrainerGroupSettings
+from agentjet.settings import LearnerGroupSettings
 
-__all__ = ["GroupState", "GroupTimeout", "RankFailure", "TrainerGroup", "TrainerGroupError", "TrainerGroupSettings"]
+__all__ = ["GroupState", "GroupTimeout", "RankFailure", "TrainerGroup", "TrainerGroupError", "LearnerGroupSettings"]

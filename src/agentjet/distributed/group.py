@@ -31,7 +31,7 @@ from agentjet.engines.base import StepOutput, TrainSample
 from agentjet.learners.policy_step import StepConfig
 from agentjet.models import resolve_model
 from agentjet.runtime.proc import Child
-from agentjet.settings import LossSettings, TrainerGroupSettings
+from agentjet.settings import LearnerGroupSettings, LossSettings
 from agentjet.weights.io import WEIGHTS_FILE, prune_versions, version_dir
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ class GroupState(enum.StrEnum):
     CLOSED = "closed"
 
 
-def _device_and_backend(settings: TrainerGroupSettings) -> tuple[str, str]:
+def _device_and_backend(settings: LearnerGroupSettings) -> tuple[str, str]:
     device = settings.device
     if device == "auto":
         import torch
@@ -96,11 +96,11 @@ class TrainerGroup:
     """``settings.world_size`` FSDP2 ranks training ``model``; :meth:`train_step` is a blocking call (run it off
     the event loop). Thread-safe: calls are serialised."""
 
-    def __init__(self, model: str | Path, settings: TrainerGroupSettings, step_config: StepConfig) -> None:
+    def __init__(self, model: str | Path, settings: LearnerGroupSettings, step_config: StepConfig) -> None:
         self.model = str(resolve_model(str(model)))
         self.settings = settings
         if self.settings.procs < 1:
-            raise ValueError("a trainer group needs at least one rank (trainer.procs >= 1)")
+            raise ValueError("a trainer group needs at least one rank (learner.group.procs >= 1)")
         self.config = step_config
         self.device, self.backend = _device_and_backend(self.settings)
         self.policy_version = 0

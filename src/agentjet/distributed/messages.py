@@ -13,7 +13,7 @@ from typing import Any
 from agentjet.engines.base import TrainSample
 from agentjet.learners.policy_step import StepConfig
 
-TOKEN_ENV = "AGENTJET_TRAINER__AUTH_TOKEN"  # the shared secret; never on a command line
+TOKEN_ENV = "AGENTJET_LEARNER__GROUP__AUTH_TOKEN"  # the shared secret; never on a command line
 
 
 # ---------------------------------------------------------------- rank -> parent

@@ -1,6 +1,6 @@
 """A trainer rank, run by ``torch.distributed.run``: ``python -m agentjet.distributed.worker --control HOST:PORT``.
 
-It connects to the parent (the server) with the shared secret from ``AGENTJET_TRAINER__AUTH_TOKEN``, receives
+It connects to the parent (the server) with the shared secret from ``AGENTJET_LEARNER__GROUP__AUTH_TOKEN``, receives
 :class:`~agentjet.distributed.messages.Init`, builds its FSDP2 shard of the model, and then runs the parent's
 commands until :class:`~agentjet.distributed.messages.Shutdown` or until the parent goes away. Every exit
 ends with ``os._exit`` (after ``destroy_process_group`` when clean): see docs/architecture.md.

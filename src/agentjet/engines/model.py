@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from agentjet.models import resolve_model
-from agentjet.settings import EngineSettings, LoraSettings
+from agentjet.settings import LearnerSettings, LoraSettings, PlacementSettings
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -44,6 +44,7 @@ class PolicyModel:
     device: torch.device
     dtype: torch.dtype
     lora: LoraSettings | None  # the LoRA settings when adapters are trained, else None
+    gradient_checkpointing: bool = False  # activations recomputed in backward (the learner's setting)
 
     @property
     def pad_id(self) -> int:
@@ -77,13 +78,17 @@ def with_lora(causal_lm: Any, lora: LoraSettings) -> Any:
                                                 target_modules=list(lora.targets), task_type="CAUSAL_LM"))
 
 
-def load_policy_model(model: str | Path, settings: EngineSettings) -> PolicyModel:
-    """The model named by ``model`` (a built-in name or a local directory), as ``settings`` asks."""
+def load_policy_model(model: str | Path, placement: PlacementSettings | None = None,
+                      learner: LearnerSettings | None = None) -> PolicyModel:
+    """The model named by ``model`` (a built-in name or a local directory), on ``placement``'s device and dtype,
+    with the learner's LoRA adapters and gradient checkpointing."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = resolve_model(str(model))
-    device = resolve_device(settings.device)
-    dtype = resolve_dtype(settings.dtype, device)
+    placement = placement or PlacementSettings()
+    settings = learner or LearnerSettings()
+    device = resolve_device(placement.device)
+    dtype = resolve_dtype(placement.dtype, device)
     tokenizer = AutoTokenizer.from_pretrained(path)
     causal_lm = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
     causal_lm.eval()
@@ -91,4 +96,5 @@ def load_policy_model(model: str | Path, settings: EngineSettings) -> PolicyMode
         causal_lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return PolicyModel(path=Path(path), tokenizer=tokenizer, causal_lm=causal_lm,
                        model=with_lora(causal_lm, settings.lora), device=device, dtype=dtype,
-                       lora=settings.lora if settings.lora.enabled else None)
+                       lora=settings.lora if settings.lora.enabled else None,
+                       gradient_checkpointing=settings.gradient_checkpointing)

@@ -33,7 +33,7 @@ from agentjet.learners.policy_step import (
     total_loss_weight,
     trained_token_logprobs,
 )
-from agentjet.settings import EngineSettings, LossSettings
+from agentjet.settings import LearnerSettings, LossSettings
 from agentjet.weights.checkpoints import LEARNER_STATE, read_policy_version
 from agentjet.weights.io import (
     export_full,
@@ -50,14 +50,14 @@ class InProcessLearner(Learner):
     """Trains ``policy.model`` in place. ``worker``: the thread its torch work runs on (the embedded generator's
     when they share the module); None gives it a thread of its own."""
 
-    def __init__(self, policy: PolicyModel, settings: EngineSettings, loss: LossSettings, learning_rate: float,
-                 *, worker: EngineWorker | None = None, export_root: Path | None = None,
+    def __init__(self, policy: PolicyModel, settings: LearnerSettings, loss: LossSettings,
+                 *, separate_sampler: bool = False, worker: EngineWorker | None = None, export_root: Path | None = None,
                  keep_exports: int = 2, on_version: Callable[[int], None] | None = None) -> None:
         """``on_version(v)`` runs on the worker thread right after a step or a load moves the weights to version
         ``v``: a generator that shares the module serves the new version from its very next decode step."""
         self.policy = policy
         self.settings = settings
-        self.config = StepConfig.from_settings(settings, loss, learning_rate)
+        self.config = StepConfig.from_settings(settings, loss, separate_sampler)
         self._own_worker = worker is None
         self.worker = worker or EngineWorker(name="agentjet-learner")
         self.params = [p for p in policy.model.parameters() if p.requires_grad]
@@ -204,7 +204,7 @@ class InProcessLearner(Learner):
         self.policy.model.save_pretrained(path, safe_serialization=True)
         self.policy.tokenizer.save_pretrained(path)
         torch.save(self.optimizer.state_dict(), path / OPTIMIZER_FILE)
-        state = {"policy_version": self.policy_version, "engine": self.settings.model_dump(mode="json"),
+        state = {"policy_version": self.policy_version, "learner": self.settings.model_dump(mode="json"),
                  "source_model": str(self.policy.path)}
         (path / LEARNER_STATE).write_text(json.dumps(state, indent=2))
 

@@ -32,7 +32,7 @@ from agentjet.algorithms.loss import PolicyLossOutput, policy_loss
 from agentjet.algorithms.objectives import PolicyLossConfig, loss_normaliser
 from agentjet.engines.base import TrainSample
 from agentjet.engines.logprobs import chunked_token_logprobs
-from agentjet.settings import EngineSettings, LossSettings
+from agentjet.settings import LearnerSettings, LossSettings
 
 
 @dataclass(frozen=True)
@@ -53,13 +53,12 @@ class StepConfig:
     separate_sampler: bool = False
 
     @classmethod
-    def from_settings(cls, engine: EngineSettings, loss: LossSettings, learning_rate: float) -> StepConfig:
-        from agentjet.settings import EngineKind
-
-        separate = engine.kind is EngineKind.VLLM
-        return cls(learning_rate=learning_rate, weight_decay=engine.weight_decay, max_grad_norm=engine.max_grad_norm,
-                   micro_batch_tokens=engine.micro_batch_tokens, logprob_chunk_tokens=engine.logprob_chunk_tokens,
-                   bf16=engine.autocast_bf16, loss=loss.policy_loss_config(separate), separate_sampler=separate)
+    def from_settings(cls, learner: LearnerSettings, loss: LossSettings, separate_sampler: bool = False) -> StepConfig:
+        """``separate_sampler``: another engine samples than the one that trains (the vLLM generator)."""
+        return cls(learning_rate=learner.learning_rate, weight_decay=learner.weight_decay,
+                   max_grad_norm=learner.max_grad_norm, micro_batch_tokens=learner.micro_batch_tokens,
+                   logprob_chunk_tokens=learner.logprob_chunk_tokens, bf16=learner.autocast_bf16,
+                   loss=loss.policy_loss_config(separate_sampler), separate_sampler=separate_sampler)
 
     @property
     def kl_coef(self) -> float:

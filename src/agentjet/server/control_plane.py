@@ -2,7 +2,8 @@
 changes, pause and resume, a checkpoint now.
 
 A settings change is validated together with the rest of the configuration (the same ``ServerConfig`` model,
-cross-field rules included) before anything is applied, takes effect from the next batch (training and
+cross-field rules included) before anything is applied; only settings marked live may change. It takes
+effect from the next batch (training and
 loss settings) or the next call (sampling defaults), and is logged with the policy version at which it took
 effect. A ``task_ratios`` change that would shut out task types that clients are running is refused unless
 forced.
@@ -23,9 +24,10 @@ from agentjet.server.episodes.registry import EpisodeRegistry
 from agentjet.server.errors import bad_request, conflict
 from agentjet.server.training.loop import TrainLoop
 from agentjet.server.training.pool import GroupPool
-from agentjet.settings import LIVE_SECTIONS, ServerConfig, SettingsError, deep_merge, validate
+from agentjet.settings import ServerConfig, SettingsError, deep_merge, find_field, validate
 
 log = logging.getLogger(__name__)
+CHANGE_SECTIONS = ("learner", "training", "sampling", "loss")  # the sections of a ConfigChange
 
 
 class ControlPlane:
@@ -61,7 +63,16 @@ class ControlPlane:
 
     def apply_change(self, change: ConfigChange) -> ChangeRecord:
         """Validate the whole configuration with the change; apply it only if every field is valid."""
-        sections = {name: getattr(change, name) for name in LIVE_SECTIONS if getattr(change, name)}
+        sections = {name: getattr(change, name) for name in CHANGE_SECTIONS if getattr(change, name)}
+        for name, fields in sections.items():
+            for key in fields:
+                try:
+                    field = find_field(f"{name}.{key}")
+                except KeyError as exc:
+                    raise bad_request(f"invalid settings: {exc.args[0]}", param=name) from exc
+                if not field.live:
+                    raise bad_request(f"invalid settings: {field.dotted} cannot change while the server runs "
+                                      "(restart it with the new value)", param=field.dotted)
         try:
             new = validate(deep_merge(self.config.model_dump(), sections))
         except SettingsError as exc:
@@ -75,8 +86,8 @@ class ControlPlane:
         applied = _diff(self.config, new, sections)
         for name in sections:
             setattr(self.config, name, getattr(new, name))  # read afresh by the training core for its next batch
-        if "training.learning_rate" in applied:
-            self.engine.set_learning_rate(new.training.learning_rate)
+        if "learner.learning_rate" in applied:
+            self.engine.set_learning_rate(new.learner.learning_rate)
         if any(key.startswith("loss.") for key in applied):
             self.engine.set_loss(new.loss)
         if any(key.startswith("training.") for key in applied):

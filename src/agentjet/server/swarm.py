@@ -174,7 +174,7 @@ class SwarmServer:
         self._open()
         if self.config.resume:
             await asyncio.to_thread(self.checkpoints.resume)
-        self.engine.set_learning_rate(self.config.training.learning_rate)  # the configured rate wins on resume
+        self.engine.set_learning_rate(self.config.learner.learning_rate)  # the configured rate wins on resume
         self.engine.set_loss(self.config.loss)
         self.teams.load()
         n = self.pool.load_pending()

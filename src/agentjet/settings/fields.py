@@ -4,8 +4,10 @@ come from this table, so a setting declared in ``models.py`` reaches every entra
 
 Naming: a top-level field ``port`` is ``--port`` and ``AGENTJET_PORT``; a section field
 ``training.group_size`` is ``--group-size`` and ``AGENTJET_TRAINING__GROUP_SIZE``; a field of a nested
-block ``engine.lora.rank`` is ``--lora-rank`` and ``AGENTJET_ENGINE__LORA__RANK``. A field may rename its
-flag or add aliases (``json_schema_extra={"flag": ..., "aliases": [...]}``).
+block ``learner.lora.rank`` is ``--lora-rank`` and ``AGENTJET_LEARNER__LORA__RANK``; a block with a
+``FLAG_PREFIX`` puts it before the name (``learner.group.nnodes`` is ``--learner-nnodes``). A field may rename its
+flag or add aliases (``json_schema_extra={"flag": ..., "aliases": [...]}``) and is live when marked so
+(``"live": True``). A name that moved (``agentjet.settings.moved``) is refused with the new one.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ import annotated_types
 from pydantic import BaseModel, SecretStr
 from pydantic.fields import FieldInfo
 
-from agentjet.settings.models import LIVE_SECTIONS, ServerConfig
+from agentjet.settings.models import ServerConfig
+from agentjet.settings.moved import MOVED_FLAGS, dotted, new_path
 
 ENV_PREFIX = "AGENTJET_"
 ENV_NESTED = "__"
@@ -62,7 +65,10 @@ class SettingField:
 
     @property
     def live(self) -> bool:
-        return self.section in LIVE_SECTIONS
+        """Whether it may change while the server runs (``ajet ctl set``): marked on the field itself
+        (``json_schema_extra=LIVE`` in ``models.py``)."""
+        extra = self.info.json_schema_extra
+        return bool(isinstance(extra, dict) and extra.get("live"))
 
     @property
     def choices(self) -> list[str] | None:
@@ -123,7 +129,7 @@ def _submodel(annotation: Any) -> type[BaseModel] | None:
 
 def _walk(model: type[BaseModel], prefix: tuple[str, ...]) -> list[SettingField]:
     out: list[SettingField] = []
-    flag_prefix = getattr(model, "FLAG_PREFIX", None)  # a section whose flags carry a prefix ("--train-procs")
+    flag_prefix = getattr(model, "FLAG_PREFIX", None)  # a block whose flags carry a prefix ("--learner-nnodes")
     for name, info in model.model_fields.items():
         path = (*prefix, name)
         sub = _submodel(info.annotation)
@@ -131,9 +137,10 @@ def _walk(model: type[BaseModel], prefix: tuple[str, ...]) -> list[SettingField]
             out += _walk(sub, path)
             continue
         extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
-        # the section name is dropped ("--group-size"); a nested block's name is kept ("--lora-rank")
-        parts = path[1:] if len(path) > 1 else path
-        default_flag = "-".join((flag_prefix, *parts) if flag_prefix else parts).replace("_", "-")
+        # the section name is dropped ("--group-size"); a nested block's name is kept ("--lora-rank"), or its
+        # prefix stands for the path ("--learner-nnodes" for learner.group.nnodes)
+        parts = (flag_prefix, name) if flag_prefix else path[1:] if len(path) > 1 else path
+        default_flag = "-".join(parts).replace("_", "-")
         flag = str(extra.get("flag", default_flag))
         aliases = tuple(str(a) for a in extra.get("aliases", ()))  # type: ignore[union-attr]
         out.append(SettingField(path, info, flag, aliases))
@@ -168,6 +175,11 @@ def find_field(key: str) -> SettingField:
     for f in fields:
         if want in (f.flag, *f.aliases) or want == _normalise(f.dotted.replace(".", "-")):
             return f
+    moved = new_path(tuple(key.strip().lstrip("-").split(".")))
+    if moved is not None:
+        raise KeyError(f"{key} moved to {dotted(moved)}")
+    if want in MOVED_FLAGS:
+        raise KeyError(f"--{want} moved to --{MOVED_FLAGS[want]}")
     names = [f.flag for f in fields] + [f.dotted for f in fields]
     close = difflib.get_close_matches(want, names, n=3)
     hint = f"; did you mean {', '.join(close)}?" if close else ""

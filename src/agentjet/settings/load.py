@@ -28,6 +28,7 @@ from agentjet.settings.fields import (
     server_fields,
 )
 from agentjet.settings.models import ServerConfig
+from agentjet.settings.moved import env_name, moved_in, moved_message, new_path
 
 
 class SettingsError(ValueError):
@@ -75,6 +76,16 @@ def env_values(environ: Mapping[str, str]) -> dict[str, Any]:
             flat[f.path] = environ[f.env]
         elif f.is_secret and environ.get(f.env + SECRET_FILE_SUFFIX):
             flat[f.path] = read_secret_file(environ[f.env + SECRET_FILE_SUFFIX], f.env + SECRET_FILE_SUFFIX)
+    moved = []
+    for name in sorted(environ):
+        if not name.startswith(ENV_PREFIX) or ENV_NESTED not in name or name in known:
+            continue
+        stem = name.removesuffix(SECRET_FILE_SUFFIX)
+        target = new_path(tuple(stem.removeprefix(ENV_PREFIX).lower().split(ENV_NESTED)))
+        if target is not None:
+            moved.append(moved_message(name, env_name(target) + name[len(stem):]))
+    if moved:
+        raise SettingsError(f"settings in the environment under old names: {'; '.join(moved)}")
     unknown = sorted(k for k in environ if k.startswith(ENV_PREFIX) and ENV_NESTED in k and k not in known)
     if unknown:
         raise SettingsError(f"unknown settings in the environment: {', '.join(unknown)} (see ajet server --help)")
@@ -136,6 +147,9 @@ def describe(exc: ValidationError) -> str:
 
 
 def validate(values: Mapping[str, Any]) -> ServerConfig:
+    moved = moved_in(values)
+    if moved:
+        raise SettingsError("; ".join(moved) + " (see docs/configuration.md)")
     try:
         return ServerConfig.model_validate(values)
     except ValidationError as exc:

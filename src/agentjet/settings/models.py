@@ -4,8 +4,11 @@
 environment variables, ``ajet up`` and ``ajet ctl set`` are all generated from or validated through these
 models (``agentjet.settings.fields`` walks them; ``agentjet.settings.load`` merges the sources).
 
-Sections marked live in ``LIVE_SECTIONS`` may be changed while the server runs (``ajet ctl set``); the
-others need a restart.
+The settings are grouped by role: ``generator`` (what samples the replies), ``learner`` (what trains: the
+optimizer, LoRA, its processes), ``placement`` (where they run), then ``training`` (the GRPO loop), ``loss``,
+``sampling``, ``tracking`` and ``observe``. A setting marked live (``json_schema_extra=LIVE``) may be changed
+while the server runs (``ajet ctl set``); the others need a restart. Names that moved are in
+``agentjet.settings.moved``: each old one is refused with its new name.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from agentjet.algorithms.objectives import (
 )
 from agentjet.tracking import TrackingConfig
 
-LIVE_SECTIONS = ("training", "sampling", "loss")
+LIVE: dict[str, Any] = {"live": True}  # a setting that may change while the server runs (`ajet ctl set`)
 
 
 def _split_list(value: Any) -> Any:
@@ -106,42 +109,40 @@ class _Section(BaseModel):
 class SamplingDefaults(_Section):
     """Sampling defaults, used when a chat request leaves a parameter out (live)."""
 
-    temperature: float = Field(1.0, ge=0, le=2, description="default sampling temperature")
-    top_p: float = Field(1.0, gt=0, le=1, description="default nucleus (top-p) mass")
-    max_tokens: int = Field(256, ge=1, le=1_000_000, description="default max new tokens per reply")
+    temperature: float = Field(1.0, json_schema_extra=LIVE, ge=0, le=2, description="default sampling temperature")
+    top_p: float = Field(1.0, json_schema_extra=LIVE, gt=0, le=1, description="default nucleus (top-p) mass")
+    max_tokens: int = Field(256, json_schema_extra=LIVE, ge=1, le=1_000_000, description="default max new tokens per reply")
 
 
 class TrainingSettings(_Section):
     """Batching and the training loop (live: takes effect from the next batch)."""
 
-    group_size: int = Field(4, ge=1, le=1024, description="episodes per GRPO group (same task id)")
-    batch_groups: int = Field(2, ge=1, le=1024, description="groups per train step")
-    min_group_size: int = Field(2, ge=1, le=1024, description="an incomplete group is trained after "
+    group_size: int = Field(4, json_schema_extra=LIVE, ge=1, le=1024, description="episodes per GRPO group (same task id)")
+    batch_groups: int = Field(2, json_schema_extra=LIVE, ge=1, le=1024, description="groups per train step")
+    min_group_size: int = Field(2, json_schema_extra=LIVE, ge=1, le=1024, description="an incomplete group is trained after "
                                 "group_timeout_s if it has at least this many episodes")
-    group_timeout_s: float = Field(120.0, gt=0, le=86_400, description="how long an incomplete group waits")
-    drop_uniform_groups: bool = Field(True, description="skip groups whose rewards are all equal (no signal)")
-    max_staleness: int = Field(4, ge=0, le=1000, description="max policy versions between a token's generation "
+    group_timeout_s: float = Field(120.0, json_schema_extra=LIVE, gt=0, le=86_400, description="how long an incomplete group waits")
+    drop_uniform_groups: bool = Field(True, json_schema_extra=LIVE, description="skip groups whose rewards are all equal (no signal)")
+    max_staleness: int = Field(4, json_schema_extra=LIVE, ge=0, le=1000, description="max policy versions between a token's generation "
                                "and training; older tokens are masked out of the loss, episodes with no younger "
                                "token are dropped and counted")
-    admission: bool = Field(True, description="admit new training episodes only within the staleness bound "
+    admission: bool = Field(True, json_schema_extra=LIVE, description="admit new training episodes only within the staleness bound "
                             "(AReaL's capacity rule): beyond it, begin is held until its group fits, or answers "
                             "429 (admission_wait_s)")
-    admission_wait_s: float = Field(30.0, ge=0, le=3600, description="how long a begin beyond capacity is held on "
+    admission_wait_s: float = Field(30.0, json_schema_extra=LIVE, ge=0, le=3600, description="how long a begin beyond capacity is held on "
                                     "the server until its group fits (a long poll), before it is answered 429; a "
                                     "request may ask for less (wait_s; 0: 429 at once, the earlier behaviour)")
-    max_concurrent: int | None = Field(None, ge=1, le=10_000_000, description="most open training episodes "
+    max_concurrent: int | None = Field(None, json_schema_extra=LIVE, ge=1, le=10_000_000, description="most open training episodes "
                                        "at once (admission; default: no limit but the staleness bound)")
-    learning_rate: float = Field(1e-5, gt=0, lt=1, description="AdamW learning rate",
-                                 json_schema_extra={"aliases": ["lr"]})
-    checkpoint_every: int = Field(10, ge=0, le=1_000_000, description="train steps between checkpoints "
+    checkpoint_every: int = Field(10, json_schema_extra=LIVE, ge=0, le=1_000_000, description="train steps between checkpoints "
                                   "(0: only on stop)")
-    keep_checkpoints: int = Field(2, ge=1, le=1000, description="checkpoints kept on disk")
+    keep_checkpoints: int = Field(2, json_schema_extra=LIVE, ge=1, le=1000, description="checkpoints kept on disk")
     task_ratios: Annotated[dict[str, float], BeforeValidator(_parse_mapping)] = Field(
-        default_factory=dict, description="cocktail training: share of each batch per task type, e.g. "
+        default_factory=dict, json_schema_extra=LIVE, description="cocktail training: share of each batch per task type, e.g. "
         "math=0.7,code=0.3 (empty: no quotas)")
-    absent_policy: AbsentPolicy = Field(AbsentPolicy.FILL, description="strict: wait for every type's share; "
+    absent_policy: AbsentPolicy = Field(AbsentPolicy.FILL, json_schema_extra=LIVE, description="strict: wait for every type's share; "
                                         "fill: others fill an absent type's share")
-    absent_after_s: float = Field(30.0, gt=0, le=86_400, description="a task type with no begin for this long "
+    absent_after_s: float = Field(30.0, json_schema_extra=LIVE, gt=0, le=86_400, description="a task type with no begin for this long "
                                   "counts as absent")
 
     @field_validator("task_ratios")
@@ -159,35 +160,35 @@ class TrainingSettings(_Section):
 class LossSettings(_Section):
     """The policy-gradient loss (live; see docs/algorithms.md for each objective)."""
 
-    estimator: AdvantageEstimator = Field(AdvantageEstimator.GRPO, description="advantage estimator")
-    scale_by_std: bool = Field(True, description="grpo advantages are divided by the group's reward std "
+    estimator: AdvantageEstimator = Field(AdvantageEstimator.GRPO, json_schema_extra=LIVE, description="advantage estimator")
+    scale_by_std: bool = Field(True, json_schema_extra=LIVE, description="grpo advantages are divided by the group's reward std "
                                "(false: Dr. GRPO, mean-centred only)")
-    objective: Objective = Field(Objective.PPO_CLIP, description="ppo_clip: -min(r A, clip(r) A); cispo: "
+    objective: Objective = Field(Objective.PPO_CLIP, json_schema_extra=LIVE, description="ppo_clip: -min(r A, clip(r) A); cispo: "
                                  "-sg(clip(r)) A log p, no token's gradient dropped")
-    ratio_level: RatioLevel = Field(RatioLevel.TOKEN, description="importance ratio per token (PPO) or per "
+    ratio_level: RatioLevel = Field(RatioLevel.TOKEN, json_schema_extra=LIVE, description="importance ratio per token (PPO) or per "
                                     "sequence, the geometric mean of its token ratios (GSPO; use small clip "
                                     "epsilons, e.g. 3e-4 / 4e-4)")
-    aggregation: Aggregation = Field(Aggregation.TOKEN_MEAN, description="token_mean: over the batch's tokens "
+    aggregation: Aggregation = Field(Aggregation.TOKEN_MEAN, json_schema_extra=LIVE, description="token_mean: over the batch's tokens "
                                      "(DAPO); seq_mean: over each sequence, then the batch (GRPO as published); "
                                      "constant: sum / (sequences x constant_tokens) (Dr. GRPO)")
-    constant_tokens: int = Field(1024, ge=1, le=1_000_000, description="Dr. GRPO's constant normaliser in "
+    constant_tokens: int = Field(1024, json_schema_extra=LIVE, ge=1, le=1_000_000, description="Dr. GRPO's constant normaliser in "
                                  "tokens per sequence (aggregation=constant; e.g. the generation budget)")
-    clip_eps_low: float = Field(0.2, ge=0, le=1, description="PPO clip: lower epsilon of the importance ratio")
-    clip_eps_high: float = Field(0.28, ge=0, le=10, description="PPO clip: upper epsilon of the importance ratio")
-    kl_coef: float = Field(0.0, ge=0, le=100, description="KL penalty to a frozen copy of the initial "
+    clip_eps_low: float = Field(0.2, json_schema_extra=LIVE, ge=0, le=1, description="PPO clip: lower epsilon of the importance ratio")
+    clip_eps_high: float = Field(0.28, json_schema_extra=LIVE, ge=0, le=10, description="PPO clip: upper epsilon of the importance ratio")
+    kl_coef: float = Field(0.0, json_schema_extra=LIVE, ge=0, le=100, description="KL penalty to a frozen copy of the initial "
                            "weights (0: off, no reference model kept). Turning it on from 0 or off needs a "
                            "restart, so that the reference is the initial weights; changing its value is live")
-    kl_estimator: KLEstimator = Field(KLEstimator.K3, description="KL estimator, d = log ref - log p: k1 = -d, "
+    kl_estimator: KLEstimator = Field(KLEstimator.K3, json_schema_extra=LIVE, description="KL estimator, d = log ref - log p: k1 = -d, "
                                       "k2 = d^2 / 2, k3 = exp(d) - d - 1")
-    correction: Correction = Field(Correction.AUTO, description="train/sampler mismatch correction on "
+    correction: Correction = Field(Correction.AUTO, json_schema_extra=LIVE, description="train/sampler mismatch correction on "
                                    "w = p_trainer / p_sampler: auto (the path's default: tis where another "
                                    "engine samples, as vLLM does; none on the embedded engine), "
                                    "none (PPO ratio against the sampler's logprobs), "
                                    "tis (weight min(w, correction_high)), tis_sequence (the same on the "
                                    "sequence's geometric-mean w), mask_token / mask_sequence (drop a token / a "
                                    "sequence whose w leaves [correction_low, correction_high])")
-    correction_low: float = Field(0.5, gt=0, le=1, description="masked IS: lower bound of the kept weights")
-    correction_high: float = Field(2.0, ge=1, le=1e6, description="masked IS: upper bound of the kept weights; "
+    correction_low: float = Field(0.5, json_schema_extra=LIVE, gt=0, le=1, description="masked IS: lower bound of the kept weights")
+    correction_high: float = Field(2.0, json_schema_extra=LIVE, ge=1, le=1e6, description="masked IS: upper bound of the kept weights; "
                                    "TIS: the cap")
 
     def policy_loss_config(self, separate_sampler: bool = False) -> PolicyLossConfig:
@@ -323,7 +324,7 @@ class VLLMSettings(_Section):
     @classmethod
     def _tis_cap_moved(cls, data: Any) -> Any:
         if isinstance(data, dict) and "tis_cap" in data:
-            raise ValueError("engine.vllm.tis_cap moved into the loss block: the mismatch correction is "
+            raise ValueError("generator.vllm.tis_cap moved into the loss block: the mismatch correction is "
                              "loss.correction (auto, the default, is tis on vLLM; none turns it off) and its cap "
                              "loss.correction_high (see docs/algorithms.md)")
         return data
@@ -340,81 +341,15 @@ class VLLMSettings(_Section):
 
 
 
-class EngineSettings(_Section):
-    """The engine that owns the weights: where it runs, how it batches, how it trains (restart to change)."""
+class LearnerGroupSettings(_Section):
+    """The learner's processes: an FSDP2 group of ``procs`` ranks per node under ``torch.distributed.run`` (see
+    docs/distributed.md). Off (``procs`` 0) by default: the server trains in its own process. Flags are
+    ``--learner-<name>`` (``--train-procs`` too)."""
 
-    kind: EngineKind = Field(EngineKind.HF, description="the generator: hf (the embedded engine), vllm (vLLM "
-                             "generates, make setup-vllm) or null (canned replies); the learner is in process, or a "
-                             "trainer group with trainer.procs",
-                             json_schema_extra={"flag": "engine"})
-    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$", description="auto (CUDA when present), "
-                        "cpu, cuda or cuda:N")
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto", description="weight dtype (auto: bfloat16 on CUDA, float32 on CPU)")
-    autocast_bf16: bool = Field(False, description="train the forward pass under bfloat16 autocast")
-    max_batch_size: int = Field(8, ge=1, le=4096, description="max concurrent generations batched together")
-    batch_wait_ms: float = Field(5.0, ge=0, le=10_000, description="how long an idle engine waits for more "
-                                 "requests before it starts a batch")
-    batching: Literal["continuous", "static"] = Field(
-        "continuous", description="continuous: a finished request frees its slot at once and a queued one joins "
-        "at the next decode step; static: a batch runs until its longest request ends (the earlier engine)")
-    kv_cache_tokens: int = Field(512, ge=16, le=10_000_000, description="KV cache columns per slot, allocated "
-                                 "up front (continuous batching); doubled, up to max_context, when a request "
-                                 "needs more")
-    cuda_graphs: bool = Field(True, description="replay the decode step from captured CUDA graphs (CUDA only)")
-    compile: bool = Field(False, description="torch.compile the decode step (continuous batching)")
-    max_context: int | None = Field(None, ge=2, le=10_000_000, description="cap on prompt + reply tokens "
-                                    "(default: the model's own limit)")
-    gradient_checkpointing: bool = Field(False, description="recompute decoder activations in backward "
-                                         "(less memory, more time)")
-    micro_batch_tokens: int = Field(4096, ge=16, le=10_000_000, description="padded tokens per "
-                                    "forward/backward micro-batch")
-    logprob_chunk_tokens: int = Field(1024, ge=1, le=10_000_000, description="rows of the vocabulary "
-                                      "projection computed at once in training")
-    weight_decay: float = Field(0.0, ge=0, le=10, description="AdamW weight decay")
-    max_grad_norm: float = Field(1.0, gt=0, le=1e6, description="gradient clipping norm")
-    seed: int = Field(0, ge=0, lt=2**63, description="seed of the engine's own random draws")
-    null_reply: str = Field("The answer is 7.", max_length=10_000, description="the null engine's canned reply")
-    null_delay_ms: float = Field(0.0, ge=0, le=60_000, description="the null engine's time per generation "
-                                 "(to simulate a model in benchmarks)")
-    colocate: bool = Field(False, description="let the generator and the learner share GPUs on purpose (e.g. vLLM "
-                           "with a low gpu_memory_utilization beside a one-rank trainer group); otherwise an "
-                           "overlap is an error at start-up")
-    lora: LoraSettings = Field(default_factory=LoraSettings)
-    vllm: VLLMSettings = Field(default_factory=VLLMSettings)
+    FLAG_PREFIX: ClassVar[str] = "learner"
 
-
-class LogSink(enum.StrEnum):
-    """Optional metric sinks next to the JSONL file (which is always written)."""
-
-    TENSORBOARD = "tensorboard"  # needs the `tracking` extra (tensorboard)
-    WANDB = "wandb"  # needs the `tracking` extra (wandb)
-
-
-class ObserveSettings(_Section):
-    """The dashboard, metrics export and the bench history page (restart to change)."""
-
-    read_token: SecretStr | None = Field(None, description="read-only access to the dashboard and /metrics (the "
-                                         "admin token works too); never accepted in a URL")
-    log_to: Annotated[list[LogSink], BeforeValidator(_split_list)] = Field(
-        default_factory=list, description="extra metric sinks besides metrics.jsonl: tensorboard, wandb")
-    metrics_open: bool = Field(False, description="serve /metrics without a token (a Prometheus scraping over "
-                               "loopback); by default it needs the read or admin token")
-    wandb_project: str = Field("agentjet", min_length=1, max_length=200, description="the W&B project (log_to wandb)")
-    bench_history: Path | None = Field(None, description="the `ajet bench` history file the dashboard's Bench "
-                                       "page shows")
-    session_ttl_s: float = Field(12 * 3600, gt=0, le=30 * 86_400, description="how long a dashboard login lasts")
-    max_sessions: int = Field(256, ge=1, le=100_000, description="dashboard logins kept at once (oldest go first)")
-
-
-class TrainerGroupSettings(_Section):
-    """An FSDP2 trainer group: ``procs`` ranks per node under ``torch.distributed.run`` (see docs/distributed.md).
-    Off (``procs`` 0) by default: the server trains in its own process. Flags are ``--train-<name>``."""
-
-    FLAG_PREFIX: ClassVar[str] = "train"
-
-    procs: int = Field(0, ge=0, le=1024, description="trainer ranks on this node (torchrun --nproc-per-node); "
-                       "0: train in the server process")
+    procs: int = Field(0, ge=0, le=1024, description="learner ranks on this node (torchrun --nproc-per-node); "
+                       "0: train in the server process", json_schema_extra={"aliases": ["train-procs"]})
     nnodes: int = Field(1, ge=1, le=1024, description="nodes in the group (torchrun --nnodes)")
     node_rank: int = Field(0, ge=0, le=1023, description="this node's rank in the group (torchrun --node-rank)")
     rdzv_endpoint: str | None = Field(None, description="host:port on node 0 for the torchrun rendezvous; needed "
@@ -426,11 +361,11 @@ class TrainerGroupSettings(_Section):
                               "set it with nnodes > 1 so the other nodes know it)")
     auth_token: SecretStr | None = Field(None, description="shared secret the ranks prove when they connect "
                                          "(random when None; needed with nnodes > 1: the other nodes read it "
-                                         "from AGENTJET_TRAINER__AUTH_TOKEN, the same variable as this setting's)")
+                                         "from AGENTJET_LEARNER__GROUP__AUTH_TOKEN, the same variable as this setting's)")
     backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="collectives: gloo on CPU, NCCL on CUDA")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA when the ranks see a GPU")
     cuda_visible_devices: str | None = Field(None, pattern=r"^\d+(,\d+)*$",
-                                             json_schema_extra={"aliases": ["train-devices"]},
+                                             json_schema_extra={"aliases": ["learner-devices"]},
                                              description="the GPUs of this node "
                                              "the ranks use, e.g. '2,3,4,5,6,7' when the rollout engine holds 0-1 "
                                              "(one rank per GPU; None: inherit CUDA_VISIBLE_DEVICES)")
@@ -460,7 +395,7 @@ class TrainerGroupSettings(_Section):
         return self.procs * self.nnodes
 
     @model_validator(mode="after")
-    def _check(self) -> TrainerGroupSettings:
+    def _check(self) -> LearnerGroupSettings:
         if self.node_rank >= self.nnodes:
             raise ValueError(f"node_rank must be < nnodes ({self.nnodes}), got {self.node_rank}")
         if self.nnodes > 1:
@@ -479,6 +414,91 @@ class TrainerGroupSettings(_Section):
             if not (sep and host and port.isdigit()):
                 raise ValueError(f"rdzv_endpoint must be host:port, got {self.rdzv_endpoint!r}")
         return self
+
+
+class GeneratorSettings(_Section):
+    """The generator: which engine samples the replies and how it batches them (restart to change)."""
+
+    kind: EngineKind = Field(EngineKind.HF, description="the generator: hf (the embedded engine), vllm (vLLM "
+                             "generates, make setup-vllm) or null (canned replies); the learner is in process, or a "
+                             "group of processes with learner.group.procs",
+                             json_schema_extra={"flag": "engine"})
+    max_batch_size: int = Field(8, ge=1, le=4096, description="max concurrent generations batched together")
+    batch_wait_ms: float = Field(5.0, ge=0, le=10_000, description="how long an idle engine waits for more "
+                                 "requests before it starts a batch")
+    batching: Literal["continuous", "static"] = Field(
+        "continuous", description="continuous: a finished request frees its slot at once and a queued one joins "
+        "at the next decode step; static: a batch runs until its longest request ends (the earlier engine)")
+    kv_cache_tokens: int = Field(512, ge=16, le=10_000_000, description="KV cache columns per slot, allocated "
+                                 "up front (continuous batching); doubled, up to max_context, when a request "
+                                 "needs more")
+    cuda_graphs: bool = Field(True, description="replay the decode step from captured CUDA graphs (CUDA only)")
+    compile: bool = Field(False, description="torch.compile the decode step (continuous batching)")
+    max_context: int | None = Field(None, ge=2, le=10_000_000, description="cap on prompt + reply tokens "
+                                    "(default: the model's own limit)")
+    seed: int = Field(0, ge=0, lt=2**63, description="seed of the generator's own random draws")
+    null_reply: str = Field("The answer is 7.", max_length=10_000, description="the null engine's canned reply")
+    null_delay_ms: float = Field(0.0, ge=0, le=60_000, description="the null engine's time per generation "
+                                 "(to simulate a model in benchmarks)")
+    vllm: VLLMSettings = Field(default_factory=VLLMSettings)
+
+
+class LearnerSettings(_Section):
+    """The learner: the optimizer, how a train step is cut into micro-batches, LoRA, and its processes (``group``:
+    off by default, the server trains in its own process). Restart to change, but for the learning rate."""
+
+    learning_rate: float = Field(1e-5, gt=0, lt=1, description="AdamW learning rate",
+                                 json_schema_extra={**LIVE, "aliases": ["lr"]})
+    weight_decay: float = Field(0.0, ge=0, le=10, description="AdamW weight decay")
+    max_grad_norm: float = Field(1.0, gt=0, le=1e6, description="gradient clipping norm")
+    micro_batch_tokens: int = Field(4096, ge=16, le=10_000_000, description="padded tokens per "
+                                    "forward/backward micro-batch")
+    logprob_chunk_tokens: int = Field(1024, ge=1, le=10_000_000, description="rows of the vocabulary "
+                                      "projection computed at once in training")
+    autocast_bf16: bool = Field(False, description="train the forward pass under bfloat16 autocast (the "
+                                "in-process learner)")
+    gradient_checkpointing: bool = Field(False, description="recompute decoder activations in backward "
+                                         "(less memory, more time; the in-process learner)")
+    lora: LoraSettings = Field(default_factory=LoraSettings)
+    group: LearnerGroupSettings = Field(default_factory=LearnerGroupSettings)
+
+
+class PlacementSettings(_Section):
+    """Where the parts run: the server process's own model copy (the embedded generator's, and the in-process
+    learner's), and whether the generator and the learner may share GPUs (restart to change). The GPU lists of
+    vLLM and of the learner's processes are their own settings: ``generator.vllm.cuda_visible_devices`` and
+    ``learner.group.cuda_visible_devices``."""
+
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$", description="the server process's model: "
+                        "auto (CUDA when present), cpu, cuda or cuda:N")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="the server process's model: weight dtype (auto: bfloat16 on CUDA, float32 on CPU)")
+    colocate: bool = Field(False, description="let the generator and the learner share GPUs on purpose (e.g. vLLM "
+                           "with a low gpu_memory_utilization beside a one-rank learner group); otherwise an "
+                           "overlap is an error at start-up")
+
+
+class LogSink(enum.StrEnum):
+    """Optional metric sinks next to the JSONL file (which is always written)."""
+
+    TENSORBOARD = "tensorboard"  # needs the `tracking` extra (tensorboard)
+    WANDB = "wandb"  # needs the `tracking` extra (wandb)
+
+
+class ObserveSettings(_Section):
+    """The dashboard, metrics export and the bench history page (restart to change)."""
+
+    read_token: SecretStr | None = Field(None, description="read-only access to the dashboard and /metrics (the "
+                                         "admin token works too); never accepted in a URL")
+    log_to: Annotated[list[LogSink], BeforeValidator(_split_list)] = Field(
+        default_factory=list, description="extra metric sinks besides metrics.jsonl: tensorboard, wandb")
+    metrics_open: bool = Field(False, description="serve /metrics without a token (a Prometheus scraping over "
+                               "loopback); by default it needs the read or admin token")
+    wandb_project: str = Field("agentjet", min_length=1, max_length=200, description="the W&B project (log_to wandb)")
+    bench_history: Path | None = Field(None, description="the `ajet bench` history file the dashboard's Bench "
+                                       "page shows")
+    session_ttl_s: float = Field(12 * 3600, gt=0, le=30 * 86_400, description="how long a dashboard login lasts")
+    max_sessions: int = Field(256, ge=1, le=100_000, description="dashboard logins kept at once (oldest go first)")
 
 
 _NAME_RE = re.compile(r"[^A-Za-z0-9_.-]+")
@@ -513,25 +533,36 @@ class ServerConfig(_Section):
     max_open_episodes_per_client: int = Field(1024, ge=1, le=10_000_000, description="open episodes one client "
                                               "may hold")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="server log level")
-    engine: EngineSettings = Field(default_factory=EngineSettings)
+    generator: GeneratorSettings = Field(default_factory=GeneratorSettings)
+    learner: LearnerSettings = Field(default_factory=LearnerSettings)
+    placement: PlacementSettings = Field(default_factory=PlacementSettings)
     sampling: SamplingDefaults = Field(default_factory=SamplingDefaults)
     training: TrainingSettings = Field(default_factory=TrainingSettings)
     loss: LossSettings = Field(default_factory=LossSettings)
     tracking: TrackingSettings = Field(default_factory=TrackingSettings)
     observe: ObserveSettings = Field(default_factory=ObserveSettings)
-    trainer: TrainerGroupSettings = Field(default_factory=TrainerGroupSettings)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, data: Any) -> Any:
+        from agentjet.settings.moved import refuse_moved
+
+        refuse_moved(data)
+        return data
 
     @model_validator(mode="after")
-    def _trainer_group_trains_full_weights(self) -> ServerConfig:
-        if self.trainer.procs and self.engine.lora.enabled:
-            raise ValueError(f"trainer.procs ({self.trainer.procs}) trains the full weights with FSDP2: it cannot "
-                             "train LoRA adapters (engine.lora.rank 0, or trainer.procs 0)")
-        if self.engine.kind is EngineKind.VLLM and self.engine.vllm.weight_transfer == "nccl":
-            if self.trainer.procs:
-                raise ValueError("engine.vllm.weight_transfer nccl sends from the in-process learner; from a "
-                                 "trainer group's rank 0 it is not built yet: use reload with trainer.procs")
-            if self.engine.lora.enabled:
-                raise ValueError("engine.vllm.weight_transfer nccl sends full weights; LoRA adapters go by reload")
+    def _learner_group_trains_full_weights(self) -> ServerConfig:
+        group, lora = self.learner.group, self.learner.lora
+        if group.procs and lora.enabled:
+            raise ValueError(f"learner.group.procs ({group.procs}) trains the full weights with FSDP2: it cannot "
+                             "train LoRA adapters (learner.lora.rank 0, or learner.group.procs 0)")
+        if self.generator.kind is EngineKind.VLLM and self.generator.vllm.weight_transfer == "nccl":
+            if group.procs:
+                raise ValueError("generator.vllm.weight_transfer nccl sends from the in-process learner; from a "
+                                 "learner group's rank 0 it is not built yet: use reload with learner.group.procs")
+            if lora.enabled:
+                raise ValueError("generator.vllm.weight_transfer nccl sends full weights; LoRA adapters go by "
+                                 "reload")
         return self
 
     @field_validator("log_level", mode="before")
@@ -556,7 +587,8 @@ class ServerConfig(_Section):
     def public_dict(self) -> dict[str, Any]:
         """The settings as JSON, secrets left out (status, control, dashboards)."""
         return self.model_dump(mode="json", exclude={"swarm_token": True, "admin_token": True,
-                                                     "observe": {"read_token"}, "trainer": {"auth_token"}})
+                                                     "observe": {"read_token"},
+                                                     "learner": {"group": {"auth_token"}}})
 
     @staticmethod
     def secret(value: SecretStr | None) -> str | None:

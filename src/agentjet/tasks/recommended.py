@@ -1,5 +1,5 @@
-"""A task's recommended run, typed. The names are those of the settings each value feeds: ``learning_rate``,
-``group_size`` and ``batch_groups`` go to the server's ``training`` section; the rest drive the client side (the
+"""A task's recommended run, typed. The names are those of the settings each value feeds: ``learning_rate``
+goes to the server's ``learner`` section, ``group_size`` and ``batch_groups`` to its ``training`` section; the rest drive the client side (the
 demo, a study's trial client, ``ajet bench``)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 class Recommended(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    learning_rate: float = Field(gt=0, description="training.learning_rate")
+    learning_rate: float = Field(gt=0, description="learner.learning_rate")
     group_size: int = Field(ge=1, description="training.group_size: episodes per task id")
     batch_groups: int = Field(ge=1, description="training.batch_groups: groups per train step")
     steps: int = Field(ge=1, description="a ceiling on train steps (the demo's stopping rule may end it sooner)")
@@ -23,4 +23,8 @@ class Recommended(BaseModel):
 
     def training(self) -> dict[str, float | int]:
         """The values for the server's ``training`` section."""
-        return {"learning_rate": self.learning_rate, "group_size": self.group_size, "batch_groups": self.batch_groups}
+        return {"group_size": self.group_size, "batch_groups": self.batch_groups}
+
+    def learner(self) -> dict[str, float]:
+        """The values for the server's ``learner`` section."""
+        return {"learning_rate": self.learning_rate}

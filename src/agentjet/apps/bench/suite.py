@@ -71,9 +71,9 @@ class SuiteSettings:
 def engine_metrics(model: str, quick: bool) -> dict[str, BenchMetric]:
     from agentjet.engines.base import SamplingParams, TrainSample
     from agentjet.layouts import embedded_engine
-    from agentjet.settings import EngineSettings
+    from agentjet.settings import GeneratorSettings
 
-    engine = embedded_engine(model, EngineSettings(max_batch_size=8))
+    engine = embedded_engine(model, GeneratorSettings(max_batch_size=8))
     prompt = list(engine.tokenizer.apply_chat_template([{"role": "user", "content": "Count from one to twenty."}],
                                                        add_generation_prompt=True, tokenize=True, return_dict=False))
     max_tokens = 32
@@ -237,17 +237,18 @@ def learning_metrics(model: str, steps: int, quick: bool) -> tuple[dict[str, Ben
     from agentjet.runtime.launch import free_port
     from agentjet.server import SwarmServer
     from agentjet.server.http.app import BackgroundServer
-    from agentjet.settings import EngineSettings, ServerConfig, TrainingSettings
+    from agentjet.settings import GeneratorSettings, LearnerSettings, ServerConfig, TrainingSettings
     from agentjet.tasks import get_task
 
     task = get_task("addition")
     rec = task.RECOMMENDED
     group = 4 if quick else rec.group_size
     lr = 1e-3 if quick else rec.learning_rate
-    engine = embedded_engine(model, EngineSettings(max_batch_size=8), learning_rate=lr)
+    learner = LearnerSettings(learning_rate=lr)
+    engine = embedded_engine(model, GeneratorSettings(max_batch_size=8), learner)
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = ServerConfig(model=model, port=free_port(), data_dir=Path(tmp), training=TrainingSettings(
-            group_size=group, batch_groups=1 if quick else rec.batch_groups, learning_rate=lr,
+        cfg = ServerConfig(model=model, port=free_port(), data_dir=Path(tmp), learner=learner, training=TrainingSettings(
+            group_size=group, batch_groups=1 if quick else rec.batch_groups,
             checkpoint_every=0, drop_uniform_groups=not quick, max_staleness=2))  # quick: the tiny model scores 0
         srv = BackgroundServer(SwarmServer(cfg, engine)).start()
         try:

@@ -1,4 +1,4 @@
-"""The embedded generator: transformers + torch on CPU or one CUDA device, configured by ``EngineSettings``.
+"""The embedded generator: transformers + torch on CPU or one CUDA device, configured by ``GeneratorSettings``.
 
 ``HFGenerator`` composes its parts around one copy of the weights (a ``PolicyModel``, ``model.py``):
 - ``EngineWorker`` (``worker.py``): the one thread that runs all torch work on these weights, so generation and
@@ -38,7 +38,7 @@ from agentjet.generators.hf.generation import StaticGenerator
 from agentjet.generators.hf.rows import RowRules
 from agentjet.generators.hf.runner import SlotRunner
 from agentjet.generators.hf.scheduler import ContinuousScheduler
-from agentjet.settings import EngineSettings
+from agentjet.settings import GeneratorSettings, LearnerSettings, PlacementSettings
 from agentjet.weights.io import copy_weights_into
 
 log = logging.getLogger(__name__)
@@ -62,8 +62,8 @@ def slot_cache_fits(config: Any) -> str | None:
 
 
 class HFGenerator(Generator):
-    def __init__(self, policy: PolicyModel, settings: EngineSettings | None = None) -> None:
-        self.settings = settings = settings or EngineSettings()
+    def __init__(self, policy: PolicyModel, settings: GeneratorSettings | None = None) -> None:
+        self.settings = settings = settings or GeneratorSettings()
         self.policy = policy
         self.model_path = policy.path
         self.device = policy.device
@@ -95,9 +95,9 @@ class HFGenerator(Generator):
             self.batcher = RequestBatcher(self._run_batch, settings.max_batch_size, settings.batch_wait_ms / 1000)
 
     @classmethod
-    def load(cls, model: str | Path, settings: EngineSettings | None = None) -> HFGenerator:
-        settings = settings or EngineSettings()
-        return cls(load_policy_model(model, settings), settings)
+    def load(cls, model: str | Path, settings: GeneratorSettings | None = None,
+             placement: PlacementSettings | None = None, learner: LearnerSettings | None = None) -> HFGenerator:
+        return cls(load_policy_model(model, placement, learner), settings)
 
     # ----------------------------------------------------------------- properties
     @property
@@ -120,13 +120,13 @@ class HFGenerator(Generator):
         return {**self.generator.stats, **self.batcher.stats}
 
     def describe(self) -> dict[str, Any]:
-        lora = self.settings.lora
+        lora = self.policy.lora
         info: dict[str, Any] = {
             "kind": "hf", "model": str(self.model_path), "device": str(self.device),
             "dtype": str(self.dtype).removeprefix("torch."),
-            "lora": {"rank": lora.rank, "alpha": lora.alpha, "targets": list(lora.targets)} if lora.enabled
+            "lora": {"rank": lora.rank, "alpha": lora.alpha, "targets": list(lora.targets)} if lora is not None
             else None,
-            "gradient_checkpointing": self.settings.gradient_checkpointing,
+            "gradient_checkpointing": self.policy.gradient_checkpointing,
             "max_batch_size": self.settings.max_batch_size, "max_context": self._max_context,
             "batching": self.batching}
         if self.runner is not None:

@@ -124,7 +124,7 @@ class VLLMGenerator(Generator):
     @property
     def records_token_versions(self) -> bool:
         """Whether requests are streamed from vLLM so that each token carries its version: they can span a swap
-        and ``engine.vllm.token_versions`` is on."""
+        and ``generator.vllm.token_versions`` is on."""
         return self.spans_swaps and self.settings.token_versions
 
     @property

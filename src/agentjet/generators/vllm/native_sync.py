@@ -400,7 +400,7 @@ async def _together(*calls: Any) -> None:
 
 def native_sync(client: VLLMClient, source: NamedTensorSource, settings: VLLMSettings,
                 device: torch.device | str = "cuda") -> VLLMNativeSync:
-    """The seam as ``engine.vllm`` configures it (``weight_transfer: nccl``): tensors cast to vLLM's dtype
+    """The seam as ``generator.vllm`` configures it (``weight_transfer: nccl``): tensors cast to vLLM's dtype
     (``auto`` sends the learner's own), ``nccl_buffer_mib`` buffers, the push bounded by ``sync_timeout_s`` and
     the rendezvous by ``control_timeout_s``."""
     sender = TorchNcclSender(source, device=device, dtype=DTYPES.get(settings.dtype),
