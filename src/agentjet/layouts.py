@@ -138,6 +138,7 @@ def vllm_engine(config: ServerConfig, work_dir: Path) -> ComposedEngine:
         start_dir = weights.export_untied_copy(source, weights.version_dir(work_dir / "weights", 0), tokenizer)
         learner: Any = GroupLearner(_group(config), tokenizer)
         lora = False
+        policy = None  # the weights live in the trainer group's processes
     else:
         from agentjet.engines.hf.model import load_policy_model
         from agentjet.learners.inprocess import InProcessLearner
@@ -155,6 +156,10 @@ def vllm_engine(config: ServerConfig, work_dir: Path) -> ComposedEngine:
     seam: Any = VLLMReload(engine.vllm)
     if engine.vllm.weight_transfer == "nccl":  # unverified on a GPU: docs/vllm.md
         from agentjet.engines.vllm.native_sync import ModuleTensors, native_sync
+
+        if policy is None:  # a trainer group: its weights are not in this process
+            raise ValueError("engine.vllm.weight_transfer: nccl needs the in-process learner (trainer.procs 0); "
+                             "a trainer group hands its weights over through files")
 
         seam = native_sync(generator.client, ModuleTensors(policy.causal_lm), engine.vllm, device=policy.device)
     return ComposedEngine(generator, learner, seam)
