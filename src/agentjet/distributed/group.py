@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Client, Connection, Listener
 from multiprocessing.connection import wait as wait_connections
 from pathlib import Path
+from typing import cast
 
 from agentjet.distributed.launch import torchrun_command
 from agentjet.distributed.messages import (
@@ -502,7 +503,7 @@ class TrainerGroup:
         if sender.is_alive():
             raise GroupTimeout(f"sending {what} to the ranks did not finish in time (a rank stopped reading)")
         if errors:
-            raise errors[0]  # type: ignore[misc]
+            raise errors[0]
 
     def _gather(self, kind: str, deadline: float) -> list[Done]:
         """Every rank's ``Done(kind)``, by rank. A closed connection, a ``Failed`` or the deadline raises."""
@@ -516,10 +517,11 @@ class TrainerGroup:
                                    f"collective){self._log_tail()}")
             problems: list[str] = []
             reported: set[int] = set()
-            for conn in wait_connections(list(pending), timeout=min(remaining, 0.5)):
-                r = pending.pop(conn)  # type: ignore[call-overload]
+            for ready in wait_connections(list(pending), timeout=min(remaining, 0.5)):
+                conn = cast(Connection, ready)  # wait() hands back the objects it was given: these connections
+                r = pending.pop(conn)
                 try:
-                    msg = conn.recv()  # type: ignore[union-attr]
+                    msg = conn.recv()
                 except (EOFError, OSError):
                     problems.append(f"rank {r.rank} (pid {r.pid} on {r.host}) closed its connection")
                     continue

@@ -205,7 +205,7 @@ class ChatCall:
         """One server-sent event of the stream (``delta=None``: the final usage-only chunk)."""
         chunk_logprobs = None if logprobs is None else ChunkLogprobs.model_validate(logprobs.model_dump())
         choices = [] if delta is None else [ChunkChoice(index=0, delta=ChoiceDelta.model_validate(delta),
-                                                        finish_reason=finish, logprobs=chunk_logprobs)]  # type: ignore[arg-type]
+                                                        finish_reason=finish, logprobs=chunk_logprobs)]
         event = ChatCompletionChunk(id=self.id, object="chat.completion.chunk", created=self.created,
                                     model=self.server.config.name, choices=choices, usage=usage)
         return _sse(event.model_dump(mode="json", exclude_unset=True))
@@ -262,7 +262,7 @@ async def chat_completions(request: Request, body: ChatCompletionRequest, key: s
         msg = p.assistant_message(res)
         p.record(res, msg, s)
         choices.append(Choice(index=i, message=ChatCompletionMessage.model_validate(msg),
-                              finish_reason=p.finish_reason(res, msg), logprobs=p.logprobs(res)))  # type: ignore[arg-type]
+                              finish_reason=p.finish_reason(res, msg), logprobs=p.logprobs(res)))
     completion = ChatCompletion(id=p.id, object="chat.completion", created=p.created, model=p.server.config.name,
                                 choices=choices, usage=p.usage(results),
                                 system_fingerprint=f"policy-v{results[0].policy_version}")
