@@ -37,6 +37,7 @@ bench-vs-trl: setup-bench
 test: setup
 	$(PY) -m ruff check src tests benchmarks examples scripts
 	$(VENV)/bin/lint-imports  # the layering contracts in pyproject.toml ([tool.importlinter])
+	$(PY) -m mypy  # the type checker over src/agentjet, as pyproject.toml's [tool.mypy] sets it
 	@if [ -n "$$AGENTJET_CHROMIUM" ] || [ -x /usr/bin/chromium ] || command -v chromium >/dev/null 2>&1; then \
 	  echo "==> dashboard browser tests: ON (chromium found)"; \
 	else \

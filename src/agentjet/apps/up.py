@@ -115,8 +115,8 @@ class Swarm:
         for name, proc in self.servers.items():
             proc.wait_ready(timeout)
             self.echo(f"{name} is ready at {proc.url}")
-        for name, spec in self.spec.clients.items():
-            self.clients[name] = Child.spawn(spec.command, self._log(name), env={**os.environ, **spec.env},
+        for name, client in self.spec.clients.items():
+            self.clients[name] = Child.spawn(client.command, self._log(name), env={**os.environ, **client.env},
                                              parent_death_signal=signal.SIGTERM)
             self.echo(f"started {name} (pid {self.clients[name].pid}), log {self._log(name)}")
 

@@ -57,7 +57,7 @@ def bench(
     learn_settings = None
     if learn:
         learn_settings = LearnSettings(task=task, seed=seed, budget_s=60 * budget_min, learning_rate=learning_rate,
-                                       commit=commit, **({"model": model} if model else {}))
+                                       commit=commit, model=model or LearnSettings.model)
     code = run_bench(BenchOptions(quick=quick, learn=learn_settings, repeat=repeat, history=history,
                                   baseline=baseline, sigmas=sigmas, set_baseline=set_baseline, record=record,
                                   compare_only=compare_only, report_only=report_only, inject=inject or None,

@@ -64,7 +64,8 @@ def parse_assignment(item: str) -> tuple[tuple[str, ...], Any]:
         value = raw
     meta = [m for m in field.info.metadata]
     try:
-        TypeAdapter(Annotated[field.annotation, Field(), *meta]).validate_python(value)
+        annotated: Any = Annotated[field.annotation, Field(), *meta]  # a type built at run time
+        TypeAdapter(annotated).validate_python(value)
     except ValidationError as exc:
         raise typer.BadParameter(f"{field.dotted} (--{field.flag}): {exc.errors()[0]['msg']} (got {raw!r})") from exc
     return field.path, value

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Client, Connection, Listener
 from multiprocessing.connection import wait as wait_connections
 from pathlib import Path
+from typing import cast
 
 from agentjet.distributed.messages import Command, Done, Failed, Hello
 
@@ -173,10 +174,11 @@ class RankChannel:
                                    f"collective){self._tail()}")
             problems: list[str] = []
             reported: set[int] = set()
-            for conn in wait_connections(list(pending), timeout=min(remaining, 0.5)):
-                r = pending.pop(conn)  # type: ignore[call-overload]
+            for ready in wait_connections(list(pending), timeout=min(remaining, 0.5)):
+                conn = cast(Connection, ready)  # wait() hands back the objects it was given: these connections
+                r = pending.pop(conn)
                 try:
-                    msg = conn.recv()  # type: ignore[union-attr]
+                    msg = conn.recv()
                 except (EOFError, OSError):
                     problems.append(f"rank {r.rank} (pid {r.pid} on {r.host}) closed its connection")
                     continue

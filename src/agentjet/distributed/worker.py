@@ -19,6 +19,7 @@ import traceback
 from datetime import timedelta
 from multiprocessing.connection import Client, Connection
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -60,7 +61,7 @@ class PolicyLogprobs(torch.nn.Module):
         self.bf16_autocast = bf16_autocast
 
     def forward(self, batch: PaddedBatch) -> torch.Tensor:
-        lm = self.lm
+        lm: Any = self.lm  # a transformers causal LM (base_model, get_output_embeddings)
         return trained_token_logprobs(lm.base_model, lm.get_output_embeddings().weight, batch, self.chunk_rows,
                                       self.bf16_autocast)
 
@@ -80,7 +81,7 @@ def shard(module: PolicyLogprobs, mixed_precision: bool) -> None:
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mixed_precision else None
-    kwargs = {"mp_policy": mp} if mp is not None else {}
+    kwargs: dict[str, Any] = {"mp_policy": mp} if mp is not None else {}
     for layer in decoder_layers(module.lm):
         fully_shard(layer, **kwargs)
     fully_shard(module, **kwargs)
@@ -108,13 +109,14 @@ class RankTrainer:
         else:
             self.device = torch.device("cpu")
         dist.init_process_group(init.backend, timeout=timedelta(seconds=init.collective_timeout_s),
-                                **({"device_id": self.device} if init.device == "cuda" else {}))
+                                device_id=self.device if init.device == "cuda" else None)
         mixed = init.mixed_precision and init.device == "cuda"
         tok = AutoTokenizer.from_pretrained(init.model)
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
 
         def build(trainable: bool) -> PolicyLogprobs:
-            lm = AutoModelForCausalLM.from_pretrained(init.model, dtype=torch.float32).to(self.device)
+            lm: Any = AutoModelForCausalLM.from_pretrained(init.model, dtype=torch.float32)
+            lm = lm.to(self.device)
             if trainable and init.gradient_checkpointing:
                 lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             lm.train(trainable)
@@ -211,7 +213,7 @@ class RankTrainer:
 
         state = get_model_state_dict(self.lm, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if self.rank == 0:  # untied, by the one rule (engines/weights.py): vLLM and the embedded engine read it
-            write_safetensors(untie(state), path)
+            write_safetensors(untie(cast(dict[str, torch.Tensor], state)), path)  # a full state dict: tensors
 
     def _state(self) -> dict[str, dict]:
         from torch.distributed.checkpoint.state_dict import get_state_dict

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -74,7 +74,7 @@ def with_lora(causal_lm: Any, lora: LoraSettings) -> Any:
         return causal_lm
     from peft import LoraConfig, get_peft_model
 
-    return get_peft_model(causal_lm, LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+    return get_peft_model(causal_lm, LoraConfig(r=lora.rank, lora_alpha=cast(int, lora.alpha),  # peft says int; it scales by alpha / r lora_dropout=lora.dropout,
                                                 target_modules=list(lora.targets), task_type="CAUSAL_LM"))
 
 
@@ -90,7 +90,8 @@ def load_policy_model(model: str | Path, placement: PlacementSettings | None = N
     device = resolve_device(placement.device)
     dtype = resolve_dtype(placement.dtype, device)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    causal_lm = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+    causal_lm: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    causal_lm = causal_lm.to(device)
     causal_lm.eval()
     if settings.gradient_checkpointing:
         causal_lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

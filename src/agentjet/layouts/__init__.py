@@ -127,8 +127,8 @@ def _group(config: ServerConfig) -> Any:
 
 def vllm_engine(config: ServerConfig, work_dir: Path) -> ComposedEngine:
     """vLLM generates; the in-process learner (``learner.group.procs`` 0) or a learner group trains."""
-    from agentjet.weights import io as weights
     from agentjet.generators.vllm import VLLMGenerator, VLLMReload
+    from agentjet.weights import io as weights
 
     gen = config.generator
     if config.learner.group.procs:
@@ -147,6 +147,7 @@ def vllm_engine(config: ServerConfig, work_dir: Path) -> ComposedEngine:
         start_dir = weights.export_untied_copy(source, weights.version_dir(work_dir / "weights", 0), tokenizer)
         learner: Any = GroupLearner(_group(config), tokenizer)
         lora = False
+        policy = None  # the weights live in the trainer group's processes
     else:
         from agentjet.engines.model import load_policy_model
         from agentjet.learners.inprocess import InProcessLearner
@@ -164,6 +165,10 @@ def vllm_engine(config: ServerConfig, work_dir: Path) -> ComposedEngine:
     seam: Any = VLLMReload(gen.vllm)
     if gen.vllm.weight_transfer == "nccl":  # unverified on a GPU: docs/vllm.md
         from agentjet.generators.vllm.native_sync import ModuleTensors, native_sync
+
+        if policy is None:  # a trainer group: its weights are not in this process
+            raise ValueError("generator.vllm.weight_transfer: nccl needs the in-process learner (learner.group.procs "
+                             "0); a trainer group hands its weights over through files")
 
         seam = native_sync(generator.client, ModuleTensors(policy.causal_lm), gen.vllm, device=policy.device)
     return ComposedEngine(generator, learner, seam)

@@ -69,7 +69,7 @@ def env_values(environ: Mapping[str, str]) -> dict[str, Any]:
     """The settings given as ``AGENTJET_*`` variables. A misspelt sectioned name is an error (a top-level one
     cannot be told apart from unrelated variables such as ``AGENTJET_HOME``)."""
     flat: dict[tuple[str, ...], Any] = {}
-    known = set()
+    known: set[str] = set()
     for f in server_fields():
         known.update((f.env, f.env + SECRET_FILE_SUFFIX) if f.is_secret else (f.env,))
         if f.env in environ:

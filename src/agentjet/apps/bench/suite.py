@@ -38,6 +38,7 @@ from agentjet.apps.bench.report import (
     BenchMetric,
     BenchRecord,
     GateResult,
+    Mode,
     append_history,
     baseline_runs,
     gate,
@@ -161,7 +162,7 @@ def swarm_metrics(quick: bool) -> dict[str, BenchMetric]:
                 await asyncio.gather(*[worker() for _ in range(conc)])
                 return n / (time.perf_counter() - t0)
 
-            direct_rate = float(srv.call(direct()))  # type: ignore[arg-type]
+            direct_rate = float(srv.call(direct()))
             api_rate, p50 = asyncio.run(_api_load(srv.url, conc, seconds, messages))
         finally:
             srv.stop()
@@ -331,7 +332,7 @@ def demo_flags(s: LearnSettings) -> dict[str, str | None]:
     return flags
 
 
-def run_learn(s: LearnSettings, console: Console | None = None, mode: str = "learn") -> BenchRecord:
+def run_learn(s: LearnSettings, console: Console | None = None, mode: Mode = "learn") -> BenchRecord:
     """Run the demo with ``s`` and turn its result (``demo_result.json``) into a history record."""
     import json
 

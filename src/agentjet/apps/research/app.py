@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 from rich.console import Console
@@ -66,7 +67,7 @@ def report_only(spec: StudySpec, out_dir: Path) -> Path:
 
 
 def resolve_spec(study: str, base: Path | None, space: list[str], client: list[str],
-                 overrides: dict[str, object]) -> StudySpec:
+                 overrides: Mapping[str, object]) -> StudySpec:
     """A study from a file (with command-line overrides), or from a question, ``--base`` and ``--space``."""
     client_settings: dict[str, object] = {}
     for item in client:
@@ -91,18 +92,18 @@ def resolve_spec(study: str, base: Path | None, space: list[str], client: list[s
         root = Path.cwd()
     if not overrides and not client_settings:
         return spec
-    for dotted, value in overrides.items():
+    for dotted, setting in overrides.items():
         section, _, key = dotted.partition(".")
         if key:
-            raw[section] = {**raw.get(section, {}), key: value}
+            raw[section] = {**raw.get(section, {}), key: setting}
         else:
-            raw[section] = value
+            raw[section] = setting
     if client_settings:
         raw["client"] = {**raw.get("client", {}), **client_settings}
     return validate_spec(raw, "the study with its command-line options", root)
 
 
-def main(study: str, base: Path | None, space: list[str], client: list[str], overrides: dict[str, object],
+def main(study: str, base: Path | None, space: list[str], client: list[str], overrides: Mapping[str, object],
          out: Path | None, report: bool, console: Console) -> int:
     """The ``ajet research`` command; returns the exit code (2: bad input, 1: the study was aborted)."""
     if overrides.get("planner.url") and "planner.kind" not in overrides:

@@ -294,11 +294,11 @@ class StudyRunner:
         for step, value in sorted(result_points(result, self.spec.metric.source).items()):
             if a.run.add_point(step, value):
                 self.optuna.report(a.run, step, value)
-        value = a.run.value(self.spec.metric)
-        if value is None:
+        final = a.run.value(self.spec.metric)
+        if final is None:
             a.run.move(TrialState.FAILED, "finished without an eval point after training")
         else:
-            a.run.move(TrialState.DONE, f"{result.stop_reason}; {self.spec.metric.source} {value:.3f}")
+            a.run.move(TrialState.DONE, f"{result.stop_reason}; {self.spec.metric.source} {final:.3f}")
         self.optuna.finish(a.run)
         self.display.event(f"{a.run.id} {a.run.state.value}: {a.run.reason}")
         self._save()

@@ -70,7 +70,8 @@ def eval_n_for(settings: TrialClientSettings) -> int:
 
 def group_size_of(status: ServerStatus) -> int:
     cfg = status.config
-    training = cfg.get("training") if isinstance(cfg.get("training"), dict) else cfg
+    training = cfg.get("training")
+    training = training if isinstance(training, dict) else cfg
     return int(training.get("group_size", 4))
 
 
@@ -125,9 +126,9 @@ class TrialClient:
                         admin_token=self._admin_token(), on_eval=self.record)
         run = await driver.run(self.train_tasks(), PauseEvery(steps=self.s.eval_every),
                                Budget(max_steps=self.s.steps, train_seconds=self.s.time_budget_s))
-        stop_reason = {Stop.STEPS: "steps reached",
-                       Stop.TIME_BUDGET: f"time budget of {self.s.time_budget_s:.0f}s"}.get(run.stop_reason,
-                                                                                          run.stop_reason)
+        reasons: dict[str, str] = {Stop.STEPS: "steps reached",
+                                   Stop.TIME_BUDGET: f"time budget of {self.s.time_budget_s:.0f}s"}
+        stop_reason = reasons.get(run.stop_reason, run.stop_reason)
         final = await self.status()
         return TrialResult(ok=True, stop_reason=stop_reason, evals=self.evals, final_status=final.model_dump(),
                            train_episodes=run.train.episodes, failed_episodes=run.train.failed,

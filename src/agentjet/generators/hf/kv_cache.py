@@ -40,6 +40,8 @@ class SlotLayer(CacheLayerMixin):
 
     is_compileable = True
     is_sliding = False
+    keys: torch.Tensor  # allocated in __init__ (the base class allows None until a lazy first update)
+    values: torch.Tensor
 
     def __init__(self, owner: SlotKVCache, shape: tuple[int, int, int, int], dtype: torch.dtype,
                  device: torch.device) -> None:
@@ -96,8 +98,9 @@ class SlotKVCache(Cache):
         n_layers, kv_heads, head_dim = kv_shape(config)
         self.slots, self.capacity = slots, capacity
         self.dtype, self.device = dtype, device
-        layers = [SlotLayer(self, (slots, kv_heads, capacity, head_dim), dtype, device) for _ in range(n_layers)]
-        super().__init__(layers=layers)
+        self.slot_layers = [SlotLayer(self, (slots, kv_heads, capacity, head_dim), dtype, device)
+                            for _ in range(n_layers)]  # self.layers, with their type
+        super().__init__(layers=[*self.slot_layers])
         self.phase = Phase.IDLE
         self.rows = 0  # DECODE: rows [0, rows) take part
         self.window = 0  # DECODE: columns [0, window) are attended to
@@ -107,7 +110,7 @@ class SlotKVCache(Cache):
 
     @property
     def bytes(self) -> int:
-        return sum(2 * layer.keys.numel() * layer.keys.element_size() for layer in self.layers)
+        return sum(2 * layer.keys.numel() * layer.keys.element_size() for layer in self.slot_layers)
 
     @staticmethod
     def bytes_for(config: Any, slots: int, capacity: int, dtype: torch.dtype) -> int:
@@ -116,7 +119,7 @@ class SlotKVCache(Cache):
 
     # ------------------------------------------------------------------ moving columns (in place)
     def _tensors(self) -> list[torch.Tensor]:
-        return [t for layer in self.layers for t in (layer.keys, layer.values)]
+        return [t for layer in self.slot_layers for t in (layer.keys, layer.values)]
 
     def compact(self, lo: int, t: int) -> None:
         """Columns ``[lo, t)`` -> ``[0, t - lo)``, in every slot."""
@@ -139,8 +142,8 @@ class SlotKVCache(Cache):
             return
         # everything is allocated before anything is replaced: a failed allocation leaves the cache as it was
         grown = [[torch.zeros((*src.shape[:2], capacity, src.shape[3]), dtype=src.dtype, device=src.device)
-                  for src in (layer.keys, layer.values)] for layer in self.layers]
-        for layer, (keys, values) in zip(self.layers, grown, strict=True):
+                  for src in (layer.keys, layer.values)] for layer in self.slot_layers]
+        for layer, (keys, values) in zip(self.slot_layers, grown, strict=True):
             keys[:, :, :t].copy_(layer.keys[:, :, :t])
             values[:, :, :t].copy_(layer.values[:, :, :t])
             layer.keys, layer.values = keys, values

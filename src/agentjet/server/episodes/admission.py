@@ -40,7 +40,7 @@ import math
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from agentjet.engines.base import Engine
 from agentjet.protocol import BeginEpisodeRequest, BeginEpisodeResponse, EpisodeStatus
@@ -205,7 +205,8 @@ class Admission:
         self.counters.held_begin()
         gone = asyncio.ensure_future(client_gone()) if client_gone is not None else None
         try:
-            await asyncio.wait([waiter.future, *([gone] if gone else [])], return_when=asyncio.FIRST_COMPLETED)
+            watched: list[asyncio.Future[Any]] = [waiter.future, *([gone] if gone else [])]
+            await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
             if gone is not None and gone.done():  # (admitted in the same instant: _withdraw aborts it)
                 raise APIError(499, "the client went away while its begin was held", code="client_gone")
             return waiter.future.result()

@@ -41,7 +41,7 @@ def _call_object(obj: Any, args_keys: tuple[str, ...]) -> tuple[str, Any] | None
     """``(name, arguments)`` of a parsed call object, or None when it is not one."""
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
-    args = next((obj[k] for k in args_keys if k in obj), {})
+    args: Any = next((obj[k] for k in args_keys if k in obj), {})
     return (obj["name"], args) if isinstance(args, dict | str) else None
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import MutableMapping
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -92,7 +94,7 @@ class BodySizeLimit:
     def _counting(self, receive: Receive) -> Receive:
         seen = 0
 
-        async def wrapped() -> dict:
+        async def wrapped() -> MutableMapping[str, Any]:
             nonlocal seen
             message = await receive()
             seen += len(message.get("body", b""))

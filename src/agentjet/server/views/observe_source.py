@@ -148,7 +148,8 @@ class ServerSource:
         ep = row.episode
         team = None
         if ep.team_id:
-            roles = row.metadata.get("team_roles") if isinstance(row.metadata.get("team_roles"), dict) else {}
+            roles = row.metadata.get("team_roles")
+            roles = roles if isinstance(roles, dict) else {}
             team = {"team_id": ep.team_id, "coordinator": ep.team_coordinator,
                     "roles": {str(k): str(v) for k, v in roles.items()}}
         return {"episode_id": ep.episode_id, "client_id": ep.client_id, "task_id": ep.task_id,
