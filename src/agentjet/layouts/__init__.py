@@ -124,20 +124,13 @@ def vllm_engine(config: ServerConfig, work_dir: Path) -> ComposedEngine:
 
     engine = config.engine
     if config.trainer.procs:
-        from transformers import AutoConfig, AutoTokenizer, GenerationConfig
-
         from agentjet.distributed.learner import GroupLearner
-        from agentjet.engines.model import model_stop_ids
+        from agentjet.engines.model import model_facts
         from agentjet.models import resolve_model
 
-        source = resolve_model(config.model)
-        tokenizer = AutoTokenizer.from_pretrained(source)
-        gen_config = GenerationConfig.from_pretrained(source) if (source / "generation_config.json").exists() \
-            else None
-        stop_ids = model_stop_ids(gen_config, tokenizer)
-        context = int(getattr(AutoConfig.from_pretrained(source), "max_position_embeddings", 4096))
-        start_dir = weights.export_untied_copy(source, weights.version_dir(work_dir / "weights", 0), tokenizer)
-        learner: Any = GroupLearner(_group(config), tokenizer)
+        facts = model_facts(resolve_model(config.model))
+        start_dir = weights.export_untied_copy(facts, weights.version_dir(work_dir / "weights", 0))
+        learner: Any = GroupLearner(_group(config), facts)
         lora = False
     else:
         from agentjet.engines.model import load_policy_model
@@ -146,11 +139,12 @@ def vllm_engine(config: ServerConfig, work_dir: Path) -> ComposedEngine:
         policy = load_policy_model(config.model, engine)
         learner = InProcessLearner(policy, engine, config.loss, config.training.learning_rate, export_root=work_dir,
                                    keep_exports=engine.vllm.keep_weight_versions)
-        tokenizer, stop_ids, context = policy.tokenizer, policy.stop_ids(), policy.context_length
+        facts = policy.facts
         lora = policy.lora is not None
         dtype = engine.vllm.dtype if engine.vllm.dtype != "auto" else None
         start_dir = policy.path if lora else learner.export_weights_sync(dtype)
-    generator = VLLMGenerator(start_dir, tokenizer, engine.vllm, stop_ids=stop_ids,
+    context = facts.context_length
+    generator = VLLMGenerator(start_dir, facts.tokenizer, engine.vllm, stop_ids=set(facts.stop_ids),
                               max_context=min(engine.max_context or context, context), seed=engine.seed,
                               lora_adapters=lora, work_dir=work_dir)
     seam: Any = VLLMReload(engine.vllm)
@@ -167,7 +161,7 @@ def group_engine(config: ServerConfig) -> ComposedEngine:
     from agentjet.generators.hf import HFGenerator
 
     generator = HFGenerator.load(config.model, config.engine)
-    learner = GroupLearner(_group(config), generator.tokenizer)
+    learner = GroupLearner(_group(config), generator.policy.facts)
     return ComposedEngine(generator, learner, CopyIntoModule(config.trainer.push_timeout_s))
 
 

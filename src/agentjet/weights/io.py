@@ -23,11 +23,14 @@ import re
 import shutil
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from agentjet.files import atomic_dir, atomic_file
+
+if TYPE_CHECKING:
+    from agentjet.engines.model import ModelFacts
 
 VERSION_DIR = re.compile(r"^v(\d{6,})$")
 WEIGHTS_FILE = "model.safetensors"
@@ -134,21 +137,20 @@ def export_full(model: Any, tokenizer: Any, target: Path, dtype: str | None = "b
                            getattr(model, "generation_config", None), torch_dtype)
 
 
-def export_untied_copy(source: Path, target: Path, tokenizer: Any = None) -> Path:
-    """A model directory's weights rewritten untied into ``target`` (without building the model): what vLLM starts
-    from when the weights it will later reload come from elsewhere (a trainer group)."""
+def export_untied_copy(facts: ModelFacts, target: Path) -> Path:
+    """A model directory's weights rewritten untied into ``target`` (without building the model), with its
+    config (untied), generation config and tokenizer: what vLLM starts from when the weights it will later reload
+    come from elsewhere (a trainer group)."""
     from safetensors.torch import load_file
-    from transformers import AutoConfig, GenerationConfig
 
-    source = Path(source)
+    source = facts.path
     files = sorted(source.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"no .safetensors weights in {source}")
     state: dict[str, torch.Tensor] = {}
     for f in files:
         state.update(load_file(str(f)))
-    gen = GenerationConfig.from_pretrained(source) if (source / "generation_config.json").exists() else None
-    return write_model_dir(target, state, AutoConfig.from_pretrained(source), tokenizer, gen)
+    return write_model_dir(target, state, facts.config, facts.tokenizer, facts.generation_config)
 
 
 def export_lora(peft_model: Any, target: Path) -> Path:
