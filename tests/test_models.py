@@ -102,3 +102,26 @@ def test_processes_starting_at_once_build_a_model_once(tmp_path: Path) -> None:
     assert not errors and len(builds) == 1
     models._build_once(target, build, version=2)  # a new build version is built again
     assert len(builds) == 2
+
+
+def test_every_default_model_is_the_one_constant() -> None:
+    """The default model is named once (``models.DEFAULT_MODEL``): the server, the demo, the bench and the
+    single-process layout all default to it, and nothing in the package spells the name again."""
+    import inspect
+    import re
+
+    from agentjet import models
+    from agentjet.apps.bench.suite import LearnSettings, SuiteSettings
+    from agentjet.apps.demo import DemoSettings
+    from agentjet.layouts import embedded_engine
+    from agentjet.settings import ServerConfig
+
+    assert models.DEFAULT_MODEL in models.BUILTIN_MODELS
+    assert ServerConfig().model == DemoSettings().model == LearnSettings().model == models.DEFAULT_MODEL
+    assert SuiteSettings(quick=False).model_name == models.DEFAULT_MODEL
+    assert inspect.signature(embedded_engine).parameters["model"].default == models.DEFAULT_MODEL
+    src = Path(models.__file__).parent
+    spelled = [f"{p.relative_to(src)}:{i}" for p in src.rglob("*.py")
+               for i, line in enumerate(p.read_text().splitlines(), 1)
+               if re.search(rf"[\"']{re.escape(models.DEFAULT_MODEL)}[\"']", line)]
+    assert spelled == ["models.py:29"]  # the constant itself (module docs may still show it in examples)

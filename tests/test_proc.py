@@ -28,7 +28,7 @@ def fake_timer() -> tuple[Timer, FakeClock]:
         clock.advance(seconds)
         time.sleep(0.02)
 
-    return Timer(clock=clock.monotonic, sleep=sleep, poll_s=5), clock
+    return Timer(clock=clock, sleep=sleep, poll_s=5), clock
 
 
 def python(code: str) -> list[str]:
@@ -178,3 +178,17 @@ def test_a_server_process_dies_with_the_thread_that_started_it(tmp_path: Path, t
     child = started[0].child
     assert child is not None and child.wait(60) is not None, "the server outlived its owner"
     assert ready and child.returncode in (0, -signal.SIGTERM), child.tail()
+
+
+def test_one_clock_shape() -> None:
+    """Everything that reads time takes the one ``agentjet.runtime.clock.Clock`` (a FakeClock in tests), not a
+    bare ``Callable[[], float]``."""
+    from pathlib import Path
+
+    import agentjet
+
+    src = Path(agentjet.__file__).parent
+    bare = [f"{p.relative_to(src)}:{i}" for p in src.rglob("*.py")
+            for i, line in enumerate(p.read_text().splitlines(), 1)
+            if "Callable[[], float]" in line or "= time.monotonic," in line or "= time.monotonic)" in line]
+    assert bare == []

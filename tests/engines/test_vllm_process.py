@@ -18,19 +18,19 @@ from agentjet.generators.vllm.process import (
     ProcessState,
     Timing,
 )
+from agentjet.runtime.clock import FakeClock
 
 
-class FakeClock:
+class SleepingClock(FakeClock):
+    """The fake clock, with the blocking sleep the supervisor is given: it moves the clock and is recorded."""
+
     def __init__(self) -> None:
-        self.now = 0.0
+        super().__init__(start=0.0)
         self.sleeps: list[float] = []
 
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
+    def sleep_blocking(self, seconds: float) -> None:
         self.sleeps.append(seconds)
-        self.now += seconds
+        self.advance(seconds)
 
 
 def spec(tmp_path: Path, code: str) -> LaunchSpec:
@@ -47,10 +47,10 @@ def alive(pid: int) -> bool:
 
 
 def test_start_times_out_on_the_fake_clock_and_kills_the_process(tmp_path):
-    clock = FakeClock()
+    clock = SleepingClock()
     proc = ManagedProcess(lambda: spec(tmp_path, "import time; time.sleep(60)"),
                           Timing(startup_timeout_s=30, health_poll_s=0.5, stop_timeout_s=5),
-                          healthy=lambda url: False, clock=clock, sleep=clock.sleep)
+                          healthy=lambda url: False, clock=clock, sleep=clock.sleep_blocking)
     with pytest.raises(ProcessStartError, match="within 30s"):
         proc.start()
     assert proc.state is ProcessState.FAILED
@@ -69,7 +69,7 @@ def test_a_process_that_exits_while_starting_reports_its_log(tmp_path):
 
 
 def test_restarts_back_off_then_give_up(tmp_path):
-    clock = FakeClock()
+    clock = SleepingClock()
     starts: list[int] = []
 
     def launch() -> LaunchSpec:
@@ -77,7 +77,7 @@ def test_restarts_back_off_then_give_up(tmp_path):
         return spec(tmp_path, "raise SystemExit(1)")  # every restart fails at once
 
     proc = ManagedProcess(launch, Timing(max_restarts=3, restart_backoff_s=2.0, health_poll_s=0.25),
-                          healthy=lambda url: False, clock=clock, sleep=clock.sleep)
+                          healthy=lambda url: False, clock=clock, sleep=clock.sleep_blocking)
     proc.recover(exit_code=-9)
     assert proc.state is ProcessState.FAILED
     assert [s for s in clock.sleeps if s != 0.25] == [2.0, 4.0, 8.0]  # doubling backoff between restarts

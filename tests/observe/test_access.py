@@ -3,24 +3,17 @@
 from __future__ import annotations
 
 from agentjet.observe.access import Sessions, token_matches
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
+from agentjet.runtime.clock import FakeClock
 
 
 def test_sessions_expire_and_are_bounded() -> None:
-    clock = Clock()
+    clock = FakeClock()
     s = Sessions(ttl_s=60, max_sessions=2, clock=clock)
     a = s.create()
     assert s.valid(a) and not s.valid("forged") and not s.valid(None)
-    clock.t += 59
+    clock.advance(59)
     assert s.valid(a)
-    clock.t += 2
+    clock.advance(2)
     assert not s.valid(a) and len(s) == 0  # expired and forgotten
     b, c, d = s.create(), s.create(), s.create()
     assert not s.valid(b) and s.valid(c) and s.valid(d)  # the oldest login went first

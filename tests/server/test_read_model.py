@@ -99,7 +99,7 @@ class _Versioned:
     policy_version = 0
 
     def save(self, path: Path) -> None:
-        path.mkdir(parents=True)
+        assert path.is_dir() and not any(path.iterdir())  # an empty directory to fill
         (path / "v.json").write_text(json.dumps(self.policy_version))
 
     def load(self, path: Path) -> None:

@@ -23,6 +23,7 @@ from rich.console import Console
 from agentjet.client.client import SwarmClient
 from agentjet.client.runner import task_workflow
 from agentjet.client.scheduled import EvalPoint, ScheduleSettings, StepPoint, run_scheduled
+from agentjet.models import DEFAULT_MODEL
 from agentjet.observe.curveplot import Line, Panel, plot_curves
 from agentjet.observe.learncurve import LearnCurve
 from agentjet.runtime.launch import ServerProcess
@@ -41,7 +42,7 @@ from agentjet.tasks import Recommended, get_task
 
 @dataclass
 class DemoSettings:
-    model: str = "smollm2-135m-instruct"
+    model: str = DEFAULT_MODEL
     task: str = "addition"
     steps: int | None = None  # default: the task's RECOMMENDED.steps
     learning_rate: float | None = None

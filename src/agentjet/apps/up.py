@@ -140,10 +140,10 @@ class Swarm:
 
     def stop(self, grace: float = 60) -> None:
         """The clients first, then the servers (they checkpoint on SIGTERM), all within one ``grace``."""
-        deadline = self.timer.clock() + grace
+        deadline = self.timer.clock.monotonic() + grace
         self._stop_group(self.clients, grace)
         servers = {name: s.child for name, s in self.servers.items() if s.child is not None}
-        self._stop_group(servers, max(0.1, deadline - self.timer.clock()))
+        self._stop_group(servers, max(0.1, deadline - self.timer.clock.monotonic()))
 
     def _stop_group(self, children: dict[str, Child], grace: float) -> None:
         codes = stop_all(children.values(), grace, self.timer)

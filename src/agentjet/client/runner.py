@@ -23,6 +23,7 @@ from types import ModuleType
 from typing import Any
 
 from agentjet.client.client import Episode, SwarmClient
+from agentjet.files import write_atomic
 from agentjet.protocol import Reward, reward_mean
 
 log = logging.getLogger(__name__)
@@ -144,9 +145,7 @@ class Cursor:
     def mark(self, position: int) -> None:
         self.done.add(position)
         if self.path is not None:
-            tmp = self.path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"done": sorted(self.done)}))
-            tmp.replace(self.path)
+            write_atomic(self.path, json.dumps({"done": sorted(self.done)}))
 
 
 async def run_episode(client: SwarmClient, workflow: Workflow, task: dict[str, Any], summary: RunSummary,

@@ -16,15 +16,16 @@ from typing import Any
 
 from agentjet.distributed.group import SHARDED_DIR, TrainerGroup
 from agentjet.engines.base import Learner, StepOutput, TrainSample
+from agentjet.engines.model import ModelFacts
 from agentjet.settings import LossSettings
 from agentjet.weights.checkpoints import LEARNER_STATE, read_policy_version
 from agentjet.weights.io import WEIGHTS_FILE, untied_config
 
 
 class GroupLearner(Learner):
-    def __init__(self, group: TrainerGroup, tokenizer: Any) -> None:
+    def __init__(self, group: TrainerGroup, facts: ModelFacts) -> None:
         self.group = group
-        self.tokenizer = tokenizer
+        self.facts = facts  # the source model's: its config, generation config and tokenizer go beside exports
         self._loaded: Path | None = None  # a loaded checkpoint's weights: the newest until the next step
 
     @property
@@ -56,13 +57,10 @@ class GroupLearner(Learner):
         """Config (untied), generation config and tokenizer beside the weights, once per directory."""
         if (target / "config.json").exists():
             return target
-        from transformers import AutoConfig, GenerationConfig
-
-        source = Path(self.group.model)
-        untied_config(AutoConfig.from_pretrained(source)).save_pretrained(target)
-        if (source / "generation_config.json").exists():
-            GenerationConfig.from_pretrained(source).save_pretrained(target)
-        self.tokenizer.save_pretrained(target)
+        untied_config(self.facts.config).save_pretrained(target)
+        if self.facts.generation_config is not None:
+            self.facts.generation_config.save_pretrained(target)
+        self.facts.tokenizer.save_pretrained(target)
         return target
 
     # ------------------------------------------------------------ persistence

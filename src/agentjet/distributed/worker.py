@@ -95,8 +95,10 @@ class RankTrainer:
     """This rank's shard of the policy (and of the frozen reference, when the KL term is on) and optimizer."""
 
     def __init__(self, init: Init, rank: int, world_size: int, local_rank: int) -> None:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM
         from transformers.utils import logging as hf_logging
+
+        from agentjet.engines.model import model_facts
 
         hf_logging.disable_progress_bar()
         self.rank, self.world_size = rank, world_size
@@ -111,8 +113,7 @@ class RankTrainer:
         dist.init_process_group(init.backend, timeout=timedelta(seconds=init.collective_timeout_s),
                                 device_id=self.device if init.device == "cuda" else None)
         mixed = init.mixed_precision and init.device == "cuda"
-        tok = AutoTokenizer.from_pretrained(init.model)
-        self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
+        self.pad_id = model_facts(init.model).pad_id
 
         def build(trainable: bool) -> PolicyLogprobs:
             lm: Any = AutoModelForCausalLM.from_pretrained(init.model, dtype=torch.float32)

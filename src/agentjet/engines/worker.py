@@ -14,12 +14,12 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
-import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 from agentjet.engines.errors import EngineUnavailableError
+from agentjet.runtime.clock import Clock, SystemClock
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -37,9 +37,9 @@ class Stepper(Protocol):
 
 
 class EngineWorker:
-    def __init__(self, name: str = "agentjet-engine", clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, name: str = "agentjet-engine", clock: Clock | None = None) -> None:
         self.name = name
-        self.clock = clock
+        self.clock = clock or SystemClock()
         self.cond = threading.Condition()  # guards the job queue and the stepper's inbox
         self._jobs: deque[tuple[Callable[..., Any], tuple[Any, ...], concurrent.futures.Future[Any]]] = deque()
         self._stepper: Stepper | None = None
@@ -93,7 +93,7 @@ class EngineWorker:
                     raise SystemExit
                 if self._jobs:
                     return self._jobs.popleft()
-                wait = self._stepper.pending(self.clock()) if self._stepper is not None else None
+                wait = self._stepper.pending(self.clock.monotonic()) if self._stepper is not None else None
                 if wait is not None and wait <= 0:
                     return None
                 self.cond.wait(wait)

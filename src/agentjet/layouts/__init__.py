@@ -20,6 +20,7 @@ from typing import Any
 
 from agentjet.engines.base import Engine
 from agentjet.layouts.composed import ComposedEngine
+from agentjet.models import DEFAULT_MODEL
 from agentjet.settings import (
     EngineKind,
     GeneratorSettings,
@@ -96,7 +97,7 @@ def check_placement(config: ServerConfig, gpu_count: int | None = None,
 
 
 # ---------------------------------------------------------------- the four pairs
-def embedded_engine(model: str | Path = "smollm2-135m-instruct", generator: GeneratorSettings | None = None,
+def embedded_engine(model: str | Path = DEFAULT_MODEL, generator: GeneratorSettings | None = None,
                     learner: LearnerSettings | None = None, loss: LossSettings | None = None,
                     placement: PlacementSettings | None = None) -> ComposedEngine:
     """The single-process layout: the embedded generator and the in-process learner share one module."""
@@ -132,20 +133,13 @@ def vllm_engine(config: ServerConfig, work_dir: Path) -> ComposedEngine:
 
     gen = config.generator
     if config.learner.group.procs:
-        from transformers import AutoConfig, AutoTokenizer, GenerationConfig
-
         from agentjet.distributed.learner import GroupLearner
-        from agentjet.engines.model import model_stop_ids
+        from agentjet.engines.model import model_facts
         from agentjet.models import resolve_model
 
-        source = resolve_model(config.model)
-        tokenizer = AutoTokenizer.from_pretrained(source)
-        gen_config = GenerationConfig.from_pretrained(source) if (source / "generation_config.json").exists() \
-            else None
-        stop_ids = model_stop_ids(gen_config, tokenizer)
-        context = int(getattr(AutoConfig.from_pretrained(source), "max_position_embeddings", 4096))
-        start_dir = weights.export_untied_copy(source, weights.version_dir(work_dir / "weights", 0), tokenizer)
-        learner: Any = GroupLearner(_group(config), tokenizer)
+        facts = model_facts(resolve_model(config.model))
+        start_dir = weights.export_untied_copy(facts, weights.version_dir(work_dir / "weights", 0))
+        learner: Any = GroupLearner(_group(config), facts)
         lora = False
         policy = None  # the weights live in the trainer group's processes
     else:
@@ -155,11 +149,12 @@ def vllm_engine(config: ServerConfig, work_dir: Path) -> ComposedEngine:
         policy = load_policy_model(config.model, config.placement, config.learner)
         learner = InProcessLearner(policy, config.learner, config.loss, separate_sampler=True, export_root=work_dir,
                                    keep_exports=gen.vllm.keep_weight_versions)
-        tokenizer, stop_ids, context = policy.tokenizer, policy.stop_ids(), policy.context_length
+        facts = policy.facts
         lora = policy.lora is not None
         dtype = gen.vllm.dtype if gen.vllm.dtype != "auto" else None
         start_dir = policy.path if lora else learner.export_weights_sync(dtype)
-    generator = VLLMGenerator(start_dir, tokenizer, gen.vllm, stop_ids=stop_ids,
+    context = facts.context_length
+    generator = VLLMGenerator(start_dir, facts.tokenizer, gen.vllm, stop_ids=set(facts.stop_ids),
                               max_context=min(gen.max_context or context, context), seed=gen.seed,
                               lora_adapters=lora, work_dir=work_dir)
     seam: Any = VLLMReload(gen.vllm)
@@ -180,7 +175,7 @@ def group_engine(config: ServerConfig) -> ComposedEngine:
     from agentjet.generators.hf import HFGenerator
 
     generator = HFGenerator.load(config.model, config.generator, config.placement)
-    learner = GroupLearner(_group(config), generator.tokenizer)
+    learner = GroupLearner(_group(config), generator.policy.facts)
     return ComposedEngine(generator, learner, CopyIntoModule(config.learner.group.push_timeout_s))
 
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import hmac
 import secrets
-import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+
+from agentjet.runtime.clock import Clock, SystemClock
 
 
 def token_matches(given: str | None, allowed: Sequence[str]) -> bool:
@@ -24,15 +25,15 @@ def token_matches(given: str | None, allowed: Sequence[str]) -> bool:
 class Sessions:
     """Dashboard logins of one server: session id -> expiry. Bounded: the oldest login goes first."""
 
-    def __init__(self, ttl_s: float, max_sessions: int, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, ttl_s: float, max_sessions: int, clock: Clock | None = None) -> None:
         self.ttl_s = ttl_s
         self.max_sessions = max_sessions
-        self._clock = clock
+        self._clock = clock or SystemClock()
         self._expiry: OrderedDict[str, float] = OrderedDict()
 
     def create(self) -> str:
         sid = secrets.token_urlsafe(32)
-        self._expiry[sid] = self._clock() + self.ttl_s
+        self._expiry[sid] = self._clock.monotonic() + self.ttl_s
         while len(self._expiry) > self.max_sessions:
             self._expiry.popitem(last=False)
         return sid
@@ -43,7 +44,7 @@ class Sessions:
         expiry = self._expiry.get(sid)
         if expiry is None:
             return False
-        if expiry < self._clock():
+        if expiry < self._clock.monotonic():
             del self._expiry[sid]
             return False
         return True

@@ -23,6 +23,7 @@ from prometheus_client.registry import Collector
 from agentjet.observe.events import StepRecord
 from agentjet.observe.schema import RunSnapshot
 from agentjet.observe.trainlog import TrainLog
+from agentjet.runtime.clock import Clock, SystemClock
 from agentjet.settings import LogSink, ObserveSettings
 
 log = logging.getLogger(__name__)
@@ -187,12 +188,12 @@ class MetricsHub:
     log. Implements the trainer's ``StepObserver`` hook."""
 
     def __init__(self, settings: ObserveSettings, data_dir: Path, snapshot: Callable[[], RunSnapshot],
-                 run_config: dict[str, Any] | None = None, clock: Callable[[], float] = time.monotonic,
+                 run_config: dict[str, Any] | None = None, clock: Clock | None = None,
                  trainlog: TrainLog | None = None) -> None:
         """``trainlog``: the per-token train log to record into (and close); default: one in ``data_dir``."""
         self.settings = settings
         self._snapshot = snapshot
-        self._clock = clock
+        self._clock = clock or SystemClock()
         self.registry = CollectorRegistry()
         self.registry.register(SnapshotCollector(snapshot))
         self._phase = Histogram("agentjet_train_step_phase_seconds", "time of each phase of a train step",
@@ -207,14 +208,14 @@ class MetricsHub:
         self.jsonl = JsonlSink(data_dir / METRICS_FILE)
         self.sinks: list[MetricSink] = open_sinks(settings, data_dir, run_config or {})
         self.trainlog = trainlog or TrainLog(data_dir / TRAINLOG_FILE)
-        self._prev_at = clock()
+        self._prev_at = self._clock.monotonic()
         self._prev: RunSnapshot | None = None
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ StepObserver
     def step_context(self, metrics: dict[str, float]) -> dict[str, float]:
         """Rates since the previous step, drops by reason and merging since start, for the step being stored."""
-        now, snap = self._clock(), self._snapshot()
+        now, snap = self._clock.monotonic(), self._snapshot()
         dt = max(now - self._prev_at, 1e-9)
         prev = self._prev
         gen_before = prev.generated_tokens if prev else 0

@@ -1,6 +1,8 @@
 """Time, injectable: whatever has a timing rule reads the clock through this, so the rule is tested with a fake
 clock instead of sleeps. The server reads ``monotonic()`` and ``time()`` (leases, group timeouts); the client's
-train-and-evaluate driver (``agentjet.client.driver``) also waits with ``sleep()``."""
+train-and-evaluate driver (``agentjet.client.driver``) also waits with ``sleep()``. This is the one clock shape:
+the process supervisors, the engine worker, dashboard sessions, the metrics hub and ``ajet research`` take a
+``Clock`` too (a blocking wait, where one is needed, is a separate ``sleep`` callable)."""
 
 from __future__ import annotations
 

@@ -22,8 +22,10 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from agentjet.runtime.clock import Clock, SystemClock
 
 PR_SET_PDEATHSIG = 1
 KILL_WAIT_S = 10.0  # after SIGKILL a process is gone in milliseconds; this only bounds a stuck kernel
@@ -55,17 +57,18 @@ def tail(path: Path, lines: int = 25) -> str:
 
 @dataclass(frozen=True)
 class Timer:
-    """How a supervisor waits: ``clock`` and ``sleep`` are the real ones unless a test injects fakes."""
+    """How a supervisor waits: ``clock`` (read with ``monotonic()``) and the blocking ``sleep`` are the real ones
+    unless a test injects fakes."""
 
-    clock: Callable[[], float] = time.monotonic
+    clock: Clock = field(default_factory=SystemClock)
     sleep: Callable[[float], object] = time.sleep
     poll_s: float = 0.05
 
     def wait_until(self, done: Callable[[], bool], timeout: float) -> bool:
         """Poll ``done`` until it is true (True) or ``timeout`` seconds have passed on the clock (False)."""
-        deadline = self.clock() + timeout
+        deadline = self.clock.monotonic() + timeout
         while not done():
-            left = deadline - self.clock()
+            left = deadline - self.clock.monotonic()
             if left <= 0:
                 return False
             self.sleep(min(self.poll_s, left))

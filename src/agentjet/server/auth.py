@@ -12,10 +12,10 @@ bearer token with ``HTTPBearer`` and check it against the ``Auth`` kept on the a
 from __future__ import annotations
 
 import logging
-import os
 import secrets
 from pathlib import Path
 
+from agentjet.files import write_atomic
 from agentjet.server.digest import digest, matches
 from agentjet.server.errors import unauthorized
 from agentjet.settings import ServerConfig
@@ -56,13 +56,7 @@ class Auth:
 
 
 def _write_owner_only(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text + "\n")
-    os.chmod(tmp, 0o600)
-    tmp.replace(path)
+    write_atomic(path, text + "\n", mode=0o600)
 
 
 def new_admin_token() -> str:

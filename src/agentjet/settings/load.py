@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from agentjet.files import write_atomic
 from agentjet.settings.fields import (
     ENV_NESTED,
     ENV_PREFIX,
@@ -187,10 +188,4 @@ def dump_config(config: ServerConfig, *, reveal_secrets: bool) -> dict[str, Any]
 
 def write_config_file(config: ServerConfig, path: Path) -> Path:
     """Write a config file a child ``ajet server --config`` reads back (owner-only: it may hold tokens)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.touch(mode=0o600)
-    tmp.chmod(0o600)
-    tmp.write_text(yaml.safe_dump(dump_config(config, reveal_secrets=True), sort_keys=False))
-    tmp.replace(path)
-    return path
+    return write_atomic(path, yaml.safe_dump(dump_config(config, reveal_secrets=True), sort_keys=False), mode=0o600)

@@ -39,6 +39,7 @@ from agentjet.algorithms.objectives import (
     RatioLevel,
     resolve_correction,
 )
+from agentjet.models import BUILTIN_MODELS, DEFAULT_MODEL
 from agentjet.tracking import TrackingConfig
 
 LIVE: dict[str, Any] = {"live": True}  # a setting that may change while the server runs (`ajet ctl set`)
@@ -507,8 +508,8 @@ _NAME_RE = re.compile(r"[^A-Za-z0-9_.-]+")
 class ServerConfig(_Section):
     """A swarm server: one trainable model behind an OpenAI-compatible API."""
 
-    model: str = Field("smollm2-135m-instruct", min_length=1, description="a built-in name (smollm2-135m-instruct, "
-                       "tiny-random), a local HF model directory, or a Hugging Face Hub id ORG/NAME (from the HF "
+    model: str = Field(DEFAULT_MODEL, min_length=1, description=f"a built-in name ({', '.join(BUILTIN_MODELS)}), "
+                       "a local HF model directory, or a Hugging Face Hub id ORG/NAME (from the HF "
                        "cache; downloaded when missing and the hub can be reached)")
     model_revision: str | None = Field(None, min_length=1, max_length=200, pattern=r"^[\w./-]+$",
                                        description="branch, tag or commit of a hub model (default: main)")

@@ -8,7 +8,7 @@ that reads it.
         trainer_state.json      the server's state: checkpointed counters, policy version (SERVER_STATE)
         agentjet_run.json       the model as the user named it and the public settings (RUN_INFO)
         ... weights             Hugging Face files (or an adapter, or the trainer group's shards)
-      .tmp-step-000012/         a checkpoint being written (renamed in whole when complete)
+      .step-000012.<pid>-<hex>.tmp/  a checkpoint being written (renamed in whole when complete)
       latest                    the name of the newest complete checkpoint (written by rename)
 
 A checkpoint is complete when its ``SERVER_STATE`` file exists; everything else is ignored.
@@ -30,10 +30,6 @@ _STEP_DIR = re.compile(r"step-(\d{6,})$")
 
 def step_dir(root: Path, step: int) -> Path:
     return root / f"step-{step:06d}"
-
-
-def temp_dir(root: Path, step: int) -> Path:
-    return root / f".tmp-step-{step:06d}"
 
 
 def is_complete(path: Path) -> bool:

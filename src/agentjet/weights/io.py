@@ -19,14 +19,18 @@ half a checkpoint.
 from __future__ import annotations
 
 import copy
-import os
 import re
 import shutil
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+from agentjet.files import atomic_dir, atomic_file
+
+if TYPE_CHECKING:
+    from agentjet.engines.model import ModelFacts
 
 VERSION_DIR = re.compile(r"^v(\d{6,})$")
 WEIGHTS_FILE = "model.safetensors"
@@ -91,28 +95,16 @@ def write_safetensors(state: Mapping[str, torch.Tensor], path: Path) -> Path:
     from safetensors.torch import save_file
 
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    save_file({k: v.detach().contiguous() for k, v in state.items()}, str(tmp), metadata={"format": "pt"})
-    os.replace(tmp, path)
+    with atomic_file(path) as tmp:
+        save_file({k: v.detach().contiguous() for k, v in state.items()}, str(tmp), metadata={"format": "pt"})
     return path
 
 
 def write_atomically(target: Path, write: Any) -> Path:
     """Write a directory into a temp dir beside ``target`` and rename it in."""
     target = Path(target)
-    tmp = target.with_name(f".tmp-{target.name}-{os.getpid()}")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    try:
+    with atomic_dir(target) as tmp:
         write(tmp)
-        if target.exists():
-            shutil.rmtree(target)
-        tmp.rename(target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return target
 
 
@@ -145,21 +137,20 @@ def export_full(model: Any, tokenizer: Any, target: Path, dtype: str | None = "b
                            getattr(model, "generation_config", None), torch_dtype)
 
 
-def export_untied_copy(source: Path, target: Path, tokenizer: Any = None) -> Path:
-    """A model directory's weights rewritten untied into ``target`` (without building the model): what vLLM starts
-    from when the weights it will later reload come from elsewhere (a trainer group)."""
+def export_untied_copy(facts: ModelFacts, target: Path) -> Path:
+    """A model directory's weights rewritten untied into ``target`` (without building the model), with its
+    config (untied), generation config and tokenizer: what vLLM starts from when the weights it will later reload
+    come from elsewhere (a trainer group)."""
     from safetensors.torch import load_file
-    from transformers import AutoConfig, GenerationConfig
 
-    source = Path(source)
+    source = facts.path
     files = sorted(source.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"no .safetensors weights in {source}")
     state: dict[str, torch.Tensor] = {}
     for f in files:
         state.update(load_file(str(f)))
-    gen = GenerationConfig.from_pretrained(source) if (source / "generation_config.json").exists() else None
-    return write_model_dir(target, state, AutoConfig.from_pretrained(source), tokenizer, gen)
+    return write_model_dir(target, state, facts.config, facts.tokenizer, facts.generation_config)
 
 
 def export_lora(peft_model: Any, target: Path) -> Path:

@@ -48,6 +48,7 @@ from agentjet.apps.bench.report import (
     render_report,
     save_baseline,
 )
+from agentjet.models import DEFAULT_MODEL, TINY_RANDOM
 from agentjet.runtime.provenance import device, git_commit, machine
 
 if TYPE_CHECKING:
@@ -59,13 +60,13 @@ M = BenchMetric
 @dataclass(frozen=True)
 class SuiteSettings:
     quick: bool = True
-    model: str | None = None  # default: tiny-random (quick) or smollm2-135m-instruct (full)
+    model: str | None = None  # default: tiny-random (quick) or DEFAULT_MODEL (full)
     learn_steps: int | None = None  # default: 3 (quick) or 6 (full)
     commit: str | None = None  # default: git HEAD of the working directory
 
     @property
     def model_name(self) -> str:
-        return self.model or ("tiny-random" if self.quick else "smollm2-135m-instruct")
+        return self.model or (TINY_RANDOM if self.quick else DEFAULT_MODEL)
 
 
 # ------------------------------------------------------------------------------------------------ 1. engine
@@ -298,7 +299,7 @@ class LearnSettings:
     backfill script hands to a past commit's demo)."""
 
     task: str = "addition"
-    model: str = "smollm2-135m-instruct"
+    model: str = DEFAULT_MODEL
     seed: int = 0
     budget_s: float = LEARN_BUDGET_S
     eval_every_s: float | None = None  # default: LEARN_EVAL_EVERY_S for the task, else 60; 0: before and after only

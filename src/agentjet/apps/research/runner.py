@@ -42,9 +42,8 @@ from agentjet.apps.research.spec import StudySpec, StudySpecError, split_params
 from agentjet.apps.research.state import Attempt, StudyState, StudyStore, TrialRecord, TrialState
 from agentjet.apps.up import ClientSpec
 from agentjet.protocol import SWARM_PREFIX, ServerStatus
+from agentjet.runtime.clock import Clock, SystemClock
 from agentjet.runtime.launch import free_port
-
-Clock = Callable[[], float]
 
 
 class StudyAborted(RuntimeError):
@@ -96,14 +95,14 @@ class ActiveRun:
 
 class StudyRunner:
     def __init__(self, spec: StudySpec, root: Path, planner: Planner, optuna: OptunaPlanner,
-                 display: Display | None = None, clock: Clock = time.monotonic,
+                 display: Display | None = None, clock: Clock | None = None,
                  sleep: Callable[[float], None] = time.sleep) -> None:
         self.spec = spec
         self.store = StudyStore(root)
         self.planner = planner
         self.optuna = optuna
         self.display = display or Display(None, spec)
-        self.clock = clock
+        self.clock = clock or SystemClock()
         self.sleep = sleep
         self.active: dict[str, ActiveRun] = {}
         self.exhausted = False
@@ -112,7 +111,7 @@ class StudyRunner:
         self.limits = Limits(h.start_timeout_s, h.stall_s, spec.run_timeout_s())
         self.state = self._open()
         self._elapsed_before = self.state.elapsed_s
-        self._session_start = clock()
+        self._session_start = self.clock.monotonic()
 
     # ------------------------------------------------------------------ study lifecycle
     def _open(self) -> StudyState:
@@ -135,7 +134,7 @@ class StudyRunner:
         return state
 
     def elapsed(self) -> float:
-        return self._elapsed_before + (self.clock() - self._session_start)
+        return self._elapsed_before + (self.clock.monotonic() - self._session_start)
 
     def _save(self) -> None:
         self.state.elapsed_s = self.elapsed()
@@ -222,7 +221,7 @@ class StudyRunner:
         run.points = []
         run.move(TrialState.RUNNING)
         self.optuna.begin(run)
-        self.active[run.id] = ActiveRun(run, proc, Watch(started=self.clock()),
+        self.active[run.id] = ActiveRun(run, proc, Watch(started=self.clock.monotonic()),
                                         f"http://{self.spec.base.host(self.spec.primary)}:{ports[self.spec.primary]}",
                                         adir)
         self._save()
@@ -251,7 +250,7 @@ class StudyRunner:
 
     def _poll(self, a: ActiveRun) -> None:
         status = self._status(a.url)
-        a.watch.observe(status, self.clock())
+        a.watch.observe(status, self.clock.monotonic())
         attempt = a.run.attempt
         assert attempt is not None
         if a.proc.refresh_children():
@@ -264,7 +263,7 @@ class StudyRunner:
                     self._prune(a, step, value)
                     return
         result = read_result(a.dir)
-        health = judge(a.watch, a.proc.alive(), result, self.clock(), self.limits)
+        health = judge(a.watch, a.proc.alive(), result, self.clock.monotonic(), self.limits)
         if health is Health.FINISHED:
             assert result is not None
             self._finish(a, result)
@@ -338,7 +337,7 @@ class StudyRunner:
             result = read_result(adir)
             ago = max(0.0, time.time() - attempt.started_at)
             host = self.spec.base.host(self.spec.primary)
-            active = ActiveRun(run, proc, Watch(started=self.clock() - ago), f"http://{host}:{attempt.port}", adir)
+            active = ActiveRun(run, proc, Watch(started=self.clock.monotonic() - ago), f"http://{host}:{attempt.port}", adir)
             if result is not None and result.ok:
                 self.optuna.begin(run)
                 self.display.event(f"{run.id} finished while the study was stopped; collecting it")
@@ -355,7 +354,7 @@ class StudyRunner:
 
     # ------------------------------------------------------------------ display
     def _views(self) -> list[RunView]:
-        return [RunView(run=a.run, train_steps=a.train_steps, seconds=self.clock() - a.watch.started)
+        return [RunView(run=a.run, train_steps=a.train_steps, seconds=self.clock.monotonic() - a.watch.started)
                 for a in self.active.values()]
 
 

@@ -25,6 +25,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator
 
 from agentjet.apps.research.spec import Aggregate, Metric, Scalar, StudySpec
+from agentjet.files import write_atomic
 from agentjet.observe.learncurve import EvalPoint
 
 STUDY_FILE = "study.json"
@@ -226,11 +227,11 @@ class StudyStore:
 
     def save(self, state: StudyState) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
-        _atomic_write(self.state_path, state.model_dump_json(indent=1))
+        write_atomic(self.state_path, state.model_dump_json(indent=1))
 
     def save_spec(self, spec: StudySpec) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
-        _atomic_write(self.root / "spec.yaml", yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
+        write_atomic(self.root / "spec.yaml", yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
 
     def attempt_dir(self, trial: TrialRecord, number: int) -> Path:
         return self.root / "trials" / trial.id / f"attempt-{number}"
@@ -245,19 +246,10 @@ class StudyStore:
                      "" if r["value"] is None else f"{r['value']:.4f}", "" if r["last_step"] is None else r["last_step"],
                      r["attempts"], f"{r['minutes']:.1f}", r["reason"].replace("\t", " ").replace("\n", " ")]
             lines.append("\t".join(str(c) for c in cells))
-        _atomic_write(self.root / "results.tsv", "\n".join(lines) + "\n")
+        write_atomic(self.root / "results.tsv", "\n".join(lines) + "\n")
         payload = {"question": spec.question, "metric": spec.metric.model_dump(mode="json"), "runs": rows,
                    "configs": config_summaries(state, spec)}
-        _atomic_write(self.root / "results.json", json.dumps(payload, indent=1))
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(path)
+        write_atomic(self.root / "results.json", json.dumps(payload, indent=1))
 
 
 def results_rows(state: StudyState, spec: StudySpec) -> list[dict[str, Any]]:

@@ -32,6 +32,7 @@ from agentjet.apps.research.spec import TrialClientSettings
 from agentjet.client.client import SwarmClient
 from agentjet.client.driver import Budget, Driver, DriverSettings, EvalPoint, PauseEvery, Stop, held_out
 from agentjet.client.runner import task_workflow
+from agentjet.files import write_atomic
 from agentjet.protocol import SWARM_PREFIX, ServerStatus
 from agentjet.tasks import Recommended, get_task
 
@@ -136,9 +137,7 @@ class TrialClient:
 
 
 def write_result(out_dir: Path, result: TrialResult) -> None:
-    tmp = out_dir / f".{RESULT_FILE}.tmp"
-    tmp.write_text(result.model_dump_json(indent=1))
-    tmp.replace(out_dir / RESULT_FILE)
+    write_atomic(out_dir / RESULT_FILE, result.model_dump_json(indent=1))
 
 
 async def _main(url: str, settings: TrialClientSettings, seed: int, out_dir: Path) -> TrialResult:

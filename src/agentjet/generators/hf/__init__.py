@@ -71,8 +71,9 @@ class HFGenerator(Generator):
         self.model = policy.model
         self.causal_lm = policy.causal_lm
         self._tokenizer = policy.tokenizer
-        self._max_context = min(settings.max_context or policy.context_length, policy.context_length)
-        self.rules = RowRules(self._tokenizer, self._max_context, policy.stop_ids(), settings.seed)
+        context = policy.facts.context_length
+        self._max_context = min(settings.max_context or context, context)
+        self.rules = RowRules(self._tokenizer, self._max_context, set(policy.facts.stop_ids), settings.seed)
         self.worker = EngineWorker()
         self.policy_version = 0
         self.batching = settings.batching

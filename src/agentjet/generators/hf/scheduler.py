@@ -124,7 +124,7 @@ class ContinuousScheduler:
         req = Request(list(prompt_ids), sampling, fut, on_token)
         self.worker.ensure_started()
         with self.worker.cond:
-            self._inbox.append(_Queued(req, self.worker.clock()))
+            self._inbox.append(_Queued(req, self.worker.clock.monotonic()))
             self.worker.cond.notify()
         return await fut  # cancelled with its caller: the row is dropped at the next step
 
@@ -293,7 +293,7 @@ class ContinuousScheduler:
             if row.req.emitted:  # tokens already streamed: a re-run would send others
                 self.outbox.resolve(row.req, exc)
             elif row.req.waiting:
-                rerun.append(_Queued(row.req, self.worker.clock(), solo=True))
+                rerun.append(_Queued(row.req, self.worker.clock.monotonic(), solo=True))
         with self.worker.cond:
             self._inbox.extendleft(reversed(rerun))
 

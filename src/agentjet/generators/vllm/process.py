@@ -18,6 +18,7 @@ from pathlib import Path
 
 import httpx
 
+from agentjet.runtime.clock import Clock, SystemClock
 from agentjet.runtime.proc import Child, tail
 
 log = logging.getLogger(__name__)
@@ -99,7 +100,7 @@ class ManagedProcess:
         timing: Timing | None = None,
         *,
         healthy: Callable[[str], bool] = http_healthy,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock | None = None,
         sleep: Callable[[float], object] | None = None,
     ) -> None:
         """``clock`` and ``sleep`` time the health wait and the restart backoff (tests pass fakes); the
@@ -107,7 +108,7 @@ class ManagedProcess:
         self._launch = launch
         self.timing = timing or Timing()
         self._healthy = healthy
-        self._clock = clock
+        self._clock = clock or SystemClock()
         self._stopping = threading.Event()
         self._sleep = sleep or self._stopping.wait
         self._changed = threading.Condition()
@@ -230,7 +231,7 @@ class ManagedProcess:
 
     def _spawn_and_wait(self) -> None:
         spec = self._launch()
-        started = self._clock()
+        started = self._clock.monotonic()
         # a hard-killed server leaves no orphan vLLM behind: SIGTERM when the supervisor thread dies
         proc = Child.spawn(spec.argv, spec.log_path, env=spec.env, cwd=spec.cwd,
                            header=f"\n==> agentjet: starting {' '.join(spec.argv)}", parent_death_signal=signal.SIGTERM)
@@ -250,13 +251,13 @@ class ManagedProcess:
                 raise ProcessStartError("stopped while starting")
             if self._healthy(spec.health_url):
                 break
-            if self._clock() >= deadline:
+            if self._clock.monotonic() >= deadline:
                 self._terminate(proc)
                 raise ProcessStartError(f"no healthy answer from {spec.health_url} within "
                                         f"{self.timing.startup_timeout_s:.0f}s; last lines of {spec.log_path}:\n"
                                         f"{tail(spec.log_path)}")
             self._sleep(self.timing.health_poll_s)
-        self.counters.last_start_seconds = self._clock() - started
+        self.counters.last_start_seconds = self._clock.monotonic() - started
         log.info("pid %d healthy after %.1fs", proc.pid, self.counters.last_start_seconds)
 
     def _terminate(self, proc: Child) -> None:
@@ -268,7 +269,7 @@ class ManagedProcess:
         ``max_restarts`` restarts have been used up (then FAILED). Runs on the supervisor thread."""
         proc = self._proc
         self.counters.crashes += 1
-        self.counters.crash_times.append(self._clock())
+        self.counters.crash_times.append(self._clock.monotonic())
         self.counters.last_exit_code = exit_code
         self._set_state(ProcessState.RESTARTING)
         log.error("the managed process (pid %s) exited unexpectedly with code %s; restarting",

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
+from agentjet.files import atomic_dir, write_atomic
 from agentjet.runtime.clock import Clock
 from agentjet.server.counters import TrainingCounters
 from agentjet.server.store import SampleStore
@@ -26,7 +27,8 @@ class Persistent(Protocol):
     @property
     def policy_version(self) -> int: ...
 
-    def save(self, path: Path) -> None: ...
+    def save(self, path: Path) -> None:
+        """Fill ``path``: an empty directory (the checkpoint's temporary, renamed in when complete)."""
 
     def load(self, path: Path) -> None: ...
 
@@ -46,22 +48,16 @@ class Checkpoints:
         in whole; then the ``latest`` pointer moves and old ones are pruned."""
         config = self._config()
         step = self.counters.train_steps
-        target, tmp = layout.step_dir(self.root, step), layout.temp_dir(self.root, step)
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        self.engine.save(tmp)
-        state = {**self.counters.checkpoint_state(), "policy_version": self.engine.policy_version,
-                 "saved_at": self.clock.time()}
-        (tmp / layout.SERVER_STATE).write_text(json.dumps(state, indent=2))
-        run = {"model": config.model, "model_revision": config.model_revision,
-               "served_model_name": config.name, "settings": config.public_dict()}
-        (tmp / layout.RUN_INFO).write_text(json.dumps(run, indent=2, default=str))
-        if target.exists():
-            shutil.rmtree(target)
-        tmp.rename(target)
-        pointer = self.root / ".latest.tmp"  # write-then-rename: a crash never leaves a torn pointer
-        pointer.write_text(target.name)
-        pointer.replace(self.root / layout.LATEST)
+        target = layout.step_dir(self.root, step)
+        with atomic_dir(target) as tmp:
+            self.engine.save(tmp)
+            state = {**self.counters.checkpoint_state(), "policy_version": self.engine.policy_version,
+                     "saved_at": self.clock.time()}
+            (tmp / layout.SERVER_STATE).write_text(json.dumps(state, indent=2))
+            run = {"model": config.model, "model_revision": config.model_revision,
+                   "served_model_name": config.name, "settings": config.public_dict()}
+            (tmp / layout.RUN_INFO).write_text(json.dumps(run, indent=2, default=str))
+        write_atomic(self.root / layout.LATEST, target.name)  # a crash never leaves a torn pointer
         self._prune(config.training.keep_checkpoints)
         log.info("checkpoint saved: %s", target)
         return target
