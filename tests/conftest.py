@@ -79,9 +79,9 @@ def chat_ids(tiny_model_path: Path):
 
 @pytest.fixture
 def make_server(tmp_path: Path, tiny_model_path: Path):
-    """Start real swarm servers (uvicorn on a free loopback port). ``engine``: "tiny", "null" or an Engine."""
+    """Start real swarm servers (uvicorn on a free loopback port). ``engine``: "tiny", "null" or a ComposedEngine."""
     from agentjet.layouts import embedded_engine
-    from agentjet.layouts.null import NullEngine
+    from agentjet.layouts.null import null_engine
     from agentjet.runtime.launch import free_port
     from agentjet.server import SwarmServer
     from agentjet.server.http.app import BackgroundServer
@@ -96,7 +96,7 @@ def make_server(tmp_path: Path, tiny_model_path: Path):
         elif engine == "null":
             from transformers import AutoTokenizer
 
-            engine = NullEngine(AutoTokenizer.from_pretrained(tiny_model_path), reply=reply)
+            engine = null_engine(AutoTokenizer.from_pretrained(tiny_model_path), reply=reply)
         training = {"group_size": 2, "batch_groups": 1, "learning_rate": 1e-3, "checkpoint_every": 0,
                     **(training or {})}
         cfg = ServerConfig(model=str(tiny_model_path), served_model_name="tiny", port=free_port(),

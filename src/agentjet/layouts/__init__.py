@@ -18,10 +18,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from agentjet.engines.base import Engine
 from agentjet.layouts.composed import ComposedEngine
 from agentjet.settings import EngineKind, EngineSettings, LossSettings, ServerConfig
-from agentjet.weights.sync import CopyIntoModule, InPlace
+from agentjet.weights.sync import InPlace
 
 
 class PlacementError(ValueError):
@@ -164,13 +163,14 @@ def group_engine(config: ServerConfig) -> ComposedEngine:
     """The embedded generator with a trainer group: each step's export is copied into its module in place."""
     from agentjet.distributed.learner import GroupLearner
     from agentjet.generators.hf import HFGenerator
+    from agentjet.generators.hf.sync import CopyIntoModule
 
     generator = HFGenerator.load(config.model, config.engine)
     learner = GroupLearner(_group(config), generator.tokenizer)
     return ComposedEngine(generator, learner, CopyIntoModule(config.trainer.push_timeout_s))
 
 
-def build_engine(config: ServerConfig) -> Engine:
+def build_engine(config: ServerConfig) -> ComposedEngine:
     """The engine the settings ask for; the whole ``engine`` block (and the loss settings) goes to it. The model
     is resolved here once (a hub id to its cached snapshot at one commit), and that one local directory goes to
     every part: the generator, vLLM and the trainer group."""
@@ -181,10 +181,10 @@ def build_engine(config: ServerConfig) -> Engine:
     if config.engine.kind is EngineKind.NULL:
         from transformers import AutoTokenizer
 
-        from agentjet.layouts.null import NullEngine
+        from agentjet.layouts.null import null_engine
 
-        return NullEngine(AutoTokenizer.from_pretrained(model_dir), reply=config.engine.null_reply,
-                          delay_s=config.engine.null_delay_ms / 1000)
+        return null_engine(AutoTokenizer.from_pretrained(model_dir), reply=config.engine.null_reply,
+                           delay_s=config.engine.null_delay_ms / 1000)
     check_placement(config)
     if config.engine.kind is EngineKind.VLLM:
         return vllm_engine(config, Path(config.data_dir or ".") / "vllm")
