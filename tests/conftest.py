@@ -61,11 +61,12 @@ def tiny_model_path(agentjet_home: Path) -> Path:
 @pytest.fixture
 def tiny_engine(tiny_model_path: Path):
     from agentjet.layouts import embedded_engine
+    from agentjet.runtime.blocking import run_blocking
     from agentjet.settings import EngineSettings
 
     engine = embedded_engine(tiny_model_path, EngineSettings(max_batch_size=8))
     yield engine
-    engine.shutdown()
+    run_blocking(engine.close())
 
 
 @pytest.fixture

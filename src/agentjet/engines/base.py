@@ -152,10 +152,7 @@ class Generator(abc.ABC):
         return {"kind": type(self).__name__}
 
     async def close(self) -> None:  # noqa: B027 - optional hook
-        """Release background workers and processes."""
-
-    def shutdown(self) -> None:  # noqa: B027 - optional hook
-        """``close`` from synchronous code (tests, benchmarks, scripts)."""
+        """Release background workers and processes (from synchronous code: ``runtime.blocking.run_blocking``)."""
 
 
 class Learner(abc.ABC):
@@ -208,10 +205,7 @@ class Learner(abc.ABC):
         return {"learner": type(self).__name__}
 
     async def close(self) -> None:  # noqa: B027 - optional hook
-        """Release threads and processes."""
-
-    def shutdown(self) -> None:  # noqa: B027 - optional hook
-        """``close`` from synchronous code (tests, benchmarks, scripts)."""
+        """Release threads and processes (from synchronous code: ``runtime.blocking.run_blocking``)."""
 
 
 @dataclass(frozen=True)

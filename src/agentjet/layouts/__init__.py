@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from agentjet.layouts.composed import ComposedEngine
+from agentjet.runtime.blocking import run_blocking
 from agentjet.settings import EngineKind, EngineSettings, LossSettings, ServerConfig
 from agentjet.weights.sync import InPlace
 
@@ -147,7 +148,7 @@ def vllm_engine(config: ServerConfig, work_dir: Path) -> ComposedEngine:
         tokenizer, stop_ids, context = policy.tokenizer, policy.stop_ids(), policy.context_length
         lora = policy.lora is not None
         dtype = engine.vllm.dtype if engine.vllm.dtype != "auto" else None
-        start_dir = policy.path if lora else learner.export_weights_sync(dtype)
+        start_dir = policy.path if lora else run_blocking(learner.export_weights(dtype))
     generator = VLLMGenerator(start_dir, tokenizer, engine.vllm, stop_ids=stop_ids,
                               max_context=min(engine.max_context or context, context), seed=engine.seed,
                               lora_adapters=lora, work_dir=work_dir)

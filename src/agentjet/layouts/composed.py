@@ -12,7 +12,6 @@ nobody can check.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -28,6 +27,7 @@ from agentjet.engines.base import (
     WeightSyncCounts,
 )
 from agentjet.engines.errors import TrainingHaltedError
+from agentjet.runtime.blocking import run_blocking
 from agentjet.weights.sync import WeightSync
 
 log = logging.getLogger(__name__)
@@ -112,12 +112,7 @@ class ComposedEngine(Generic[L, G]):
     def load(self, path: Path) -> None:
         """The learner loads the checkpoint; the generator then gets its weights through the seam."""
         self.learner.load(Path(path))
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            asyncio.run(self.sync_weights())
-            return
-        raise RuntimeError("ComposedEngine.load blocks: call it from a thread (asyncio.to_thread), not the loop")
+        run_blocking(self.sync_weights())  # blocks: from a thread (asyncio.to_thread), not the loop
 
     @property
     def learning_rate(self) -> float:
@@ -139,16 +134,8 @@ class ComposedEngine(Generic[L, G]):
         """``<generator>+<learner>`` (the status and results files record it): hf+in-process, hf+trainer-group, vllm+in-process, vllm+trainer-group."""
         return f"{self.generator.describe().get('kind', 'generator')}+{self.learner.describe().get('learner')}"
 
-    def train_step_sync(self, batch: list[TrainSample]) -> StepOutput:
-        """``train_step`` from synchronous code (scripts, benchmarks, tests): not from a running event loop."""
-        return asyncio.run(self.train_step(batch))
-
     async def close(self) -> None:
+        """Stop threads and processes (from synchronous code: ``run_blocking(engine.close())``)."""
         await self.seam.close()
         await self.learner.close()
         await self.generator.close()
-
-    def shutdown(self) -> None:
-        """Stop threads and processes from synchronous code (tests, benchmarks)."""
-        self.learner.shutdown()
-        self.generator.shutdown()
