@@ -29,7 +29,7 @@ setup-bench: setup
 
 # AgentJet vs TRL's GRPOTrainer by wall clock (default 20 min each x 2 seeds; see docs/benchmarks.md).
 bench-vs-trl: setup-bench
-	$(PY) benchmarks/vs_trl.py
+	$(PY) benchmarks/learning/vs_trl.py
 
 # The whole test suite (lint + tests, SmolLM2 tests included). The dashboard's browser tests run when a
 # chromium is installed (apt-get install -y chromium; .ci/run installs it) and are skipped, with the reason
@@ -49,7 +49,7 @@ test-fast: setup
 	$(PY) -m pytest -q -m "not slow and not vllm" --timeout=300 -n $(TEST_WORKERS)
 
 bench: setup
-	$(PY) benchmarks/engine.py
+	$(PY) benchmarks/serving/engine.py
 
 # Version-by-version tracking: the quick suite, appended to benchmarks/bench_history.jsonl, gated by the baseline.
 bench-quick: setup
@@ -68,4 +68,4 @@ test-vllm: setup-vllm
 	$(PY) -m pytest -q -m vllm --timeout=1500 tests/engines
 
 bench-vllm: setup-vllm
-	$(PY) benchmarks/engine_vllm.py
+	$(PY) benchmarks/serving/engine_vllm.py

@@ -1,7 +1,7 @@
 """What the engine benchmarks share: model shapes built from a config (no hub download), the request sets, a
 closed-loop driver, and the record of where a run happened (machine, device, commit).
 
-Imported by ``benchmarks/engine.py`` and ``benchmarks/server_throughput.py`` (run them from the repository
+Imported by ``benchmarks/serving/engine.py`` and ``benchmarks/serving/server_throughput.py`` (run them from the repository
 root or anywhere: they put this directory on ``sys.path``).
 """
 

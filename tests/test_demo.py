@@ -69,12 +69,14 @@ def test_demo_trains_and_evaluates_on_held_out_episodes(tiny_model_path: Path, t
     rewards = [r if isinstance(r, float | int) else next(iter(r.values())) for r in rewards]
     assert result.eval_before == pytest.approx(sum(rewards[:EVAL_N]) / EVAL_N)
     assert result.eval_after == pytest.approx(sum(rewards[EVAL_N:]) / EVAL_N)
-    assert result.evals[-1]["train_steps"] == result.train_steps  # the last eval ran on the trained policy
+    assert result.evals[-1].train_steps == result.train_steps  # the last eval ran on the trained policy
 
     # The client holds the admin token: training really paused for the evals.
     assert not [r for r in caplog.records if "could not pause" in r.getMessage()]
     saved = json.loads((out / "demo_result.json").read_text())
     assert saved["eval_before"] == result.eval_before and saved["train_steps"] == result.train_steps
+    assert [{k: v for k, v in e.items() if k != "minutes"} for e in saved["evals"]] == \
+        [e.model_dump() for e in result.evals]  # each eval as its record, plus its wall minutes
     assert saved["merge_ratio"] == pytest.approx(1.0)  # one call per episode: one sample each
     assert saved["provenance"]["engine"] == "hf+in-process" and saved["provenance"]["device"] == "cpu"
     assert saved["provenance"]["commit"] and saved["provenance"]["machine"]  # where the figure was measured

@@ -33,3 +33,19 @@ def test_every_setting_is_documented() -> None:
     from agentjet.settings.__main__ import table
 
     assert table() in doc, "docs/configuration.md's table is stale: paste `python -m agentjet.settings` into it"
+
+
+def test_every_package_is_named_in_the_architecture() -> None:
+    """docs/architecture.md names every package and sub-package of agentjet (as ``agentjet/x/`` or ``x/``), so
+    a new room cannot appear without a place on the map; and its floor picture names every top-level package."""
+    import agentjet
+
+    src = Path(agentjet.__file__).resolve().parent
+    text = (DOCS / "architecture.md").read_text()
+    packages = sorted(p.parent.relative_to(src).as_posix() for p in src.rglob("__init__.py")
+                      if p.parent != src and "static" not in p.parts)
+    missing = [pkg for pkg in packages if f"agentjet/{pkg}/" not in text and f"`{pkg}/" not in text]
+    assert missing == [], f"packages missing from docs/architecture.md: {missing}"
+    floors = text.split("## Packages and their floors", 1)[1].split("```")[1]
+    top = sorted({pkg.split("/")[0] for pkg in packages})
+    assert [pkg for pkg in top if pkg not in floors] == [], "every top-level package has a floor in the picture"

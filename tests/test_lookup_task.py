@@ -189,7 +189,7 @@ def test_demo_records_tool_use_and_transcripts_at_each_eval(tiny_model_path: Pat
                                    seed=3), console)
     assert len(result.tool_use) == len(result.evals) == 2
     for row, ev in zip(result.tool_use, result.evals, strict=True):
-        assert row["episodes"] == 4 and row["success"] == pytest.approx(ev["reward"])
+        assert row["episodes"] == 4 and row["success"] == pytest.approx(ev.reward)
         assert 0.0 <= row["correct_call_share"] <= row["tool_call_share"] <= 1.0 and row["turns_per_episode"] >= 1
     assert set(result.transcripts) == {"before", "after"}
     assert [t["task_id"] for t in result.transcripts["before"]] == [f"lookup-eval-{i}" for i in

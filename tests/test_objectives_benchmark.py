@@ -1,4 +1,4 @@
-"""benchmarks/objectives.py: time to the target on hand-made curves, the aggregator on synthetic run files (a
+"""benchmarks/learning/objectives.py: time to the target on hand-made curves, the aggregator on synthetic run files (a
 table and a PNG), the clear error for a vLLM config without vLLM, and one --quick run on the tiny model."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "benchmarks" / "objectives.py"
+SCRIPT = ROOT / "benchmarks" / "learning" / "objectives.py"
 
 
 @pytest.fixture(scope="module")

@@ -147,7 +147,12 @@ class ServerStatus(_Reply):
     engine_info: dict[str, Any] = Field(default_factory=dict, description="what runs where: device, dtype, LoRA, "
                                         "batch size, context")
     engine_state: str
-    policy_version: int
+    policy_version: int = Field(description="the served version: its train step is committed (its episodes count "
+                                "as trained) and the generator serves its weights")
+    learner_version: int | None = Field(None, description="the learner's version: one ahead of policy_version while "
+                                        "a weight push is in flight (or after one failed); null from an older server")
+    weight_push_in_flight: bool = Field(False, description="true while the learner's weights are pushed to the "
+                                        "generator")
     train_steps: int
     buffer: BufferCounts
     clients: list[str]

@@ -2,7 +2,7 @@
 
 The default run (200 acknowledged episodes, 6 client processes, 30% of them SIGKILLed, one server SIGKILL
 and ``--resume``) takes about a minute on 2 CPU cores. Size it with ``AGENTJET_CHAOS_EPISODES``,
-``_CLIENTS``, ``_KILL_FRACTION``, ``_SERVER_KILLS`` and ``_SEED``; ``benchmarks/chaos.py`` runs it longer.
+``_CLIENTS``, ``_KILL_FRACTION``, ``_SERVER_KILLS`` and ``_SEED``; ``benchmarks/reliability/chaos.py`` runs it longer.
 """
 
 from __future__ import annotations

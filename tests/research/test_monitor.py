@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 from agentjet.apps.research.monitor import (
-    EvalRecord,
     Health,
     Limits,
     TrialResult,
@@ -13,6 +12,7 @@ from agentjet.apps.research.monitor import (
     eval_points,
     judge,
     parse_status,
+    read_eval_record,
     result_points,
 )
 from agentjet.apps.research.spec import MetricSource
@@ -49,12 +49,12 @@ def test_result_points_prefer_the_servers_final_status() -> None:
 
 
 def test_an_eval_record_is_the_drivers_eval_point_and_reads_the_older_records() -> None:
-    old = EvalRecord.model_validate({"policy_version": 3, "train_steps": 3, "reward": 0.6, "episodes": 4, "failed": 1,
+    old = read_eval_record({"policy_version": 3, "train_steps": 3, "reward": 0.6, "episodes": 4, "failed": 1,
                                      "seconds": 2.5})  # before the driver: seconds was the eval's duration
     assert (old.episodes, old.failed, old.eval_seconds, old.seconds, old.train_seconds) == (3, 1, 2.5, 0.0, 0.0)
     point = EvalPoint(train_steps=4, policy_version=4, reward=float("nan"), episodes=0, failed=2, train_seconds=30.0,
                       seconds=45.0, eval_seconds=3.0)
-    result = TrialResult(stop_reason="x", evals=[EvalRecord.model_validate(point.model_dump())])
+    result = TrialResult(stop_reason="x", evals=[point])
     again = TrialResult.model_validate_json(result.model_dump_json())
     assert again.evals[0].model_dump(exclude={"reward"}) == point.model_dump(exclude={"reward"})
     assert math.isnan(again.evals[0].reward)  # an eval whose episodes all failed survives result.json

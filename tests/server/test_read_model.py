@@ -112,11 +112,12 @@ def test_a_resume_restores_the_checkpointed_counters_through_restore(tmp_path: P
     store = SampleStore(tmp_path / "store.sqlite")
     c = TrainingCounters()
     first = Checkpoints(tmp_path / "ckpt", _Versioned(), store, c, lambda: config, FakeClock())
-    c.stepped(1, episodes=4, samples=6, tokens=50, metrics={"loss": 0.5})
-    c.stepped(2, episodes=4, samples=5, tokens=40, metrics={"loss": 0.25})
+    c.stepped(1, episodes=4, samples=6, tokens=50, metrics={"loss": 0.5}, version=1)
+    c.stepped(2, episodes=4, samples=5, tokens=40, metrics={"loss": 0.25}, version=2)
     c.drop_stale(3)
     c.drop_uniform(2)
     c.trained_type("math", 8, 3.0)
+    first.engine.policy_version = 2
     saved = first.save()
     state = json.loads((saved / SERVER_STATE).read_text())
     assert {k: state[k] for k in CHECKPOINTED} == {"train_steps": 2, "trained_episodes": 8, "dropped_stale": 3,
@@ -129,6 +130,7 @@ def test_a_resume_restores_the_checkpointed_counters_through_restore(tmp_path: P
     second = Checkpoints(tmp_path / "ckpt", _Versioned(), store, again, lambda: config, FakeClock())
     assert second.resume() == 2 and len(restores) == 1
     assert again.checkpoint_state() == c.checkpoint_state()
+    assert again.committed_version == 2  # the checkpoint's policy version: served again once the generator has it
     assert (again.trained_samples, again.trained_tokens, again.last_metrics, again.by_type) == (0, 0, {}, {})
     store.close()
 

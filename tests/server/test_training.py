@@ -250,6 +250,8 @@ def test_resume_from_checkpoint(make_server, tmp_path: Path) -> None:
     for k, v in srv2.server.engine.generator.model.state_dict().items():
         assert (v == weights[k]).all()
     assert srv2.server.status().buffer.pending_episodes == 1
+    resumed = srv2.server.status()  # the checkpoint's version is committed and served again, not 0
+    assert (resumed.policy_version, resumed.learner_version, resumed.weight_push_in_flight) == (1, 1, False)
 
     async def phase2() -> None:
         async with SwarmClient(srv2.url) as client:

@@ -23,6 +23,8 @@ from rich.console import Console
 from agentjet.client.client import SwarmClient
 from agentjet.client.runner import task_workflow
 from agentjet.client.scheduled import EvalPoint, ScheduleSettings, StepPoint, run_scheduled
+from agentjet.observe.curveplot import Line, Panel, plot_curves
+from agentjet.observe.learncurve import LearnCurve
 from agentjet.runtime.launch import ServerProcess
 from agentjet.runtime.provenance import git_commit, machine
 from agentjet.schedule import Curriculum, StoppingRule, StopSettings
@@ -65,7 +67,7 @@ class DemoResult:
     seconds: float
     reward_by_version: dict[int, float] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
-    evals: list[dict[str, Any]] = field(default_factory=list)  # periodic held-out evals (minutes, step, reward)
+    evals: list[EvalPoint] = field(default_factory=list)  # every held-out eval (before, periodic, after)
     steps: list[dict[str, Any]] = field(default_factory=list)  # each train step: minutes, step, train reward
     stop_reason: str = ""
     groups: int = 0
@@ -78,6 +80,17 @@ class DemoResult:
     # at the first and the last eval
     tool_use: list[dict[str, Any]] = field(default_factory=list)
     transcripts: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+    def curve(self) -> LearnCurve:
+        """The held-out eval curve."""
+        return LearnCurve(task=str(self.settings.get("task", "")), points=list(self.evals))
+
+    def to_json(self) -> dict[str, Any]:
+        """``demo_result.json``: the fields, each eval as its record plus its wall ``minutes``."""
+        data = asdict(self)
+        data["evals"] = [{**e.model_dump(), "minutes": e.seconds / 60 if e.seconds is not None else None}
+                         for e in self.evals]
+        return data
 
 
 TRANSCRIPTS = 5  # eval tasks whose transcripts the demo keeps (first and last eval)
@@ -96,37 +109,21 @@ def server_config(s: DemoSettings, port: int, rec: Recommended, admin_token: str
 
 def save_plot(result: DemoResult, path: Path) -> bool:
     """Train reward per step, and train reward and held-out eval against wall-clock minutes."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(11, 4))
+    curve = result.curve()
     versions = sorted(result.reward_by_version)
-    by_step.plot(versions, [result.reward_by_version[v] for v in versions], marker="o", label="train reward (sampled)")
-    evals = result.evals
-    by_step.plot([e["train_steps"] for e in evals], [e["reward"] for e in evals], marker="s", color="green",
-                 label="held-out eval")
-    by_step.set_xlabel("policy version (train steps)")
-    by_step.set_ylabel("mean reward")
-    by_step.legend(loc="lower right")
-    by_step.grid(alpha=0.3)
     steps = [p for p in result.steps if "reward_mean" in p]
-    by_time.plot([p["minutes"] for p in steps], [p["reward_mean"] for p in steps], marker=".", alpha=0.7,
-                 label="train reward (trained batches: mixed groups)")
-    by_time.plot([e["minutes"] for e in evals], [e["reward"] for e in evals], marker="s", color="green",
-                 label="held-out eval")
-    by_time.set_xlabel("wall-clock minutes (evals included)")
-    by_time.legend(loc="lower right")
-    by_time.grid(alpha=0.3)
-    fig.suptitle(f"AgentJet demo: {result.settings.get('model')} on {result.settings.get('task')} "
-                 f"(eval {result.eval_before:.3f} -> {result.eval_after:.3f}, {result.seconds / 60:.1f} min)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True
+    evals = {"marker": "s", "color": "green"}
+    by_step = Panel([Line(xy=[(v, result.reward_by_version[v]) for v in versions], label="train reward (sampled)",
+                          style={"marker": "o"}),
+                     Line(curve, label="held-out eval", style=evals)],
+                    x="steps", xlabel="policy version (train steps)", ylabel="mean reward")
+    by_time = Panel([Line(xy=[(p["minutes"], p["reward_mean"]) for p in steps],
+                          label="train reward (trained batches: mixed groups)", style={"marker": ".", "alpha": 0.7}),
+                     Line(curve, label="held-out eval", style=evals)],
+                    x="minutes", xlabel="wall-clock minutes (evals included)")
+    return plot_curves([by_step, by_time], path, cols=2, figsize=(11, 4), dpi=120,
+                       title=f"AgentJet demo: {result.settings.get('model')} on {result.settings.get('task')} "
+                             f"(eval {result.eval_before:.3f} -> {result.eval_after:.3f}, {result.seconds / 60:.1f} min)")
 
 
 def run_demo(s: DemoSettings, console: Console | None = None) -> DemoResult:
@@ -161,7 +158,7 @@ def run_demo(s: DemoSettings, console: Console | None = None) -> DemoResult:
     result.settings = {**{k: str(v) for k, v in asdict(s).items()}, **rec.model_dump(), "steps": steps,
                        "server": dump_config(config, reveal_secrets=False)}
     result.provenance = {"commit": git_commit(), "machine": machine(), **result.provenance}
-    (s.out_dir / "demo_result.json").write_text(json.dumps(asdict(result), indent=2, default=str))
+    (s.out_dir / "demo_result.json").write_text(json.dumps(result.to_json(), indent=2, default=str))
     plot = s.out_dir / "reward_curve.png"
     saved = save_plot(result, plot)
     console.print(f"\n[bold]eval reward (held-out, {s.eval_tasks} tasks): before {result.eval_before:.3f} -> "
@@ -206,13 +203,13 @@ async def _client_side(s: DemoSettings, task_mod: ModuleType, rec: Recommended, 
     transcripts: dict[str, list[dict[str, Any]]] = {}
 
     def on_eval(p: EvalPoint) -> None:
-        console.print(f"  [green]eval[/green] at {p.seconds / 60:4.1f} min, step {p.train_steps:3d}: held-out reward "
+        console.print(f"  [green]eval[/green] at {p.minutes or 0.0:4.1f} min, step {p.train_steps:3d}: held-out reward "
                       f"{p.reward:.3f} ({p.episodes} tasks, {p.eval_seconds:.0f}s)")
         if not eval_traces or not hasattr(task_mod, "tool_use_summary"):
             return
         done = sorted(eval_traces, key=lambda tt: int(tt[0].get("index", 0)))
         row = task_mod.tool_use_summary([t for t, _ in done], [tr for _, tr in done])
-        tool_use.append({"minutes": p.seconds / 60, "train_minutes": p.train_seconds / 60,
+        tool_use.append({"minutes": p.minutes, "train_minutes": p.train_minutes,
                          "train_steps": p.train_steps, **row})
         transcripts["before" if len(tool_use) == 1 else "after"] = [
             {"task_id": t["task_id"], "question": t["messages"][-1]["content"], "answer": t.get("answer"),
@@ -253,7 +250,7 @@ async def _client_side(s: DemoSettings, task_mod: ModuleType, rec: Recommended, 
         eval_before=before.reward, eval_after=after.reward, train_steps=status.train_steps,
         policy_version=status.policy_version, train_episodes=run.train.episodes, failed_episodes=run.train.failed,
         seconds=0.0, reward_by_version={v: sum(r) / len(r) for v, r in sorted(run.train_reward_by_version.items())},
-        evals=[{**e.model_dump(), "minutes": e.seconds / 60} for e in run.evals],
+        evals=list(run.evals),
         steps=[{"minutes": p.seconds / 60, "train_steps": p.train_steps, "policy_version": p.policy_version,
                 **{k: p.metrics[k] for k in ("reward_mean", "loss", "step_seconds", "trained_tokens") if k in p.metrics}}
                for p in run.steps],

@@ -81,8 +81,9 @@ def status(
     server_url: str = typer.Option(SERVER_URL, "--server"),
     token: str | None = typer.Option(None, help="swarm or admin token (default: $AGENTJET_ADMIN_TOKEN, "
                                      "$AGENTJET_SWARM_TOKEN, or a local server's own admin token file)"),
+    as_json: bool = typer.Option(False, "--json", help="print the server's whole answer as JSON"),
 ) -> None:
-    """Print a server's status."""
+    """Print a server's status: engine, layout, versions, episodes, throughput, the last step (--json: all of it)."""
     import httpx
 
     token = token or env_secret("AGENTJET_SWARM_TOKEN") or admin_token_for(server_url, None)
@@ -93,4 +94,10 @@ def status(
         fail(f"cannot reach {server_url}: {exc}")
     if r.status_code != 200:
         fail(f"HTTP {r.status_code}: {r.text}")
-    console.print_json(json.dumps(r.json()))
+    if as_json:
+        console.print_json(json.dumps(r.json()))
+        return
+    from agentjet.cli.status_view import status_view
+    from agentjet.protocol import ServerStatus
+
+    console.print(status_view(ServerStatus.model_validate(r.json())))

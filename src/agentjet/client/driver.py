@@ -35,28 +35,15 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 from agentjet.client.client import Episode, SwarmClient, SwarmError
 from agentjet.client.runner import RunSummary, Workflow, run_workflow
+from agentjet.observe.learncurve import EvalPoint  # the one eval-point record (re-exported here)
 from agentjet.protocol import PauseState, Reward, ServerStatus
 from agentjet.runtime.clock import Clock, SystemClock
 
 log = logging.getLogger(__name__)
-
-
-class EvalPoint(BaseModel):
-    """One evaluation, taken with training paused: where training stood, and what the eval scored."""
-
-    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")  # a NaN reward survives JSON
-    train_steps: int
-    policy_version: int
-    reward: float = Field(description="mean reward of the eval episodes (NaN: none finished)")
-    episodes: int = Field(0, description="eval episodes that finished with a reward")
-    failed: int = Field(0, description="eval episodes that failed")
-    train_seconds: float = Field(0.0, description="the training clock: time since training started, less pauses")
-    seconds: float = Field(0.0, description="time since training started, pauses included")
-    eval_seconds: float = Field(0.0, description="how long the evaluation took")
 
 
 class StepPoint(BaseModel):

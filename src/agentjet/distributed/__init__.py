@@ -9,7 +9,8 @@ The learner that wraps a group for the server is ``agentjet.distributed.learner.
 written and read by ``agentjet.weights.io``.
 """
 
-from agentjet.distributed.group import GroupState, GroupTimeout, RankFailure, TrainerGroup, TrainerGroupError
+from agentjet.distributed.group import GroupState, TrainerGroup
+from agentjet.distributed.ranks import GroupTimeout, RankFailure, TrainerGroupError
 from agentjet.settings import TrainerGroupSettings
 
 __all__ = ["GroupState", "GroupTimeout", "RankFailure", "TrainerGroup", "TrainerGroupError", "TrainerGroupSettings"]

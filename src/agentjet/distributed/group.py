@@ -11,40 +11,22 @@ keep the batch's episodes pending and train them again later without training an
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import json
 import logging
 import os
-import queue
 import secrets
 import shutil
-import signal
-import socket
 import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from multiprocessing.connection import Client, Connection, Listener
-from multiprocessing.connection import wait as wait_connections
 from pathlib import Path
 
 from agentjet.distributed.launch import torchrun_command
-from agentjet.distributed.messages import (
-    TOKEN_ENV,
-    Command,
-    Done,
-    Failed,
-    Hello,
-    Init,
-    Load,
-    Save,
-    Score,
-    Shutdown,
-    Step,
-)
+from agentjet.distributed.messages import TOKEN_ENV, Command, Done, Init, Load, Save, Score, Shutdown, Step
 from agentjet.distributed.plan import plan_step
+from agentjet.distributed.ranks import GroupTimeout, RankChannel, RankFailure, TrainerGroupError
 from agentjet.engines.base import StepOutput, TrainSample
 from agentjet.learners.policy_step import StepConfig
 from agentjet.models import resolve_model
@@ -59,21 +41,6 @@ GROUP_STATE = "trainer_group.json"
 KEEP_EXPORTS = 2  # exported versions kept: the one a generator may still be loading or serving, and the newest
 
 
-class TrainerGroupError(RuntimeError):
-    """A trainer-group operation failed and was not applied. ``restarted`` says whether the group is running
-    again (from its last recovery point) when this is raised."""
-
-    restarted: bool = False
-
-
-class RankFailure(TrainerGroupError):
-    """A rank died, closed its connection, or reported an exception."""
-
-
-class GroupTimeout(TrainerGroupError):
-    """The ranks did not answer within a deadline (a hung rank or collective)."""
-
-
 class GroupState(enum.StrEnum):
     STOPPED = "stopped"  # no ranks yet
     STARTING = "starting"
@@ -81,14 +48,6 @@ class GroupState(enum.StrEnum):
     BUSY = "busy"
     FAILED = "failed"  # killed after a fault and not running; the next call starts it again
     CLOSED = "closed"
-
-
-@dataclass(frozen=True)
-class _Rank:
-    rank: int
-    conn: Connection
-    host: str
-    pid: int
 
 
 def _device_and_backend(settings: TrainerGroupSettings) -> tuple[str, str]:
@@ -165,12 +124,10 @@ class TrainerGroup:
         token = self.settings.auth_token
         self._token = token.get_secret_value() if token is not None else secrets.token_hex(32)
         self._lock = threading.RLock()
-        self._listener: Listener | None = None
-        self._accepted: queue.Queue[Connection] = queue.Queue()
-        self._stop_accepting = threading.Event()
         self._proc: Child | None = None
-        self._ranks: list[_Rank] = []
         self._generation = 0
+        self.channel = RankChannel(self.settings.control_host, self.settings.control_port, self._token,
+                                   self.world_size, tail=lambda: log_tail(self.log_path), check=self._check_torchrun)
 
     # ------------------------------------------------------------ public API
     @property
@@ -180,7 +137,7 @@ class TrainerGroup:
     @property
     def rank_processes(self) -> list[tuple[int, str, int]]:
         """(rank, host, pid) of the running ranks."""
-        return [(r.rank, r.host, r.pid) for r in self._ranks]
+        return [(r.rank, r.host, r.pid) for r in self.channel.ranks]
 
     @property
     def log_path(self) -> Path:
@@ -206,12 +163,12 @@ class TrainerGroup:
             self.state = GroupState.BUSY
             started = time.monotonic()
             try:
-                self._send_all(lambda r: Step(version, self.config, plan.shares[r], plan.n_micro,
+                self.channel.send_all(lambda r: Step(version, self.config, plan.shares[r], plan.n_micro,
                                               plan.total_weight, str(export), str(snapshot)),
                                started + self.settings.step_timeout_s, "step")
-                trained = self._gather("trained", started + self.settings.step_timeout_s)
+                trained = self.channel.gather("trained", started + self.settings.step_timeout_s)
                 trained_at = time.monotonic()
-                committed = self._gather("committed", trained_at + self.settings.push_timeout_s)
+                committed = self.channel.gather("committed", trained_at + self.settings.push_timeout_s)
             except TrainerGroupError as exc:
                 self._fault(exc)
                 shutil.rmtree(snapshot, ignore_errors=True)  # what the failed step may have half written
@@ -297,7 +254,7 @@ class TrainerGroup:
             if self.state is GroupState.CLOSED:
                 return
             self._shutdown()
-            self._stop_listener()
+            self.channel.stop()
             self.state = GroupState.CLOSED
             if self._own_export_dir:
                 shutil.rmtree(self.export_dir, ignore_errors=True)
@@ -322,10 +279,8 @@ class TrainerGroup:
 
     def _start(self) -> None:
         s = self.settings
-        address = self._ensure_listener()
-        while not self._accepted.empty():  # a connection left from a dead generation
-            with contextlib.suppress(Exception):
-                self._accepted.get_nowait().close()
+        address = self.channel.address()
+        self.channel.drop_stale()
         self._generation += 1
         self.state = GroupState.STARTING
         env = {**os.environ, TOKEN_ENV: self._token}
@@ -340,12 +295,12 @@ class TrainerGroup:
                  self.device, self.backend, self._restore)
         deadline = time.monotonic() + s.startup_timeout_s
         try:
-            self._accept_ranks(deadline)
+            self.channel.accept(deadline, s.startup_timeout_s)
             restore = str(self._restore) if self._restore is not None else None
             init = Init(self.model, self.config, self.device, self.backend, s.mixed_precision,
                         s.gradient_checkpointing, s.collective_timeout_s, s.threads_per_rank, restore)
-            self._send_all(lambda _: init, deadline, "init")
-            self._gather("ready", deadline)
+            self.channel.send_all(lambda _: init, deadline, "init")
+            self.channel.gather("ready", deadline)
         except TrainerGroupError:
             self._kill()
             self.state = GroupState.FAILED
@@ -387,7 +342,7 @@ class TrainerGroup:
         proc = self._proc
         if proc is not None and proc.poll() is None and self.state in (GroupState.READY, GroupState.BUSY):
             try:
-                self._send_all(lambda _: Shutdown(), time.monotonic() + self.settings.shutdown_timeout_s, "shutdown")
+                self.channel.send_all(lambda _: Shutdown(), time.monotonic() + self.settings.shutdown_timeout_s, "shutdown")
                 if proc.wait(self.settings.shutdown_timeout_s) is None:
                     raise GroupTimeout(f"torchrun still runs {self.settings.shutdown_timeout_s:.0f} s after shutdown")
             except TrainerGroupError as exc:
@@ -396,158 +351,22 @@ class TrainerGroup:
 
     def _kill(self) -> None:
         """End this generation: close the connections, SIGKILL torchrun's process group and every local rank."""
-        for r in self._ranks:
-            with contextlib.suppress(Exception):
-                r.conn.close()
-        host = socket.gethostname()
-        for r in self._ranks:
-            if r.host == host and _is_rank_process(r.pid):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(r.pid, signal.SIGKILL)
-        self._ranks = []
+        self.channel.kill()
         proc, self._proc = self._proc, None
         if proc is not None:
             self.exit_codes.append(proc.kill())  # torchrun's group, and its code if it already exited
 
-    # ------------------------------------------------------------ the ranks' connections
-    def _ensure_listener(self) -> tuple[str, int]:
-        s = self.settings
-        if self._listener is None:
-            self._listener = Listener((s.control_host, s.control_port), family="AF_INET",
-                                      authkey=self._token.encode())
-            self._stop_accepting.clear()
-            threading.Thread(target=self._accept_loop, args=(self._listener,), name="agentjet-trainer-accept",
-                             daemon=True).start()
-        host, port = self._listener.address
-        return ("127.0.0.1" if host in ("0.0.0.0", "") else host), port
-
-    def _accept_loop(self, listener: Listener) -> None:
-        while not self._stop_accepting.is_set():
-            try:
-                conn = listener.accept()
-            except OSError:
-                if self._stop_accepting.is_set():
-                    return
-                continue
-            except Exception:  # a client that failed the handshake (wrong token, dropped)
-                continue
-            if self._stop_accepting.is_set():
-                conn.close()
-                return
-            self._accepted.put(conn)
-
-    def _stop_listener(self) -> None:
-        if self._listener is None:
-            return
-        self._stop_accepting.set()
-        host, port = self._listener.address
-        with contextlib.suppress(Exception):  # wake the blocked accept()
-            Client(("127.0.0.1" if host in ("0.0.0.0", "") else host, port), family="AF_INET",
-                   authkey=self._token.encode()).close()
-        with contextlib.suppress(Exception):
-            self._listener.close()
-        self._listener = None
-
-    def _accept_ranks(self, deadline: float) -> None:
-        ranks: dict[int, _Rank] = {}
-        while len(ranks) < self.world_size:
-            self._check_torchrun("starting")
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise GroupTimeout(f"{len(ranks)} of {self.world_size} ranks connected within "
-                                   f"{self.settings.startup_timeout_s:.0f} s{self._log_tail()}")
-            try:
-                conn = self._accepted.get(timeout=min(remaining, 0.2))
-            except queue.Empty:
-                continue
-            try:
-                hello = conn.recv() if conn.poll(max(remaining, 0.01)) else None
-            except (EOFError, OSError):
-                hello = None
-            if not isinstance(hello, Hello) or hello.world_size != self.world_size or hello.rank in ranks:
-                conn.close()
-                raise RankFailure(f"a rank connected with {hello!r}; expected a Hello from one of "
-                                  f"{self.world_size} ranks")
-            ranks[hello.rank] = _Rank(hello.rank, conn, hello.host, hello.pid)
-        self._ranks = [ranks[i] for i in range(self.world_size)]
-
+    # ------------------------------------------------------------ the ranks' output
     def _check_torchrun(self, during: str) -> None:
         if self._proc is not None and self._proc.poll() is not None:
-            raise RankFailure(f"torchrun exited with code {self._proc.returncode} while {during}{self._log_tail()}")
-
-    def _log_tail(self, lines: int = 15) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace").strip().splitlines()[-lines:]
-        except OSError:
-            return ""
-        return ("\n  rank output (" + str(self.log_path) + "):\n    " + "\n    ".join(text)) if text else ""
-
-    def _send_all(self, make: Callable[[int], Command], deadline: float, what: str) -> None:
-        """Send each rank its command. The sends run on a helper thread: a hung rank stops reading and would
-        block a send forever; after the deadline the caller kills the group, which unblocks the thread."""
-        errors: list[BaseException] = []
-
-        def send() -> None:
-            for r in self._ranks:
-                try:
-                    r.conn.send(make(r.rank))
-                except Exception as exc:
-                    errors.append(RankFailure(f"rank {r.rank} (pid {r.pid} on {r.host}) is gone: sending "
-                                              f"{what} failed with {type(exc).__name__}: {exc}"))
-                    return
-
-        sender = threading.Thread(target=send, name="agentjet-trainer-send", daemon=True)
-        sender.start()
-        sender.join(timeout=max(0.0, deadline - time.monotonic()))
-        if sender.is_alive():
-            raise GroupTimeout(f"sending {what} to the ranks did not finish in time (a rank stopped reading)")
-        if errors:
-            raise errors[0]  # type: ignore[misc]
-
-    def _gather(self, kind: str, deadline: float) -> list[Done]:
-        """Every rank's ``Done(kind)``, by rank. A closed connection, a ``Failed`` or the deadline raises."""
-        pending = {r.conn: r for r in self._ranks}
-        got: dict[int, Done] = {}
-        while pending:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                late = sorted(r.rank for r in pending.values())
-                raise GroupTimeout(f"rank(s) {late} did not finish '{kind}' in time (a hung rank or "
-                                   f"collective){self._log_tail()}")
-            problems: list[str] = []
-            reported: set[int] = set()
-            for conn in wait_connections(list(pending), timeout=min(remaining, 0.5)):
-                r = pending.pop(conn)  # type: ignore[call-overload]
-                try:
-                    msg = conn.recv()  # type: ignore[union-attr]
-                except (EOFError, OSError):
-                    problems.append(f"rank {r.rank} (pid {r.pid} on {r.host}) closed its connection")
-                    continue
-                if isinstance(msg, Failed):
-                    reported.add(r.rank)
-                    problems.append(f"rank {msg.rank} failed ({msg.kind}): {msg.error}")
-                elif not (isinstance(msg, Done) and msg.kind == kind):
-                    problems.append(f"rank {r.rank} answered {msg!r}")
-                else:
-                    got[r.rank] = msg
-            if problems:
-                dead = self._dead_ranks(exclude=reported)
-                raise RankFailure(f"during '{kind}': " + "; ".join(dead + problems) + self._log_tail())
-        return [got[i] for i in range(self.world_size)]
-
-    def _dead_ranks(self, exclude: set[int]) -> list[str]:
-        """Local ranks whose process is gone (other than those that reported an error and exited): the usual
-        root cause when the others report broken collectives."""
-        host = socket.gethostname()
-        return [f"rank {r.rank} (pid {r.pid}) died" for r in self._ranks
-                if r.rank not in exclude and r.host == host and not _is_rank_process(r.pid)]
+            raise RankFailure(f"torchrun exited with code {self._proc.returncode} while {during}{log_tail(self.log_path)}")
 
     def _command(self, make: Callable[[int], Command], kind: str) -> list[Done]:
         deadline = time.monotonic() + self.settings.push_timeout_s
         self.state = GroupState.BUSY
         try:
-            self._send_all(make, deadline, kind)
-            done = self._gather(kind, deadline)
+            self.channel.send_all(make, deadline, kind)
+            done = self.channel.gather(kind, deadline)
         except TrainerGroupError as exc:
             self._fault(exc)
             raise
@@ -555,9 +374,10 @@ class TrainerGroup:
         return done
 
 
-def _is_rank_process(pid: int) -> bool:
-    """Is ``pid`` (still) one of our rank processes (not a recycled pid)?"""
+def log_tail(path: Path, lines: int = 15) -> str:
+    """The last lines of the ranks' output, for an error message (empty when there is none)."""
     try:
-        return b"agentjet.distributed.worker" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        text = path.read_text(errors="replace").strip().splitlines()[-lines:]
     except OSError:
-        return False
+        return ""
+    return ("\n  rank output (" + str(path) + "):\n    " + "\n    ".join(text)) if text else ""

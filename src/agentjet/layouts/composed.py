@@ -45,6 +45,7 @@ class ComposedEngine(Generic[L, G]):
         self.learner = learner
         self.seam = seam
         self.sync_stats: dict[str, float] = {"weight_syncs": 0, "weight_sync_failures": 0}
+        self._pushing = False
 
     @property
     def tokenizer(self) -> Any:
@@ -65,6 +66,16 @@ class ComposedEngine(Generic[L, G]):
         """The learner's version (what the next checkpoint holds); each rollout records the version of the
         generator that produced it, so staleness counts from the weights being trained."""
         return self.learner.policy_version
+
+    @property
+    def generator_version(self) -> int:
+        """The version whose weights the generator serves (behind the learner's while a push runs or after one
+        failed)."""
+        return self.generator.policy_version
+
+    @property
+    def weight_push_in_flight(self) -> bool:
+        return self._pushing
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams,
                        on_token: TokenCallback | None = None) -> GenerationResult:
@@ -102,7 +113,11 @@ class ComposedEngine(Generic[L, G]):
                                 failures=int(self.sync_stats["weight_sync_failures"]))
 
     async def sync_weights(self) -> dict[str, float]:
-        metrics = await self.seam.push(self.learner, self.generator)
+        self._pushing = True
+        try:
+            metrics = await self.seam.push(self.learner, self.generator)
+        finally:
+            self._pushing = False
         self.sync_stats["weight_syncs"] += 1
         return metrics
 

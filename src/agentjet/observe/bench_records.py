@@ -36,7 +36,7 @@ class BenchRecord(BaseModel):
     notes: str = ""
     curves: dict[str, LearnCurve] = Field(default_factory=dict)  # task -> held-out eval curve (learn and quick)
     settings: dict[str, Any] = Field(default_factory=dict)  # the run's settings as recorded (the loss config too)
-    backfilled: bool = False  # run later from the commit's own code (benchmarks/bench_backfill.py); see notes
+    backfilled: bool = False  # run later from the commit's own code (benchmarks/learning/bench_backfill.py); see notes
 
 
 class BaselineRef(BaseModel):

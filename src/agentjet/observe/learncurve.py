@@ -16,25 +16,75 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator
 
 
-class CurvePoint(BaseModel):
-    """One held-out eval."""
+class EvalPoint(BaseModel):
+    """One held-out evaluation: where training stood, and what the eval scored. The one eval-point record: the
+    driver (``agentjet.client.driver``) takes them, the demo, ``ajet research`` and the benchmarks keep them, a
+    :class:`LearnCurve` is a list of them, and :func:`agentjet.observe.curveplot.plot_curves` draws them."""
 
-    model_config = ConfigDict(extra="forbid")
-    steps: int  # train steps done when the eval ran
-    reward: float  # mean held-out reward
-    train_minutes: float | None = None  # training clock (evals excluded); None: the demo did not record it
-    minutes: float | None = None  # wall clock since the run started (evals included)
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")  # a NaN reward survives JSON
+    train_steps: int
+    policy_version: int | None = Field(None, description="None: the record did not say (early demo curves)")
+    reward: float = Field(description="mean reward of the eval episodes (NaN: none finished)")
+    episodes: int = Field(0, description="eval episodes that finished with a reward")
+    failed: int = Field(0, description="eval episodes that failed")
+    train_seconds: float | None = Field(0.0, description="the training clock: time since training started, less "
+                                        "pauses (None: not recorded, the first demos)")
+    seconds: float | None = Field(0.0, description="time since training started, pauses included (None: unknown)")
+    eval_seconds: float = Field(0.0, description="how long the evaluation took")
+
+    @property
+    def train_minutes(self) -> float | None:
+        return None if self.train_seconds is None else self.train_seconds / 60
+
+    @property
+    def minutes(self) -> float | None:
+        return None if self.seconds is None else self.seconds / 60
+
+    def x(self, axis: str) -> float | None:
+        """The point's position on ``axis``: ``steps`` (train steps), ``train_minutes`` or ``minutes`` (wall)."""
+        if axis == "steps":
+            return float(self.train_steps)
+        if axis in ("train_minutes", "minutes"):
+            return getattr(self, axis)
+        raise ValueError(f"unknown curve axis {axis!r} (steps, train_minutes, minutes)")
+
+
+def _from_stored(data: Any) -> Any:
+    """A point as ``bench_history.jsonl`` keeps it (``steps``, ``reward``, ``train_minutes``, ``minutes``: the
+    dashboard's bench page reads these) -> the fields of :class:`EvalPoint`."""
+    if isinstance(data, dict) and "steps" in data and "train_steps" not in data:
+        tm, m = data.get("train_minutes"), data.get("minutes")
+        return {"train_steps": data["steps"], "reward": data["reward"], "policy_version": None,
+                "train_seconds": None if tm is None else float(tm) * 60, "seconds": None if m is None else float(m) * 60}
+    return data
+
+
+def _to_stored(p: EvalPoint) -> dict[str, Any]:
+    return {"steps": p.train_steps, "reward": p.reward, "train_minutes": p.train_minutes, "minutes": p.minutes}
 
 
 class LearnCurve(BaseModel):
+    """A run's held-out eval curve: its eval points in order. Stored (``BenchRecord.curves``) in the compact point
+    shape the bench page reads (``steps``, ``reward``, ``train_minutes``, ``minutes``); read from it or from
+    whole :class:`EvalPoint` records."""
+
     model_config = ConfigDict(extra="forbid")
     task: str
-    points: list[CurvePoint]
+    points: list[EvalPoint]
     target: float | None = None
     source: str = ""  # how the points were read (which demo format)
+
+    @field_validator("points", mode="before")
+    @classmethod
+    def _read_stored(cls, v: Any) -> Any:
+        return [_from_stored(p) for p in v] if isinstance(v, list) else v
+
+    @field_serializer("points")
+    def _write_stored(self, points: list[EvalPoint]) -> list[dict[str, Any]]:
+        return [_to_stored(p) for p in points]
 
 
 class CurveSpec(BaseModel):
@@ -75,7 +125,7 @@ def train_minutes_to_target(curve: LearnCurve) -> float | None:
 def _to_target(curve: LearnCurve, axis: str) -> float | None:
     if curve.target is None:
         return None
-    return first_crossing([(getattr(p, axis), p.reward) for p in curve.points], curve.target)
+    return first_crossing([(p.x(axis), p.reward) for p in curve.points], curve.target)
 
 
 def first_crossing(points: Sequence[tuple[float | None, float]], target: float) -> float | None:
@@ -97,14 +147,15 @@ def eval_at_step(curve: LearnCurve, step: float) -> float | None:
     """The eval curve linearly interpolated at ``step`` train steps; None past the last eval (or before the first).
     At a step several evals share, the latest of them."""
     pts = curve.points
-    if not pts or step > pts[-1].steps or step < pts[0].steps:
+    if not pts or step > pts[-1].train_steps or step < pts[0].train_steps:
         return None
-    at = [p for p in pts if p.steps == step]
+    at = [p for p in pts if p.train_steps == step]
     if at:
         return at[-1].reward
-    before = [p for p in pts if p.steps < step][-1]
-    after = next(p for p in pts if p.steps > step)
-    return before.reward + (step - before.steps) / (after.steps - before.steps) * (after.reward - before.reward)
+    before = [p for p in pts if p.train_steps < step][-1]
+    after = next(p for p in pts if p.train_steps > step)
+    return before.reward + ((step - before.train_steps) / (after.train_steps - before.train_steps)
+                            * (after.reward - before.reward))
 
 
 def curve_from_demo(data: dict[str, Any], task: str | None = None, target: float | None = None) -> LearnCurve:
@@ -118,14 +169,24 @@ def curve_from_demo(data: dict[str, Any], task: str | None = None, target: float
         target = spec_for(task).target
     evals = data.get("evals") or []
     if evals:
-        points = [CurvePoint(steps=int(e["train_steps"]), reward=float(e["reward"]),
-                             train_minutes=float(e["train_seconds"]) / 60 if "train_seconds" in e else None,
-                             minutes=float(e["seconds"]) / 60 if "seconds" in e else e.get("minutes"))
-                  for e in evals]
+        points = [demo_eval(e) for e in evals]
         return LearnCurve(task=task, points=points, target=target, source="the demo's periodic evals (evals[])")
-    points = [CurvePoint(steps=0, reward=float(data["eval_before"]), train_minutes=0.0, minutes=0.0),
-              CurvePoint(steps=int(data["train_steps"]), reward=float(data["eval_after"]),
-                         minutes=float(data["seconds"]) / 60 if "seconds" in data else None)]
+    points = [EvalPoint(train_steps=0, reward=float(data["eval_before"]), train_seconds=0.0, seconds=0.0),
+              EvalPoint(train_steps=int(data["train_steps"]), reward=float(data["eval_after"]),
+                        policy_version=data.get("policy_version"), train_seconds=None,
+                        seconds=float(data["seconds"]) if "seconds" in data else None)]
     return LearnCurve(task=task, points=points, target=target,
                       source="eval before and after only (this demo had no periodic eval); the last point's "
                              "minutes are the run's wall minutes")
+
+
+def demo_eval(e: dict[str, Any]) -> EvalPoint:
+    """One entry of a demo result's ``evals``: an :class:`EvalPoint` dump plus ``minutes`` (wall), or, before the
+    driver, ``train_steps``, ``reward`` and some of ``train_seconds``, ``seconds``, ``minutes``."""
+    if "minutes" in e and "seconds" not in e:
+        seconds: float | None = None if e["minutes"] is None else float(e["minutes"]) * 60
+    else:
+        seconds = float(e["seconds"]) if "seconds" in e else None
+    fields = {k: e[k] for k in ("policy_version", "episodes", "failed", "eval_seconds") if k in e}
+    return EvalPoint(train_steps=int(e["train_steps"]), reward=float(e["reward"]), seconds=seconds,
+                     train_seconds=float(e["train_seconds"]) if "train_seconds" in e else None, **fields)

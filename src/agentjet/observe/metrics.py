@@ -145,7 +145,11 @@ class SnapshotCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         s = self._snapshot()
-        gauges = {"policy_version": (s.policy_version, "policy version (bumped by every train step)"),
+        gauges = {"policy_version": (s.policy_version, "served policy version (its step committed, its weights "
+                                     "held by the generator)"),
+                  "learner_version": (s.learner_version, "the learner's policy version (ahead of policy_version "
+                                      "while a weight push is in flight)"),
+                  "weight_push_in_flight": (int(s.weight_push_in_flight), "1 while a weight push is in flight"),
                   "open_episodes": (s.open_episodes, "episodes begun and not yet ended"),
                   "pending_episodes": (s.pending_episodes, "acknowledged episodes waiting for a train step"),
                   "connected_clients": (s.clients, "clients seen since start"),

@@ -30,7 +30,9 @@ class RunSnapshot(BaseModel):
     engine_info: dict[str, Any] = Field(default_factory=dict)  # what runs where (``ComposedEngine.describe``)
     engine_state: str  # "paused" while training is paused, else the server's lifecycle state
     paused: bool
-    policy_version: int
+    policy_version: int  # the served version: its step committed, its weights held by the generator
+    learner_version: int  # the learner's: ahead of policy_version while a push is in flight (or after one failed)
+    weight_push_in_flight: bool = False
     train_steps: int
     uptime_s: float
     open_episodes: int

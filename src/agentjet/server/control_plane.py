@@ -90,7 +90,8 @@ class ControlPlane:
 
     # ------------------------------------------------------------ training
     def pause_state(self) -> PauseState:
-        return PauseState(paused=self.loop.paused, policy_version=self.engine.policy_version,
+        return PauseState(paused=self.loop.paused,
+                          policy_version=self.counters.served_version(self.engine.generator_version),
                           train_steps=self.counters.train_steps)
 
     async def pause(self, wait_for_step: bool) -> PauseState:

@@ -122,6 +122,9 @@ class TypeTotals:
 
 # What a checkpoint keeps of the training counters (``trainer_state.json``; read back by ``restore``).
 CHECKPOINTED = ("train_steps", "trained_episodes", "dropped_stale", "dropped_uniform")
+# Counters that ``restore`` reads back from another key of the checkpoint's state: the committed version is the
+# policy version the checkpoint saved (a checkpoint is taken between steps, so it was committed).
+RESTORED_FROM = {"committed_version": "policy_version"}
 
 
 @dataclass
@@ -129,6 +132,7 @@ class TrainingCounters:
     """The training core (``training/``). Cumulative since the run began: the checkpointed ones survive a resume."""
 
     train_steps: int = 0
+    committed_version: int = 0  # the learner's policy version after the latest committed step
     trained_episodes: int = 0
     trained_samples: int = 0
     trained_tokens: int = 0
@@ -138,13 +142,19 @@ class TrainingCounters:
     halted_reason: str | None = None  # set when the engine said training must stop (training is paused)
     by_type: dict[str, TypeTotals] = field(default_factory=dict)
 
-    def stepped(self, step: int, episodes: int, samples: int, tokens: int, metrics: dict[str, float]) -> None:
-        """A train step was committed."""
+    def stepped(self, step: int, episodes: int, samples: int, tokens: int, metrics: dict[str, float],
+                version: int) -> None:
+        """A train step was committed: its episodes are trained, and ``version`` (the learner's after it) too."""
         self.train_steps = step
+        self.committed_version = version
         self.trained_episodes += episodes
         self.trained_samples += samples
         self.trained_tokens += tokens
         self.last_metrics = metrics
+
+    def served_version(self, generator_version: int) -> int:
+        """The version a client is told about: its step is committed and the generator holds its weights."""
+        return min(self.committed_version, generator_version)
 
     def trained_type(self, task_type: str, episodes: int, reward_sum: float) -> None:
         totals = self.by_type.setdefault(task_type, TypeTotals())
@@ -167,9 +177,10 @@ class TrainingCounters:
         return {name: getattr(self, name) for name in CHECKPOINTED}
 
     def restore(self, state: Mapping[str, Any]) -> None:
-        """The counters a checkpoint kept (``checkpoint_state``); the others start again from zero."""
-        for name in CHECKPOINTED:
-            setattr(self, name, int(state.get(name, 0)))
+        """The counters a checkpoint kept (``checkpoint_state``, and the committed version from its policy
+        version); the others start again from zero."""
+        for name, key in [*((n, n) for n in CHECKPOINTED), *RESTORED_FROM.items()]:
+            setattr(self, name, int(state.get(key, 0)))
 
 
 @dataclass

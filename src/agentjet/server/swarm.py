@@ -133,7 +133,7 @@ class SwarmServer:
                            on_committed=intake.acknowledged)
         self.keys = EpisodeKeys(self.registry, self.store)
         self.admission = Admission(config, self.engine, self.registry, self.pool, self.clock, self.lifecycle,
-                                   self.store_health, counters.admission)
+                                   self.store_health, counters.admission, counters.training)
         self.ingest = Ingest(config, self.engine, self.formatter, self.registry, self.store, self.keys, self.teams,
                              locks, self.clock, self.store_health, intake, self.admission, counters)
         self.chat = Chat(config, self.engine, self.formatter, self.keys, self.registry, self.ingest)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import html
 import math
 import statistics
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from agentjet.observe.bench_records import (  # noqa: F401 - the records are par
     load_history,
     save_baseline,
 )
+from agentjet.observe.curveplot import Line, Panel, plot_curves
 from agentjet.observe.learncurve import (
     LearnCurve,
     curve_from_demo,
@@ -93,11 +95,11 @@ def learn_figures(curve: LearnCurve) -> dict[str, BenchMetric]:
     out = {
         p + "eval_before": BenchMetric(value=curve.points[0].reward, gated=False, note="held-out eval at step 0"),
         p + "final_eval": BenchMetric(value=last.reward, gated=spec.final_gated,
-                                      note=f"held-out eval at the end ({last.steps} steps)"),
-        p + "train_steps": BenchMetric(value=last.steps, unit="steps", gated=False, note="train steps in the budget"),
+                                      note=f"held-out eval at the end ({last.train_steps} steps)"),
+        p + "train_steps": BenchMetric(value=last.train_steps, unit="steps", gated=False, note="train steps in the budget"),
     }
     if last.train_minutes:
-        out[p + "steps_per_train_minute"] = BenchMetric(value=last.steps / last.train_minutes, unit="steps/min",
+        out[p + "steps_per_train_minute"] = BenchMetric(value=last.train_steps / last.train_minutes, unit="steps/min",
                                                         gated=False)
     if curve.target is not None:
         steps = steps_to_target(curve)
@@ -200,14 +202,16 @@ def render_learning_png(records: list[BenchRecord], path: Path) -> bool:
     """The learning curves overlaid, one colour per version: per task, held-out eval against train steps and
     against training minutes (wall minutes, dashed, where a demo recorded no training clock). False without
     matplotlib or curves."""
-    plt = _pyplot()
     tasks = sorted({t for r in records for t in r.curves})
-    if plt is None or not tasks:
+    if not tasks:
         return False
     colour = {c: COLORS[i % len(COLORS)] for i, c in enumerate(versions(records))}
-    fig, axes = plt.subplots(len(tasks), 2, figsize=(12, 4.2 * len(tasks)), squeeze=False)
-    for (by_step, by_min), task in zip(axes, tasks, strict=True):
+    panels: list[Panel] = []
+    for task in tasks:
+        by_step: list[Line] = []
+        by_min: list[Line] = []
         labelled: set[str] = set()
+        target = None
         for r in records:
             curve = r.curves.get(task)
             if curve is None:
@@ -215,29 +219,18 @@ def render_learning_png(records: list[BenchRecord], path: Path) -> bool:
             label = None if r.commit in labelled else f"{r.commit[:7]}" + (" (backfilled)" if r.backfilled else "")
             labelled.add(r.commit)
             kw = {"color": colour[r.commit], "alpha": 0.85, "linewidth": 1.4, "marker": "o", "markersize": 3}
-            by_step.plot([p.steps for p in curve.points], [p.reward for p in curve.points], label=label, **kw)
-            train = [p for p in curve.points if p.train_minutes is not None]
-            if len(train) == len(curve.points):
-                by_min.plot([p.train_minutes for p in train], [p.reward for p in train], label=label, **kw)
+            by_step.append(Line(curve, label=label, style=kw))
+            if all(p.train_minutes is not None for p in curve.points):
+                by_min.append(Line(curve, label=label, style=kw))
             else:
-                wall = [p for p in curve.points if p.minutes is not None]
-                by_min.plot([p.minutes for p in wall], [p.reward for p in wall], label=label, linestyle="--", **kw)
-            if curve.target is not None:
-                for ax in (by_step, by_min):
-                    ax.axhline(curve.target, color="grey", linestyle=":", linewidth=0.8)
-        by_step.set_title(f"{task}: held-out eval vs train steps", fontsize=10)
-        by_step.set_xlabel("train steps")
-        by_min.set_title(f"{task}: held-out eval vs training minutes (dashed: wall minutes)", fontsize=10)
-        by_min.set_xlabel("training minutes")
-        for ax in (by_step, by_min):
-            ax.set_ylabel("held-out eval")
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return True
+                by_min.append(Line(curve, x="minutes", label=label, style={**kw, "linestyle": "--"}))
+            target = curve.target if curve.target is not None else target
+        common = Panel([], ylabel="held-out eval", target=target, legend_fontsize=7, title_fontsize=10)
+        panels += [replace(common, lines=by_step, x="steps", title=f"{task}: held-out eval vs train steps",
+                           xlabel="train steps"),
+                   replace(common, lines=by_min, x="train_minutes", xlabel="training minutes",
+                           title=f"{task}: held-out eval vs training minutes (dashed: wall minutes)")]
+    return plot_curves(panels, path, cols=2, figsize=(12, 4.2 * len(tasks)), dpi=100)
 
 
 def _seed(r: BenchRecord) -> str:

@@ -137,7 +137,7 @@ def swarm_metrics(quick: bool) -> dict[str, BenchMetric]:
     the server's capacity, so the ratio is the time a call adds on its way through the server (HTTP, auth,
     template, recording) relative to a 100 ms generation; the load generator runs in this process, so its own
     HTTP cost counts too. (A saturated server's calls/s depend on what else the machine runs: see
-    benchmarks/swarm_overhead.py.)"""
+    benchmarks/serving/swarm_overhead.py.)"""
     from agentjet.engines.base import SamplingParams
 
     seconds, conc, delay = (4.0 if quick else 10.0), 8, 0.1

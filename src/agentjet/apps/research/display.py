@@ -61,7 +61,7 @@ class Display:
         for t in state.trials:
             v = views.get(t.id)
             value = t.value(metric)
-            last = t.points[-1].value if t.points else None
+            last = t.points[-1].reward if t.points else None
             shown = value if value is not None else last
             step = f"{v.train_steps}/{self.spec.client.steps}" if v else (str(t.last_step) if t.points else "")
             secs = v.seconds if v else t.seconds

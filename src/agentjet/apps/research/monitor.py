@@ -13,12 +13,12 @@ import enum
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError
 
 from agentjet.apps.research.spec import MetricSource
-from agentjet.client.driver import EvalPoint
+from agentjet.observe.learncurve import EvalPoint
 from agentjet.protocol import ServerStatus
 
 RESULT_FILE = "result.json"
@@ -39,17 +39,23 @@ class Health(enum.StrEnum):
         return self in (Health.CRASHED, Health.START_TIMEOUT, Health.STALLED)
 
 
-class EvalRecord(EvalPoint):
-    """An eval point as ``result.json`` and ``evals.jsonl`` keep it. Also reads the records written before the
-    driver: those had no clocks, ``seconds`` for the eval's duration and ``episodes`` counting the failed ones."""
+def _legacy_eval(data: Any) -> Any:
+    """Records written before the driver had no clocks, ``seconds`` for the eval's duration and ``episodes``
+    counting the failed ones."""
+    if isinstance(data, dict) and "eval_seconds" not in data and "train_seconds" not in data:
+        data = {**data, "eval_seconds": data.get("seconds", 0.0), "seconds": 0.0,
+                "episodes": data.get("episodes", 0) - data.get("failed", 0)}
+    return data
 
-    @model_validator(mode="before")
-    @classmethod
-    def _legacy(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "eval_seconds" not in data and "train_seconds" not in data:
-            data = {**data, "eval_seconds": data.get("seconds", 0.0), "seconds": 0.0,
-                    "episodes": data.get("episodes", 0) - data.get("failed", 0)}
-        return data
+
+# An eval point as ``result.json`` and ``evals.jsonl`` keep it: the one eval record, reading the older ones too.
+EvalRecord = Annotated[EvalPoint, BeforeValidator(_legacy_eval)]
+_EVAL_RECORD: TypeAdapter[EvalPoint] = TypeAdapter(EvalRecord)
+
+
+def read_eval_record(data: Any) -> EvalPoint:
+    """An eval point of ``result.json`` / ``evals.jsonl``, of any version."""
+    return _EVAL_RECORD.validate_python(data)
 
 
 class TrialResult(BaseModel):
@@ -107,7 +113,8 @@ def result_points(result: TrialResult, source: MetricSource) -> dict[int, float]
         if points or source is MetricSource.TRAIN_REWARD:
             return points
     if source is MetricSource.EVAL_REWARD:
-        return {e.policy_version: e.reward for e in result.evals if math.isfinite(e.reward)}
+        return {e.policy_version: e.reward for e in result.evals
+                if e.policy_version is not None and math.isfinite(e.reward)}
     return {}
 
 

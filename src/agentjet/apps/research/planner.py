@@ -198,7 +198,7 @@ class OptunaPlanner:
             self.study.add_trial(optuna.trial.create_trial(
                 params=run.params, distributions=self.distributions, state=ostate,
                 value=value if ostate is OptunaState.COMPLETE else None,
-                intermediate_values={p.step: p.value for p in run.points}, system_attrs=run.optuna_attrs))
+                intermediate_values={p.train_steps: p.reward for p in run.points}, system_attrs=run.optuna_attrs))
 
     def begin(self, run: TrialRecord) -> None:
         """Bind a live Optuna trial to a run that starts (or restarts, or is re-attached) and replay its points."""
@@ -208,7 +208,7 @@ class OptunaPlanner:
             trial = self.study.ask(self.distributions)
         self._live[run.id] = trial
         for p in run.points:
-            trial.report(p.value, p.step)
+            trial.report(p.reward, p.train_steps)
 
     def report(self, run: TrialRecord, step: int, value: float) -> bool:
         """Record an eval point; True when the run should be stopped (clearly behind)."""

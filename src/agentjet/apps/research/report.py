@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from agentjet.apps.research.spec import Direction, Param, ParamType, StudySpec
-from agentjet.apps.research.state import StudyState, TrialState, config_summaries, mean_spread
+from agentjet.apps.research.state import StudyState, TrialRecord, TrialState, config_summaries, mean_spread
+from agentjet.observe.curveplot import Line, Panel, plot_curves
+from agentjet.observe.learncurve import LearnCurve
 
 STEP_PLOT = "metric_vs_step.png"
 
@@ -120,7 +122,7 @@ def write_report(spec: StudySpec, state: StudyState, root: Path) -> Path:
     lines += ["", "### Every run", "", "| run | config | seed | state | metric | eval points (step: value) | "
               "attempts | minutes | note |", "|---|---|---|---|---|---|---|---|---|"]
     for t in state.trials:
-        pts = ", ".join(f"{p.step}: {p.value:.3f}" for p in t.points) or "–"
+        pts = ", ".join(f"{p.train_steps}: {p.reward:.3f}" for p in t.points) or "–"
         lines.append(f"| {t.id} | {t.config_id} | {t.seed} | {t.state.value} | {_fmt(t.value(spec.metric))} | "
                      f"{pts} | {len(t.attempts)} | {t.seconds / 60:.1f} | {t.reason.replace('|', '/')} |")
     if plots:
@@ -195,6 +197,11 @@ def caveats(spec: StudySpec, state: StudyState, rows: list[dict[str, Any]], eval
     return out
 
 
+def trial_curve(t: TrialRecord) -> LearnCurve:
+    """A run's points (``study.json`` keeps them as step and value) as one curve of eval points."""
+    return LearnCurve(task=t.id, points=list(t.points))
+
+
 def make_plots(spec: StudySpec, state: StudyState, root: Path) -> list[str]:
     """The metric against the step for every run, and against each parameter. Names of the files written."""
     try:
@@ -208,28 +215,23 @@ def make_plots(spec: StudySpec, state: StudyState, root: Path) -> list[str]:
     if not runs:
         return []
     names = [STEP_PLOT]
-    cmap = plt.get_cmap("tab10")
-    colour = {c.id: cmap(i % 10) for i, c in enumerate(state.configs)}
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    colour = {c.id: f"C{i % 10}" for i, c in enumerate(state.configs)}  # tab10, matplotlib's default cycle
+    lines: list[Line] = []
     labelled: set[str] = set()
     for t in runs:
-        xs, ys = [p.step for p in t.points], [p.value for p in t.points]
         label = None
         if t.config_id not in labelled:
             labelled.add(t.config_id)
             label = f"{t.config_id}: " + ", ".join(f"{n.split('.', 1)[-1]}={_fmt(t.params[n])}" for n in spec.space)
         style = "--" if t.state is TrialState.PRUNED else "-"
-        ax.plot(xs, ys, style, marker="o", color=colour[t.config_id], label=label, alpha=0.85)
+        lines.append(Line(trial_curve(t), label=label,
+                          style={"linestyle": style, "marker": "o", "color": colour[t.config_id], "alpha": 0.85}))
         if t.state is TrialState.PRUNED:
-            ax.plot(xs[-1], ys[-1], marker="x", color="black", markersize=9)
-    ax.set_xlabel("policy version (train steps)")
-    ax.set_ylabel(spec.metric.source.value)
-    ax.set_title("metric at each eval point (dashed, x: pruned)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
-    fig.tight_layout()
-    fig.savefig(root / STEP_PLOT, dpi=110)
-    plt.close(fig)
+            last = t.points[-1]
+            lines.append(Line(xy=[(last.train_steps, last.reward)], style={"marker": "x", "color": "black", "markersize": 9}))
+    plot_curves(Panel(lines, x="steps", xlabel="policy version (train steps)", ylabel=spec.metric.source.value,
+                      legend="best", legend_fontsize=7),
+                path=root / STEP_PLOT, title="metric at each eval point (dashed, x: pruned)", dpi=110)
     for name, p in spec.space.items():
         fname = param_plot_name(name)
         _param_plot(plt, spec, state, name, p, colour, root / fname)
@@ -266,7 +268,7 @@ def _param_plot(plt: Any, spec: StudySpec, state: StudyState, name: str, p: Para
     fig, ax = plt.subplots(figsize=(6, 4))
     for t in state.trials:
         v = t.value(spec.metric) if t.state is TrialState.DONE else (
-            t.points[-1].value if t.points and t.state is TrialState.PRUNED else None)
+            t.points[-1].reward if t.points and t.state is TrialState.PRUNED else None)
         if v is not None:
             ax.scatter([axis.x(t.params[name], order[t.config_id])], [v], color=colour[t.config_id], alpha=0.8,
                        marker="o" if t.state is TrialState.DONE else "x")

@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator
 
 from agentjet.apps.research.spec import Aggregate, Metric, Scalar, StudySpec
+from agentjet.observe.learncurve import EvalPoint
 
 STUDY_FILE = "study.json"
 
@@ -58,9 +59,16 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class Point(_Model):
-    step: int
-    value: float
+def _point_from_stored(data: Any) -> Any:
+    """A point as ``study.json`` and ``results.json`` keep it (``step``: the policy version, ``value``: the metric)."""
+    if isinstance(data, dict) and "step" in data and "train_steps" not in data:
+        return {"train_steps": data["step"], "policy_version": data["step"], "reward": data["value"]}
+    return data
+
+
+def stored_point(p: EvalPoint) -> dict[str, Any]:
+    """The point in its stored shape (``step``, ``value``)."""
+    return {"step": p.train_steps, "value": p.reward}
 
 
 class Attempt(_Model):
@@ -84,10 +92,20 @@ class TrialRecord(_Model):
     state: TrialState = TrialState.PLANNED
     attempts: list[Attempt] = Field(default_factory=list)
     crashes: int = 0
-    points: list[Point] = Field(default_factory=list)
+    points: list[EvalPoint] = Field(default_factory=list, description="the run's metric at each eval point "
+                                    "(reward: the metric, which may be the train reward); stored as step and value")
     reason: str = ""
     optuna_attrs: dict[str, Any] = Field(default_factory=dict, description="the planner's bookkeeping (ASHA rungs)")
     seconds: float = 0.0
+
+    @field_validator("points", mode="before")
+    @classmethod
+    def _read_points(cls, v: Any) -> Any:
+        return [_point_from_stored(p) for p in v] if isinstance(v, list) else v
+
+    @field_serializer("points")
+    def _write_points(self, points: list[EvalPoint]) -> list[dict[str, Any]]:
+        return [stored_point(p) for p in points]
 
     def move(self, new: TrialState, reason: str = "") -> None:
         if new not in _ALLOWED[self.state]:
@@ -102,25 +120,25 @@ class TrialRecord(_Model):
 
     def add_point(self, step: int, value: float) -> bool:
         """Record an eval point; False if the step is already known."""
-        if any(p.step == step for p in self.points) or not math.isfinite(value):
+        if any(p.train_steps == step for p in self.points) or not math.isfinite(value):
             return False
-        self.points.append(Point(step=step, value=value))
-        self.points.sort(key=lambda p: p.step)
+        self.points.append(EvalPoint(train_steps=step, policy_version=step, reward=value))
+        self.points.sort(key=lambda p: p.train_steps)
         return True
 
     def value(self, metric: Metric) -> float | None:
         """The run's metric: at the last eval point, or the best one; None before any point after step 0."""
-        pts = [p for p in self.points if p.step > 0] or []
+        pts = [p for p in self.points if p.train_steps > 0] or []
         if not pts:
             return None
         if metric.aggregate is Aggregate.LAST:
-            return pts[-1].value
-        values = [p.value for p in pts]
+            return pts[-1].reward
+        values = [p.reward for p in pts]
         return max(values) if metric.direction == "maximize" else min(values)
 
     @property
     def last_step(self) -> int | None:
-        return self.points[-1].step if self.points else None
+        return self.points[-1].train_steps if self.points else None
 
 
 class ConfigRecord(_Model):
@@ -245,7 +263,7 @@ def _atomic_write(path: Path, text: str) -> None:
 def results_rows(state: StudyState, spec: StudySpec) -> list[dict[str, Any]]:
     return [{"run": t.id, "config": t.config_id, "seed": t.seed, "state": t.state.value, "params": t.params,
              "value": t.value(spec.metric), "last_step": t.last_step, "attempts": len(t.attempts),
-             "minutes": t.seconds / 60, "reason": t.reason, "points": [p.model_dump() for p in t.points]}
+             "minutes": t.seconds / 60, "reason": t.reason, "points": [stored_point(p) for p in t.points]}
             for t in state.trials]
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from agentjet.apps.research.monitor import RESULT_FILE, EvalRecord, TrialResult, parse_status
+from agentjet.apps.research.monitor import RESULT_FILE, TrialResult, parse_status
 from agentjet.apps.research.spec import TrialClientSettings
 from agentjet.client.client import SwarmClient
 from agentjet.client.driver import Budget, Driver, DriverSettings, EvalPoint, PauseEvery, Stop, held_out
@@ -87,7 +87,7 @@ class TrialClient:
         self.eval_sampling = dict(self.task.EVAL_SAMPLING)
         if settings.max_tokens is not None:
             self.eval_sampling["max_tokens"] = settings.max_tokens
-        self.evals: list[EvalRecord] = []
+        self.evals: list[EvalPoint] = []
 
     @staticmethod
     def _admin_token() -> str | None:
@@ -99,7 +99,7 @@ class TrialClient:
         return parse_status(await self.client.request("GET", f"{SWARM_PREFIX}/status"))
 
     def record(self, point: EvalPoint) -> None:
-        record = EvalRecord.model_validate(point.model_dump())
+        record = point
         self.evals.append(record)
         with open(self.out_dir / EVALS_FILE, "a") as f:
             f.write(record.model_dump_json() + "\n")

@@ -1,6 +1,6 @@
 """Static batching, the embedded engine's earlier generation path (``EngineSettings.batching = "static"``): a
 batch of requests gathered by the request batcher is left-padded and run with a dynamic KV cache until its
-longest request ends. Kept as the baseline that ``benchmarks/engine.py`` measures the continuous scheduler
+longest request ends. Kept as the baseline that ``benchmarks/serving/engine.py`` measures the continuous scheduler
 (``scheduler.py``) against, and as a fallback for models the slot cache does not fit.
 """
 

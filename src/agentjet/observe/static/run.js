@@ -46,7 +46,8 @@
   function renderTiles(s) {
     const dropped = Object.values(s.dropped).reduce((a, b) => a + b, 0);
     const items = [
-      ["model", s.model], ["state", s.engine_state], ["policy version", s.policy_version],
+      ["model", s.model], ["state", s.engine_state], ["policy version", s.learner_version > s.policy_version
+        ? `${s.policy_version} (learner v${s.learner_version}${s.weight_push_in_flight ? ", pushing" : ""})` : s.policy_version],
       ["train steps", s.train_steps], ["open episodes", s.open_episodes], ["pending", s.pending_episodes],
       ["trained episodes", s.trained_episodes], ["eval episodes", s.eval_episodes], ["clients", s.clients],
       ["chat calls", s.calls], ["generated tokens", s.generated_tokens], ["trained tokens", s.trained_tokens],

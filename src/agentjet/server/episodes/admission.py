@@ -45,7 +45,7 @@ from typing import Generic, TypeVar
 from agentjet.layouts.composed import ComposedEngine
 from agentjet.protocol import BeginEpisodeRequest, BeginEpisodeResponse, EpisodeStatus
 from agentjet.runtime.clock import Clock
-from agentjet.server.counters import AdmissionCounters
+from agentjet.server.counters import AdmissionCounters, TrainingCounters
 from agentjet.server.episodes.registry import EpisodeRegistry
 from agentjet.server.errors import APIError, bad_request, unavailable
 from agentjet.server.state import Lifecycle, ServerState
@@ -169,8 +169,10 @@ class Admission:
     begins. Counts its refusals and held begins (``counters.AdmissionCounters``)."""
 
     def __init__(self, config: ServerConfig, engine: ComposedEngine, registry: EpisodeRegistry, pool: GroupPool,
-                 clock: Clock, lifecycle: Lifecycle, store_health: StoreHealth, counters: AdmissionCounters) -> None:
+                 clock: Clock, lifecycle: Lifecycle, store_health: StoreHealth, counters: AdmissionCounters,
+                 training: TrainingCounters) -> None:
         self.config = config
+        self.training = training  # read only: the committed version, for the served version that tags evals
         self.engine = engine
         self.registry = registry
         self.pool = pool
@@ -247,10 +249,13 @@ class Admission:
     def _admit(self, req: BeginEpisodeRequest) -> BeginEpisodeResponse:
         if not req.eval and not self._begun_in_group(req.group_id or req.task_id) % self.config.training.group_size:
             self.pool.note_admitted(req.group_id or req.task_id)
-        ep, key = self.registry.begin(req, self.engine.policy_version)
+        # a training episode's staleness counts from the learner's version; an eval is tagged with the version
+        # that generates it, the served one (design §6), not a learner's version still being pushed
+        version = self.training.served_version(self.engine.generator_version) if req.eval else self.engine.policy_version
+        ep, key = self.registry.begin(req, version)
         self.pool.note_begin(req.task_type)
         return BeginEpisodeResponse(episode_id=ep.episode_id, api_key=key, base_url=self.config.base_url(),
-                                    lease_seconds=self.config.lease_seconds, policy_version=self.engine.policy_version)
+                                    lease_seconds=self.config.lease_seconds, policy_version=version)
 
     def _admit_held(self, req: BeginEpisodeRequest) -> BeginEpisodeResponse:
         self._check_open(req)

@@ -17,6 +17,7 @@ from agentjet.layouts.composed import ComposedEngine
 from agentjet.server.http import control, dashboard, openai_api, swarm_api
 from agentjet.server.http.errors import BodySizeLimit, install_error_handlers
 from agentjet.server.swarm import SwarmServer
+from agentjet.server.views.run_state import versions
 from agentjet.settings import ServerConfig
 from agentjet.version import __version__
 
@@ -40,7 +41,7 @@ def create_app(server: SwarmServer) -> FastAPI:
 
     @app.get("/health")
     async def health() -> dict[str, str | int]:
-        return {"status": server.state.value, "policy_version": server.engine.policy_version}
+        return {"status": server.state.value, "policy_version": versions(server.run).served}
 
     app.include_router(openai_api.router)
     app.include_router(swarm_api.router)

@@ -11,6 +11,7 @@ from fastapi import APIRouter, Depends, Request
 from agentjet.protocol import SWARM_PREFIX, ChangeRecord, ConfigChange, PauseRequest, PauseState
 from agentjet.server.errors import bad_request
 from agentjet.server.http.deps import require_admin, server_of
+from agentjet.server.views.run_state import versions
 
 router = APIRouter(prefix=f"{SWARM_PREFIX}/control", dependencies=[Depends(require_admin)])
 
@@ -49,4 +50,4 @@ async def stop(request: Request) -> dict[str, Any]:
     if server.on_stop is None:
         raise bad_request("this server was not started with a stop handler", param=None)
     asyncio.get_running_loop().call_later(0.2, server.on_stop)
-    return {"stopping": True, "policy_version": server.engine.policy_version}
+    return {"stopping": True, "policy_version": versions(server.run).served}

@@ -24,6 +24,7 @@ from agentjet.protocol import AGENT_HEADER
 from agentjet.server.episodes.chat_call import ChatCall, ChatCompletionRequest, engine_error
 from agentjet.server.errors import error_body
 from agentjet.server.http.deps import bearer, server_of
+from agentjet.server.views.run_state import versions
 
 router = APIRouter(prefix="/v1")
 
@@ -70,7 +71,7 @@ class CallView:
 async def list_models(request: Request) -> dict[str, Any]:
     server = server_of(request)
     return {"object": "list", "data": [{"id": server.config.name, "object": "model", "created": 0,
-                                        "owned_by": "agentjet", "policy_version": server.engine.policy_version}]}
+                                        "owned_by": "agentjet", "policy_version": versions(server.run).served}]}
 
 
 @router.post("/chat/completions", response_model=None)

@@ -133,7 +133,7 @@ class BatchStep:
         version = self.engine.policy_version
         self.store.mark_consumed(statuses, step=step, step_record=(version, metrics))
         self.counters.stepped(step, episodes=len(ids), samples=len(batch.samples), tokens=batch.tokens,
-                              metrics=metrics)
+                              metrics=metrics, version=version)
         log.info("step %d: policy v%d, %d episodes, reward %.3f, loss %.4f, %.1fs", step, version, len(ids),
                  metrics["reward_mean"], metrics.get("loss", 0.0), metrics.get("step_seconds", 0.0))
         if self.observer is not None:

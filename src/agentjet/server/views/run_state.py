@@ -78,16 +78,36 @@ class RunParts:
         return "paused" if self.train_loop.paused else self.lifecycle.state.value
 
 
+@dataclass(frozen=True)
+class Versions:
+    """The policy versions a client reads (design §6): ``served`` is the one every view names as the policy
+    version, committed (its step's episodes are trained) and held by the generator; ``learner`` may be ahead of
+    it while the step's weights are pushed (``push_in_flight``) or after a push failed."""
+
+    served: int
+    learner: int
+    push_in_flight: bool
+
+
+def versions(run: RunParts) -> Versions:
+    engine = run.engine
+    return Versions(served=run.counters.training.served_version(engine.generator_version),
+                    learner=engine.policy_version, push_in_flight=engine.weight_push_in_flight)
+
+
 def snapshot(run: RunParts) -> RunSnapshot:
     """The run at one moment, for every view. It may run in a worker thread (dashboard polls, Prometheus
     scrapes): collections that the event loop changes are copied in one call (``list``, ``dict``, ``sorted``)
-    before they are iterated."""
+    before they are iterated. The versions are read before the stored counts: both only grow, so a snapshot
+    that names version N counts at least N's trained episodes even when a step commits in between."""
+    v = versions(run)
     counts = run.stored.by_status()
     c, t, reg = run.counters, run.counters.training, run.registry
     sync = run.engine.weight_sync
     return RunSnapshot(
         model=run.config.name, engine=run.engine.layout, engine_info=run.engine.describe(),
-        engine_state=run.engine_state(), paused=run.train_loop.paused, policy_version=run.engine.policy_version,
+        engine_state=run.engine_state(), paused=run.train_loop.paused, policy_version=v.served,
+        learner_version=v.learner, weight_push_in_flight=v.push_in_flight,
         train_steps=t.train_steps, uptime_s=max(run.clock.monotonic() - c.requests.started, 1e-9),
         open_episodes=reg.open_count, pending_episodes=counts["pending"], trained_episodes=counts["trained"],
         eval_episodes=counts["eval"], client_ids=sorted(reg.clients), calls=c.requests.calls,

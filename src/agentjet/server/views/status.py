@@ -1,5 +1,5 @@
 """What ``GET /swarm/v1/status`` reports, rendered from the run's one snapshot (``run_state.snapshot``): the
-engine and where it runs, the policy version, buffer counts, clients, throughput and admission, weight syncs,
+engine and where it runs, the served policy version (the learner's beside it), buffer counts, clients, throughput and admission, weight syncs,
 eval reward per policy version, the last train metrics, per-task-type figures and the public settings."""
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ def build_status(snap: RunSnapshot, eval_reward: dict[str, float], config: dict[
                   **{f"admission_{k}": v for k, v in snap.admission.items()}}
     return ServerStatus(
         model=snap.model, engine=snap.engine, engine_info=snap.engine_info, engine_state=snap.engine_state,
-        policy_version=snap.policy_version, train_steps=snap.train_steps, buffer=buffer, clients=snap.client_ids,
+        policy_version=snap.policy_version, learner_version=snap.learner_version,
+        weight_push_in_flight=snap.weight_push_in_flight, train_steps=snap.train_steps, buffer=buffer, clients=snap.client_ids,
         throughput=throughput, eval_reward=eval_reward, last_train_metrics=snap.last_train_metrics,
         task_types=snap.task_types, config=config, training_halted=snap.training_halted,
         weight_syncs=snap.weight_syncs, weight_sync_failures=snap.weight_sync_failures)

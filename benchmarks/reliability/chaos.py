@@ -1,6 +1,6 @@
 """Chaos run: client and server SIGKILLs against the exactly-once invariant, for longer than the test.
 
-    python benchmarks/chaos.py [--episodes 200] [--clients 6] [--kill-fraction 0.3] [--server-kills 1]
+    python benchmarks/reliability/chaos.py [--episodes 200] [--clients 6] [--kill-fraction 0.3] [--server-kills 1]
 
 A real `ajet server --model tiny-random` process and `--clients` client processes (the harness of
 `tests/chaos/`): `--kill-fraction` of the clients are SIGKILLed at random moments (and replaced), the
@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 sys.path.insert(0, str(ROOT))
 
@@ -55,7 +55,7 @@ def main() -> int:
     for prob in problems:
         print("  -", prob)
     out = {"date": time.strftime("%Y-%m-%d"), "machine": f"{os.cpu_count()} CPU cores, {platform.machine()}",
-           "command": "python benchmarks/chaos.py " + " ".join(sys.argv[1:]), **report.as_dict()}
+           "command": "python benchmarks/reliability/chaos.py " + " ".join(sys.argv[1:]), **report.as_dict()}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=2, default=str))
     print(f"saved {args.out}")

@@ -14,7 +14,7 @@ every token goes through forward + backward; the padded count of the engine's mi
 trained tokens, train wall time per episode, off/on ratios, tracker time. Plus a branching workload (T = 8, a
 call forks the history with probability 0.2) with its merge rate.
 
-    .venv/bin/python benchmarks/timeline_merging.py [--quick]
+    .venv/bin/python benchmarks/tracking/timeline_merging.py [--quick]
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 
 from agentjet.runtime.blocking import run_blocking  # noqa: E402
@@ -426,7 +426,7 @@ def main() -> None:
     branching = branching_workload(tok)
 
     meta = {
-        "quick": args.quick, "command": "python benchmarks/timeline_merging.py " + " ".join(sys.argv[1:]),
+        "quick": args.quick, "command": "python benchmarks/tracking/timeline_merging.py " + " ".join(sys.argv[1:]),
         "episodes_per_t": args.episodes, "machine": f"{os.cpu_count()} CPU cores "
         f"({platform.processor() or platform.machine()})", "torch_threads": torch.get_num_threads(),
         "load_avg": " ".join(f"{x:.1f}" for x in os.getloadavg()), "micro_batch_tokens":

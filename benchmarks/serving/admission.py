@@ -9,8 +9,8 @@ server only admits what can still be trained: in ``429`` mode the clients ask no
 wait out each 429 ``at_capacity`` as the SDK does; in ``wait`` mode the server holds a begin until its group fits
 (the default), and a client asks again at once if a hold runs out.
 
-    .venv/bin/python benchmarks/admission.py                 # 256 clients, 60 s per mode
-    .venv/bin/python benchmarks/admission.py --quick         # 64 clients, 15 s per mode
+    .venv/bin/python benchmarks/serving/admission.py                 # 256 clients, 60 s per mode
+    .venv/bin/python benchmarks/serving/admission.py --quick         # 64 clients, 15 s per mode
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from rich.table import Table
 from agentjet.runtime.launch import ServerProcess, free_port
 from agentjet.settings import ServerConfig
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results" / "admission.json"
 MESSAGES = [{"role": "user", "content": "What is 3 + 4?"}]
 

@@ -1,8 +1,8 @@
 """AgentJet vs TRL's GRPOTrainer on the demo's single-turn task, by wall clock, on this CPU.
 
-    .venv/bin/python benchmarks/vs_trl.py                       # 20 min each, seeds 0 and 1 (~90 min)
-    .venv/bin/python benchmarks/vs_trl.py --budget-min 10       # shorter
-    .venv/bin/python benchmarks/vs_trl.py --quick               # plumbing check on the tiny model (~3 min)
+    .venv/bin/python benchmarks/learning/vs_trl.py                       # 20 min each, seeds 0 and 1 (~90 min)
+    .venv/bin/python benchmarks/learning/vs_trl.py --budget-min 10       # shorter
+    .venv/bin/python benchmarks/learning/vs_trl.py --quick               # plumbing check on the tiny model (~3 min)
 
 Both train SmolLM2-135M-Instruct (``agentjet.models.resolve_model``) on ``agentjet.tasks.addition``: the same
 train prompts (chat template, no system prompt of ours), the same reward function, 8 generations per prompt
@@ -39,7 +39,7 @@ from agentjet.runtime.omp import prefer_passive_openmp
 
 prefer_passive_openmp()  # before torch loads, for both sides (the server does the same)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 TARGET = 0.75
 EVAL_POINTS_MIN = (1, 2, 3, 4, 5, 7.5, 10, 12.5, 15, 17.5, 20, 25, 30)
@@ -270,11 +270,21 @@ def _eval_at(points: list[dict[str, Any]], minute: float) -> float | None:
     return None
 
 
-def _time_to(points: list[dict[str, Any]], target: float) -> float | None:
-    for p in points:
-        if p["eval"] >= target:
-            return p["train_s"] / 60
-    return None
+def run_curve(run: dict[str, Any], base: float | None = None) -> Any:
+    """A run's checkpoint evals (``points`` in vs_trl.json: ``train_s``, ``step``, ``eval``) as one curve of
+    eval points, led by the base model's eval at 0 when ``base`` is given."""
+    from agentjet.observe.learncurve import EvalPoint, LearnCurve
+
+    points = [EvalPoint(train_steps=int(p["step"]), policy_version=int(p["step"]), reward=float(p["eval"]),
+                        train_seconds=float(p["train_s"]), seconds=None) for p in run["points"]]
+    if base is not None:
+        points.insert(0, EvalPoint(train_steps=0, policy_version=0, reward=base, train_seconds=0.0, seconds=None))
+    return LearnCurve(task="addition", points=points, target=TARGET, source=f"vs_trl {run.get('side', '')}")
+
+
+def _time_to(run: dict[str, Any], target: float) -> float | None:
+    """Training minutes of the first checkpoint whose eval reaches ``target``."""
+    return next((p.train_minutes for p in run_curve(run).points if p.reward >= target), None)
 
 
 def summarize(runs: list[dict[str, Any]], minutes: list[float]) -> dict[str, Any]:
@@ -287,7 +297,7 @@ def summarize(runs: list[dict[str, Any]], minutes: list[float]) -> dict[str, Any
         for m in minutes:
             vals = [v for r in mine if (v := _eval_at(r["points"], m)) is not None]
             at[str(m)] = statistics.mean(vals) if len(vals) == len(mine) else None
-        times = [_time_to(r["points"], TARGET) for r in mine]
+        times = [_time_to(r, TARGET) for r in mine]
         mins = [r["train_s"] / 60 for r in mine]
         out[side] = {
             "eval_at_min": at,
@@ -304,28 +314,17 @@ def summarize(runs: list[dict[str, Any]], minutes: list[float]) -> dict[str, Any
 
 
 def plot(runs: list[dict[str, Any]], base: float, path: Path, title: str) -> None:
-    import matplotlib
+    from agentjet.observe.curveplot import Line, Panel, plot_curves
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 4.5))
     colors = {"agentjet": "tab:blue", "trl": "tab:orange"}
-    for r in runs:
-        xs = [0.0] + [p["train_s"] / 60 for p in r["points"]]
-        ys = [base] + [p["eval"] for p in r["points"]]
-        ax.plot(xs, ys, marker="o", color=colors[r["side"]], alpha=0.8, linestyle="-" if r["seed"] == 0 else "--",
-                label=f"{'AgentJet' if r['side'] == 'agentjet' else 'TRL GRPOTrainer'} seed {r['seed']}")
-    ax.axhline(TARGET, color="grey", linestyle=":", label=f"target {TARGET}")
-    ax.set_xlabel("training wall-clock minutes (checkpoint saves excluded)")
-    ax.set_ylabel("held-out eval reward (44 episodes, T=0.7)")
-    ax.set_ylim(0, 1.02)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right", fontsize=8)
-    ax.set_title(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    lines = [Line(run_curve(r, base), label=f"{'AgentJet' if r['side'] == 'agentjet' else 'TRL GRPOTrainer'} "
+                                            f"seed {r['seed']}",
+                  style={"marker": "o", "color": colors[r["side"]], "alpha": 0.8,
+                         "linestyle": "-" if r["seed"] == 0 else "--"}) for r in runs]
+    plot_curves(Panel(lines, x="train_minutes", target=TARGET, target_label=f"target {TARGET}",
+                      xlabel="training wall-clock minutes (checkpoint saves excluded)",
+                      ylabel="held-out eval reward (44 episodes, T=0.7)", ylim=(0, 1.02), legend_fontsize=8),
+                path, title, figsize=(8, 4.5), dpi=120)
 
 
 def save(args: argparse.Namespace, runs: list[dict[str, Any]], minutes: list[float], base: float,

@@ -2,9 +2,9 @@
 
 How to run (needs ``make setup-vllm``; ~4 min on the 2-core CPU)::
 
-    flock /tmp/aj-cpu.lock .venv/bin/python benchmarks/engine_vllm.py
-    .venv/bin/python benchmarks/engine_vllm.py --quick            # 1 repeat, 32 tokens
-    .venv/bin/python benchmarks/engine_vllm.py --no-eager         # vLLM compiled (starts in 60-90 s on CPU)
+    flock /tmp/aj-cpu.lock .venv/bin/python benchmarks/serving/engine_vllm.py
+    .venv/bin/python benchmarks/serving/engine_vllm.py --quick            # 1 repeat, 32 tokens
+    .venv/bin/python benchmarks/serving/engine_vllm.py --no-eager         # vLLM compiled (starts in 60-90 s on CPU)
 
 It prints a table and writes ``benchmarks/results/engine_vllm.json`` (machine, commit, versions).
 
@@ -40,7 +40,7 @@ from agentjet.runtime.blocking import run_blocking
 # isort: split
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results" / "engine_vllm.json"
 PROMPTS = [  # chat prompts that invite long answers (no stop token is honoured anyway)
     "Write a detailed story about a lighthouse keeper who finds a message in a bottle.",

@@ -3,8 +3,8 @@ per transport, and the single-process step against the commit before the generat
 
 How to run (heavy: take the shared CPU lock; the vLLM layouts need ``make setup-vllm``)::
 
-    flock /tmp/aj-cpu.lock .venv/bin/python benchmarks/layouts.py --baseline-commit 86a1a0a
-    .venv/bin/python benchmarks/layouts.py --model tiny-random --rounds 1 --no-baseline       # smoke
+    flock /tmp/aj-cpu.lock .venv/bin/python benchmarks/training/layouts.py --baseline-commit 86a1a0a
+    .venv/bin/python benchmarks/training/layouts.py --model tiny-random --rounds 1 --no-baseline       # smoke
 
 It prints two tables and writes ``benchmarks/results/layouts.json`` (commit, machine, device, settings).
 
@@ -40,29 +40,23 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 
-# Run in a child with PYTHONPATH at a checkout's src: times its single-process layout's train step, whichever API
-# that checkout has (HFEngine before the split, agentjet.layouts.embedded_engine after).
+# Run in a child with PYTHONPATH at a checkout's src: times its single-process layout's train step, built the way
+# that checkout's own ``ajet server`` builds it (``build_engine`` from a default ``ServerConfig``), so each side
+# runs with its own imports and settings.
 CHILD = r"""
-import json, random, sys, time
+import asyncio, json, random, sys, time
 import agentjet
 import torch
 from agentjet.engines.base import TrainSample
-from agentjet.settings import EngineSettings
+from agentjet.layouts import build_engine
+from agentjet.settings import ServerConfig
 model, batch_n, prompt, completion, steps, threads = sys.argv[1], *map(int, sys.argv[2:7])
 torch.set_num_threads(threads)
-try:
-    from agentjet.layouts import embedded_engine as make
-except ImportError:
-    from agentjet.generators.hf import HFEngine as make
-try:
-    from agentjet.runtime.blocking import run_blocking
-    step, close = lambda b: run_blocking(engine.train_step(b)), lambda: run_blocking(engine.close())
-except ImportError:  # a checkout from before run_blocking: its engine had sync twins
-    step, close = lambda b: engine.train_step_sync(b), lambda: engine.shutdown()
-engine = make(model, EngineSettings(max_batch_size=8), learning_rate=2e-5)
+# what ``ajet server --model MODEL`` builds on each side (its own settings, its own layouts), defaults otherwise
+engine = build_engine(ServerConfig(model=model))
 rng = random.Random(0)
 vocab = len(engine.tokenizer)
 batch = []
@@ -72,14 +66,20 @@ for _ in range(batch_n):
     mask = [0] * prompt + [1] * completion
     batch.append(TrainSample(ids, mask, [0.0] * prompt + [-2.0] * completion,
                              [0.0] * prompt + [rng.uniform(-1, 1) for _ in range(completion)]))
-step(batch)  # warm-up
-times = []
-for _ in range(steps):
-    t0 = time.perf_counter()
-    step(batch)
-    times.append(time.perf_counter() - t0)
-print(json.dumps({"step_seconds": times}))
-close()
+
+
+async def main():
+    await engine.train_step(batch)  # warm-up
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        await engine.train_step(batch)
+        times.append(time.perf_counter() - t0)
+    await engine.close()
+    return times
+
+
+print(json.dumps({"step_seconds": asyncio.run(main())}))
 """
 
 

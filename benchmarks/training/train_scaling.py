@@ -2,9 +2,9 @@
 
 How to run (heavy: take the shared CPU lock)::
 
-    flock /tmp/aj-cpu.lock .venv/bin/python benchmarks/train_scaling.py               # SmolLM2-135M, CPU
-    flock /tmp/aj-cpu.lock .venv/bin/python benchmarks/train_scaling.py --model tiny-random --rounds 2  # smoke
-    .venv/bin/python benchmarks/train_scaling.py --device cuda --procs 1               # N=1 on one GPU
+    flock /tmp/aj-cpu.lock .venv/bin/python benchmarks/training/train_scaling.py               # SmolLM2-135M, CPU
+    flock /tmp/aj-cpu.lock .venv/bin/python benchmarks/training/train_scaling.py --model tiny-random --rounds 2  # smoke
+    .venv/bin/python benchmarks/training/train_scaling.py --device cuda --procs 1               # N=1 on one GPU
 
 It prints a table and writes ``benchmarks/results/train_scaling.json`` (``train_scaling_cuda.json`` with
 ``--device cuda``).
@@ -55,7 +55,7 @@ from agentjet.models import resolve_model
 from agentjet.runtime.blocking import run_blocking
 from agentjet.settings import EngineSettings, LossSettings
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
 
 
 def make_batch(vocab: int, batch: int, length: int, seed: int = 0) -> list[TrainSample]:
@@ -88,7 +88,7 @@ def fsdp_traffic(model: torch.nn.Module, n: int, n_micro: int, param_bytes: int,
 def git_commit() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                              cwd=Path(__file__).parent).stdout.strip()
+                              cwd=Path(__file__).parents[1]).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 

@@ -1,8 +1,8 @@
 """Generation throughput through ``ajet server``, black box, against the same generations on an engine in this
 process (engine-direct), in one run.
 
-    .venv/bin/python benchmarks/server_throughput.py                     # CPU: SmolLM2-135M-Instruct, c8 and c16
-    .venv/bin/python benchmarks/server_throughput.py --device cuda --model 135m   # c1, c8, c64
+    .venv/bin/python benchmarks/serving/server_throughput.py                     # CPU: SmolLM2-135M-Instruct, c8 and c16
+    .venv/bin/python benchmarks/serving/server_throughput.py --device cuda --model 135m   # c1, c8, c64
 
 Server side: ``ajet server`` in its own process (continuous batching, ``--max-batch-size`` = the largest
 concurrency); ``c`` clients each begin their own episode and send one chat call (temperature 1, a seed each,
@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # workloads.py
 
 from agentjet.runtime.blocking import run_blocking  # noqa: E402
 from agentjet.runtime.omp import prefer_passive_openmp  # noqa: E402

@@ -1,7 +1,7 @@
 """Where a decode step of the embedded engine goes on CPU: the slot runner (continuous batching) against HF's own
 decode loop with a ``DynamicCache``, on the same 8 rows, then a torch-profiler table for each.
 
-    flock /tmp/aj-cpu.lock .venv/bin/python benchmarks/decode_profile.py     # ~1 min; prints only
+    flock /tmp/aj-cpu.lock .venv/bin/python benchmarks/serving/decode_profile.py     # ~1 min; prints only
 
 Findings are in docs/benchmarks.md ("Continuous batching ... on this CPU").
 """

@@ -1,7 +1,7 @@
 """Backfill the ``ajet bench`` history with a past commit's learning curve: run that commit's own ``ajet demo``
 with the learn suite's settings and append the result as a ``learn`` record marked ``backfilled``.
 
-    python benchmarks/bench_backfill.py COMMIT --seed 0 --budget-min 5 [--task addition]
+    python benchmarks/learning/bench_backfill.py COMMIT --seed 0 --budget-min 5 [--task addition]
 
 1. ``git worktree add --detach`` a temporary worktree at COMMIT;
 2. read its ``ajet demo --help`` (run as ``python -m agentjet.cli`` with PYTHONPATH=<worktree>/src and this
@@ -35,7 +35,7 @@ from agentjet.apps.bench.report import BenchRecord, append_history, record_from_
 from agentjet.apps.bench.suite import LearnSettings, demo_flags
 from agentjet.runtime.provenance import device, machine
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def supported(flags: dict[str, str | None], help_text: str) -> tuple[dict[str, str | None], list[str]]:

@@ -1,9 +1,9 @@
 """Cost of token-in/token-out at request time: building the prompt of a request that resends the agent's earlier
 replies with their generated ids spliced in (``agentjet.server.episodes.tito.request_prompt_ids``), against the plain
-prompt (chat template + tokenize), on the SmolLM2 tokenizer and the episodes of benchmarks/timeline_merging.py.
+prompt (chat template + tokenize), on the SmolLM2 tokenizer and the episodes of benchmarks/tracking/timeline_merging.py.
 The server runs the splice in a worker thread, so it adds latency to that request but does not block others.
 
-    .venv/bin/python benchmarks/tito_cost.py      # a few seconds; prints a table, saves benchmarks/results/tito_cost.json
+    .venv/bin/python benchmarks/serving/tito_cost.py      # a few seconds; prints a table, saves benchmarks/results/tito_cost.json
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "benchmarks" / "tracking"))  # timeline_merging.py
 
 import timeline_merging as tm  # noqa: E402
 from rich.console import Console  # noqa: E402

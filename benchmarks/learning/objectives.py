@@ -1,9 +1,9 @@
 """The objectives ablation: the policy-gradient loss family of docs/algorithms.md on the demo task, by wall clock.
 
-    .venv/bin/python benchmarks/objectives.py                          # every config, seeds 0 and 1, 5 min each
-    .venv/bin/python benchmarks/objectives.py --configs dapo grpo --seeds 0
-    .venv/bin/python benchmarks/objectives.py --aggregate              # -> results/objectives.json, .png, a table
-    .venv/bin/python benchmarks/objectives.py --quick --configs dapo   # plumbing only: tiny model, 30 s
+    .venv/bin/python benchmarks/learning/objectives.py                          # every config, seeds 0 and 1, 5 min each
+    .venv/bin/python benchmarks/learning/objectives.py --configs dapo grpo --seeds 0
+    .venv/bin/python benchmarks/learning/objectives.py --aggregate              # -> results/objectives.json, .png, a table
+    .venv/bin/python benchmarks/learning/objectives.py --quick --configs dapo   # plumbing only: tiny model, 30 s
 
 One run is one loss config (``CONFIGS``: each a named set of ``loss`` settings, written out in full) and one seed.
 It trains exactly as ``ajet demo`` does (``agentjet.apps.demo``: its server settings in their own ``ajet server``
@@ -46,7 +46,7 @@ from typing import Any
 
 from agentjet.observe.learncurve import first_crossing
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 DEFAULT_OUT_DIR = RESULTS / "objectives"
 QUICK_OUT_DIR = ROOT / "runs" / "objectives_quick"
@@ -154,7 +154,7 @@ def _check_task() -> None:
     from agentjet.tasks import addition
 
     if addition.SAMPLING["max_tokens"] != MAX_NEW_TOKENS:
-        raise SystemExit(f"benchmarks/objectives.py: MAX_NEW_TOKENS ({MAX_NEW_TOKENS}) is not the addition task's "
+        raise SystemExit(f"benchmarks/learning/objectives.py: MAX_NEW_TOKENS ({MAX_NEW_TOKENS}) is not the addition task's "
                          f"max_tokens ({addition.SAMPLING['max_tokens']}): update it (Dr. GRPO's constant)")
 
 
@@ -284,9 +284,7 @@ def run_one(name: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
                **{f"engine.vllm.{k}": (v, ran_vllm.get(k)) for k, v in cfg.vllm.items() if ran_vllm.get(k) != v}}
     if differs:
         raise RuntimeError(f"{name}: the server ran other settings than the config's (wanted, ran): {differs}")
-    evals = [{"target_min": nominal_minute(e.train_seconds / 60, nominal), "train_min": e.train_seconds / 60,
-              "wall_min": e.seconds / 60, "train_steps": e.train_steps, "policy_version": e.policy_version,
-              "reward": e.reward, "episodes": e.episodes, "eval_s": e.eval_seconds} for e in run.evals]
+    evals = [eval_row(e, nominal) for e in run.evals]
     curve = [(e["train_min"], e["reward"]) for e in evals]
     return {
         "config": name, "seed": seed, "engine": cfg.engine, "what": cfg.what,
@@ -307,6 +305,25 @@ def run_one(name: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
         "step_means": {k: _mean([s.get(k) for s in steps]) for k in SUMMARY_METRICS},
         "steps": steps,
     }
+
+
+def eval_row(e: Any, nominal: list[float]) -> dict[str, Any]:
+    """An ``EvalPoint`` as a run file keeps it (``evals[]``: minutes, and the scheduled point it belongs to)."""
+    return {"target_min": nominal_minute(e.train_seconds / 60, nominal), "train_min": e.train_seconds / 60,
+            "wall_min": e.seconds / 60, "train_steps": e.train_steps, "policy_version": e.policy_version,
+            "reward": e.reward, "episodes": e.episodes, "eval_s": e.eval_seconds}
+
+
+def run_curve(run: dict[str, Any]) -> Any:
+    """A run file's ``evals`` as one curve of ``EvalPoint``s (the reader of :func:`eval_row`'s rows)."""
+    from agentjet.observe.learncurve import EvalPoint, LearnCurve
+
+    points = [EvalPoint(train_steps=e["train_steps"], policy_version=e.get("policy_version"), reward=e["reward"],
+                        episodes=e.get("episodes", 0), train_seconds=e["train_min"] * 60,
+                        seconds=e["wall_min"] * 60 if e.get("wall_min") is not None else None,
+                        eval_seconds=e.get("eval_s", 0.0)) for e in run["evals"]]
+    return LearnCurve(task=run.get("task", TASK), points=points, target=run.get("target", TARGET),
+                      source=f"objectives {run.get('config', '')} seed {run.get('seed', '')}")
 
 
 def run_path(out_dir: Path, name: str, seed: int) -> Path:
@@ -363,7 +380,7 @@ def load_runs(out_dir: Path) -> list[dict[str, Any]]:
         data = json.loads(path.read_text())
         missing = RUN_KEYS - set(data) if isinstance(data, dict) else RUN_KEYS
         if missing:
-            raise SystemExit(f"{path} is not a run file of benchmarks/objectives.py "
+            raise SystemExit(f"{path} is not a run file of benchmarks/learning/objectives.py "
                              f"(no {', '.join(sorted(missing))})")
         runs.append({**data, "file": path.name})
     if not runs:
@@ -502,33 +519,21 @@ def table(summary: dict[str, Any], budget_min: float) -> str:
 
 
 def plot(runs: list[dict[str, Any]], summary: dict[str, Any], path: Path, title: str) -> None:
-    import matplotlib
+    from agentjet.observe.curveplot import Line, Panel, plot_curves
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(9, 5))
-    colors = plt.get_cmap("tab10")
+    lines: list[Line] = []
     for i, (name, s) in enumerate(summary.items()):
-        color = colors(i % 10)
+        color = f"C{i % 10}"  # tab10, matplotlib's default cycle
         style = "--" if s["engine"] == "vllm" else "-"
-        for r in runs:
-            if r["config"] == name:
-                ax.plot([e["train_min"] for e in r["evals"]], [e["reward"] for e in r["evals"]], color=color,
-                        linestyle=style, alpha=0.25, linewidth=1)
-        xs, ys = zip(*s["mean_curve"], strict=True) if s["mean_curve"] else ((), ())
-        ax.plot(xs, ys, color=color, linestyle=style, marker="o", linewidth=2,
-                label=f"{name} ({len(s['seeds'])} seed{'s' if len(s['seeds']) != 1 else ''})")
-    ax.axhline(TARGET, color="grey", linestyle=":", label=f"target {TARGET}")
-    ax.set_xlabel("training minutes (evals excluded)")
-    ax.set_ylabel("held-out eval reward")
-    ax.set_ylim(0, 1.02)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right", fontsize=8)
-    ax.set_title(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+        lines += [Line(run_curve(r), style={"color": color, "linestyle": style, "alpha": 0.25, "linewidth": 1})
+                  for r in runs if r["config"] == name]
+        lines.append(Line(xy=[tuple(xy) for xy in s["mean_curve"]],
+                          label=f"{name} ({len(s['seeds'])} seed{'s' if len(s['seeds']) != 1 else ''})",
+                          style={"color": color, "linestyle": style, "marker": "o", "linewidth": 2}))
+    plot_curves(Panel(lines, x="train_minutes", target=TARGET, target_label=f"target {TARGET}",
+                      xlabel="training minutes (evals excluded)", ylabel="held-out eval reward", ylim=(0, 1.02),
+                      legend_fontsize=8),
+                path, title, figsize=(9, 5), dpi=120)
 
 
 def aggregate(out_dir: Path, results: Path) -> str:

@@ -1,6 +1,6 @@
 """Swarm server overhead.
 
-    python benchmarks/swarm_overhead.py [--quick]
+    python benchmarks/serving/swarm_overhead.py [--quick]
 
 1. Throughput of the full server path (HTTP, auth, validation, chat template, recording) with a null
    engine, at 1, 64 and 256 concurrent episodes. The server runs in its own process (`ajet server
@@ -33,7 +33,7 @@ from rich.table import Table
 
 from agentjet.runtime.launch import ServerProcess
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 MESSAGES = [{"role": "user", "content": "What is 3 + 4? Answer with a number."}]
 

