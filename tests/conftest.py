@@ -61,11 +61,12 @@ def tiny_model_path(agentjet_home: Path) -> Path:
 @pytest.fixture
 def tiny_engine(tiny_model_path: Path):
     from agentjet.layouts import embedded_engine
+    from agentjet.runtime.blocking import run_blocking
     from agentjet.settings import GeneratorSettings
 
     engine = embedded_engine(tiny_model_path, GeneratorSettings(max_batch_size=8))
     yield engine
-    engine.shutdown()
+    run_blocking(engine.close())
 
 
 @pytest.fixture
@@ -79,9 +80,9 @@ def chat_ids(tiny_model_path: Path):
 
 @pytest.fixture
 def make_server(tmp_path: Path, tiny_model_path: Path):
-    """Start real swarm servers (uvicorn on a free loopback port). ``engine``: "tiny", "null" or an Engine."""
+    """Start real swarm servers (uvicorn on a free loopback port). ``engine``: "tiny", "null" or a ComposedEngine."""
     from agentjet.layouts import embedded_engine
-    from agentjet.layouts.null import NullEngine
+    from agentjet.layouts.null import null_engine
     from agentjet.runtime.launch import free_port
     from agentjet.server import SwarmServer
     from agentjet.server.http.app import BackgroundServer
@@ -96,7 +97,7 @@ def make_server(tmp_path: Path, tiny_model_path: Path):
         elif engine == "null":
             from transformers import AutoTokenizer
 
-            engine = NullEngine(AutoTokenizer.from_pretrained(tiny_model_path), reply=reply)
+            engine = null_engine(AutoTokenizer.from_pretrained(tiny_model_path), reply=reply)
         training = {"group_size": 2, "batch_groups": 1, "checkpoint_every": 0,
                     **(training or {})}
         cfg = ServerConfig(model=str(tiny_model_path), served_model_name="tiny", port=free_port(),

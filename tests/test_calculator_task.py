@@ -60,7 +60,7 @@ def test_tool_calls_merge_into_one_sample(make_server) -> None:
     summary = _run(srv.url, tasks)
     assert summary.failed == 0 and summary.rewards == [0.0] * 4
     assert summary.calls == 4 * calculator.MAX_TURNS and summary.samples == 4  # every episode merged to 1 sample
-    prompt = srv.server.engine.prompts[-1]
+    prompt = srv.server.engine.generator.prompts[-1]
     text = srv.server.engine.tokenizer.decode(prompt)
     calls = text.count('<tool_call>\n{"name": "calculator"')
     assert "<tools>" in text and calls == calculator.MAX_TURNS - 1 and "85<|im_end|>" in text  # the tool's result

@@ -60,7 +60,7 @@ def test_ajet_status_prints_the_summary_and_json_prints_the_answer(make_server, 
 
     result = CliRunner().invoke(app, ["status", "--server", srv.url])
     assert result.exit_code == 0, result.output
-    for figure in ("Run", "tiny", "NullEngine", "policy version", "v1", "train steps", "Episodes", "trained",
+    for figure in ("Run", "tiny", "null+null", "policy version", "v1", "train steps", "Episodes", "trained",
                    "Throughput", "chat calls", "Last step (1)", "reward_mean"):
         assert figure in result.output, (figure, result.output)
     assert "{" not in result.output  # no JSON

@@ -16,6 +16,7 @@ from agentjet.generators.hf import slot_cache_fits
 from agentjet.generators.hf.kv_cache import SlotKVCache
 from agentjet.layouts import embedded_engine
 from agentjet.layouts.composed import ComposedEngine
+from agentjet.runtime.blocking import run_blocking
 from agentjet.settings import GeneratorSettings
 
 QUESTIONS = ["a", "what is 12 + 30?", "write the word hello in capital letters", "sort 3 1 2", "yes",
@@ -46,7 +47,7 @@ def make_engine(tiny_model_path: Path):
 
     yield make
     for engine in made:
-        engine.shutdown()
+        run_blocking(engine.close())
 
 
 def staggered(engine: ComposedEngine, prompts: list[list[int]], params: list[SamplingParams],

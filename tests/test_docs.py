@@ -15,10 +15,10 @@ DOCS = Path(__file__).resolve().parents[1] / "docs"
 def test_every_route_is_documented(tmp_path: Path, tiny_model_path: Path) -> None:
     from transformers import AutoTokenizer
 
-    from agentjet.layouts.null import NullEngine
+    from agentjet.layouts.null import null_engine
 
     config = ServerConfig(model=str(tiny_model_path), data_dir=tmp_path, admin_token="adm1n")
-    app = create_app(SwarmServer(config, NullEngine(AutoTokenizer.from_pretrained(tiny_model_path))))
+    app = create_app(SwarmServer(config, null_engine(AutoTokenizer.from_pretrained(tiny_model_path))))
     doc = (DOCS / "protocol.md").read_text()
     routes = [(method.upper(), path) for path, ops in app.openapi()["paths"].items() for method in ops]
     assert len(routes) >= 19

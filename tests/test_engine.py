@@ -9,6 +9,7 @@ import torch
 from agentjet.engines.base import FinishReason, SamplingParams, TrainSample
 from agentjet.layouts import embedded_engine
 from agentjet.layouts.composed import ComposedEngine
+from agentjet.runtime.blocking import run_blocking
 from agentjet.settings import LoraSettings, LossSettings
 
 
@@ -162,9 +163,9 @@ def test_train_step_lowers_loss_on_fixed_batch(tiny_engine: ComposedEngine, chat
     ids = chat_ids("what is 4 + 4?", tiny_engine)
     batch = [_sample(tiny_engine, ids, s, adv) for s, adv in ((1, 1.0), (2, -1.0), (3, 1.0), (4, -1.0))]
     tiny_engine.set_learning_rate(1e-3)
-    before = tiny_engine.learner.score_sync(batch)
+    before = run_blocking(tiny_engine.learner.score(batch))
     losses = [asyncio.run(tiny_engine.train_step(batch))["loss"] for _ in range(4)]
-    after = tiny_engine.learner.score_sync(batch)
+    after = run_blocking(tiny_engine.learner.score(batch))
     assert losses[-1] < losses[0]
     assert tiny_engine.policy_version == 4
     for s, b, a in zip(batch, before, after, strict=True):

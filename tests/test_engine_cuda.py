@@ -17,6 +17,7 @@ from tests.test_continuous import teacher_forced
 from agentjet.engines.base import SamplingParams, TrainSample
 from agentjet.layouts import embedded_engine
 from agentjet.layouts.composed import ComposedEngine
+from agentjet.runtime.blocking import run_blocking
 from agentjet.settings import LoraSettings
 
 
@@ -68,7 +69,7 @@ def test_auto_device_is_cuda_and_dtype_bf16(tiny_model_path: Path) -> None:
         assert info["cuda_graphs"] is True and info["batching"] == "continuous"
         assert next(engine.generator.model.parameters()).is_cuda
     finally:
-        engine.shutdown()
+        run_blocking(engine.close())
 
 
 @cuda
@@ -89,8 +90,8 @@ def test_cuda_graphs_agree_with_the_eager_step(tiny_model_path: Path, chat_ids, 
         if dtype == "float32":
             assert same == len(a)
     finally:
-        graphs.shutdown()
-        eager.shutdown()
+        run_blocking(graphs.close())
+        run_blocking(eager.close())
 
 
 @cuda
@@ -105,7 +106,7 @@ def test_fp32_behaviour_logprobs_are_exact_on_cuda(tiny_model_path: Path, chat_i
         report("fp32_vs_teacher_forcing", {"max_abs_logprob_diff": worst})
         assert worst < 1e-4
     finally:
-        engine.shutdown()
+        run_blocking(engine.close())
 
 
 def _trained_or_tiny(tiny_model_path: Path) -> tuple[str, Path]:
@@ -141,7 +142,7 @@ def test_bf16_behaviour_logprobs_against_teacher_forcing(tiny_model_path: Path) 
                                            "max_abs_logprob_diff": max(diffs)})
         assert mean < 0.05
     finally:
-        engine.shutdown()
+        run_blocking(engine.close())
 
 
 @cuda
@@ -180,8 +181,8 @@ def test_generate_train_generate_keeps_graphs_valid(tiny_model_path: Path, chat_
         moved = max(abs(a - b) for x, y in zip(first, after, strict=True) for a, b in zip(x.logprobs, y.logprobs, strict=True))
         assert moved > 1e-4  # the update changed the policy
     finally:
-        engine.shutdown()
-        fresh.shutdown()
+        run_blocking(engine.close())
+        run_blocking(fresh.close())
 
 
 @cuda
@@ -199,8 +200,8 @@ def test_compile_and_graphs_match_eager(tiny_model_path: Path, chat_ids) -> None
             assert x.token_ids == y.token_ids
             assert max(abs(p - q) for p, q in zip(x.logprobs, y.logprobs, strict=True)) < 1e-4
     finally:
-        plain.shutdown()
-        compiled.shutdown()
+        run_blocking(plain.close())
+        run_blocking(compiled.close())
 
 
 @cuda
@@ -215,4 +216,4 @@ def test_full_fine_tuning_in_bf16_lowers_the_loss(tiny_model_path: Path, chat_id
         losses = [asyncio.run(engine.train_step(batch))["loss"] for _ in range(4)]
         assert losses[-1] < losses[0]
     finally:
-        engine.shutdown()
+        run_blocking(engine.close())

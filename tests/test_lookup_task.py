@@ -165,7 +165,7 @@ def test_lookup_example_through_ajet_run(make_server) -> None:
     assert out.returncode == 0, out.stderr + out.stdout
     assert "4 episodes, 0 failed" in out.stdout
     assert f"{4 * lookup.MAX_TURNS} chat calls -> 4 training samples" in out.stdout
-    text = srv.server.engine.tokenizer.decode(srv.server.engine.prompts[-1])
+    text = srv.server.engine.tokenizer.decode(srv.server.engine.generator.prompts[-1])
     assert "<tools>" in text and '"name": "price"' in text  # both tools described to a template without tools
 
 

@@ -12,6 +12,7 @@ from tests.conftest import SHA_MAIN, SHA_V1, add_hub_snapshot
 from typer.testing import CliRunner
 
 from agentjet.models import ModelNotFoundError, resolve_model, resolve_model_ref
+from agentjet.runtime.blocking import run_blocking
 
 
 def test_hub_id_resolves_to_the_cached_snapshot_of_main(offline: None, hub_cache: dict[str, Path]) -> None:
@@ -111,7 +112,7 @@ def test_every_engine_part_gets_the_one_resolved_directory(offline: None, hub_ca
     try:
         assert engine.generator.model_path == hub_cache["v1"]  # type: ignore[attr-defined]
     finally:
-        engine.shutdown()
+        run_blocking(engine.close())
     seen: dict[str, object] = {}
     monkeypatch.setattr(layouts, "group_engine", lambda cfg: seen.setdefault("group", cfg.model))
     monkeypatch.setattr(layouts, "vllm_engine", lambda cfg, work_dir: seen.setdefault("vllm", cfg.model))

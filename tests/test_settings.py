@@ -16,6 +16,7 @@ from pydantic import SecretStr, ValidationError
 from typer.testing import CliRunner
 
 from agentjet.cli import app
+from agentjet.runtime.blocking import run_blocking
 from agentjet.settings import (
     EngineKind,
     LogSink,
@@ -219,7 +220,7 @@ def test_engine_settings_reach_the_engine(captured: list[ServerConfig], monkeypa
     assert engine.generator.model is engine.learner.policy.model  # one module, shared (the in-place seam)
     assert str(engine.generator.dtype) == "torch.bfloat16"
     assert engine.learner.config.kl_coef == 0.05 and engine.learner.learning_rate == 0.002
-    engine.shutdown()
+    run_blocking(engine.close())
 
 
 def test_config_file_written_for_a_child_reads_back(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ import torch
 from agentjet.engines.base import SamplingParams, TrainSample
 from agentjet.layouts import embedded_engine
 from agentjet.layouts.composed import ComposedEngine
+from agentjet.runtime.blocking import run_blocking
 from agentjet.settings import GeneratorSettings, LearnerSettings, PlacementSettings
 
 
@@ -57,9 +58,9 @@ def test_bf16_weights_train_through_fp32_masters(tiny_model_path: Path, chat_ids
             for (_, a), (_, b) in zip(trainer.masters, other.learner.masters, strict=True):
                 assert torch.allclose(a, b, atol=1e-7)
         finally:
-            other.shutdown()
+            run_blocking(other.close())
     finally:
-        engine.shutdown()
+        run_blocking(engine.close())
 
 
 def test_fp32_weights_have_no_masters(tiny_engine: ComposedEngine, chat_ids) -> None:

@@ -17,6 +17,7 @@ import torch
 from transformers import DynamicCache
 
 from agentjet.layouts import embedded_engine
+from agentjet.runtime.blocking import run_blocking
 from agentjet.settings import GeneratorSettings
 
 ROWS = 8
@@ -61,7 +62,7 @@ def main() -> None:
             fn(16)
         print(name)
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
-    engine.shutdown()
+    run_blocking(engine.close())
 
 
 if __name__ == "__main__":

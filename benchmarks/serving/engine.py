@@ -30,7 +30,7 @@ returns (closed loop), until the list is done; tok/s = generated tokens / wall t
 * ``static-compile``: one fixed batch of ``c`` requests with ``StaticCache`` and a ``torch.compile``d decode
   step (``mode="reduce-overhead"`` on CUDA), fixed lengths only; compilation is a warm-up run, reported apart.
 
-**Training** (``--train``): the embedded layout's ``train_step_sync`` (PPO-clip on every position but the first, behaviour
+**Training** (``--train``): the embedded layout's ``train_step`` (PPO-clip on every position but the first, behaviour
 logprobs from a scoring pass) against the floor, a bare ``model(ids, labels=ids).loss.backward();
 AdamW.step()`` on the same tokens, both in one fresh subprocess, steps interleaved; time ratio (median of
 per-pair ratios), peak memory (CUDA: ``max_memory_allocated`` above the start of the step; CPU: peak RSS
@@ -57,6 +57,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # workloads.py
 
+from agentjet.runtime.blocking import run_blocking  # noqa: E402
 from agentjet.runtime.omp import prefer_passive_openmp  # noqa: E402
 
 prefer_passive_openmp()  # before torch loads: the process-wide OpenMP default, as in the server
@@ -120,7 +121,7 @@ class AgentJet(Variant):
         return await closed_loop(submit, reqs, concurrency)
 
     def close(self) -> None:
-        self.engine.shutdown()
+        run_blocking(self.engine.close())
 
 
 def _load(path: Path, device: torch.device, dtype: torch.dtype) -> Any:
@@ -411,7 +412,7 @@ def _floor_step(path: Path, device: torch.device, dtype: torch.dtype, ids: torch
 
 
 def _engine_step(path: Path, device: torch.device, dtype: str, ids: torch.Tensor, seed: int, checkpointing: bool):
-    """Ours: the embedded layout's ``train_step_sync`` on the same tokens, every position but the first trained."""
+    """Ours: the embedded layout's ``train_step`` on the same tokens, every position but the first trained."""
     from agentjet.engines.base import TrainSample
     from agentjet.layouts import embedded_engine
     from agentjet.settings import GeneratorSettings, LearnerSettings, PlacementSettings
@@ -426,11 +427,11 @@ def _engine_step(path: Path, device: torch.device, dtype: str, ids: torch.Tensor
         adv = (torch.randn(1, generator=g) + 0.1 * torch.randn(len(row), generator=g)).tolist()
         samples.append(TrainSample(row, [0] + [1] * (len(row) - 1), [0.0] * len(row), adv))
     # behaviour logprobs = the current policy's (a no-grad scoring pass), as right after a rollout
-    for s, lps in zip(samples, engine.learner.score_sync(samples), strict=True):
+    for s, lps in zip(samples, run_blocking(engine.learner.score(samples)), strict=True):
         s.behaviour_logprobs = [0.0] + lps
 
     def step() -> None:
-        engine.train_step_sync(samples)
+        run_blocking(engine.train_step(samples))
 
     return step
 
@@ -558,7 +559,7 @@ def _render_train(console: Any, tr: dict) -> None:
     table = Table(title=f"Train step ({tr['batch']} x {tr['length']} tokens, {tr['parameters'] / 1e6:.0f}M "
                         f"parameters{', gradient checkpointing' if tr['checkpointing'] else ''}; median of "
                         f"{tr['steps']} interleaved steps; peak memory: {tr['memory_method']})")
-    for col in ("", "floor (bare torch step)", "ours (train_step_sync)", "ours / floor", "target"):
+    for col in ("", "floor (bare torch step)", "ours (train_step)", "ours / floor", "target"):
         table.add_column(col, justify="right")
     table.add_row("time (s)", f"{tr['floor_seconds']:.3f}", f"{tr['ours_seconds']:.3f}",
                   f"{tr['time_ratio']:.2f}x", "<= 1.15x")

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import agentjet  # noqa: F401  (before torch: the process-wide OpenMP defaults, as in the server)
+from agentjet.runtime.blocking import run_blocking
 
 # isort: split
 import torch
@@ -172,9 +173,9 @@ def main() -> None:
         rows = asyncio.run(bench({**engines, "vllm": vllm}, concurrencies, gen_tokens, repeats,
                                  seeded=not args.unseeded))
     finally:
-        vllm.shutdown()
+        run_blocking(vllm.close())
         for engine in engines.values():
-            engine.shutdown()
+            run_blocking(engine.close())
     result = {
         "model": args.model, "device": "cpu", "engines": [*engines, "vllm"], "gen_tokens": gen_tokens, "repeats": repeats,
         "vllm_eager": not args.no_eager, "seeded": not args.unseeded, "vllm_start_seconds": start_s, "hf_max_batch_size": max(concurrencies),

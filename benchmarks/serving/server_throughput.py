@@ -28,6 +28,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # workloads.py
 
+from agentjet.runtime.blocking import run_blocking  # noqa: E402
 from agentjet.runtime.omp import prefer_passive_openmp  # noqa: E402
 
 prefer_passive_openmp()
@@ -131,7 +132,7 @@ def main() -> None:
                               file=sys.stderr, flush=True)
         finally:
             server.stop(grace=30)
-            engine.shutdown()
+            run_blocking(engine.close())
 
     summary = {}
     for c in args.concurrency:

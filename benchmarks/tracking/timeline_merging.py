@@ -5,7 +5,7 @@ Synthetic tool-using episodes with T = 1, 2, 4, 8, 16 calls (SmolLM2 tokenizer, 
 tool results, a final answer), recorded as the server records them (prompt ids = chat template applied; generated
 ids = the reply's text re-encoded + <|im_end|>; one reply in ten spelled with a non-canonical tokenization so
 that drift repair has work to do). Each episode goes through the real tracker (``track_episode``) and the real
-``embedded_engine("smollm2-135m-instruct").train_step_sync`` once with merging on and once with merging off (both with
+``embedded_engine("smollm2-135m-instruct").train_step`` once with merging on and once with merging off (both with
 drift repair and the default per-episode loss weights, so both steps see exactly the same trained tokens in
 exactly the same contexts and compute the same loss).
 
@@ -35,6 +35,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 
+from agentjet.runtime.blocking import run_blocking  # noqa: E402
 from agentjet.tracking import CallRecord, TrackingConfig, track_episode  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "timeline_merging.json"
@@ -266,7 +267,7 @@ def write_doc(shapes: dict[str, dict[str, Any]], branching: dict[str, Any], meta
         f"1/5/15 min at the end: {meta['load_avg']}), {meta['episodes_per_t']} episode(s) per T, "
         f"SmolLM2-135M-Instruct, fp32, micro-batches of {meta['micro_batch_tokens']} padded tokens. Processed tokens "
         f"= the sum of the sample sequence lengths of one episode (every one goes through forward and backward); "
-        f"padded = what the engine's micro-batches compute. Train time = one `train_step_sync` per episode "
+        f"padded = what the engine's micro-batches compute. Train time = one `train_step` per episode "
         f"(forward, backward, optimizer step; wall = elapsed, CPU = process CPU time of all threads, less sensitive "
         f"to other load on the machine), median over episodes. A train step has a fixed cost, measured on a 4-token "
         f"sample: {meta['fixed_step_cost']['wall_s']:.1f} s wall, {meta['fixed_step_cost']['cpu_s']:.1f} s CPU; the "
@@ -314,7 +315,7 @@ def measure(engine: Any, tok: Any, tools: list[dict[str, Any]], turns: list[int]
             res = {}
             for name, batch in order:
                 t0, c0 = time.perf_counter(), time.process_time()
-                stats = engine.train_step_sync(batch)
+                stats = run_blocking(engine.train_step(batch))
                 res[name] = (time.perf_counter() - t0, stats, time.process_time() - c0)
             for key, val in {
                 "samples_on": len(on), "samples_off": len(off),
@@ -406,13 +407,13 @@ def main() -> None:
     from agentjet.settings import LearnerSettings
 
     engine = embedded_engine("smollm2-135m-instruct", learner=LearnerSettings(learning_rate=1e-12))
-    engine.train_step_sync(to_train(track_episode(EpisodeMaker(tok, 999).linear(1), tok)[0]))  # warm-up
+    run_blocking(engine.train_step(to_train(track_episode(EpisodeMaker(tok, 999).linear(1), tok)[0])))  # warm-up
     # the per-step fixed cost (optimizer step, gradient allocation, ...): steps on a 4-token sample
     tiny = [TrainSample([1, 2, 3, 4], [0, 0, 1, 1], [-1.0] * 4, [0.0, 0.0, 1.0, 1.0])]
     fixed_wall, fixed_cpu = [], []
     for _ in range(2):
         t0, c0 = time.perf_counter(), time.process_time()
-        engine.train_step_sync(tiny)
+        run_blocking(engine.train_step(tiny))
         fixed_wall.append(time.perf_counter() - t0)
         fixed_cpu.append(time.process_time() - c0)
     fixed = {"wall_s": statistics.median(fixed_wall), "cpu_s": statistics.median(fixed_cpu)}

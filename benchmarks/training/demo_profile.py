@@ -38,7 +38,7 @@ class EngineTimer:
         self.train_s = 0.0
         self.batches: list[int] = []
         self.steps = 0
-        gen, train = engine._run_batch_sync, engine.train_step_sync
+        gen, train = engine.generator._run_batch_sync, engine.learner._train  # the worker thread's two jobs
 
         def timed_gen(reqs: list[Any]) -> Any:
             t = time.perf_counter()
@@ -56,8 +56,8 @@ class EngineTimer:
                 self.train_s += time.perf_counter() - t
                 self.steps += 1
 
-        engine._run_batch_sync = timed_gen
-        engine.train_step_sync = timed_train
+        engine.generator._run_batch_sync = timed_gen
+        engine.learner._train = timed_train
 
 
 async def _drive(url: str, task: str, seconds: float, group_size: int, concurrency: int) -> dict[str, Any]:

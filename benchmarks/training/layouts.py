@@ -114,21 +114,23 @@ def build(layout: str, args: argparse.Namespace, work: Path) -> Any:
 
 
 def time_layout(layout: str, args: argparse.Namespace, batch_of: Any) -> dict[str, Any]:
+    from agentjet.runtime.blocking import run_blocking
+
     with tempfile.TemporaryDirectory(prefix="aj-layouts-") as tmp:
         t0 = time.perf_counter()
         engine = build(layout, args, Path(tmp))
         start_s = time.perf_counter() - t0
         try:
             batch = batch_of(len(engine.tokenizer))
-            engine.train_step_sync(batch)  # warm-up
+            run_blocking(engine.train_step(batch))  # warm-up
             rows = []
             for _ in range(args.rounds):
                 t = time.perf_counter()
-                out = engine.train_step_sync(batch)
+                out = run_blocking(engine.train_step(batch))
                 rows.append({"wall": time.perf_counter() - t, "learner": out["step_seconds"],
                              "sync": out.get("sync_seconds", 0.0), "probe": out.get("probe_logprob_diff")})
         finally:
-            engine.shutdown()
+            run_blocking(engine.close())
     med = {k: statistics.median(r[k] for r in rows) for k in ("wall", "learner", "sync")}
     probes = [r["probe"] for r in rows if r["probe"] is not None]
     return {"layout": layout, "start_seconds": start_s, "step_seconds": med["wall"],

@@ -12,7 +12,7 @@ It prints a table and writes ``benchmarks/results/train_scaling.json`` (``train_
 What is measured. One batch of ``--batch`` sequences x ``--length`` tokens, every position but the first
 trained (random advantages, fixed behaviour logprobs: timing does not depend on their values), goes through:
 
-* **plain** - the embedded layout's ``train_step_sync`` in this process, with all ``--threads`` torch threads;
+* **plain** - the embedded layout's ``train_step`` in this process, with all ``--threads`` torch threads;
 * **fsdp N** - a :class:`~agentjet.distributed.TrainerGroup` of N ranks (``fully_shard`` per decoder layer and
   on the root, gloo on CPU), each rank with ``--threads / N`` threads, so every configuration uses the same
   cores. The step time is the parent's round trip of the train phase (batch sent, forward/backward on every
@@ -52,6 +52,7 @@ from agentjet.engines.base import TrainSample
 from agentjet.layouts import embedded_engine
 from agentjet.learners.policy_step import StepConfig
 from agentjet.models import resolve_model
+from agentjet.runtime.blocking import run_blocking
 from agentjet.settings import LearnerSettings, LossSettings, PlacementSettings
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
@@ -137,7 +138,7 @@ def main() -> None:
             if args.device == "cuda":
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
-            plain.train_step_sync(batch)
+            run_blocking(plain.train_step(batch))
             if args.device == "cuda":
                 torch.cuda.synchronize()
             return {"step_seconds": time.perf_counter() - t0, "push_seconds": 0.0}

@@ -12,6 +12,7 @@ import torch
 
 from agentjet.engines.base import TrainSample
 from agentjet.learners.policy_step import StepConfig
+from agentjet.runtime.blocking import run_blocking
 from agentjet.settings import LearnerSettings, LossSettings
 
 LR = 1e-3
@@ -49,7 +50,7 @@ def make_batch(engine, seed: int, n: int = 6) -> list[TrainSample]:
         mask = [0] * prompt + [1] * (length - prompt)
         out.append(TrainSample(ids, mask, [0.0] * length, [rng.uniform(-1, 1) if m else 0.0 for m in mask],
                                temperature=rng.choice([1.0, 0.7]), weight=rng.choice([1.0, 0.5])))
-    for s, lps in zip(out, engine.learner.score_sync(out), strict=True):
+    for s, lps in zip(out, run_blocking(engine.learner.score(out)), strict=True):
         it = iter(lps)
         s.behaviour_logprobs = [next(it) + rng.gauss(0, 0.1) if m else 0.0 for m in s.loss_mask]
     return out
@@ -66,8 +67,8 @@ def reference(tiny_model_path: Path) -> Callable[[list[list[TrainSample]]], tupl
     """Run batches through the single-process trainer: (metrics per step, final state dict)."""
     def run(steps: list[list[TrainSample]], loss: LossSettings = LOSS) -> tuple[list[dict], dict[str, torch.Tensor]]:
         engine = plain_engine(tiny_model_path, loss)
-        metrics = [engine.train_step_sync(b) for b in steps]
-        engine.shutdown()
+        metrics = [run_blocking(engine.train_step(b)) for b in steps]
+        run_blocking(engine.close())
         return metrics, {k: v.detach().clone() for k, v in engine.generator.model.state_dict().items()}
 
     return run

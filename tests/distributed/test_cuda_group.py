@@ -9,6 +9,7 @@ import torch
 
 from agentjet.distributed import LearnerGroupSettings, TrainerGroup
 from agentjet.learners.policy_step import StepConfig
+from agentjet.runtime.blocking import run_blocking
 from agentjet.settings import LearnerSettings, LossSettings, PlacementSettings
 
 pytestmark = [pytest.mark.cuda, pytest.mark.timeout(300),
@@ -28,7 +29,7 @@ def test_group_on_cuda_tracks_the_single_process_trainer(tiny_model_path: Path, 
     with TrainerGroup(tiny_model_path, settings, config) as group:
         assert group.backend == "nccl"
         for batch in batches[:2]:
-            m, r = group.train_step(batch), plain.train_step_sync(batch)
+            m, r = group.train_step(batch), run_blocking(plain.train_step(batch))
             assert m["trained_tokens"] == r["trained_tokens"]
             assert m["loss"] == pytest.approx(r["loss"], rel=5e-2, abs=1e-3)  # bf16 rounding differs
             assert m["grad_norm"] == pytest.approx(r["grad_norm"], rel=5e-2)

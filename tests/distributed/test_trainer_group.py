@@ -22,6 +22,7 @@ from agentjet.distributed import (
     TrainerGroup,
     TrainerGroupError,
 )
+from agentjet.runtime.blocking import run_blocking
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -207,7 +208,7 @@ def test_a_single_process_checkpoint_starts_a_group_with_fresh_optimizer(tiny_mo
 
 
     plain = plain_engine(tiny_model_path)
-    plain.train_step_sync(batches[0])
+    run_blocking(plain.train_step(batches[0]))
     plain.save(tmp_path / "plain")  # Hugging Face weights + optimizer.pt + policy version
     with TrainerGroup(tiny_model_path, settings(1, tmp_path / "one"), train_config()) as group:
         group.load_hf_weights(tmp_path / "plain", policy_version=1)
@@ -215,7 +216,7 @@ def test_a_single_process_checkpoint_starts_a_group_with_fresh_optimizer(tiny_mo
         assert group.policy_version == 2
         # the reference: the saved weights, a fresh optimizer, and the KL reference taken from those weights
         again = plain_engine(tmp_path / "plain")
-        r = again.train_step_sync(batches[1])
+        r = run_blocking(again.train_step(batches[1]))
         assert m["loss"] == pytest.approx(r["loss"], rel=LOSS_RTOL)
         state = {k: v.detach() for k, v in again.generator.model.state_dict().items()}
         assert max_weight_diff(group.latest_weights, state) < WEIGHT_ATOL

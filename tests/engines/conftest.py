@@ -44,14 +44,18 @@ def _build(work_dir: Path, model: Path, lora=None, lr: float = 1e-3, train_procs
 @pytest.fixture(scope="module")
 def shared_vllm_engine(tmp_path_factory, tiny_model_path: Path):
     """One engine on the fake vLLM for the tests that change nothing (one start instead of several)."""
+    from agentjet.runtime.blocking import run_blocking
+
     engine = _build(tmp_path_factory.mktemp("vllm-shared"), tiny_model_path)
     yield engine
-    engine.shutdown()
+    run_blocking(engine.close())
 
 
 @pytest.fixture
 def make_vllm_engine(tmp_path: Path, tiny_model_path: Path):
     """Build VLLMEngines on the tiny model, served by the fake vLLM subprocess; all stopped at teardown."""
+    from agentjet.runtime.blocking import run_blocking
+
     made = []
 
     def make(lora=None, lr: float = 1e-3, train_procs: int = 0, **settings):
@@ -61,4 +65,4 @@ def make_vllm_engine(tmp_path: Path, tiny_model_path: Path):
 
     yield make
     for engine in made:
-        engine.shutdown()
+        run_blocking(engine.close())

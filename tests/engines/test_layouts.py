@@ -13,6 +13,7 @@ from tests.engines.conftest import fake_config
 from tests.observe.helpers import READ, play_group
 
 from agentjet.layouts import PlacementError, check_placement, group_engine, vllm_engine
+from agentjet.runtime.blocking import run_blocking
 from agentjet.settings import EngineKind, ObserveSettings, ServerConfig
 
 
@@ -118,7 +119,7 @@ def test_vllm_generator_with_either_learner_shows_the_trainer_view(make_server, 
         learner = "trainer-group" if train_procs else "in-process"
         assert engine.layout == f"vllm+{learner}"
     finally:
-        engine.shutdown()
+        run_blocking(engine.close())
 
 
 def test_the_nccl_seam_is_chosen_by_the_setting_and_refused_where_it_is_not_built() -> None:

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 
 from agentjet.engines.model import ModelFacts, load_policy_model, model_facts, model_stop_ids
-from agentjet.settings import EngineSettings
+from agentjet.settings import PlacementSettings
 
 
 @pytest.mark.tiny
 def test_facts_agree_with_the_loaded_model(tiny_model_path: Path) -> None:
     facts = model_facts(tiny_model_path)
-    policy = load_policy_model(tiny_model_path, EngineSettings(device="cpu", dtype="float32"))
+    policy = load_policy_model(tiny_model_path, PlacementSettings(device="cpu", dtype="float32"))
     lm = policy.causal_lm
     assert policy.facts.path == facts.path == Path(tiny_model_path)
     assert facts.stop_ids == frozenset(model_stop_ids(lm.generation_config, policy.tokenizer)) != frozenset()

@@ -15,6 +15,7 @@ from tests.engines.test_vllm_engine import fault
 from tests.observe.helpers import play_group
 
 from agentjet.layouts import vllm_engine
+from agentjet.runtime.blocking import run_blocking
 
 
 @pytest.fixture(params=[0, 1], ids=["in-process", "trainer-group"])
@@ -25,7 +26,7 @@ def engine(request, tiny_model_path, tmp_path):
         cfg = cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update=_group_settings(tmp_path))})
     engine = vllm_engine(cfg.model_copy(update={"data_dir": tmp_path}), tmp_path / "vllm")
     yield engine
-    engine.shutdown()
+    run_blocking(engine.close())
 
 
 @pytest.mark.timeout(400)

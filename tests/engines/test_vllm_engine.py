@@ -19,6 +19,7 @@ from tests.conftest import wait_until
 from agentjet.engines.base import SamplingParams, TrainSample
 from agentjet.engines.errors import EngineUnavailableError, TrainingHaltedError
 from agentjet.generators.vllm.process import ProcessState
+from agentjet.runtime.blocking import run_blocking
 from agentjet.settings import LoraSettings
 
 
@@ -71,7 +72,7 @@ def test_generate_gives_vllm_ids_and_true_logprobs(shared_vllm_engine):
     seq = ids + a.token_ids
     sample = TrainSample(seq, [0] * len(ids) + [1] * len(a.token_ids), [0.0] * len(seq), [0.0] * len(seq),
                          temperature=0.7)
-    assert engine.learner.score_sync([sample])[0] == pytest.approx(a.logprobs, abs=1e-4)
+    assert run_blocking(engine.learner.score([sample]))[0] == pytest.approx(a.logprobs, abs=1e-4)
     assert a.text == engine.tokenizer.decode(a.token_ids, skip_special_tokens=True)
 
 

@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from agentjet.engines.base import SamplingParams, TrainSample
+from agentjet.runtime.blocking import run_blocking
 
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = Path(os.environ.get("AGENTJET_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
@@ -45,7 +46,7 @@ def chat(engine, text: str) -> list[int]:
 def scored(engine, prompt: list[int], ids: list[int], temperature: float) -> list[float]:
     seq = prompt + ids
     sample = TrainSample(seq, [0] * len(prompt) + [1] * len(ids), [0.0] * len(seq), [0.0] * len(seq), temperature)
-    return engine.learner.score_sync([sample])[0]
+    return run_blocking(engine.learner.score([sample]))[0]
 
 
 def real_config(work_dir: Path, lr: float = 1e-4, lora=None, train_procs: int = 0, **vllm):
@@ -74,7 +75,7 @@ def real_engine(work_dir: Path, **kw):
 def engine(tmp_path_factory):
     eng = real_engine(tmp_path_factory.mktemp("vllm"))
     yield eng
-    eng.shutdown()
+    run_blocking(eng.close())
 
 
 def test_exact_token_ids_and_logprobs(engine):
@@ -112,7 +113,7 @@ def test_sync_after_a_train_step_brings_the_probe_back_to_zero(engine):
         # train the learner alone first: vLLM now serves stale weights and the probe must say so
         # (three steps: one step at this lr moves the probe by only ~0.1, too close to bf16 noise to judge)
         for _ in range(3):
-            engine.learner.train_step_sync(batch)
+            await engine.learner.train_step(batch)
         stale = await engine.generator.swaps.probe(engine.learner.score)
         synced = await engine.sync_weights()
         return before, stale, synced
@@ -197,7 +198,7 @@ def test_lora_sync(tmp_path):
         assert m1["probe_logprob_diff"] < BF16_MEAN_TOL and m2["probe_logprob_diff"] < BF16_MEAN_TOL
         assert eng.generator.served.current() == "policy-v2" and after.policy_version == 2
     finally:
-        eng.shutdown()
+        run_blocking(eng.close())
 
 
 def test_vllm_beside_a_two_rank_trainer_group_trains_and_survives_a_rank_killed_mid_step(tmp_path):

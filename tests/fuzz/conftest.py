@@ -177,7 +177,7 @@ def fuzz_server_factory(tmp_path_factory: pytest.TempPathFactory, tiny_model_pat
     tool call)."""
     from transformers import AutoTokenizer
 
-    from agentjet.layouts.null import NullEngine
+    from agentjet.layouts.null import null_engine
     from agentjet.runtime.launch import free_port
     from agentjet.server import SwarmServer
     from agentjet.server.http.app import BackgroundServer
@@ -194,7 +194,7 @@ def fuzz_server_factory(tmp_path_factory: pytest.TempPathFactory, tiny_model_pat
                            admin_token=ADMIN_TOKEN,
                            training=TrainingSettings(group_size=2, batch_groups=1, checkpoint_every=0,
                                                      admission=False), **config)  # episodes held open on purpose
-        bg = BackgroundServer(SwarmServer(cfg, engine or NullEngine(tokenizer, reply=reply))).start()
+        bg = BackgroundServer(SwarmServer(cfg, engine or null_engine(tokenizer, reply=reply))).start()
         api = Api(bg, fuzz_counts, fuzz_statuses)
         started.append((bg, api))
         return api

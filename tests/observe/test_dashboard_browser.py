@@ -128,13 +128,13 @@ def test_trace_viewer_marks_where_the_version_changed_inside_a_reply(tiny_model_
     marks the change between the two tokens and the hover names each token's version."""
     from transformers import AutoTokenizer
 
-    from agentjet.layouts.null import NullEngine
+    from agentjet.layouts.null import null_engine
     from agentjet.runtime.launch import free_port
     from agentjet.server import SwarmServer
     from agentjet.server.http.app import BackgroundServer
     from agentjet.settings import ServerConfig, TrainingSettings
 
-    engine = NullEngine(AutoTokenizer.from_pretrained(tiny_model_path), reply="one two three", update_at_token=2)
+    engine = null_engine(AutoTokenizer.from_pretrained(tiny_model_path), reply="one two three", update_at_token=2)
     cfg = ServerConfig(model=str(tiny_model_path), served_model_name="tiny", port=free_port(), data_dir=tmp_path,
                        admin_token=ADMIN, observe=ObserveSettings(read_token=READ),
                        training=TrainingSettings(group_size=4, checkpoint_every=0))

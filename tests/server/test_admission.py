@@ -78,7 +78,7 @@ def held_server(tmp_path, tiny_model_path):
     capacity is 2 until a step trains."""
     from transformers import AutoTokenizer
 
-    from agentjet.layouts.null import NullEngine
+    from agentjet.layouts.null import null_engine
     from agentjet.runtime.clock import FakeClock
     from agentjet.server import SwarmServer
     from agentjet.settings import ServerConfig, TrainingSettings
@@ -86,7 +86,7 @@ def held_server(tmp_path, tiny_model_path):
     def make(**training):
         cfg = ServerConfig(model=str(tiny_model_path), data_dir=tmp_path, admin_token="adm1n", training=TrainingSettings(
             **{"group_size": 2, "batch_groups": 1, "max_staleness": 0, "checkpoint_every": 0, **training}))
-        return SwarmServer(cfg, NullEngine(AutoTokenizer.from_pretrained(tiny_model_path)), clock=FakeClock())
+        return SwarmServer(cfg, null_engine(AutoTokenizer.from_pretrained(tiny_model_path)), clock=FakeClock())
 
     return make
 

@@ -70,7 +70,7 @@ def test_building_a_server_leaves_its_config_alone_and_writes_nothing_until_star
     appears before start(): the token files, the store and the metric files are written when the server starts."""
     from transformers import AutoTokenizer
 
-    from agentjet.layouts.null import NullEngine
+    from agentjet.layouts.null import null_engine
     from agentjet.runtime.launch import free_port
     from agentjet.server.http.app import BackgroundServer, create_app
     from agentjet.server.swarm import SwarmServer
@@ -81,7 +81,7 @@ def test_building_a_server_leaves_its_config_alone_and_writes_nothing_until_star
     before = config.model_dump(mode="json")
     local = local_admin_token_file(agentjet_home(), config.port)
     stale = local.read_text() if local.exists() else None  # left by an earlier server on this port, if any
-    server = SwarmServer(config, NullEngine(AutoTokenizer.from_pretrained(tiny_model_path)))
+    server = SwarmServer(config, null_engine(AutoTokenizer.from_pretrained(tiny_model_path)))
     create_app(server)
     assert config.model_dump(mode="json") == before and config.admin_token is None
     assert server.config.admin_token is not None and server.config is not config

@@ -12,7 +12,7 @@ import pytest
 from tests.conftest import settle, wait_until
 
 from agentjet import SwarmClient
-from agentjet.layouts.null import NullEngine
+from agentjet.layouts.null import NullGenerator, NullLearner, compose_null
 from agentjet.protocol import PauseState
 
 ADMIN = {"Authorization": "Bearer adm1n"}
@@ -63,7 +63,7 @@ def test_live_settings_take_effect_from_the_next_batch(make_server) -> None:
             await asyncio.to_thread(wait_until, lambda: srv.server.counters.training.train_steps == 2)
 
     asyncio.run(main())
-    assert len(srv.server.engine.trained[1]) == 3
+    assert len(srv.server.engine.learner.trained[1]) == 3
     log = httpx.get(f"{srv.url}/swarm/v1/control/config", headers=ADMIN).json()
     assert log["config"]["training"]["group_size"] == 3 and log["changes"][0]["policy_version"] == 1
 
@@ -156,17 +156,17 @@ def test_loss_objective_settings_are_live(make_server) -> None:
     cfg = srv.server.config.loss.policy_loss_config()
     assert (cfg.objective, cfg.aggregation, cfg.ratio_level, cfg.correction, cfg.correction_low,
             cfg.kl_estimator) == ("cispo", "seq_mean", "sequence", "mask_sequence", 0.8, "k2")
-    first = sorted({a for s in srv.server.engine.trained[0] for a in s.advantages if a})
-    second = sorted({a for s in srv.server.engine.trained[1] for a in s.advantages if a})
+    first = sorted({a for s in srv.server.engine.learner.trained[0] for a in s.advantages if a})
+    second = sorted({a for s in srv.server.engine.learner.trained[1] for a in s.advantages if a})
     assert first[1] == -first[0] and abs(first[1] - 2 ** -0.5) < 1e-5  # divided by the std of (1, 0)
     assert second == [-0.5, 0.5]  # rewards 1 and 0, mean-centred only
 
 
-class GatedEngine(NullEngine):
+class GatedLearner(NullLearner):
     """A train step that runs until the test opens its gate."""
 
-    def __init__(self, tokenizer) -> None:
-        super().__init__(tokenizer)
+    def __init__(self) -> None:
+        super().__init__()
         self.gate = threading.Event()
 
     async def train_step(self, batch):
@@ -180,7 +180,8 @@ def test_pause_can_wait_for_the_step_in_progress(make_server, tiny_model_path, w
     answer's train_steps is 1); without it, at once (0), and the step still finishes. No step starts after."""
     from transformers import AutoTokenizer
 
-    engine = GatedEngine(AutoTokenizer.from_pretrained(tiny_model_path))
+    learner = GatedLearner()
+    engine = compose_null(NullGenerator(AutoTokenizer.from_pretrained(tiny_model_path)), learner)
     srv = make_server(engine, admin_token="adm1n", training={"group_size": 2, "batch_groups": 1})
     loop, pool, counters = srv.server.train_loop, srv.server.pool, srv.server.counters.training
     entered = threading.Event()
@@ -198,7 +199,7 @@ def test_pause_can_wait_for_the_step_in_progress(make_server, tiny_model_path, w
             await asyncio.to_thread(wait_until, lambda: pool.in_step == 2)  # the step is running
             paused = asyncio.create_task(client.pause(wait_for_step=wait_for_step, admin_token="adm1n"))
             await asyncio.to_thread(entered.wait, 30)
-            engine.gate.set()
+            learner.gate.set()
             state = await paused
             await group(client, "b")  # a full batch arrives while paused: it waits
             return state

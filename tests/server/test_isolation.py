@@ -12,6 +12,7 @@ import pytest
 from agentjet.engines.base import GenerationError, SamplingParams
 from agentjet.layouts import embedded_engine
 from agentjet.layouts.composed import ComposedEngine
+from agentjet.runtime.blocking import run_blocking
 
 USER = [{"role": "user", "content": "what is 1 + 2?"}]
 HOSTILE = [
@@ -77,7 +78,7 @@ def test_a_batch_that_fails_is_rerun_request_by_request(tiny_model_path, chat_id
             alone = asyncio.run(engine.generate(ids, SamplingParams(max_tokens=5, seed=seed, stop_token_ids=())))
             assert res.token_ids == alone.token_ids and len(res.token_ids) == 5
     finally:
-        engine.shutdown()
+        run_blocking(engine.close())
 
 
 def test_a_failed_decode_step_fails_streamed_rows_and_never_hangs(tiny_engine: ComposedEngine, chat_ids,

@@ -140,7 +140,7 @@ def test_end_is_idempotent_and_trained_once(make_server) -> None:
     assert {e["episode_id"] for e in eps} <= set(consumed)
     assert all(len(steps) == 1 for steps in consumed.values())
     assert srv.server.counters.training.train_steps == 1
-    assert len(srv.server.engine.trained) == 1 and len(srv.server.engine.trained[0]) == 2
+    assert len(srv.server.engine.learner.trained) == 1 and len(srv.server.engine.learner.trained[0]) == 2
 
 
 def test_reward_validation(make_server) -> None:
@@ -166,7 +166,7 @@ def test_per_agent_rewards_reach_each_agents_samples(make_server) -> None:
     end(srv.url, eps[0], {"planner": 1.0, "executor": 0.0})
     end(srv.url, eps[1], {"planner": 0.0, "executor": 0.0})
     wait_until(lambda: srv.server.counters.training.train_steps >= 1)
-    batch = srv.server.engine.trained[0]
+    batch = srv.server.engine.learner.trained[0]
     assert len(batch) == 4
     # planner rewards differ (1 vs 0): non-zero advantages; executor rewards are equal: zero advantages
     planner_advs = sorted(max(s.advantages, key=abs) for s in batch if abs(max(s.advantages, key=abs)) > 0)

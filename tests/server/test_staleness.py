@@ -14,7 +14,7 @@ from tests.conftest import wait_until
 from transformers import AutoTokenizer
 
 from agentjet import SwarmClient
-from agentjet.layouts.null import NullEngine
+from agentjet.layouts.null import null_engine
 from agentjet.server.store import SampleStore, StoredEpisode, StoredStatus
 from agentjet.server.training.staleness import all_stale, fresh_samples, logprobs_on_stored_mask, stale_mask
 from agentjet.tracking import NO_VERSION, EpisodeSample
@@ -91,7 +91,7 @@ def test_rows_stored_before_per_token_versions_stay_readable(tmp_path: Path) -> 
 
 
 def test_a_reply_spanning_an_update_is_trained_on_its_fresh_tokens_and_traced(make_server, tiny_model_path) -> None:
-    engine = NullEngine(AutoTokenizer.from_pretrained(tiny_model_path), reply="one two three four",
+    engine = null_engine(AutoTokenizer.from_pretrained(tiny_model_path), reply="one two three four",
                         update_at_token=2)
     srv = make_server(engine, admin_token="adm1n",
                       training={"group_size": 2, "batch_groups": 1, "max_staleness": 0, "admission": False})
@@ -104,13 +104,13 @@ def test_a_reply_spanning_an_update_is_trained_on_its_fresh_tokens_and_traced(ma
                     await ep.openai().chat.completions.create(model="tiny", messages=USER)
                     ep.reward(reward)
                 ids.append(ep.episode_id)
-                engine.update_at_token = None  # only the first reply spans an update (v0 -> v1)
+                engine.generator.update_at_token = None  # only the first reply spans an update (v0 -> v1)
         return ids
 
     spanning, fresh = asyncio.run(main())
     wait_until(lambda: srv.server.counters.training.train_steps == 1)
-    n = len(engine._reply_ids)
-    batch = engine.trained[-1]
+    n = len(engine.generator.reply_ids)
+    batch = engine.learner.trained[-1]
     masks = sorted((s.loss_mask[-n:] for s in batch), key=sum)
     assert masks == [[0, 0] + [1] * (n - 2), [1] * n]  # the two v0 tokens masked out, the rest trained
     metrics = srv.server.counters.training.last_metrics

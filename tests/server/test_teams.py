@@ -41,7 +41,7 @@ def test_team_episode_trains_each_model_on_its_own_samples(make_server) -> None:
     asyncio.run(main())
     wait_until(lambda: a.server.counters.training.train_steps == 1 and b.server.counters.training.train_steps == 1)
     # each server trained only its own role's samples
-    assert all(len(batch) == 2 for batch in (a.server.engine.trained[0], b.server.engine.trained[0]))
+    assert all(len(batch) == 2 for batch in (a.server.engine.learner.trained[0], b.server.engine.learner.trained[0]))
     assert counts(a)["trained"] == 2 and counts(b)["trained"] == 2
 
 

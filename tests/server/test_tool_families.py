@@ -199,12 +199,12 @@ def trained_runs(sample: Any) -> list[list[int]]:
 
 def serve_family(make_server, tiny_base, kind: ToolParserKind, reply_ids: list[int] | None = None,
                  reply: dict[str, Any] | None = None):
-    from agentjet.layouts.null import NullEngine
+    from agentjet.layouts.null import null_engine
 
     tok = family_tokenizer(tiny_base, kind)
     if reply_ids is None:
         reply_ids = generated_ids(tok, USER, reply or {})[:-1]
-    engine = NullEngine(tok, reply_ids=reply_ids)
+    engine = null_engine(tok, reply_ids=reply_ids)
     return make_server(engine), engine, reply_ids + [tok.eos_token_id]
 
 
@@ -220,7 +220,7 @@ def test_a_tool_loop_in_the_family_format_merges_exactly(make_server, tiny_base,
     assert report["samples"] == 1 and report["merged_calls"] == 2, report  # the re-render is the generated ids
     (sample,) = srv.server.store.samples_for([eid])[eid]
     assert trained_runs(sample) == [generated] * 3  # each call's generated ids, exactly, and nothing else
-    prompts = list(engine.prompts)[-3:]
+    prompts = list(engine.generator.prompts)[-3:]
     for p in prompts:
         assert sample.input_ids[: len(p)] == p  # every call's prompt is a prefix of the one merged sample
 
@@ -235,7 +235,7 @@ def test_a_reply_written_unlike_the_template_keeps_the_trained_ids_exact(make_se
     srv, engine, generated = serve_family(make_server, tiny_base, kind,
                                           reply_ids=tok.encode(FAMILIES[kind].unlike, add_special_tokens=False))
     eid = asyncio.run(tool_loop(srv.url, 2, stream=False))
-    first, second = list(engine.prompts)[-2:]
+    first, second = list(engine.generator.prompts)[-2:]
     assert second[: len(first)] == first and second[len(first): len(first) + len(generated)] != generated
     samples = srv.server.store.samples_for([eid])[eid]
     assert len(samples) == 2

@@ -117,11 +117,11 @@ def drifted_two_turns(make_server, tiny_model_path, **config) -> DriftRun:
     resends the first reply as text."""
     from transformers import AutoTokenizer
 
-    from agentjet.layouts.null import NullEngine
+    from agentjet.layouts.null import null_engine
 
     tok = AutoTokenizer.from_pretrained(tiny_model_path)
     ids = spelled_reply(tok)
-    engine = NullEngine(tok, reply_ids=ids)
+    engine = null_engine(tok, reply_ids=ids)
     srv = make_server(engine, **config)
 
     async def main():
@@ -136,7 +136,7 @@ def drifted_two_turns(make_server, tiny_model_path, **config) -> DriftRun:
             return ep.episode_id
 
     eid = asyncio.run(main())
-    first, second = list(engine.prompts)[-2:]
+    first, second = list(engine.generator.prompts)[-2:]
     return DriftRun(srv, tok, ids, first, second, eid)
 
 

@@ -289,7 +289,7 @@ def test_incomplete_group_is_used_after_the_timeout(make_server) -> None:
 
     asyncio.run(main())
     wait_until(lambda: srv.server.counters.training.train_steps == 1, timeout=15)
-    assert len(srv.server.engine.trained[0]) == 2
+    assert len(srv.server.engine.learner.trained[0]) == 2
 
 
 def test_n_choices_and_stop_through_the_api(make_server) -> None:
@@ -412,7 +412,7 @@ def test_a_failed_checkpoint_does_not_hand_trained_episodes_back(make_server) ->
     ids = asyncio.run(main())
     wait_until(lambda: engine.policy_version == 1)
     settle(srv)  # the train loop has passed over the pool again after the failure: nothing trained again
-    assert engine.policy_version == 1 and len(engine.trained) == 1
+    assert engine.policy_version == 1 and len(engine.learner.trained) == 1
     consumed = srv.server.store.consumed_steps()
     assert {i: consumed[i] for i in ids} == {i: [1] for i in ids}
     assert srv.server.pool.pending_count == 0

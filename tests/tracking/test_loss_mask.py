@@ -7,6 +7,7 @@ from episode_sim import Sim, check_samples
 from templates import TEMPLATES
 
 from agentjet.engines.base import TrainSample
+from agentjet.runtime.blocking import run_blocking
 from agentjet.tracking import TrackingConfig, episode_weights, sample_trace, track_episode
 
 
@@ -100,7 +101,7 @@ def test_merged_and_unmerged_samples_score_the_same(toks, tiny_engine):
         return [TrainSample(s.input_ids, s.loss_mask, s.behaviour_logprobs, [1.0] * len(s.input_ids),
                             s.temperature, s.weight) for s in samples]
 
-    lp_merged = [x for row in tiny_engine.learner.score_sync(train_samples(merged)) for x in row]
-    lp_unmerged = [x for row in tiny_engine.learner.score_sync(train_samples(unmerged)) for x in row]
+    lp_merged = [x for row in run_blocking(tiny_engine.learner.score(train_samples(merged))) for x in row]
+    lp_unmerged = [x for row in run_blocking(tiny_engine.learner.score(train_samples(unmerged))) for x in row]
     assert len(lp_merged) == len(lp_unmerged) == sum(len(c.completion_ids) for c in sim.calls)
     assert lp_merged == pytest.approx(lp_unmerged, abs=2e-4)

@@ -43,9 +43,9 @@ class GroupLearner(Learner):
     async def export_weights(self, dtype: str | None = None) -> Path:
         """The directory of the latest step's export (rank 0 wrote its untied weights there), completed into a
         model directory. ``dtype`` is not applied: the ranks export fp32."""
-        return await asyncio.to_thread(self.export_weights_sync)
+        return await asyncio.to_thread(self._latest_export)
 
-    def export_weights_sync(self) -> Path:
+    def _latest_export(self) -> Path:
         weights = self.group.latest_weights
         if weights is not None:
             return self._complete_model_dir(weights.parent)
@@ -102,6 +102,3 @@ class GroupLearner(Learner):
 
     async def close(self) -> None:
         await asyncio.to_thread(self.group.close)
-
-    def shutdown(self) -> None:
-        self.group.close()

@@ -1,7 +1,7 @@
-"""Engines own the weights: ``generate`` (dynamically batched) and ``train_step``."""
+"""The roles (``Generator``, ``Learner``), their data types, model loading and the worker thread."""
 
-from agentjet.engines.base import Engine, FinishReason, GenerationResult, SamplingParams, TrainSample
+from agentjet.engines.base import FinishReason, GenerationResult, SamplingParams, TrainSample
 from agentjet.engines.errors import EngineUnavailableError, GenerationError, TrainingHaltedError
 
-__all__ = ["Engine", "EngineUnavailableError", "FinishReason", "GenerationError", "GenerationResult",
+__all__ = ["EngineUnavailableError", "FinishReason", "GenerationError", "GenerationResult",
            "SamplingParams", "TrainSample", "TrainingHaltedError"]

@@ -1,4 +1,5 @@
-"""The engine interface: owns the weights, generates tokens and runs policy-gradient updates."""
+"""The role interfaces: a ``Generator`` generates tokens, a ``Learner`` runs policy-gradient updates, and the data
+types between them and the server. ``agentjet.layouts`` composes one of each into the engine the server drives."""
 
 from __future__ import annotations
 
@@ -122,9 +123,11 @@ class StepOutput(Mapping[str, float]):
 class Generator(abc.ABC):
     """The rollout role: generates (or streams) tokens with their behaviour logprobs, says which policy version
     it serves and how many requests it runs at once, and accepts new weights through a weight-sync seam
-    (``agentjet.weights.sync``). Implementations: the embedded engine (``engines/hf``) and vLLM (``engines/vllm``)."""
+    (``agentjet.weights.sync``). Implementations: the embedded engine (``generators/hf``), vLLM (``generators/vllm``)
+    and the null generator (``layouts/null.py``)."""
 
     policy_version: int = 0  # the version whose weights serve new requests
+    halted_reason: str | None = None  # set when it cannot be brought to the learner's weights (training stops)
 
     @property
     @abc.abstractmethod
@@ -142,23 +145,22 @@ class Generator(abc.ABC):
     @abc.abstractmethod
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams,
                        on_token: TokenCallback | None = None) -> GenerationResult:
-        """As ``Engine.generate``."""
+        """Generate a completion. ``on_token(token_id, logprob)`` is called on the event loop for each token as
+        it is produced (a generator without streaming calls it for all tokens at the end)."""
 
     def describe(self) -> dict[str, Any]:
         return {"kind": type(self).__name__}
 
     async def close(self) -> None:  # noqa: B027 - optional hook
-        """Release background workers and processes."""
-
-    def shutdown(self) -> None:  # noqa: B027 - optional hook
-        """``close`` from synchronous code (tests, benchmarks, scripts)."""
+        """Release background workers and processes (from synchronous code: ``runtime.blocking.run_blocking``)."""
 
 
 class Learner(abc.ABC):
     """The training role: ``train_step(batch) -> StepOutput`` (bumps ``policy_version``), one optimizer config
     (live: ``set_learning_rate``), scoring for probes, its own save/load, and an export of its weights for a
-    generator. Implementations: in process (``agentjet.learners.inprocess``) and an FSDP2 trainer group
-    (``agentjet.distributed.learner``). Both run ``engines.policy_step.run_policy_step``."""
+    generator. Implementations: in process (``agentjet.learners.inprocess``), an FSDP2 trainer group
+    (``agentjet.distributed.learner``), both running ``learners.policy_step.run_policy_step``, and the null learner
+    (``layouts/null.py``)."""
 
     policy_version: int = 0  # the version of the weights it holds (what the next export holds)
 
@@ -203,10 +205,7 @@ class Learner(abc.ABC):
         return {"learner": type(self).__name__}
 
     async def close(self) -> None:  # noqa: B027 - optional hook
-        """Release threads and processes."""
-
-    def shutdown(self) -> None:  # noqa: B027 - optional hook
-        """``close`` from synchronous code (tests, benchmarks, scripts)."""
+        """Release threads and processes (from synchronous code: ``runtime.blocking.run_blocking``)."""
 
 
 @dataclass(frozen=True)
@@ -215,69 +214,3 @@ class WeightSyncCounts:
 
     syncs: int  # pushes that brought the generator to the learner's version
     failures: int  # pushes that failed after a committed step (the generator served the previous version)
-
-
-class Engine(abc.ABC):
-    """What the server drives: one model that generates and trains. Concurrent ``generate`` calls may be batched;
-    ``train_step`` bumps the policy version. The real layouts are one ``Generator`` composed with one ``Learner``
-    (``engines/composed.py``); the null engine implements this directly."""
-
-    policy_version: int = 0
-    halted_reason: str | None = None  # set when training must stop (the server pauses and reports it)
-
-    @property
-    def generator_version(self) -> int:
-        """The version whose weights generate new requests. An engine that generates with the weights it trains
-        serves its own ``policy_version``; a composed engine's generator lags its learner while a push runs."""
-        return self.policy_version
-
-    @property
-    def weight_push_in_flight(self) -> bool:
-        """Whether the learner's weights are being pushed to the generator now (never, without a seam)."""
-        return False
-
-    @property
-    @abc.abstractmethod
-    def tokenizer(self) -> Any: ...
-
-    @property
-    def max_context(self) -> int:
-        return 4096
-
-    @abc.abstractmethod
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams,
-                       on_token: TokenCallback | None = None) -> GenerationResult:
-        """Generate a completion. ``on_token(token_id, logprob)`` is called on the event loop for each
-        token as it is produced (engines without streaming call it for all tokens at the end)."""
-
-    @abc.abstractmethod
-    async def train_step(self, batch: list[TrainSample]) -> StepOutput: ...
-
-    @abc.abstractmethod
-    def save(self, path: Path) -> None: ...
-
-    @abc.abstractmethod
-    def load(self, path: Path) -> None: ...
-
-    def set_learning_rate(self, lr: float) -> None:  # noqa: B027 - optional hook
-        """Change the optimizer's learning rate in place (live config)."""
-
-    def set_loss(self, loss: Any) -> None:  # noqa: B027 - optional hook
-        """Use these loss settings (``agentjet.settings.LossSettings``) from the next train step (live config)."""
-
-    def describe(self) -> dict[str, Any]:
-        """What runs where (device, dtype, LoRA...), for the status."""
-        return {"kind": type(self).__name__}
-
-    @property
-    def layout(self) -> str:
-        """A short name of what generates and what trains (the status and results files record it)."""
-        return type(self).__name__
-
-    @property
-    def weight_sync(self) -> WeightSyncCounts | None:
-        """The weight-sync seam's counts; None for an engine without a seam (the null engine)."""
-        return None
-
-    async def close(self) -> None:  # noqa: B027 - optional hook
-        """Release background workers."""

@@ -18,9 +18,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from agentjet.engines.base import Engine
 from agentjet.layouts.composed import ComposedEngine
 from agentjet.models import DEFAULT_MODEL
+from agentjet.runtime.blocking import run_blocking
 from agentjet.settings import (
     EngineKind,
     GeneratorSettings,
@@ -29,7 +29,7 @@ from agentjet.settings import (
     PlacementSettings,
     ServerConfig,
 )
-from agentjet.weights.sync import CopyIntoModule, InPlace
+from agentjet.weights.sync import InPlace
 
 
 class PlacementError(ValueError):
@@ -152,7 +152,7 @@ def vllm_engine(config: ServerConfig, work_dir: Path) -> ComposedEngine:
         facts = policy.facts
         lora = policy.lora is not None
         dtype = gen.vllm.dtype if gen.vllm.dtype != "auto" else None
-        start_dir = policy.path if lora else learner.export_weights_sync(dtype)
+        start_dir = policy.path if lora else run_blocking(learner.export_weights(dtype))
     context = facts.context_length
     generator = VLLMGenerator(start_dir, facts.tokenizer, gen.vllm, stop_ids=set(facts.stop_ids),
                               max_context=min(gen.max_context or context, context), seed=gen.seed,
@@ -173,13 +173,14 @@ def group_engine(config: ServerConfig) -> ComposedEngine:
     """The embedded generator with a trainer group: each step's export is copied into its module in place."""
     from agentjet.distributed.learner import GroupLearner
     from agentjet.generators.hf import HFGenerator
+    from agentjet.generators.hf.sync import CopyIntoModule
 
     generator = HFGenerator.load(config.model, config.generator, config.placement)
     learner = GroupLearner(_group(config), generator.policy.facts)
     return ComposedEngine(generator, learner, CopyIntoModule(config.learner.group.push_timeout_s))
 
 
-def build_engine(config: ServerConfig) -> Engine:
+def build_engine(config: ServerConfig) -> ComposedEngine:
     """The engine the settings ask for: the ``generator``, ``learner`` and ``placement`` blocks (and the loss
     settings) go to it. The model
     is resolved here once (a hub id to its cached snapshot at one commit), and that one local directory goes to
@@ -191,10 +192,10 @@ def build_engine(config: ServerConfig) -> Engine:
     if config.generator.kind is EngineKind.NULL:
         from transformers import AutoTokenizer
 
-        from agentjet.layouts.null import NullEngine
+        from agentjet.layouts.null import null_engine
 
-        return NullEngine(AutoTokenizer.from_pretrained(model_dir), reply=config.generator.null_reply,
-                          delay_s=config.generator.null_delay_ms / 1000)
+        return null_engine(AutoTokenizer.from_pretrained(model_dir), reply=config.generator.null_reply,
+                           delay_s=config.generator.null_delay_ms / 1000)
     check_placement(config)
     if config.generator.kind is EngineKind.VLLM:
         return vllm_engine(config, Path(config.data_dir or ".") / "vllm")

@@ -1,5 +1,6 @@
 """The engine the server drives: one generator composed with one learner, joined by one weight-sync seam
-(``engines/sync.py``). It builds nothing itself: ``agentjet.layouts`` chooses and builds the parts.
+(``weights/sync.py``), typed on the pair it serves (``ComposedEngine[L, G]`` with a ``WeightSync[L, G]``). It is what
+the server drives. It builds nothing itself: ``agentjet.layouts`` chooses and builds the parts.
 
 A train step is the learner's step, then the seam's push. The step is committed once the learner returns (its
 version moved), and it is reported as such whatever the push does, so its episodes count as trained exactly
@@ -11,13 +12,11 @@ nobody can check.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from agentjet.engines.base import (
-    Engine,
     GenerationResult,
     Generator,
     Learner,
@@ -28,13 +27,20 @@ from agentjet.engines.base import (
     WeightSyncCounts,
 )
 from agentjet.engines.errors import TrainingHaltedError
+from agentjet.runtime.blocking import run_blocking
 from agentjet.weights.sync import WeightSync
 
 log = logging.getLogger(__name__)
 
+L = TypeVar("L", bound=Learner)
+G = TypeVar("G", bound=Generator)
 
-class ComposedEngine(Engine):
-    def __init__(self, generator: Generator, learner: Learner, seam: WeightSync) -> None:
+
+class ComposedEngine(Generic[L, G]):
+    """One model that generates and trains. Concurrent ``generate`` calls may be batched; ``train_step`` bumps the
+    policy version and pushes the new weights to the generator."""
+
+    def __init__(self, generator: G, learner: L, seam: WeightSync[L, G]) -> None:
         self.generator = generator
         self.learner = learner
         self.seam = seam
@@ -50,12 +56,13 @@ class ComposedEngine(Engine):
         return self.generator.max_context
 
     @property
-    def halted_reason(self) -> str | None:  # type: ignore[override]
-        """Why training must stop (the generator cannot be brought to the learner's weights), else None."""
-        return getattr(self.generator, "halted_reason", None)
+    def halted_reason(self) -> str | None:
+        """Why training must stop (the generator cannot be brought to the learner's weights), else None; the
+        server pauses and reports it."""
+        return self.generator.halted_reason
 
     @property
-    def policy_version(self) -> int:  # type: ignore[override]
+    def policy_version(self) -> int:
         """The learner's version (what the next checkpoint holds); each rollout records the version of the
         generator that produced it, so staleness counts from the weights being trained."""
         return self.learner.policy_version
@@ -72,6 +79,8 @@ class ComposedEngine(Engine):
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams,
                        on_token: TokenCallback | None = None) -> GenerationResult:
+        """Generate a completion. ``on_token(token_id, logprob)`` is called on the event loop for each token as
+        it is produced (a generator without streaming calls it for all tokens at the end)."""
         return await self.generator.generate(prompt_ids, sampling, on_token)
 
     async def train_step(self, batch: list[TrainSample]) -> StepOutput:
@@ -96,7 +105,10 @@ class ComposedEngine(Engine):
         return StepOutput(metrics, out.trainer_logprobs)
 
     @property
-    def weight_sync(self) -> WeightSyncCounts:
+    def weight_sync(self) -> WeightSyncCounts | None:
+        """The seam's push counts, for the status; None for a seam that moves no weights (the null pair's)."""
+        if self.seam.transport == "none":
+            return None
         return WeightSyncCounts(syncs=int(self.sync_stats["weight_syncs"]),
                                 failures=int(self.sync_stats["weight_sync_failures"]))
 
@@ -115,12 +127,7 @@ class ComposedEngine(Engine):
     def load(self, path: Path) -> None:
         """The learner loads the checkpoint; the generator then gets its weights through the seam."""
         self.learner.load(Path(path))
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            asyncio.run(self.sync_weights())
-            return
-        raise RuntimeError("ComposedEngine.load blocks: call it from a thread (asyncio.to_thread), not the loop")
+        run_blocking(self.sync_weights())  # blocks: from a thread (asyncio.to_thread), not the loop
 
     @property
     def learning_rate(self) -> float:
@@ -133,24 +140,17 @@ class ComposedEngine(Engine):
         self.learner.set_loss(loss)
 
     def describe(self) -> dict[str, Any]:
+        """What runs where (device, dtype, LoRA...), for the status."""
         return {**self.generator.describe(), **self.learner.describe(), "weight_sync": self.seam.transport,
                 "layout": self.layout}
 
     @property
     def layout(self) -> str:
-        """``<generator>+<learner>``: hf+in-process, hf+trainer-group, vllm+in-process, vllm+trainer-group."""
+        """``<generator>+<learner>`` (the status and results files record it): hf+in-process, hf+trainer-group, vllm+in-process, vllm+trainer-group."""
         return f"{self.generator.describe().get('kind', 'generator')}+{self.learner.describe().get('learner')}"
 
-    def train_step_sync(self, batch: list[TrainSample]) -> StepOutput:
-        """``train_step`` from synchronous code (scripts, benchmarks, tests): not from a running event loop."""
-        return asyncio.run(self.train_step(batch))
-
     async def close(self) -> None:
+        """Stop threads and processes (from synchronous code: ``run_blocking(engine.close())``)."""
         await self.seam.close()
         await self.learner.close()
         await self.generator.close()
-
-    def shutdown(self) -> None:
-        """Stop threads and processes from synchronous code (tests, benchmarks)."""
-        self.learner.shutdown()
-        self.generator.shutdown()

@@ -118,12 +118,6 @@ class InProcessLearner(Learner):
             self._reference = self._frozen_copy()
         return self._logprobs(samples, self._reference)
 
-    def train_step_sync(self, batch: list[TrainSample]) -> StepOutput:
-        """One step, on the learner's thread, waited for by the caller."""
-        if not batch:
-            raise ValueError("train_step needs at least one sample")
-        return self.worker.run_sync(self._train, batch)
-
     async def train_step(self, batch: list[TrainSample]) -> StepOutput:
         if not batch:
             raise ValueError("train_step needs at least one sample")
@@ -158,9 +152,6 @@ class InProcessLearner(Learner):
     async def score(self, samples: list[TrainSample]) -> list[list[float]]:
         return await self.worker.run(self._score, samples)
 
-    def score_sync(self, samples: list[TrainSample]) -> list[list[float]]:
-        return self.worker.run_sync(self._score, samples)
-
     # ------------------------------------------------------------ weights out
     def _export_root(self) -> Path:
         if self.export_root is None:  # none was given: a temporary one, removed at shutdown
@@ -169,10 +160,10 @@ class InProcessLearner(Learner):
             self.export_root = self._own_export_root = Path(tempfile.mkdtemp(prefix="agentjet-learner-export-"))
         return self.export_root
 
-    def export_weights_sync(self, dtype: str | None = None) -> Path:
+    async def export_weights(self, dtype: str | None = None) -> Path:
         root = self._export_root() / "weights"
-        path = self.worker.run_sync(self._export_full, version_dir(root, self.policy_version), dtype)
-        prune_versions(root, self.keep_exports, {path})
+        path = await self.worker.run(self._export_full, version_dir(root, self.policy_version), dtype)
+        await asyncio.to_thread(prune_versions, root, self.keep_exports, {path})
         return path
 
     def _export_full(self, target: Path, dtype: str | None) -> Path:
@@ -180,20 +171,14 @@ class InProcessLearner(Learner):
         lm = self.policy.causal_lm if self.lora is None else copy.deepcopy(self.policy.model).merge_and_unload()
         return export_full(lm, self.policy.tokenizer, target, dtype)
 
-    async def export_weights(self, dtype: str | None = None) -> Path:
-        return await asyncio.to_thread(self.export_weights_sync, dtype)
-
-    def export_adapter_sync(self) -> Path:
+    async def export_adapter(self) -> Path:
         """The LoRA adapter of the current version (PEFT layout), for a generator that loads adapters."""
         if self.lora is None:
             raise ValueError("export_adapter: this learner trains the full weights, not LoRA adapters")
         root = self._export_root() / "adapters"
-        path = self.worker.run_sync(export_lora, self.policy.model, version_dir(root, self.policy_version))
-        prune_versions(root, self.keep_exports, {path})
+        path = await self.worker.run(export_lora, self.policy.model, version_dir(root, self.policy_version))
+        await asyncio.to_thread(prune_versions, root, self.keep_exports, {path})
         return path
-
-    async def export_adapter(self) -> Path:
-        return await asyncio.to_thread(self.export_adapter_sync)
 
     # ------------------------------------------------------------ persistence
     def save(self, path: Path) -> None:
@@ -240,12 +225,10 @@ class InProcessLearner(Learner):
             self._on_version(self.policy_version)
 
     async def close(self) -> None:
-        await asyncio.to_thread(self.shutdown)
-
-    def shutdown(self) -> None:
+        """Stop the worker thread it owns and remove the temporary export root it made."""
         if self._own_worker:
-            self.worker.close()
+            await asyncio.to_thread(self.worker.close)
         if self._own_export_root is not None:
             import shutil
 
-            shutil.rmtree(self._own_export_root, ignore_errors=True)
+            await asyncio.to_thread(shutil.rmtree, self._own_export_root, ignore_errors=True)

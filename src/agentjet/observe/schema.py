@@ -27,7 +27,7 @@ class RunSnapshot(BaseModel):
 
     model: str
     engine: str  # the layout: <generator>+<learner>
-    engine_info: dict[str, Any] = Field(default_factory=dict)  # what runs where (``Engine.describe``)
+    engine_info: dict[str, Any] = Field(default_factory=dict)  # what runs where (``ComposedEngine.describe``)
     engine_state: str  # "paused" while training is paused, else the server's lifecycle state
     paused: bool
     policy_version: int  # the served version: its step committed, its weights held by the generator

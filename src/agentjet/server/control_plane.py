@@ -15,7 +15,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from agentjet.engines.base import Engine
+from agentjet.layouts.composed import ComposedEngine
 from agentjet.protocol import ChangeRecord, ConfigChange, PauseState
 from agentjet.runtime.clock import Clock
 from agentjet.server.counters import TrainingCounters
@@ -31,7 +31,7 @@ CHANGE_SECTIONS = ("learner", "training", "sampling", "loss")  # the sections of
 
 
 class ControlPlane:
-    def __init__(self, config: ServerConfig, engine: Engine, registry: EpisodeRegistry, pool: GroupPool,
+    def __init__(self, config: ServerConfig, engine: ComposedEngine, registry: EpisodeRegistry, pool: GroupPool,
                  loop: TrainLoop, admission: Admission, counters: TrainingCounters, clock: Clock) -> None:
         self.config = config  # the server's own: changes are applied to it in place
         self.engine = engine

@@ -27,7 +27,7 @@ from typing import Any
 
 from pydantic import SecretStr
 
-from agentjet.engines.base import Engine
+from agentjet.layouts.composed import ComposedEngine
 from agentjet.models import agentjet_home
 from agentjet.observe.metrics import TRAINLOG_FILE, MetricsHub
 from agentjet.observe.trainlog import TrainLog
@@ -79,7 +79,7 @@ class SwarmServer:
     observe: ServerSource
     metrics: MetricsHub
 
-    def __init__(self, config: ServerConfig, engine: Engine, clock: Clock | None = None) -> None:
+    def __init__(self, config: ServerConfig, engine: ComposedEngine, clock: Clock | None = None) -> None:
         self._home = agentjet_home()
         self.config = config.model_copy(deep=True)  # the caller's config is left as it is
         self.config.data_dir = config.resolved_data_dir(self._home)

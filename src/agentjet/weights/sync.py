@@ -4,9 +4,10 @@
 | generator | learner    | seam                                                                     |
 |-----------|------------|--------------------------------------------------------------------------|
 | embedded  | in process | :class:`InPlace`: they share the module; only the version moves          |
-| embedded  | group      | :class:`CopyIntoModule`: the learner's export is copied into the module  |
-| vLLM      | either     | ``engines.vllm.sync.VLLMReload`` (safetensors + reload + probe), or       |
-|           |            | ``engines.vllm.native_sync.VLLMNativeSync`` (NCCL; unverified on a GPU)  |
+| embedded  | group      | ``generators.hf.sync.CopyIntoModule``: the export is copied into it      |
+| vLLM      | either     | ``generators.vllm.sync.VLLMReload`` (safetensors + reload + probe), or    |
+|           |            | ``generators.vllm.native_sync.VLLMNativeSync`` (NCCL; unverified on GPU)  |
+| null      | null       | ``layouts.null.NullSync``: nothing moves but the version                 |
 
 Every push has a deadline (``timeout_s``): a transfer that hangs fails the step's sync with
 :class:`WeightSyncTimeout` instead of stalling training.
@@ -67,17 +68,3 @@ class InPlace(WeightSync[Learner, Generator]):
     async def _push(self, learner: Learner, generator: Generator) -> dict[str, float]:
         generator.policy_version = learner.policy_version
         return {}
-
-
-class CopyIntoModule(WeightSync):
-    """The learner exports a model directory (safetensors, in ``/dev/shm`` when it has room); the embedded
-    generator copies it into its live parameters in place, between decode steps."""
-
-    transport = "safetensors"
-
-    async def _push(self, learner: Learner, generator: Generator) -> dict[str, float]:
-        t0 = time.perf_counter()
-        path = await learner.export_weights()
-        t1 = time.perf_counter()
-        await generator.load_weights(path, learner.policy_version)  # type: ignore[attr-defined]
-        return {"export_seconds": t1 - t0, "load_seconds": time.perf_counter() - t1}

@@ -119,7 +119,7 @@ def engine_metrics(model: str, quick: bool) -> dict[str, BenchMetric]:
 def _null_server(tmp: Path, delay_s: float) -> Any:
     from transformers import AutoTokenizer
 
-    from agentjet.layouts.null import NullEngine
+    from agentjet.layouts.null import null_engine
     from agentjet.models import resolve_model
     from agentjet.runtime.launch import free_port
     from agentjet.server import SwarmServer
@@ -127,7 +127,7 @@ def _null_server(tmp: Path, delay_s: float) -> Any:
     from agentjet.settings import ServerConfig, TrainingSettings
 
     path = resolve_model("tiny-random")
-    engine = NullEngine(AutoTokenizer.from_pretrained(path), reply="Let me check the next item.", delay_s=delay_s)
+    engine = null_engine(AutoTokenizer.from_pretrained(path), reply="Let me check the next item.", delay_s=delay_s)
     cfg = ServerConfig(model=str(path), port=free_port(), data_dir=tmp, lease_seconds=120,
                        training=TrainingSettings(group_size=4, batch_groups=1000))  # no training in the way
     return BackgroundServer(SwarmServer(cfg, engine)).start()

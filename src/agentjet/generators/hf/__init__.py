@@ -169,10 +169,6 @@ class HFGenerator(Generator):
         during one (an in-process learner's step on these weights, a weight copy)."""
         return await self.worker.run(fn, *args)
 
-    def run_exclusive_sync(self, fn: Callable[..., T], *args: Any) -> T:
-        """``run_exclusive`` waited for by the calling thread (checkpoint loads, tests)."""
-        return self.worker.run_sync(fn, *args)
-
     async def load_weights(self, path: Path, policy_version: int) -> None:
         """Copy a model directory's (or a safetensors file's) weights into the live parameters in place, between
         decode steps; new requests are generated at ``policy_version`` from then on."""
@@ -186,7 +182,3 @@ class HFGenerator(Generator):
         if self.batcher is not None:
             await self.batcher.close()
         await asyncio.to_thread(self.worker.close)
-
-    def shutdown(self) -> None:
-        """Stop the worker thread from synchronous code (tests, benchmarks)."""
-        self.worker.close()

@@ -266,11 +266,11 @@ class VLLMGenerator(Generator):
 
     async def close(self) -> None:
         self.served.cancel()
-        await asyncio.to_thread(self.shutdown)
+        await asyncio.to_thread(self._stop)
         with contextlib.suppress(Exception):
             await self.client.aclose()
 
-    def shutdown(self) -> None:
-        """Stop vLLM without an event loop (scripts, test teardown)."""
+    def _stop(self) -> None:
+        """Stop the vLLM process and remove what its launch wrote (blocking: ``close`` runs it in a thread)."""
         self.process.stop()
         self.launch.cleanup()

@@ -42,7 +42,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from agentjet.engines.base import Engine
+from agentjet.layouts.composed import ComposedEngine
 from agentjet.protocol import BeginEpisodeRequest, BeginEpisodeResponse, EpisodeStatus
 from agentjet.runtime.clock import Clock
 from agentjet.server.counters import AdmissionCounters, TrainingCounters
@@ -168,7 +168,7 @@ class Admission:
     store, the client's own limit), the cocktail quotas, and the capacity rule above with its queue of held
     begins. Counts its refusals and held begins (``counters.AdmissionCounters``)."""
 
-    def __init__(self, config: ServerConfig, engine: Engine, registry: EpisodeRegistry, pool: GroupPool,
+    def __init__(self, config: ServerConfig, engine: ComposedEngine, registry: EpisodeRegistry, pool: GroupPool,
                  clock: Clock, lifecycle: Lifecycle, store_health: StoreHealth, counters: AdmissionCounters,
                  training: TrainingCounters) -> None:
         self.config = config

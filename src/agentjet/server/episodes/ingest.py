@@ -13,7 +13,7 @@ import asyncio
 import logging
 from typing import Any
 
-from agentjet.engines.base import Engine
+from agentjet.layouts.composed import ComposedEngine
 from agentjet.protocol import EndEpisodeRequest, EndEpisodeResponse, EpisodeStatus, PrepareEpisodeRequest
 from agentjet.runtime.clock import Clock
 from agentjet.server.counters import RequestCounters, RunCounters
@@ -50,7 +50,7 @@ class TrainingIntake:
 
 
 class Ingest:
-    def __init__(self, config: ServerConfig, engine: Engine, formatter: ChatFormatter, registry: EpisodeRegistry,
+    def __init__(self, config: ServerConfig, engine: ComposedEngine, formatter: ChatFormatter, registry: EpisodeRegistry,
                  store: SampleStore, keys: EpisodeKeys, teams: Teams, end_locks: KeyedLocks, clock: Clock,
                  store_health: StoreHealth, intake: TrainingIntake, admission: Admission,
                  counters: RunCounters) -> None:

@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator, Awaitable
 import uvicorn
 from fastapi import FastAPI
 
-from agentjet.engines.base import Engine
 from agentjet.layouts import build_engine
+from agentjet.layouts.composed import ComposedEngine
 from agentjet.server.http import control, dashboard, openai_api, swarm_api
 from agentjet.server.http.errors import BodySizeLimit, install_error_handlers
 from agentjet.server.swarm import SwarmServer
@@ -51,7 +51,7 @@ def create_app(server: SwarmServer) -> FastAPI:
     return app
 
 
-def serve(config: ServerConfig, engine: Engine | None = None) -> None:
+def serve(config: ServerConfig, engine: ComposedEngine | None = None) -> None:
     """Run the server in the foreground until interrupted."""
     server = SwarmServer(config, engine or build_engine(config))
     runner = uvicorn.Server(uvicorn.Config(create_app(server), host=config.host, port=config.port,

@@ -13,7 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from agentjet.algorithms import AdvantageEstimator, compute_advantages
-from agentjet.engines.base import Engine, StepOutput, TrainSample
+from agentjet.engines.base import StepOutput, TrainSample
+from agentjet.layouts.composed import ComposedEngine
 from agentjet.observe.events import StepObserver, StepRecord, TrainedSample, staleness_metrics
 from agentjet.protocol import reward_mean
 from agentjet.runtime.clock import Clock
@@ -77,7 +78,7 @@ class Batch:
 
 
 class BatchStep:
-    def __init__(self, engine: Engine, store: SampleStore, counters: TrainingCounters,
+    def __init__(self, engine: ComposedEngine, store: SampleStore, counters: TrainingCounters,
                  config: Callable[[], ServerConfig], checkpoints: Checkpoints, clock: Clock) -> None:
         self.engine = engine
         self.store = store

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from agentjet.engines.base import Engine
+from agentjet.layouts.composed import ComposedEngine
 from agentjet.observe.schema import DropReason, RunSnapshot
 from agentjet.observe.trainlog import TrainLog
 from agentjet.runtime.clock import Clock
@@ -58,7 +58,7 @@ class StoredCounts:
 @dataclass(frozen=True)
 class RunParts:
     config: ServerConfig
-    engine: Engine
+    engine: ComposedEngine
     clock: Clock
     registry: EpisodeRegistry
     store: SampleStore  # the trace reads samples through it

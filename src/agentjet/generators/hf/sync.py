@@ -1,0 +1,22 @@
+"""The seam from a learner that exports weights to the embedded generator (``agentjet.weights.sync``): the learner
+writes a model directory (safetensors, in ``/dev/shm`` when it has room); the generator copies it into its live
+parameters in place, between decode steps."""
+
+from __future__ import annotations
+
+import time
+
+from agentjet.engines.base import Learner
+from agentjet.generators.hf import HFGenerator
+from agentjet.weights.sync import WeightSync
+
+
+class CopyIntoModule(WeightSync[Learner, HFGenerator]):
+    transport = "safetensors"
+
+    async def _push(self, learner: Learner, generator: HFGenerator) -> dict[str, float]:
+        t0 = time.perf_counter()
+        path = await learner.export_weights()
+        t1 = time.perf_counter()
+        await generator.load_weights(path, learner.policy_version)
+        return {"export_seconds": t1 - t0, "load_seconds": time.perf_counter() - t1}
