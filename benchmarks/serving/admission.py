@@ -100,7 +100,7 @@ async def swarm(url: str, clients: int, seconds: float, group_size: int, seed: i
 def server_config(mode: str, args: argparse.Namespace, port: int, data_dir: str) -> ServerConfig:
     return ServerConfig.model_validate({
         "model": "tiny-random", "port": port, "data_dir": data_dir, "log_level": "WARNING", "lease_seconds": 300,
-        "engine": {"kind": "null", "null_delay_ms": args.gen_ms},
+        "generator": {"kind": "null", "null_delay_ms": args.gen_ms},
         "training": {"group_size": args.group_size, "batch_groups": args.batch_groups, "max_staleness": 1,
                      "admission": mode != "off", "group_timeout_s": 5, "checkpoint_every": 0}})
 

@@ -46,7 +46,7 @@ def start_null_server(port: int, data_dir: str) -> ServerProcess:
 
     config = ServerConfig.model_validate({
         "model": "tiny-random", "port": port, "data_dir": data_dir, "log_level": "WARNING", "lease_seconds": 120,
-        "engine": {"kind": "null"}, "training": {"group_size": 4}, "observe": {"read_token": READ_TOKEN}})
+        "generator": {"kind": "null"}, "training": {"group_size": 4}, "observe": {"read_token": READ_TOKEN}})
     return ServerProcess("null", config, Path(data_dir) / "server.log", Path(data_dir) / "server.yaml").start()
 
 

@@ -23,7 +23,7 @@ def engine(request, tiny_model_path, tmp_path):
     """vLLM (the fake) with the in-process learner, or a trainer group (torchrun, gloo: one rank on a CPU)."""
     cfg = fake_config(tiny_model_path, lr=1e-3, train_procs=request.param)
     if request.param:
-        cfg = cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update=_group_settings(tmp_path))})
+        cfg.learner.group = cfg.learner.group.model_copy(update=_group_settings(tmp_path))
     engine = vllm_engine(cfg.model_copy(update={"data_dir": tmp_path}), tmp_path / "vllm")
     yield engine
     run_blocking(engine.close())
