@@ -9,8 +9,6 @@ The server runs the splice in a worker thread, so it adds latency to that reques
 from __future__ import annotations
 
 import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -27,6 +25,7 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from agentjet.models import resolve_model  # noqa: E402
+from agentjet.runtime.provenance import device, git_commit, machine  # noqa: E402
 from agentjet.server.episodes.chat import ChatFormatter  # noqa: E402
 from agentjet.server.episodes.tito import TitoOutcome, request_prompt_ids  # noqa: E402
 
@@ -70,8 +69,8 @@ def main() -> None:
                       str(r["spliced_replies"]), f"{r['plain_ms']:.1f}", f"{r['tito_ms']:.1f}")
     Console().print(table)
     out = ROOT / "benchmarks" / "results" / "tito_cost.json"
-    out.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "machine": f"{os.cpu_count()} CPU cores, "
-                               f"{platform.machine()}", "rows": rows}, indent=2) + "\n")
+    out.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "commit": git_commit(ROOT), "machine": machine(),
+                               "device": device(), "rows": rows}, indent=2) + "\n")
     print(f"saved {out}")
 
 
