@@ -31,8 +31,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from agentjet.apps.bench.report import BenchRecord, append_history, record_from_demo
+from agentjet.apps.bench.report import record_from_demo
 from agentjet.apps.bench.suite import LearnSettings, demo_flags
+from agentjet.observe.bench_records import BenchRecord, append_history
 from agentjet.runtime.provenance import device, machine
 
 ROOT = Path(__file__).resolve().parents[2]

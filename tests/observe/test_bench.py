@@ -16,18 +16,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from agentjet.apps.bench.report import (
-    Baseline,
-    BaselineRef,
-    BenchMetric,
-    BenchRecord,
-    baseline_runs,
-    gate,
-    load_baseline,
-    load_history,
-    record_from_demo,
-    render_report,
-)
+from agentjet.apps.bench.report import baseline_runs, gate, record_from_demo, render_report
 from agentjet.apps.bench.suite import (
     TOY_STEPS,
     BenchOptions,
@@ -36,6 +25,14 @@ from agentjet.apps.bench.suite import (
     run_bench,
     run_learn,
     toy_settings,
+)
+from agentjet.observe.bench_records import (
+    Baseline,
+    BaselineRef,
+    BenchMetric,
+    BenchRecord,
+    load_baseline,
+    load_history,
 )
 from agentjet.observe.learncurve import LearnCurve, curve_from_demo, eval_at_step, steps_to_target
 

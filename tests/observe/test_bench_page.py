@@ -11,8 +11,9 @@ from tests.observe.browser import CHROMIUM_ARGS, chromium_path, skip_reason
 from tests.observe.helpers import READ
 from tests.observe.test_bench import BASE_CURVES, RESULTS, demo_result
 
-from agentjet.apps.bench.report import append_history, record_from_demo
+from agentjet.apps.bench.report import record_from_demo
 from agentjet.observe import ObserveSettings
+from agentjet.observe.bench_records import append_history
 
 pytestmark = [pytest.mark.browser, pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")]
 

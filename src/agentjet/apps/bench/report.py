@@ -1,6 +1,6 @@
-"""Version-by-version performance tracking for ``ajet bench``: the history file (one JSON record per run,
-keyed by commit, date and machine), the baseline (which commit's runs are the reference), the gate set by the
-baseline runs' noise, and the HTML / PNG report.
+"""Version-by-version performance tracking for ``ajet bench``: which history records form the baseline, the gate
+set by the baseline runs' noise, the figures read off a demo's learning curve, and the HTML / PNG report. The
+records and their files (the history, one JSON record per run; the baseline) are ``agentjet.observe.bench_records``.
 
 The suite that produces the numbers is ``agentjet.apps.bench.suite`` (it starts servers and engines, so it sits on a
 higher floor than this room); learning curves and the figures taken from them are ``agentjet.observe.learncurve``.
@@ -21,18 +21,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from agentjet.observe.bench_records import (  # noqa: F401 - the records are part of the bench API
+from agentjet.observe.bench_records import (
     MODES,
     Baseline,
-    BaselineRef,
     BenchMetric,
     BenchRecord,
     GateResult,
     Mode,
-    append_history,
-    load_baseline,
-    load_history,
-    save_baseline,
 )
 from agentjet.observe.curveplot import Line, Panel, plot_curves
 from agentjet.observe.learncurve import (

@@ -34,22 +34,19 @@ from typing import TYPE_CHECKING, Any
 import httpx
 from rich.console import Console
 
-from agentjet.apps.bench.report import (
+from agentjet.apps.bench.report import baseline_runs, gate, record_from_demo, render_report
+from agentjet.models import DEFAULT_MODEL, TINY_RANDOM
+from agentjet.observe.bench_records import (
     BaselineRef,
     BenchMetric,
     BenchRecord,
     GateResult,
     Mode,
     append_history,
-    baseline_runs,
-    gate,
     load_baseline,
     load_history,
-    record_from_demo,
-    render_report,
     save_baseline,
 )
-from agentjet.models import DEFAULT_MODEL, TINY_RANDOM
 from agentjet.runtime.provenance import device, git_commit, machine
 
 if TYPE_CHECKING:
