@@ -2,10 +2,9 @@
 changes, pause and resume, a checkpoint now.
 
 A settings change is validated together with the rest of the configuration (the same ``ServerConfig`` model,
-cross-field rules included) before anything is applied; only settings marked live may change. It takes
-effect from the next batch (training and
-loss settings) or the next call (sampling defaults), and is logged with the policy version at which it took
-effect. A ``task_ratios`` change that would shut out task types that clients are running is refused unless
+cross-field rules included) before anything is applied; only settings marked live may change. It takes effect
+from the next batch (training, learner and loss settings) or the next call (sampling defaults), and is logged
+with the policy version at which it took effect. A ``task_ratios`` change that would shut out task types that clients are running is refused unless
 forced.
 """
 
