@@ -12,7 +12,7 @@ import datetime as dt
 import os
 import platform
 import random
-import subprocess
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -21,8 +21,12 @@ from typing import Any
 
 import torch
 
+from agentjet.runtime.provenance import git_commit
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
+# where the random-weight models (``135m``, ``1.7b``) are built once
+MODEL_ROOT = Path(os.environ.get("AGENTJET_BENCH_MODELS", Path(tempfile.gettempdir()) / "agentjet-bench-models"))
 
 # Model shapes built from a config with random weights: SmolLM2's published shapes, no download.
 SHAPES: dict[str, dict[str, Any]] = {
@@ -123,18 +127,8 @@ async def closed_loop(submit: Callable[[Req], Awaitable[int]], reqs: list[Req], 
     return total, time.perf_counter() - t0
 
 
-def git_commit() -> str:
-    try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                               capture_output=True, text=True, check=True).stdout.strip()
-        return sha.stdout.strip() + ("+dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def machine(device: torch.device) -> dict[str, Any]:
-    info: dict[str, Any] = {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "commit": git_commit(),
+    info: dict[str, Any] = {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "commit": git_commit(ROOT),
                             "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
                             "platform": platform.platform(), "torch": torch.__version__,
                             "device": str(device), "load_average": os.getloadavg()}

@@ -1,46 +1,120 @@
 #!/usr/bin/env bash
-# The GPU check of the embedded engine (issue 12), on a CUDA machine with no network, from the repository root.
-# Needs .gpu/ from scripts/gpu_prepare.sh (carried along: 23 MB) and the machine's own python3 with CUDA torch.
-# Writes JSON and logs under $OUT (default /tmp/gpu-check). Stages (default: all, about 25 minutes):
-#   tests    pytest -m cuda (CUDA graphs, exact fp32 / bounded bf16 logprobs, train in place, LoRA)   ~3 min
-#   gen135   benchmarks/serving/engine.py --device cuda --model 135m (c1, c8, c64, c256; fixed and mixed)     ~8 min
-#   gen17    benchmarks/serving/engine.py --device cuda --model 1.7b (c1, c8, c64)                             ~8 min
-#   train    benchmarks/serving/engine.py --train for 135m and 1.7b (16 x 1024; checkpointing for 1.7b)        ~3 min
-#   server   benchmarks/serving/server_throughput.py --device cuda --model 135m (c1, c8, c64)                  ~3 min
-# With a 10-minute limit per command, run it as: `scripts/gpu_check.sh tests train`, then `... gen135`, then
-# `... gen17`, then `... server`.
+# The GPU check: one command of at most 8 minutes on a CUDA machine with no network, run from the repository root.
+# Needs the kit .gpu/ from scripts/gpu_prepare.sh (carried along with the working tree) and the machine's own
+# python3 with CUDA torch.
+#
+#   scripts/gpu_check.sh                  # the default stages, most valuable first, in BUDGET_S seconds (450)
+#   scripts/gpu_check.sh gen17 train17    # the 1.7B shapes: a second command, only if time is left
+#   REHEARSE=1 scripts/gpu_check.sh       # on a CPU machine: the same stages on the CPU with small sizes
+#
+# Stages (each under its own time cap, cut to what is left of BUDGET_S; one that no longer fits is skipped):
+#   tests    pytest -m cuda: CUDA graphs across a train step, fp32 exact / bf16 bounded logprobs, LoRA, the NCCL group
+#   gen135   the embedded engine at SmolLM2-135M shapes, bf16, c1 and c64 (and hf-generate on the same requests)
+#   server   ajet server end to end at c64 against the same generations engine-direct
+#   train    the train step at 135M against the bare-torch floor (the learner sizes its micro-batch itself)
+#   group    the trainer group (1 rank, NCCL) sharing the GPU with the generator (--colocate) beside the in-process
+#            learner: step and push times
+#   gen17 / train17   the same at SmolLM2-1.7B shapes (not run by default)
+#
+# Everything lands in $OUT (default /tmp/gpu-check) as it is made, at most 8 files: summary.json (device,
+# versions, each stage's status and seconds; rewritten after every stage), log.txt, cuda_tests.xml,
+# cuda_report.jsonl and one JSON per benchmark stage. A run cut short keeps what the finished stages wrote.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-check}
+BUDGET_S=${BUDGET_S:-450}
+REHEARSE=${REHEARSE:-0}
+KIT=${KIT:-.gpu}
+WHEELS=${WHEELS:-$KIT/wheels}
+SITE=${SITE:-/tmp/aj-site}
 mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/aj-site \
-  .gpu/wheels/*.whl || { echo "install of .gpu/wheels failed"; exit 1; }
-export PYTHONPATH="/tmp/aj-site:$PWD/src" PYTHONUNBUFFERED=1 AGENTJET_HOME=/tmp/aj-home \
-  AGENTJET_SMOLLM2_TOKENIZER="$PWD/.gpu/smollm2-tokenizer" AGENTJET_BENCH_MODELS=/tmp/aj-models
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
-python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" \
-  | tee -a "$OUT/gpu.txt"
-stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(tests gen135 gen17 train server)
-status=0
-for stage in "${stages[@]}"; do
-  echo "==> $stage $(date +%T)"
-  case $stage in
-    tests) AGENTJET_CUDA_REPORT="$OUT/cuda_report.jsonl" python3 -m pytest -q -s -m cuda -p no:cacheprovider \
-             tests/test_engine_cuda.py 2>&1 | tee "$OUT/tests.log" ;;
-    gen135) python3 benchmarks/serving/engine.py --device cuda --model 135m --output "$OUT/engine_cuda_135m.json" \
-              2>&1 | tail -40 ;;
-    gen17) python3 benchmarks/serving/engine.py --device cuda --model 1.7b --concurrency 1,8,64 \
-             --output "$OUT/engine_cuda_17b.json" 2>&1 | tail -40 ;;
-    train) python3 benchmarks/serving/engine.py --device cuda --model 135m --train --output "$OUT/train_cuda_135m.json" \
-             2>&1 | tail -20
-           python3 benchmarks/serving/engine.py --device cuda --model 1.7b --train --output "$OUT/train_cuda_17b.json" \
-             2>&1 | tail -20 ;;
-    server) python3 benchmarks/serving/server_throughput.py --device cuda --model 135m \
-              --output "$OUT/server_cuda_135m.json" 2>&1 | tail -20 ;;
-    *) echo "unknown stage $stage"; status=2 ;;
+START=$(date +%s)
+LOG="$OUT/log.txt"
+: >"$LOG"
+say() { echo "==> $* (t+$(($(date +%s) - START)) s)" | tee -a "$LOG"; }
+
+say "installing the kit ($WHEELS)"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
+  "$WHEELS"/*.whl >>"$LOG" 2>&1 || { say "install of $WHEELS failed"; tail -20 "$LOG"; exit 1; }
+export PYTHONPATH="$SITE:$PWD/src:$PWD" PYTHONUNBUFFERED=1 AGENTJET_HOME=/tmp/aj-home AGENTJET_TEST_HOME=/tmp/aj-home \
+  AGENTJET_SMOLLM2_TOKENIZER="$PWD/$KIT/smollm2-tokenizer" AGENTJET_BENCH_MODELS=/tmp/aj-models
+[ -f "$KIT/commit" ] && export AGENTJET_COMMIT=${AGENTJET_COMMIT:-$(cat "$KIT/commit")}
+
+if [ "$REHEARSE" = 1 ]; then  # the same commands on the CPU, small: a typo costs no GPU minute
+  DEV=cpu; MODEL=tiny-random; MODEL17=tiny-random; GEN_C=1,4; SRV_C=4; TRAIN=(--batch 2 --length 64 --steps 1); NEW=(--new-tokens 16)
+else
+  DEV=cuda; MODEL=135m; MODEL17=1.7b; GEN_C=1,64; SRV_C=64; TRAIN=(); NEW=()
+fi
+
+STAGES=/tmp/aj-gpu-stages.txt  # one line per finished stage: name, status, seconds
+: >"$STAGES"
+summary() {
+  python3 - "$OUT/summary.json" "$START" "$BUDGET_S" "$STAGES" <<'PY'
+import json, os, subprocess, sys, time
+path, start, budget, stages_file = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+stages = {}
+for line in open(stages_file).read().splitlines():
+    name, seconds, status = line.split(" ", 2)
+    stages[name] = {"status": status, "seconds": int(seconds)}
+env = {"elapsed_s": int(time.time()) - start, "budget_s": budget, "stages": stages,
+       "commit": os.environ.get("AGENTJET_COMMIT", "unknown")}
+try:
+    import torch, transformers
+    env.update(torch=torch.__version__, transformers=transformers.__version__, cuda=torch.version.cuda,
+               device=torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu")
+    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                         capture_output=True, text=True, timeout=20)
+    env["nvidia_smi"] = smi.stdout.strip()
+except Exception as exc:  # noqa: BLE001 - the summary is written whatever is missing
+    env["env_error"] = repr(exc)
+json.dump(env, open(path, "w"), indent=2)
+PY
+}
+
+# run_stage NAME CAP_S COMMAND...: runs COMMAND under min(CAP_S, what is left), logs it, records its status
+run_stage() {
+  local name=$1 cap=$2; shift 2
+  local left=$((BUDGET_S - ($(date +%s) - START)))
+  if [ "$left" -lt 30 ]; then
+    say "$name: skipped ($left s left of the budget)"; echo "$name 0 skipped" >>"$STAGES"; summary; return
+  fi
+  local limit=$((cap < left ? cap : left)) t0=$(date +%s) status
+  say "$name: start (limit $limit s)"
+  timeout --kill-after=15 "$limit" "$@" >>"$LOG" 2>&1
+  local rc=$?
+  case $rc in 0) status=ok ;; 124|137) status="timeout after $limit s" ;; *) status="failed rc=$rc" ;; esac
+  echo "$name $(($(date +%s) - t0)) $status" >>"$STAGES"
+  say "$name: $status in $(($(date +%s) - t0)) s"
+  summary
+}
+
+stage() {
+  case $1 in
+    tests) AGENTJET_CUDA_REPORT="$OUT/cuda_report.jsonl" run_stage tests 170 python3 -m pytest -q -s -m cuda \
+             -p no:cacheprovider -o addopts="" --junitxml="$OUT/cuda_tests.xml" --timeout 150 \
+             tests/test_engine_cuda.py tests/distributed/test_cuda_group.py ;;
+    gen135) run_stage gen135 100 python3 benchmarks/serving/engine.py --device $DEV --model $MODEL \
+              --concurrency $GEN_C --variants continuous,hf-generate --workloads fixed "${NEW[@]}" \
+              --output "$OUT/engine_cuda_135m.json" ;;
+    server) run_stage server 120 python3 benchmarks/serving/server_throughput.py --device $DEV --model $MODEL \
+              --concurrency $SRV_C --repeats 2 --output "$OUT/server_cuda_135m.json" ;;
+    train) run_stage train 90 python3 benchmarks/serving/engine.py --device $DEV --model $MODEL --train "${TRAIN[@]}" \
+             --output "$OUT/train_cuda_135m.json" ;;
+    group) run_stage group 150 python3 benchmarks/training/layouts.py --device $DEV --model $MODEL --procs 1 \
+             --layouts hf+in-process,hf+trainer-group --rounds 3 --no-baseline --output "$OUT/layouts_cuda_135m.json" ;;
+    gen17) run_stage gen17 240 python3 benchmarks/serving/engine.py --device $DEV --model $MODEL17 --concurrency $GEN_C \
+             --variants continuous --workloads fixed "${NEW[@]}" --output "$OUT/engine_cuda_17b.json" ;;
+    train17) run_stage train17 180 python3 benchmarks/serving/engine.py --device $DEV --model $MODEL17 --train "${TRAIN[@]}" \
+               --output "$OUT/train_cuda_17b.json" ;;
+    *) say "unknown stage $1"; echo "$1 0 unknown" >>"$STAGES" ;;
   esac
-  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-done
-echo "==> done $(date +%T), status $status; files in $OUT:"; ls -la "$OUT"
-exit $status
+}
+
+summary
+say "$(python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__, "cuda", torch.cuda.is_available())' 2>&1)"
+stages=("$@")
+[ ${#stages[@]} -eq 0 ] && stages=(tests gen135 server train group)
+for s in "${stages[@]}"; do stage "$s"; done
+say "done; files in $OUT:"
+ls -la "$OUT" | tee -a "$LOG"
+cat "$OUT/summary.json"

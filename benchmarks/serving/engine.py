@@ -49,7 +49,6 @@ import re
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -65,6 +64,7 @@ prefer_passive_openmp()  # before torch loads: the process-wide OpenMP default, 
 # isort: split
 import torch  # noqa: E402
 from workloads import (  # noqa: E402
+    MODEL_ROOT,
     RESULTS,
     Req,
     closed_loop,
@@ -74,8 +74,6 @@ from workloads import (  # noqa: E402
     parameter_count,
     peak_tflops,
 )
-
-MODEL_ROOT = Path(os.environ.get("AGENTJET_BENCH_MODELS", Path(tempfile.gettempdir()) / "agentjet-bench-models"))
 
 
 # =========================================================================== generation variants
@@ -87,7 +85,7 @@ class Variant:
     async def run(self, reqs: list[Req], concurrency: int) -> tuple[int, float]:
         raise NotImplementedError
 
-    def close(self) -> None:
+    async def close(self) -> None:
         pass
 
 
@@ -120,8 +118,8 @@ class AgentJet(Variant):
 
         return await closed_loop(submit, reqs, concurrency)
 
-    def close(self) -> None:
-        run_blocking(self.engine.close())
+    async def close(self) -> None:
+        await self.engine.close()
 
 
 def _load(path: Path, device: torch.device, dtype: torch.dtype) -> Any:
@@ -309,7 +307,7 @@ async def bench_generation(args: argparse.Namespace, device: torch.device) -> di
                 stats[v.name]["describe"] = v.engine.describe()
     finally:
         for v in variants:
-            v.close()
+            await v.close()
     return {"model": args.model, "model_path": str(path), "prompt_tokens": args.prompt_tokens,
             "new_tokens": args.new_tokens, "mixed": list(args.mixed), "concurrency": args.concurrency,
             "repeats": args.repeats, "rows": rows, "summary": summarize(rows), "engine_stats": stats}
@@ -412,14 +410,15 @@ def _floor_step(path: Path, device: torch.device, dtype: torch.dtype, ids: torch
 
 
 def _engine_step(path: Path, device: torch.device, dtype: str, ids: torch.Tensor, seed: int, checkpointing: bool):
-    """Ours: the embedded layout's ``train_step`` on the same tokens, every position but the first trained."""
+    """Ours: the embedded layout's ``train_step`` on the same tokens, every position but the first trained; and the
+    micro-batch (padded tokens) its learner chose."""
     from agentjet.engines.base import TrainSample
     from agentjet.layouts import embedded_engine
     from agentjet.settings import GeneratorSettings, LearnerSettings, PlacementSettings
 
+    # the micro-batch is the learner's own choice (unset: 4,096 tokens on CPU, from free memory on CUDA)
     engine = embedded_engine(path, GeneratorSettings(max_batch_size=1, kv_cache_tokens=16),
-                             LearnerSettings(gradient_checkpointing=checkpointing,
-                                             micro_batch_tokens=max(4096, ids.numel())),
+                             LearnerSettings(gradient_checkpointing=checkpointing),
                              placement=PlacementSettings(device=str(device), dtype=dtype))
     g = torch.Generator().manual_seed(seed + 1)
     samples = []
@@ -433,7 +432,7 @@ def _engine_step(path: Path, device: torch.device, dtype: str, ids: torch.Tensor
     def step() -> None:
         run_blocking(engine.train_step(samples))
 
-    return step
+    return step, engine.learner.micro_batch_tokens
 
 
 def child_train(args: argparse.Namespace) -> dict:
@@ -446,8 +445,8 @@ def child_train(args: argparse.Namespace) -> dict:
     path = model_path(args.model, dtype, MODEL_ROOT)
     g = torch.Generator().manual_seed(args.seed)
     ids = torch.randint(0, AutoConfig.from_pretrained(path).vocab_size, (args.batch, args.length), generator=g)
-    steps = {"floor": _floor_step(path, device, dtype, ids, args.checkpointing),
-             "ours": _engine_step(path, device, args.dtype, ids, args.seed, args.checkpointing)}
+    ours, micro_batch_tokens = _engine_step(path, device, args.dtype, ids, args.seed, args.checkpointing)
+    steps = {"floor": _floor_step(path, device, dtype, ids, args.checkpointing), "ours": ours}
     times: dict[str, list[float]] = {"floor": [], "ours": []}
     peaks: dict[str, list[int]] = {"floor": [], "ours": []}
     method = ""
@@ -467,7 +466,7 @@ def child_train(args: argparse.Namespace) -> dict:
             print(f"  train {side}: step {i}{' (warm-up)' if i == 0 else ''} {elapsed:.2f}s "
                   f"peak +{mem.peak_bytes / 2**20:.0f} MiB", file=sys.stderr, flush=True)
     return {"times": times, "peaks": peaks, "memory_method": method, "parameters": parameter_count(path),
-            "machine": machine(device)}
+            "micro_batch_tokens": micro_batch_tokens, "machine": machine(device)}
 
 
 def bench_train(args: argparse.Namespace) -> dict:
@@ -492,7 +491,7 @@ def bench_train(args: argparse.Namespace) -> dict:
     peak = peak_tflops(torch.device(args.device))
     return {
         "batch": args.batch, "length": args.length, "steps": args.steps, "checkpointing": args.checkpointing,
-        "parameters": res["parameters"],
+        "parameters": res["parameters"], "micro_batch_tokens": res["micro_batch_tokens"],
         "floor_seconds": floor_s, "ours_seconds": ours_s, "time_ratio": statistics.median(ratios),
         "floor_tokens_per_s": tokens / floor_s, "ours_tokens_per_s": tokens / ours_s,
         "floor_mfu": flops / floor_s / (peak * 1e12) if peak else None,
@@ -557,7 +556,8 @@ def _render_train(console: Any, tr: dict) -> None:
     from rich.table import Table
 
     table = Table(title=f"Train step ({tr['batch']} x {tr['length']} tokens, {tr['parameters'] / 1e6:.0f}M "
-                        f"parameters{', gradient checkpointing' if tr['checkpointing'] else ''}; median of "
+                        f"parameters{', gradient checkpointing' if tr['checkpointing'] else ''}; our micro-batch "
+                        f"{tr['micro_batch_tokens']} tokens; median of "
                         f"{tr['steps']} interleaved steps; peak memory: {tr['memory_method']})")
     for col in ("", "floor (bare torch step)", "ours (train_step)", "ours / floor", "target"):
         table.add_column(col, justify="right")

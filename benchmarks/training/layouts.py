@@ -42,6 +42,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
+sys.path.insert(0, str(ROOT / "benchmarks"))  # workloads.py
+
+from workloads import MODEL_ROOT, model_path  # noqa: E402
 
 # Run in a child with PYTHONPATH at a checkout's src: times its single-process layout's train step, built the way
 # that checkout's own ``ajet server`` builds it (``build_engine`` from a default ``ServerConfig``), so each side
@@ -103,13 +106,17 @@ def build(layout: str, args: argparse.Namespace, work: Path) -> Any:
     from agentjet.settings import ServerConfig
 
     generator, learner = layout.split("+")
-    values: dict[str, Any] = {"model": args.model, "data_dir": str(work), "learner": {"learning_rate": 2e-5},
-                              "generator": {"kind": "vllm" if generator == "vllm" else "hf", "max_batch_size": 8}}
+    values: dict[str, Any] = {"model": str(args.model_path), "data_dir": str(work), "learner": {"learning_rate": 2e-5},
+                              "generator": {"kind": "vllm" if generator == "vllm" else "hf", "max_batch_size": 8},
+                              # on a GPU the generator and the learner's ranks share it on purpose (--colocate)
+                              "placement": {"device": args.device, "dtype": args.dtype,
+                                            "colocate": args.device.startswith("cuda")}}
     if generator == "vllm":
         values["generator"]["vllm"] = {"python": str(args.vllm_python), "kv_cache_gib": 1.0}
     if learner == "trainer-group":
         values["learner"]["group"] = {"procs": args.procs, "threads_per_rank": max(1, args.threads // args.procs),
-                             "work_dir": str(work / "group")}
+                                      "work_dir": str(work / "group"),
+                                      "device": "cuda" if args.device.startswith("cuda") else "cpu"}
     return build_engine(ServerConfig.model_validate(values))
 
 
@@ -167,11 +174,16 @@ def baseline(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     import torch
+    import transformers
 
     from agentjet.runtime.provenance import device, git_commit, machine
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--model", default="smollm2-135m-instruct", help="a model name or directory, or 135m / 1.7b: "
+                   "random weights with SmolLM2's shapes (benchmarks/workloads.py)")
+    p.add_argument("--device", default="cpu", help="cpu, or cuda: the generator and the learner share the GPU "
+                   "(placement.colocate), the trainer group runs on NCCL")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     p.add_argument("--batch", type=int, default=32, help="sequences per step (the addition demo: 8 x 4)")
     p.add_argument("--prompt", type=int, default=48)
     p.add_argument("--completion", type=int, default=16)
@@ -186,6 +198,8 @@ def main() -> None:
     p.add_argument("--output", type=Path, default=RESULTS / "layouts.json")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
+    args.model_path = model_path(args.model, torch.bfloat16 if args.device.startswith("cuda") else torch.float32,
+                                 MODEL_ROOT)
 
     layouts = [x for x in args.layouts.split(",") if x]
     if not args.vllm_python.exists():
@@ -207,9 +221,10 @@ def main() -> None:
     for r in rows:
         r["ratio_vs_hf_in_process"] = r["step_seconds"] / base["step_seconds"] if base else None
     result: dict[str, Any] = {
-        "benchmark": "layouts", "model": args.model, "batch": args.batch, "prompt": args.prompt,
+        "benchmark": "layouts", "model": args.model, "device_setting": args.device, "batch": args.batch, "prompt": args.prompt,
         "completion": args.completion, "rounds": args.rounds, "procs": args.procs, "threads": args.threads,
         "commit": git_commit(ROOT), "machine": machine(), "device": device(), "torch": torch.__version__,
+        "transformers": transformers.__version__,
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "loss": "ppo-clip (LossSettings defaults)",
         "rows": rows}
     if args.baseline_commit and not args.no_baseline:

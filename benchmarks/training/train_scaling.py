@@ -36,7 +36,6 @@ import os
 import platform
 import random
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -53,6 +52,7 @@ from agentjet.layouts import embedded_engine
 from agentjet.learners.policy_step import StepConfig
 from agentjet.models import resolve_model
 from agentjet.runtime.blocking import run_blocking
+from agentjet.runtime.provenance import git_commit
 from agentjet.settings import LearnerSettings, LossSettings, PlacementSettings
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
@@ -83,14 +83,6 @@ def fsdp_traffic(model: torch.nn.Module, n: int, n_micro: int, param_bytes: int,
     reduced = n_micro * (p_layers + p_root) * grad_bytes * share
     return {"params": float(p_layers + p_root), "params_layers": float(p_layers), "params_root": float(p_root),
             "all_gather_bytes_per_rank": gathered, "reduce_scatter_bytes_per_rank": reduced}
-
-
-def git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                              cwd=Path(__file__).parents[1]).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def main() -> None:
@@ -187,7 +179,7 @@ def main() -> None:
     result = {
         "benchmark": "train_scaling", "model": args.model, "device": args.device, "batch": args.batch,
         "length": args.length, "trained_tokens_per_step": tokens, "rounds": args.rounds, "threads": args.threads,
-        "commit": git_commit(), "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "commit": git_commit(Path(__file__).resolve().parents[2]), "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__,
                     "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None},
         "results": rows,

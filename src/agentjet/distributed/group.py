@@ -25,9 +25,10 @@ from pathlib import Path
 
 from agentjet.distributed.launch import torchrun_command
 from agentjet.distributed.messages import TOKEN_ENV, Command, Done, Init, Load, Save, Score, Shutdown, Step
-from agentjet.distributed.plan import plan_step
+from agentjet.distributed.plan import check_batch, plan_step
 from agentjet.distributed.ranks import GroupTimeout, RankChannel, RankFailure, TrainerGroupError
 from agentjet.engines.base import StepOutput, TrainSample
+from agentjet.engines.memory import CPU_MICRO_BATCH_TOKENS
 from agentjet.learners.policy_step import StepConfig
 from agentjet.models import resolve_model
 from agentjet.runtime.proc import Child
@@ -104,6 +105,7 @@ class TrainerGroup:
         self.config = step_config
         self.device, self.backend = _device_and_backend(self.settings)
         self.policy_version = 0
+        self.micro_batch_tokens = step_config.micro_batch_tokens or CPU_MICRO_BATCH_TOKENS  # set again at start
         self.state = GroupState.STOPPED
         self.counters = {"steps": 0, "faults": 0, "restarts": 0, "failed_restarts": 0}
         self.latest_weights: Path | None = None  # the newest exported weights (``<export_dir>/vN/model.safetensors``)
@@ -152,9 +154,10 @@ class TrainerGroup:
     def train_step(self, batch: list[TrainSample]) -> StepOutput:
         """One step over ``batch`` split across the ranks. On success the new weights are in
         :attr:`latest_weights`; on :class:`TrainerGroupError` nothing was applied."""
-        plan = plan_step(batch, self.world_size, self.config.micro_batch_tokens, loss=self.config.loss)
+        check_batch(batch, loss=self.config.loss)
         with self._lock:
             self._ensure_started()
+            plan = plan_step(batch, self.world_size, self.micro_batch_tokens, loss=self.config.loss)
             version = self.policy_version + 1
             export = version_dir(self.export_dir, version) / WEIGHTS_FILE
             snapshot = self.recovery_dir / f"v{version:06d}-g{self._generation}"
@@ -187,9 +190,10 @@ class TrainerGroup:
     def score(self, samples: list[TrainSample]) -> list[list[float]]:
         """Logprobs of each sample's trained tokens under the current weights (no update), split across the
         ranks like a step."""
-        plan = plan_step(samples, self.world_size, self.config.micro_batch_tokens, need_trained_tokens=False)
+        check_batch(samples, need_trained_tokens=False)
         with self._lock:
             self._ensure_started()
+            plan = plan_step(samples, self.world_size, self.micro_batch_tokens, need_trained_tokens=False)
             done = self._command(lambda r: Score(plan.shares[r], plan.n_micro), "scored")
         return plan.gather([d.info["logprobs"] for d in done], len(samples))
 
@@ -300,11 +304,14 @@ class TrainerGroup:
             init = Init(self.model, self.config, self.device, self.backend, s.mixed_precision,
                         s.gradient_checkpointing, s.collective_timeout_s, s.threads_per_rank, restore)
             self.channel.send_all(lambda _: init, deadline, "init")
-            self.channel.gather("ready", deadline)
+            ready = self.channel.gather("ready", deadline)
         except TrainerGroupError:
             self._kill()
             self.state = GroupState.FAILED
             raise
+        # unset, the micro-batch is what the tightest rank's free memory holds (each rank sized it at its start)
+        self.micro_batch_tokens = self.config.micro_batch_tokens or min(
+            int(d.info["micro_batch_tokens"]) for d in ready)
         self.state = GroupState.READY
         log.info("trainer group %d: ready in %.1f s", self._generation,
                  time.monotonic() - deadline + s.startup_timeout_s)

@@ -44,14 +44,22 @@ def split_by_tokens(batch: list[TrainSample], world_size: int) -> list[list[int]
     return parts
 
 
-def plan_step(batch: list[TrainSample], world_size: int, micro_batch_tokens: int,
-              need_trained_tokens: bool = True, loss: PolicyLossConfig | None = None) -> StepPlan:
-    """``loss``: the objective whose normaliser ``Z`` every rank divides by (the default: token mean)."""
+def check_batch(batch: list[TrainSample], need_trained_tokens: bool = True,
+                loss: PolicyLossConfig | None = None) -> float:
+    """The batch's total loss weight; a ValueError for a batch that cannot be trained (checked before anything
+    starts)."""
     if not batch:
         raise ValueError("train_step needs at least one sample")
     total = total_loss_weight(batch, loss)
     if need_trained_tokens and total <= 0:
         raise ValueError("train_step: the batch has no trained tokens (all loss masks are 0)")
+    return total
+
+
+def plan_step(batch: list[TrainSample], world_size: int, micro_batch_tokens: int,
+              need_trained_tokens: bool = True, loss: PolicyLossConfig | None = None) -> StepPlan:
+    """``loss``: the objective whose normaliser ``Z`` every rank divides by (the default: token mean)."""
+    total = check_batch(batch, need_trained_tokens, loss)
     indices = []
     for part in split_by_tokens(batch, world_size):
         mine = [batch[i] for i in part]

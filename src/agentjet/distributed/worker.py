@@ -37,6 +37,7 @@ from agentjet.distributed.messages import (
     Step,
 )
 from agentjet.distributed.plan import padding_sample
+from agentjet.engines.memory import auto_micro_batch_tokens
 from agentjet.learners.policy_step import (
     PaddedBatch,
     PolicyOptimizer,
@@ -132,6 +133,10 @@ class RankTrainer:
         self.policy_optimizer = PolicyOptimizer(list(self.model.parameters()), self.config)
         self.optimizer = self.policy_optimizer.optimizer  # what the sharded checkpoints hold
         self._materialise_optimizer_state()
+        # what this rank's free memory holds, once its shards and optimizer state are in place (the parent plans
+        # with the smallest over the ranks when the setting leaves it unset)
+        self.micro_batch_tokens = auto_micro_batch_tokens(
+            self.lm.config, self.device, 2 if mixed or self.config.bf16 else 4, init.gradient_checkpointing)
         if init.restore:
             self.load(init.restore)
 
@@ -302,7 +307,7 @@ def main(argv: list[str] | None = None) -> None:
         if not isinstance(init, Init):
             raise TypeError(f"expected Init, got {type(init).__name__}")
         trainer = RankTrainer(init, rank, world, local_rank)
-        conn.send(Done(rank, "ready"))
+        conn.send(Done(rank, "ready", {"micro_batch_tokens": trainer.micro_batch_tokens}))
         while True:
             kind = "wait"
             cmd = conn.recv()

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from agentjet.engines.base import Learner, StepOutput, TrainSample
+from agentjet.engines.memory import auto_micro_batch_tokens
 from agentjet.engines.model import PolicyModel
 from agentjet.engines.worker import EngineWorker
 from agentjet.learners.policy_step import (
@@ -68,6 +69,14 @@ class InProcessLearner(Learner):
         self._own_export_root: Path | None = None
         self.keep_exports = keep_exports
         self.policy_version = 0
+        self.micro_batch_tokens = self.config.micro_batch_tokens or self._auto_micro_batch_tokens()
+
+    def _auto_micro_batch_tokens(self) -> int:
+        """The micro-batch when the setting leaves it to the learner: sized from the device's free memory now."""
+        lm = self.policy.causal_lm
+        width = 2 if self.config.bf16 else next(lm.parameters()).element_size()
+        return auto_micro_batch_tokens(lm.config, self.policy.device, width,
+                                       bool(getattr(lm, "is_gradient_checkpointing", False)))
 
     # ------------------------------------------------------------ settings
     @property
@@ -100,7 +109,8 @@ class InProcessLearner(Learner):
         return list(zip(self._optimizer.params, self._optimizer.masters, strict=False))
 
     def describe(self) -> dict[str, Any]:
-        return {"learner": "in-process", "learning_rate": self.learning_rate}
+        return {"learner": "in-process", "learning_rate": self.learning_rate,
+                "micro_batch_tokens": self.micro_batch_tokens}
 
     # ------------------------------------------------------------ training
     def _frozen_copy(self) -> torch.nn.Module:
@@ -125,7 +135,7 @@ class InProcessLearner(Learner):
 
     def _train(self, batch: list[TrainSample]) -> StepOutput:
         cfg = self.config
-        groups = micro_batch_indices(batch, cfg.micro_batch_tokens)
+        groups = micro_batch_indices(batch, self.micro_batch_tokens)
         self.policy.model.train()
         try:
             metrics, used = run_policy_step(

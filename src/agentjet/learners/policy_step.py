@@ -44,7 +44,7 @@ class StepConfig:
     learning_rate: float
     weight_decay: float
     max_grad_norm: float
-    micro_batch_tokens: int
+    micro_batch_tokens: int | None  # None: the learner sizes it (agentjet.engines.memory)
     logprob_chunk_tokens: int
     bf16: bool  # autocast the forward pass to bfloat16
     loss: PolicyLossConfig = PolicyLossConfig()

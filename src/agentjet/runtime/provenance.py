@@ -27,7 +27,15 @@ def device() -> str:
     return f"cuda: {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else "cpu"
 
 
+COMMIT_ENV = "AGENTJET_COMMIT"  # the commit of a copy without its git history (e.g. a tree sent to a GPU machine)
+
+
 def git_commit(root: Path | None = None) -> str:
+    """The checkout's commit (``-dirty`` with uncommitted changes to tracked files); ``$AGENTJET_COMMIT`` when
+    set; ``unknown`` outside a git checkout."""
+    if os.environ.get(COMMIT_ENV):
+        return os.environ[COMMIT_ENV]
+
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10).stdout.strip()
 

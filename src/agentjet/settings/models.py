@@ -452,8 +452,9 @@ class LearnerSettings(_Section):
                                  json_schema_extra={**LIVE, "aliases": ["lr"]})
     weight_decay: float = Field(0.0, ge=0, le=10, description="AdamW weight decay")
     max_grad_norm: float = Field(1.0, gt=0, le=1e6, description="gradient clipping norm")
-    micro_batch_tokens: int = Field(4096, ge=16, le=10_000_000, description="padded tokens per "
-                                    "forward/backward micro-batch")
+    micro_batch_tokens: int | None = Field(None, ge=16, le=10_000_000, description="padded tokens per "
+                                           "forward/backward micro-batch; unset: 4096 on CPU, and on CUDA what half "
+                                           "the device's free memory holds at the learner's start")
     logprob_chunk_tokens: int = Field(1024, ge=1, le=10_000_000, description="rows of the vocabulary "
                                       "projection computed at once in training")
     autocast_bf16: bool = Field(False, description="train the forward pass under bfloat16 autocast (the "
