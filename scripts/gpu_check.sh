@@ -14,11 +14,12 @@
 #   train    the train step at 135M against the bare-torch floor (the learner sizes its micro-batch itself)
 #   group    the trainer group (1 rank, NCCL) sharing the GPU with the generator (--colocate) beside the in-process
 #            learner: step and push times
-#   gen17 / train17   the same at SmolLM2-1.7B shapes (not run by default)
+#   gen17    the embedded engine at SmolLM2-1.7B shapes, c1 and c64: last, in whatever time is left
+#   train17  the train step at 1.7B shapes (gradient checkpointing): not run by default
 #
 # Everything lands in $OUT (default /tmp/gpu-check) as it is made, at most 8 files: summary.json (device,
-# versions, each stage's status and seconds; rewritten after every stage), log.txt, cuda_tests.xml,
-# cuda_report.jsonl and one JSON per benchmark stage. A run cut short keeps what the finished stages wrote.
+# versions, each stage's status and seconds, the figures the CUDA tests report; rewritten after every stage),
+# log.txt, cuda_tests.xml and one JSON per benchmark stage. A run cut short keeps what the finished stages wrote.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-check}
@@ -38,6 +39,8 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   "$WHEELS"/*.whl >>"$LOG" 2>&1 || { say "install of $WHEELS failed"; tail -20 "$LOG"; exit 1; }
 export PYTHONPATH="$SITE:$PWD/src:$PWD" PYTHONUNBUFFERED=1 AGENTJET_HOME=/tmp/aj-home AGENTJET_TEST_HOME=/tmp/aj-home \
   AGENTJET_SMOLLM2_TOKENIZER="$PWD/$KIT/smollm2-tokenizer" AGENTJET_BENCH_MODELS=/tmp/aj-models
+export AGENTJET_CUDA_REPORT=/tmp/aj-cuda-report.jsonl  # the CUDA tests' figures; summary.json takes them in
+rm -f "$AGENTJET_CUDA_REPORT"
 [ -f "$KIT/commit" ] && export AGENTJET_COMMIT=${AGENTJET_COMMIT:-$(cat "$KIT/commit")}
 
 if [ "$REHEARSE" = 1 ]; then  # the same commands on the CPU, small: a typo costs no GPU minute
@@ -58,6 +61,8 @@ for line in open(stages_file).read().splitlines():
     stages[name] = {"status": status, "seconds": int(seconds)}
 env = {"elapsed_s": int(time.time()) - start, "budget_s": budget, "stages": stages,
        "commit": os.environ.get("AGENTJET_COMMIT", "unknown")}
+if os.path.exists(os.environ["AGENTJET_CUDA_REPORT"]):  # the figures the CUDA tests measured
+    env["cuda_report"] = [json.loads(x) for x in open(os.environ["AGENTJET_CUDA_REPORT"]) if x.strip()]
 try:
     import torch, transformers
     env.update(torch=torch.__version__, transformers=transformers.__version__, cuda=torch.version.cuda,
@@ -90,11 +95,11 @@ run_stage() {
 
 stage() {
   case $1 in
-    tests) AGENTJET_CUDA_REPORT="$OUT/cuda_report.jsonl" run_stage tests 170 python3 -m pytest -q -s -m cuda \
+    tests) run_stage tests 170 python3 -m pytest -q -s -m cuda \
              -p no:cacheprovider -o addopts="" --junitxml="$OUT/cuda_tests.xml" --timeout 150 \
              tests/test_engine_cuda.py tests/distributed/test_cuda_group.py ;;
     gen135) run_stage gen135 100 python3 benchmarks/serving/engine.py --device $DEV --model $MODEL \
-              --concurrency $GEN_C --variants continuous,hf-generate --workloads fixed "${NEW[@]}" \
+              --concurrency $GEN_C --variants continuous,hf-generate --workloads fixed --repeats 2 "${NEW[@]}" \
               --output "$OUT/engine_cuda_135m.json" ;;
     server) run_stage server 120 python3 benchmarks/serving/server_throughput.py --device $DEV --model $MODEL \
               --concurrency $SRV_C --repeats 2 --output "$OUT/server_cuda_135m.json" ;;
@@ -102,7 +107,7 @@ stage() {
              --output "$OUT/train_cuda_135m.json" ;;
     group) run_stage group 150 python3 benchmarks/training/layouts.py --device $DEV --model $MODEL --procs 1 \
              --layouts hf+in-process,hf+trainer-group --rounds 3 --no-baseline --output "$OUT/layouts_cuda_135m.json" ;;
-    gen17) run_stage gen17 240 python3 benchmarks/serving/engine.py --device $DEV --model $MODEL17 --concurrency $GEN_C \
+    gen17) run_stage gen17 150 python3 benchmarks/serving/engine.py --device $DEV --model $MODEL17 --concurrency $GEN_C \
              --variants continuous --workloads fixed "${NEW[@]}" --output "$OUT/engine_cuda_17b.json" ;;
     train17) run_stage train17 180 python3 benchmarks/serving/engine.py --device $DEV --model $MODEL17 --train "${TRAIN[@]}" \
                --output "$OUT/train_cuda_17b.json" ;;
@@ -113,7 +118,7 @@ stage() {
 summary
 say "$(python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__, "cuda", torch.cuda.is_available())' 2>&1)"
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(tests gen135 server train group)
+[ ${#stages[@]} -eq 0 ] && stages=(tests gen135 server train group gen17)  # gen17: if time is left
 for s in "${stages[@]}"; do stage "$s"; done
 say "done; files in $OUT:"
 ls -la "$OUT" | tee -a "$LOG"
