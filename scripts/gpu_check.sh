@@ -12,6 +12,8 @@
 #   gen135   the embedded engine at SmolLM2-135M shapes, bf16, c1 and c64 (and hf-generate on the same requests)
 #   server   ajet server end to end at c64 against the same generations engine-direct
 #   train    the train step at 135M against the bare-torch floor (the learner sizes its micro-batch itself)
+#   server512  the same at 512 new tokens a request (is the server's cost per request or per token?)
+#   train8k  the train step with 8,192-token logprob chunks instead of 1,024 (both train stages profile a step)
 #   group    the trainer group (1 rank, NCCL) sharing the GPU with the generator (--colocate) beside the in-process
 #            learner: step and push times
 #   gen17    the embedded engine at SmolLM2-1.7B shapes, c1 and c64: last, in whatever time is left
@@ -103,8 +105,12 @@ stage() {
               --output "$OUT/engine_cuda_135m.json" ;;
     server) run_stage server 120 python3 benchmarks/serving/server_throughput.py --device $DEV --model $MODEL \
               --concurrency $SRV_C --repeats 2 --output "$OUT/server_cuda_135m.json" ;;
+    server512) run_stage server512 120 python3 benchmarks/serving/server_throughput.py --device $DEV --model $MODEL \
+                 --concurrency $SRV_C --repeats 2 --max-tokens 512 --output "$OUT/server_cuda_135m_512.json" ;;
     train) run_stage train 90 python3 benchmarks/serving/engine.py --device $DEV --model $MODEL --train "${TRAIN[@]}" \
-             --output "$OUT/train_cuda_135m.json" ;;
+             --profile --output "$OUT/train_cuda_135m.json" ;;
+    train8k) run_stage train8k 90 python3 benchmarks/serving/engine.py --device $DEV --model $MODEL --train \
+               "${TRAIN[@]}" --profile --logprob-chunk 8192 --output "$OUT/train_cuda_135m_chunk8192.json" ;;
     group) run_stage group 150 python3 benchmarks/training/layouts.py --device $DEV --model $MODEL --procs 1 \
              --layouts hf+in-process,hf+trainer-group --rounds 3 --no-baseline --output "$OUT/layouts_cuda_135m.json" ;;
     gen17) run_stage gen17 150 python3 benchmarks/serving/engine.py --device $DEV --model $MODEL17 --concurrency $GEN_C \

@@ -78,11 +78,11 @@ def test_cuda_graphs_agree_with_the_eager_step(tiny_model_path: Path, chat_ids, 
     graphs = engine_of(tiny_model_path, device="cuda", dtype=dtype, max_batch_size=8)
     eager = engine_of(tiny_model_path, device="cuda", dtype=dtype, max_batch_size=8, cuda_graphs=False)
     try:
-        eager.rules.stop_ids = frozenset()
+        eager.generator.rules.stop_ids = frozenset()
         prompts, params = workload(graphs, chat_ids)
         a, b = run_all(graphs, prompts, params), run_all(eager, prompts, params)
-        assert graphs.stats["graph_replays"] > 0 and graphs.stats["graph_failures"] == 0
-        assert eager.stats["graph_replays"] == 0
+        assert graphs.generator.stats["graph_replays"] > 0 and graphs.generator.stats["graph_failures"] == 0
+        assert eager.generator.stats["graph_replays"] == 0
         diffs = [abs(x - y) for ra, rb in zip(a, b, strict=True) for x, y in zip(ra.logprobs, rb.logprobs, strict=True)]
         same = sum(ra.token_ids == rb.token_ids for ra, rb in zip(a, b, strict=True))
         report(f"graphs_vs_eager_{dtype}", {"max_abs_logprob_diff": max(diffs), "same_tokens": f"{same}/{len(a)}"})
@@ -192,9 +192,9 @@ def test_compile_and_graphs_match_eager(tiny_model_path: Path, chat_ids) -> None
     compiled = engine_of(tiny_model_path, device="cuda", dtype="float32", max_batch_size=4, compile=True)
     try:
         prompts, params = workload(plain, chat_ids, 4)
-        compiled.rules.stop_ids = frozenset()
+        compiled.generator.rules.stop_ids = frozenset()
         a, b = run_all(plain, prompts, params), run_all(compiled, prompts, params)
-        report("compile_graphs", {k: compiled.stats[k] for k in ("graph_captures", "graph_replays",
+        report("compile_graphs", {k: compiled.generator.stats[k] for k in ("graph_captures", "graph_replays",
                                                                   "graph_failures")})
         for x, y in zip(a, b, strict=True):
             assert x.token_ids == y.token_ids

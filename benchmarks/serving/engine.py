@@ -275,6 +275,12 @@ async def bench_generation(args: argparse.Namespace, device: torch.device) -> di
             if not (v.fixed_only and v.one_batch):
                 await v.run(warm, 2)
         for c in args.concurrency:
+            # each variant first serves c short requests at concurrency c, untimed: a batch of a new size captures
+            # its CUDA graphs on first use, which a running server pays once, not per request
+            warm_c = make_requests(len(tok), special, c, args.prompt_tokens, 8, seed=998)
+            for v in variants:
+                if not (v.fixed_only and v.one_batch):
+                    await v.run(warm_c, c)
             for wname, new in workloads.items():
                 reqs = make_requests(len(tok), special, c * args.requests_per_client(c, wname), args.prompt_tokens,
                                      new, seed=c * 10 + (wname == "mixed"))
@@ -409,7 +415,8 @@ def _floor_step(path: Path, device: torch.device, dtype: torch.dtype, ids: torch
     return step
 
 
-def _engine_step(path: Path, device: torch.device, dtype: str, ids: torch.Tensor, seed: int, checkpointing: bool):
+def _engine_step(path: Path, device: torch.device, dtype: str, ids: torch.Tensor, seed: int, checkpointing: bool,
+                 logprob_chunk_tokens: int):
     """Ours: the embedded layout's ``train_step`` on the same tokens, every position but the first trained; and the
     micro-batch (padded tokens) its learner chose."""
     from agentjet.engines.base import TrainSample
@@ -418,7 +425,8 @@ def _engine_step(path: Path, device: torch.device, dtype: str, ids: torch.Tensor
 
     # the micro-batch is the learner's own choice (unset: 4,096 tokens on CPU, from free memory on CUDA)
     engine = embedded_engine(path, GeneratorSettings(max_batch_size=1, kv_cache_tokens=16),
-                             LearnerSettings(gradient_checkpointing=checkpointing),
+                             LearnerSettings(gradient_checkpointing=checkpointing,
+                                             logprob_chunk_tokens=logprob_chunk_tokens),
                              placement=PlacementSettings(device=str(device), dtype=dtype))
     g = torch.Generator().manual_seed(seed + 1)
     samples = []
@@ -432,7 +440,33 @@ def _engine_step(path: Path, device: torch.device, dtype: str, ids: torch.Tensor
     def step() -> None:
         run_blocking(engine.train_step(samples))
 
-    return step, engine.learner.micro_batch_tokens
+    def profiled() -> list[dict[str, Any]]:
+        # the profiler records the ops of its own thread: enter it on the learner's worker thread, around the
+        # learner's step there (what train_step runs on that thread)
+        learner = engine.learner
+        return learner.worker.submit(_profile, lambda: learner._train(samples), device).result()
+
+    return step, engine.learner.micro_batch_tokens, profiled
+
+
+def _profile(step: Any, device: torch.device, rows: int = 20) -> list[dict[str, Any]]:
+    """One more step under torch.profiler: the ops that took the most device (CUDA) or CPU time, with their
+    call counts; the table goes to stderr."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    key = "device_time_total" if device.type == "cuda" else "cpu_time_total"
+    with profile(activities=activities) as prof:
+        step()
+        _sync(device)
+    averages = prof.key_averages()
+    try:
+        print(averages.table(sort_by=key, row_limit=rows), file=sys.stderr, flush=True)
+    except Exception as exc:  # noqa: BLE001 - the table is a convenience; the JSON rows below are the record
+        print(f"  (no profile table: {exc!r})", file=sys.stderr)
+    top = sorted(averages, key=lambda e: getattr(e, key, 0.0), reverse=True)[:rows]
+    return [{"op": e.key, "calls": e.count, "cpu_ms": e.cpu_time_total / 1e3,
+             "device_ms": getattr(e, "device_time_total", 0.0) / 1e3} for e in top]
 
 
 def child_train(args: argparse.Namespace) -> dict:
@@ -445,7 +479,8 @@ def child_train(args: argparse.Namespace) -> dict:
     path = model_path(args.model, dtype, MODEL_ROOT)
     g = torch.Generator().manual_seed(args.seed)
     ids = torch.randint(0, AutoConfig.from_pretrained(path).vocab_size, (args.batch, args.length), generator=g)
-    ours, micro_batch_tokens = _engine_step(path, device, args.dtype, ids, args.seed, args.checkpointing)
+    ours, micro_batch_tokens, profile_ours = _engine_step(path, device, args.dtype, ids, args.seed, args.checkpointing,
+                                            args.logprob_chunk)
     steps = {"floor": _floor_step(path, device, dtype, ids, args.checkpointing), "ours": ours}
     times: dict[str, list[float]] = {"floor": [], "ours": []}
     peaks: dict[str, list[int]] = {"floor": [], "ours": []}
@@ -465,14 +500,17 @@ def child_train(args: argparse.Namespace) -> dict:
                 peaks[side].append(mem.peak_bytes)
             print(f"  train {side}: step {i}{' (warm-up)' if i == 0 else ''} {elapsed:.2f}s "
                   f"peak +{mem.peak_bytes / 2**20:.0f} MiB", file=sys.stderr, flush=True)
+    profiles = {"floor": _profile(steps["floor"], device), "ours": profile_ours()} if args.profile else None
     return {"times": times, "peaks": peaks, "memory_method": method, "parameters": parameter_count(path),
+            "profiles": profiles,
             "micro_batch_tokens": micro_batch_tokens, "machine": machine(device)}
 
 
 def bench_train(args: argparse.Namespace) -> dict:
     cmd = [sys.executable, __file__, "--child", "train", "--model", args.model, "--device", args.device,
            "--dtype", args.dtype, "--batch", str(args.batch), "--length", str(args.length), "--steps",
-           str(args.steps), "--seed", str(args.seed)] + (["--checkpointing"] if args.checkpointing else []) + (
+           str(args.steps), "--seed", str(args.seed), "--logprob-chunk", str(args.logprob_chunk)] + (
+           ["--checkpointing"] if args.checkpointing else []) + (["--profile"] if args.profile else []) + (
            ["--threads", str(args.threads)] if args.threads else [])
     env = dict(os.environ)
     # A fixed mmap threshold (which also turns off glibc's dynamic one): large tensors are mmapped and given
@@ -500,7 +538,7 @@ def bench_train(args: argparse.Namespace) -> dict:
         "memory_method": res["memory_method"],
         "floor_seconds_all": t["floor"], "ours_seconds_all": t["ours"], "time_ratios_all": ratios,
         "floor_peak_mib_all": [x / 2**20 for x in m["floor"]], "ours_peak_mib_all": [x / 2**20 for x in m["ours"]],
-        "child_machine": res["machine"],
+        "child_machine": res["machine"], "logprob_chunk_tokens": args.logprob_chunk, "profiles": res["profiles"],
     }
 
 
@@ -601,6 +639,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--checkpointing", action="store_true", default=None,
                    help="gradient checkpointing on both sides (default: on for 1.7b)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--logprob-chunk", type=int, default=1024, help="--train: the learner's logprob_chunk_tokens")
+    p.add_argument("--profile", action="store_true", help="--train: one more step of each side under "
+                   "torch.profiler (the top ops go to stderr and the JSON)")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: one per core)")
     p.add_argument("--output", type=Path, default=None)
     p.add_argument("--child", choices=["train"], help=argparse.SUPPRESS)

@@ -36,7 +36,7 @@ prefer_passive_openmp()
 # isort: split
 import httpx  # noqa: E402
 import torch  # noqa: E402
-from workloads import RESULTS, machine, model_path  # noqa: E402
+from workloads import MODEL_ROOT, RESULTS, machine, model_path  # noqa: E402
 
 TOPICS = ["a lighthouse keeper", "how a refrigerator works", "the printing press", "learning the guitar",
           "trees in cities", "photosynthesis", "a medieval blacksmith", "the ocean at night"]
@@ -100,8 +100,7 @@ def main() -> None:
     from agentjet.server.episodes.chat import ChatFormatter
     from agentjet.settings import GeneratorSettings, PlacementSettings, ServerConfig
 
-    root = Path(tempfile.gettempdir()) / "agentjet-bench-models"
-    path = model_path(args.model, torch.bfloat16 if cuda else torch.float32, root)
+    path = model_path(args.model, torch.bfloat16 if cuda else torch.float32, MODEL_ROOT)
     generator, placement = {"max_batch_size": max(args.concurrency)}, {"device": args.device}
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -116,9 +115,10 @@ def main() -> None:
         try:
             server.wait_ready(600)
             url = server.url
-            asyncio.run(through_server(url, 2, 8, 99))  # warm-up both sides
-            asyncio.run(direct(engine, formatter, 2, 8, 99))
             for c in args.concurrency:
+                # untimed, both sides: a batch of c rows captures its CUDA graphs on first use
+                asyncio.run(through_server(url, c, 8, 98))
+                asyncio.run(direct(engine, formatter, c, 8, 98))
                 for rep in range(args.repeats):
                     sides = ("server", "direct") if rep % 2 == 0 else ("direct", "server")
                     for side in sides:
