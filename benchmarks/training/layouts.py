@@ -135,7 +135,11 @@ def time_layout(layout: str, args: argparse.Namespace, batch_of: Any) -> dict[st
                 t = time.perf_counter()
                 out = run_blocking(engine.train_step(batch))
                 rows.append({"wall": time.perf_counter() - t, "learner": out["step_seconds"],
-                             "sync": out.get("sync_seconds", 0.0), "probe": out.get("probe_logprob_diff")})
+                             "sync": out.get("sync_seconds", 0.0), "probe": out.get("probe_logprob_diff"),
+                             # a trainer group's step: its train phase, then each rank's commit (the weight export,
+                             # then the recovery snapshot of model + optimizer)
+                             **{k: out[k] for k in ("group_step_seconds", "export_seconds", "snapshot_seconds")
+                                if k in out}})
         finally:
             run_blocking(engine.close())
     med = {k: statistics.median(r[k] for r in rows) for k in ("wall", "learner", "sync")}
