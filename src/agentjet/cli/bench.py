@@ -39,7 +39,7 @@ def bench(
 ) -> None:
     """Run the benchmark suite, record it by commit, gate it by the baseline runs' noise; exit 1 on a regression."""
     from agentjet.apps.bench.suite import BenchOptions, LearnSettings, SuiteSettings, run_bench
-    from agentjet.tasks import TASKS
+    from agentjet.tasks import TaskError, get_task
 
     inject: dict[str, float] = {}
     for item in inject_regression:
@@ -52,8 +52,11 @@ def bench(
             fail(f"--inject-regression {item!r} must look like metric=0.5")
     if quick and learn:
         fail("--quick and --learn are separate modes: pick one")
-    if learn and task not in TASKS:
-        fail(f"--task: unknown task {task!r}; built-in tasks: {sorted(TASKS)}")
+    if learn:
+        try:
+            get_task(task)
+        except TaskError as exc:
+            fail(f"--task: {exc}")
     learn_settings = None
     if learn:
         learn_settings = LearnSettings(task=task, seed=seed, budget_s=60 * budget_min, learning_rate=learning_rate,

@@ -49,10 +49,12 @@ def demo(
 ) -> None:
     """Train SmolLM2 on a built-in task through a real swarm server and client; print eval before/after."""
     from agentjet.apps.demo import DemoSettings, run_demo
-    from agentjet.tasks import TASKS
+    from agentjet.tasks import TaskError, get_task
 
-    if task not in TASKS:
-        fail(f"unknown task {task!r}; built-in tasks: {sorted(TASKS)}")
+    try:
+        get_task(task)
+    except TaskError as exc:
+        fail(f"--task: {exc}")
     if engine is EngineKind.NULL:
         fail("--engine null cannot learn: the demo needs hf or vllm")
     result = run_demo(DemoSettings(model=model, task=task, steps=steps, learning_rate=learning_rate,
