@@ -14,7 +14,8 @@ def bench(
     quick: bool = typer.Option(False, "--quick", help="the tiny model, short measurements (under a minute)"),
     learn: bool = typer.Option(False, "--learn", help="the learning suite: the demo on SmolLM2, a fixed seed and "
                                "training budget, evals at fixed training-clock points (about 7 min a run)"),
-    task: str = typer.Option("addition", help="--learn: the demo task (addition or lookup)"),
+    task: str = typer.Option("addition", help="--learn: the demo task (addition, lookup, ... or rg:NAME, a "
+                             "reasoning-gym dataset: docs/environments.md)"),
     seed: int = typer.Option(0, min=0, help="--learn: the demo's seed (with --repeat: seed, seed + 1, ...)"),
     budget_min: float = typer.Option(5.0, min=0.1, help="--learn: training minutes per run"),
     learning_rate: float | None = typer.Option(None, "--lr", min=0.0, help="--learn: the learning rate (default: "

@@ -25,7 +25,9 @@ def model(name: str = typer.Argument(DEFAULT_MODEL, help="built-in name, local H
 
 def demo(
     model: str = typer.Option(DEFAULT_MODEL, help="built-in name, local HF directory or hub id ORG/NAME"),
-    task: str = typer.Option("addition", help="built-in task"),
+    task: str = typer.Option("addition", help="a built-in task (addition, calculator, lookup, toy) or rg:NAME, a "
+                             "reasoning-gym dataset: rg:chain_sum:min_terms=2,max_terms=2, rg:A+B+C (a cocktail), "
+                             "rg:mix.yaml (docs/environments.md)"),
     steps: int | None = typer.Option(None, min=1, help="train steps (default: the task's recommendation)"),
     learning_rate: float | None = typer.Option(None, "--lr", min=0.0, help="learning rate (default: the task's)"),
     group_size: int | None = typer.Option(None, min=1),

@@ -1,6 +1,6 @@
 """What a task source is: the interface every consumer of a task (the demo, ``ajet bench --learn``, the research
 trial client, ``task_workflow``) reads. A built-in task module satisfies it with module-level names; a task
-source built at run time with attributes of an object. A multi-turn task
+source built at run time (``rg:NAME``, ``agentjet.tasks.rg``) with attributes of an object. A multi-turn task
 also has ``async rollout(task, ep, sampling) -> reward``, read with ``getattr``."""
 
 from __future__ import annotations
