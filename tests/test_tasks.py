@@ -4,13 +4,13 @@ import pytest
 from pydantic import ValidationError
 
 from agentjet.settings import LearnerSettings, TrainingSettings
-from agentjet.tasks import DEFAULT_TASK, TASKS, Recommended, addition, calculator, get_task
+from agentjet.tasks import DEFAULT_TASK, TASKS, Recommended, TaskError, addition, calculator, get_task
 
 
 def test_registry():
     assert TASKS["addition"] is addition
     assert get_task(DEFAULT_TASK) is addition
-    with pytest.raises(KeyError):
+    with pytest.raises(TaskError, match="built-in tasks"):
         get_task("nope")
 
 

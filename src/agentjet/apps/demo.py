@@ -15,7 +15,6 @@ import secrets
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from rich.console import Console
@@ -37,7 +36,7 @@ from agentjet.settings import (
     TrainingSettings,
 )
 from agentjet.settings.load import dump_config
-from agentjet.tasks import Recommended, get_task
+from agentjet.tasks import Recommended, TaskSource, get_task
 
 
 @dataclass
@@ -188,7 +187,7 @@ def eval_every_s(s: DemoSettings, rec: Recommended) -> float | None:
     return every or None
 
 
-def train_pool(task_mod: ModuleType, n: int = 1024) -> list[dict[str, Any]]:
+def train_pool(task_mod: TaskSource, n: int = 1024) -> list[dict[str, Any]]:
     """The distinct train tasks among the first ``n`` the task generates (the curriculum's pool)."""
     seen: dict[str, dict[str, Any]] = {}
     for t in task_mod.generate_tasks("train", n, seed=0):
@@ -196,9 +195,10 @@ def train_pool(task_mod: ModuleType, n: int = 1024) -> list[dict[str, Any]]:
     return list(seen.values())
 
 
-async def _client_side(s: DemoSettings, task_mod: ModuleType, rec: Recommended, steps: int, url: str,
+async def _client_side(s: DemoSettings, task_mod: TaskSource, rec: Recommended, steps: int, url: str,
                        token: str, console: Console) -> DemoResult:
-    eval_tasks = [{**t, "index": i} for i, t in enumerate(task_mod.generate_tasks("eval", s.eval_tasks, seed=0))]
+    eval_n = s.eval_tasks or rec.eval_n  # run_demo has set it
+    eval_tasks = [{**t, "index": i} for i, t in enumerate(task_mod.generate_tasks("eval", eval_n, seed=0))]
     pool = train_pool(task_mod, rec.pool)
     curriculum = Curriculum([str(t["task_id"]) for t in pool], seed=s.seed) if s.curriculum else None
     stopping = StoppingRule(StopSettings(**rec.stop)) if s.early_stop else None

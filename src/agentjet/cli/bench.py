@@ -14,7 +14,8 @@ def bench(
     quick: bool = typer.Option(False, "--quick", help="the tiny model, short measurements (under a minute)"),
     learn: bool = typer.Option(False, "--learn", help="the learning suite: the demo on SmolLM2, a fixed seed and "
                                "training budget, evals at fixed training-clock points (about 7 min a run)"),
-    task: str = typer.Option("addition", help="--learn: the demo task (addition or lookup)"),
+    task: str = typer.Option("addition", help="--learn: the demo task (addition, lookup, ... or rg:NAME, a "
+                             "reasoning-gym dataset: docs/environments.md)"),
     seed: int = typer.Option(0, min=0, help="--learn: the demo's seed (with --repeat: seed, seed + 1, ...)"),
     budget_min: float = typer.Option(5.0, min=0.1, help="--learn: training minutes per run"),
     learning_rate: float | None = typer.Option(None, "--lr", min=0.0, help="--learn: the learning rate (default: "
@@ -39,7 +40,7 @@ def bench(
 ) -> None:
     """Run the benchmark suite, record it by commit, gate it by the baseline runs' noise; exit 1 on a regression."""
     from agentjet.apps.bench.suite import BenchOptions, LearnSettings, SuiteSettings, run_bench
-    from agentjet.tasks import TASKS
+    from agentjet.tasks import TaskError, get_task
 
     inject: dict[str, float] = {}
     for item in inject_regression:
@@ -52,8 +53,11 @@ def bench(
             fail(f"--inject-regression {item!r} must look like metric=0.5")
     if quick and learn:
         fail("--quick and --learn are separate modes: pick one")
-    if learn and task not in TASKS:
-        fail(f"--task: unknown task {task!r}; built-in tasks: {sorted(TASKS)}")
+    if learn:
+        try:
+            get_task(task)
+        except TaskError as exc:
+            fail(f"--task: {exc}")
     learn_settings = None
     if learn:
         learn_settings = LearnSettings(task=task, seed=seed, budget_s=60 * budget_min, learning_rate=learning_rate,

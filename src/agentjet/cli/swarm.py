@@ -25,7 +25,9 @@ def model(name: str = typer.Argument(DEFAULT_MODEL, help="built-in name, local H
 
 def demo(
     model: str = typer.Option(DEFAULT_MODEL, help="built-in name, local HF directory or hub id ORG/NAME"),
-    task: str = typer.Option("addition", help="built-in task"),
+    task: str = typer.Option("addition", help="a built-in task (addition, calculator, lookup, toy) or rg:NAME, a "
+                             "reasoning-gym dataset: rg:chain_sum:min_terms=2,max_terms=2, rg:A+B+C (a cocktail), "
+                             "rg:mix.yaml (docs/environments.md)"),
     steps: int | None = typer.Option(None, min=1, help="train steps (default: the task's recommendation)"),
     learning_rate: float | None = typer.Option(None, "--lr", min=0.0, help="learning rate (default: the task's)"),
     group_size: int | None = typer.Option(None, min=1),
@@ -49,10 +51,12 @@ def demo(
 ) -> None:
     """Train SmolLM2 on a built-in task through a real swarm server and client; print eval before/after."""
     from agentjet.apps.demo import DemoSettings, run_demo
-    from agentjet.tasks import TASKS
+    from agentjet.tasks import TaskError, get_task
 
-    if task not in TASKS:
-        fail(f"unknown task {task!r}; built-in tasks: {sorted(TASKS)}")
+    try:
+        get_task(task)
+    except TaskError as exc:
+        fail(f"--task: {exc}")
     if engine is EngineKind.NULL:
         fail("--engine null cannot learn: the demo needs hf or vllm")
     result = run_demo(DemoSettings(model=model, task=task, steps=steps, learning_rate=learning_rate,

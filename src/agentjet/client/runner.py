@@ -19,12 +19,12 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from agentjet.client.client import Episode, SwarmClient
 from agentjet.files import write_atomic
 from agentjet.protocol import Reward, reward_mean
+from agentjet.tasks.source import TaskSource
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class RunSummary:
         return self.calls / self.samples if self.samples else float("nan")
 
 
-def task_workflow(task_mod: ModuleType, sampling: dict[str, Any], *, model: str = "agent",
+def task_workflow(task_mod: TaskSource, sampling: dict[str, Any], *, model: str = "agent",
                   traces: list[tuple[dict[str, Any], Any]] | None = None) -> Workflow:
     """The workflow of a task module (``agentjet.tasks``' interface): the task's own multi-turn
     ``rollout(task, ep, sampling)`` if it has one, else one chat call scored by ``reward(task, text)``. A task

@@ -20,10 +20,16 @@ class Recommended(BaseModel):
     pool: int = Field(1024, ge=1, description="training tasks drawn per round")
     stop: dict[str, float] = Field(default_factory=dict, description="the stopping rule's settings "
                                    "(agentjet.schedule.StopSettings)")
+    task_ratios: dict[str, float] = Field(default_factory=dict, description="training.task_ratios: a cocktail's "
+                                          "share of each batch per task type (empty: no quotas)")
 
-    def training(self) -> dict[str, float | int]:
-        """The values for the server's ``training`` section."""
-        return {"group_size": self.group_size, "batch_groups": self.batch_groups}
+    def training(self) -> dict[str, float | int | dict[str, float]]:
+        """The values for the server's ``training`` section (``task_ratios`` only when set)."""
+        values: dict[str, float | int | dict[str, float]] = {"group_size": self.group_size,
+                                                              "batch_groups": self.batch_groups}
+        if self.task_ratios:
+            values["task_ratios"] = dict(self.task_ratios)
+        return values
 
     def learner(self) -> dict[str, float]:
         """The values for the server's ``learner`` section."""

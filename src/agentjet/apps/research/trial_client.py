@@ -24,7 +24,6 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from agentjet.apps.research.monitor import RESULT_FILE, TrialResult, parse_status
@@ -34,7 +33,7 @@ from agentjet.client.driver import Budget, Driver, DriverSettings, EvalPoint, Pa
 from agentjet.client.runner import task_workflow
 from agentjet.files import write_atomic
 from agentjet.protocol import SWARM_PREFIX, ServerStatus
-from agentjet.tasks import Recommended, get_task
+from agentjet.tasks import Recommended, TaskSource, get_task
 
 log = logging.getLogger("agentjet.apps.research.trial")
 
@@ -43,8 +42,10 @@ WATCH_S = 0.2  # status polls while training: a step may slip in between a poll 
 _TASK_API = ("generate_tasks", "reward", "SAMPLING", "EVAL_SAMPLING")
 
 
-def load_task(name: str) -> ModuleType:
-    """A built-in task by name, or a task module from ``path/to/task.py`` (same interface as agentjet.tasks)."""
+def load_task(name: str) -> TaskSource:
+    """A task by name (``agentjet.tasks.get_task``: built-in or ``rg:...``), or a task module from
+    ``path/to/task.py`` (same interface as agentjet.tasks)."""
+    module: Any
     if name.endswith(".py"):
         path = Path(name)
         if not path.exists():
