@@ -144,9 +144,16 @@ def test_the_generator_size_grows_until_the_eval_split_holds_50() -> None:
 
 @NEEDS_RG
 def test_the_prompt_states_the_answer_format() -> None:
-    task = get_task(EASY).generate_tasks("eval", 1)[0]
-    content = task["messages"][-1]["content"]
-    assert content.startswith(task["question"]) and "<answer>" in content and "</answer>" in content
+    source = get_task(EASY)
+    task = source.generate_tasks("eval", 1)[0]
+    system, example, shown, asked = task["messages"]
+    assert system["role"] == "system" and "<answer>" in system["content"] and "</answer>" in system["content"]
+    assert asked == {"role": "user", "content": task["question"]}
+    # the worked example is a train question, answered in the format the reward extracts, and scores 1
+    dataset = source.datasets[task["dataset"]]
+    assert example["content"] in dataset.splits["train"] and example["content"] not in dataset.splits["eval"]
+    assert shown["role"] == "assistant" and shown["content"].startswith("<answer>")
+    assert source.reward({**task, "entry": dataset.entries[example["content"]]}, shown["content"]) == 1.0
 
 
 @NEEDS_RG

@@ -257,6 +257,12 @@ class Dataset:
         eval_set = set(held)
         return {"eval": sorted(eval_set), "train": sorted(q for q in ranked if q not in eval_set)}
 
+    def example(self) -> tuple[str, str]:
+        """The worked example every prompt shows: the train question with the highest hash, and its answer (never
+        an eval question)."""
+        question = max(self.splits["train"], key=question_hash)
+        return question, str(self.entries[question].get("answer"))
+
     def score(self, text: str, entry: dict[str, Any]) -> float:
         """The extracted answer scored by the dataset's own ``score_answer`` (no answer block: 0.0)."""
         from reasoning_gym.utils import extract_answer
@@ -295,11 +301,21 @@ class ReasoningGymTask:
         self._prompt = answer_prompt()
 
     def make_task(self, name: str, question: str, split: str) -> dict[str, Any]:
-        entry = self.datasets[name].entries[question]
+        data = self.datasets[name]
+        entry = data.entries[question]
         return {"task_id": f"rg-{name}-{split}-{hashlib.sha256(question.encode()).hexdigest()[:12]}",
                 "task_type": name, "split": split, "dataset": name, "question": question,
-                "answer": entry.get("answer"), "entry": entry,
-                "messages": [{"role": "user", "content": f"{question}\n\n{self._prompt}"}]}
+                "answer": entry.get("answer"), "entry": entry, "messages": self.messages(data, question)}
+
+    def messages(self, data: Dataset, question: str) -> list[dict[str, str]]:
+        """The answer format as the system prompt, one worked example from the train split, then the question.
+        Without the example SmolLM2-135M never used the answer block (0 of 8 chain_sum replies, reward 0.0, so no
+        GRPO group had a signal); with it about half did (docs/environments.md)."""
+        example, answer = data.example()
+        return [{"role": "system", "content": self._prompt},
+                {"role": "user", "content": example},
+                {"role": "assistant", "content": f"<answer>{answer}</answer>"},
+                {"role": "user", "content": question}]
 
     def generate_tasks(self, split: str, n: int, seed: int = 0) -> list[dict[str, Any]]:
         """``n`` tasks from ``split``, the datasets in turn (equal shares); each dataset cycles through a seeded
