@@ -1,11 +1,11 @@
 """The ``ajet`` command line: ``server`` (generated from the settings), ``run``, ``status``, ``ctl``, ``up``,
-``demo``, ``model``, ``export``."""
+``demo``, ``model``, ``export``, ``bench``, ``research``, ``verifiers``."""
 
 from __future__ import annotations
 
 import typer
 
-from agentjet.cli import bench, client, ctl, research, swarm
+from agentjet.cli import bench, client, ctl, research, swarm, verifiers
 from agentjet.cli.export import export
 from agentjet.cli.server import EPILOG, make_server_command
 
@@ -36,6 +36,7 @@ app.command("model")(swarm.model)
 app.command("export")(export)
 app.command("bench")(bench.bench)
 app.command("research")(research.research)
+app.command("verifiers")(verifiers.verifiers)
 app.add_typer(ctl.app, name="ctl")
 
 
