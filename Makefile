@@ -1,4 +1,4 @@
-.PHONY: demo demo-agent test test-fast lint bench bench-quick bench-learn bench-vs-trl screenshots setup setup-bench setup-vllm test-vllm bench-vllm
+.PHONY: demo demo-agent test test-fast lint bench bench-quick bench-learn bench-vs-trl screenshots setup setup-bench setup-vllm test-vllm bench-vllm setup-verifiers test-verifiers
 
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -12,6 +12,10 @@ setup:
 # vLLM's CPU build in its own venv (.venv-vllm, ~3.4 GB) for `ajet server --engine vllm`.
 setup-vllm: setup
 	@bash scripts/setup_vllm.sh
+
+# verifiers 0.4 (PrimeIntellect's environments) in its own venv (.venv-verifiers): it pins openai<3. For `ajet verifiers`.
+setup-verifiers: setup
+	@bash scripts/setup_verifiers.sh
 
 # The main job: the swarm demo on the embedded SmolLM2-135M-Instruct model.
 demo: setup
@@ -43,11 +47,11 @@ test: setup
 	else \
 	  echo "==> dashboard browser tests: SKIPPED: no chromium (apt-get install -y chromium)"; \
 	fi
-	$(PY) -m pytest -q --timeout=600 -rs -m "not vllm" -n $(TEST_WORKERS)
+	$(PY) -m pytest -q --timeout=600 -rs -m "not vllm and not verifiers" -n $(TEST_WORKERS)
 
 # Only the fast tests (tiny model).
 test-fast: setup
-	$(PY) -m pytest -q -m "not slow and not vllm" --timeout=300 -n $(TEST_WORKERS)
+	$(PY) -m pytest -q -m "not slow and not vllm and not verifiers" --timeout=300 -n $(TEST_WORKERS)
 
 bench: setup
 	$(PY) benchmarks/serving/engine.py
@@ -70,3 +74,8 @@ test-vllm: setup-vllm
 
 bench-vllm: setup-vllm
 	$(PY) benchmarks/serving/engine_vllm.py
+
+# The verifiers runner against a real swarm server (tiny model) and the real verifiers 0.4 in .venv-verifiers
+# (~1 min; the harness program is set up by uv from PyPI on its first use).
+test-verifiers: setup-verifiers
+	$(PY) -m pytest -q -m verifiers --timeout=900 -rs tests/verifiers
