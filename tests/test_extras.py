@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "agentjet"
 # imported directly, and always installed by a declared dependency (the one named)
 GUARANTEED = {"starlette": "fastapi", "annotated_types": "pydantic"}
-EXTRAS = ("vllm", "lora", "plot", "langchain", "tracking", "research", "rg", "bench", "dev")
+EXTRAS = ("vllm", "lora", "plot", "langchain", "tracking", "research", "rg", "ta", "bench", "dev")
 
 
 def _name(requirement: str) -> str:
