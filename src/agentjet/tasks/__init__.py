@@ -1,12 +1,14 @@
 """Task sources. A built-in task module exposes ``generate_tasks(split, n, seed)``, ``reward(task, text)``,
 ``SAMPLING``, ``EVAL_SAMPLING`` and ``RECOMMENDED`` (a ``Recommended``); a multi-turn task also exposes the workflow
 ``async rollout(task, ep, sampling) -> reward``. ``rg:NAME`` names a reasoning-gym dataset (or a mixture) built
-at run time with the same interface (``agentjet.tasks.rg``, the ``rg`` extra). ``get_task`` resolves every task
-name; the demo, ``ajet bench --learn`` and the research trial client use it. Pure Python: no server imports."""
+at run time with the same interface (``agentjet.tasks.rg``, the ``rg`` extra); ``ta:GAME`` a TextArena game, a
+multi-turn task played by the game runner (``agentjet.tasks.ta`` over ``agentjet.tasks.games``, the ``ta`` extra).
+``get_task`` resolves every task name; the demo, ``ajet bench --learn`` and the research trial client use it.
+Pure Python: no server imports."""
 
 from __future__ import annotations
 
-from agentjet.tasks import addition, calculator, lookup, rg, toy
+from agentjet.tasks import addition, calculator, games, lookup, rg, ta, toy
 from agentjet.tasks.recommended import Recommended
 from agentjet.tasks.source import TaskError, TaskSource
 
@@ -16,16 +18,18 @@ DEFAULT_TASK = addition.NAME
 
 
 def get_task(name: str) -> TaskSource:
-    """A built-in task by name, or the reasoning-gym task source of ``rg:...``; a ``TaskError`` (a ``ValueError``)
-    says why a name does not resolve."""
+    """A built-in task by name, the reasoning-gym task source of ``rg:...`` or the TextArena game of ``ta:...``; a
+    ``TaskError`` (a ``ValueError``) says why a name does not resolve."""
     if name.startswith(rg.PREFIX):
         return rg.load(name)
+    if name.startswith(ta.PREFIX):
+        return ta.load(name)
     try:
         return TASKS[name]
     except KeyError:
-        raise TaskError(f"unknown task {name!r}; built-in tasks: {sorted(TASKS)}, or rg:NAME for a reasoning-gym "
-                        "dataset") from None
+        raise TaskError(f"unknown task {name!r}; built-in tasks: {sorted(TASKS)}, rg:NAME for a reasoning-gym "
+                        "dataset, or ta:GAME for a TextArena game") from None
 
 
-__all__ = ["DEFAULT_TASK", "TASKS", "Recommended", "TaskError", "TaskSource", "addition", "calculator", "get_task",
-           "lookup", "rg", "toy"]
+__all__ = ["DEFAULT_TASK", "TASKS", "Recommended", "TaskError", "TaskSource", "addition", "calculator", "games",
+           "get_task", "lookup", "rg", "ta", "toy"]
