@@ -11,8 +11,9 @@ generated with a non-canonical tokenization, so every request is spliced: the mo
 the replies are the episode's own, as the null engine serves canned ones). The recorded prompt of each call is
 the spliced one, as on the server.
 
-Reported per T, per call (means over the episode's calls; medians over ``--rounds`` episodes, the turn counts
-taking turns within a round so that load drift on a shared machine hits all of them): tokens (prompt + reply),
+Reported per T, per call (means over the episode's calls; medians over the episodes: ``--rounds`` rounds, in
+which the turn counts take turns so that load drift on a shared machine hits all of them, and a T-turn episode
+is run max(T) / T times per round so that each T is measured over as many calls): tokens (prompt + reply),
 the plain prompt (the server's work without tracking: what grows like the tokens), TITO at request time,
 tracking at the end divided by T, their sum (the tracking cost of one call), and each one's ratio to T = 8.
 
@@ -20,8 +21,8 @@ tracking at the end divided by T, their sum (the tracking cost of one call), and
 taking turns with this checkout's (old, new, new, old, ...), and checks that both produced the same prompts and
 samples.
 
-    .venv/bin/python benchmarks/serving/tito_cost.py                       # ~1 min; benchmarks/results/tito_cost.json
-    .venv/bin/python benchmarks/serving/tito_cost.py --baseline-commit 76c78eb --rounds 3
+    .venv/bin/python benchmarks/serving/tito_cost.py          # ~2 min; writes benchmarks/results/tito_cost.json
+    .venv/bin/python benchmarks/serving/tito_cost.py --baseline-commit 76c78eb       # ~7 min: before and after
 """
 
 from __future__ import annotations
@@ -115,21 +116,24 @@ def run_episode(srv: Server, shape: str, turns: int) -> dict[str, Any]:
 
 
 def run_round(srv: Server, shapes: list[str], turns: list[int], r: int) -> list[dict[str, Any]]:
-    """Every (shape, T) once; the order of T rotates from round to round."""
+    """Every (shape, T); the order of T rotates from round to round. A short episode is run max(T) / T times,
+    so that every T is measured over about as many calls (a load spike on a shared machine would otherwise
+    decide the T = 8 figures, the denominators of the ratios)."""
     k = r % len(turns)
     order = turns[k:] + turns[:k]
     rows = []
     for shape in shapes:
         for T in order:
-            row = run_episode(srv, shape, T)
-            print(f"  round {r} {shape} T={T}: {row['tokens_per_call']:.0f} tokens/call, tito "
-                  f"{row['tito_ms']:.1f} ms, track {row['track_ms']:.1f} ms per call", file=sys.stderr, flush=True)
-            rows.append(row)
+            got = [run_episode(srv, shape, T) for _ in range(max(1, max(turns) // T))]
+            print(f"  round {r} {shape} T={T} x{len(got)}: {got[0]['tokens_per_call']:.0f} tokens/call, tito "
+                  f"{statistics.median(g['tito_ms'] for g in got):.1f} ms, track "
+                  f"{statistics.median(g['track_ms'] for g in got):.1f} ms per call", file=sys.stderr, flush=True)
+            rows += got
     return rows
 
 
 def summarize(rows: list[dict[str, Any]], turns: list[int]) -> list[dict[str, Any]]:
-    """Medians over rounds per (shape, T), with ratios to the smallest T of the same shape."""
+    """Medians over the episodes of each (shape, T), with ratios to the smallest T of the same shape."""
     out = []
     for shape in dict.fromkeys(r["shape"] for r in rows):
         base: dict[str, float] = {}
@@ -139,7 +143,7 @@ def summarize(rows: list[dict[str, Any]], turns: list[int]) -> list[dict[str, An
             assert len(digests) == 1, f"{shape} T={T}: the same episode gave different results"
             med = {k: statistics.median(r[k] for r in got) for k in ("tokens_per_call", *COSTS)}
             row = {**{k: got[0][k] for k in ("shape", "turns", "messages_last_call", "tokens_last_call", "samples",
-                                             "digest", "session")}, **med, "rounds": len(got),
+                                             "digest", "session")}, **med, "episodes": len(got),
                    "all": {k: [r[k] for r in got] for k in COSTS}}
             base = base or {k: med[k] for k in med}
             row["ratio"] = {k: med[k] / base[k] for k in med}
@@ -191,7 +195,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--turns", type=int, nargs="+", default=[8, 32, 128])
     ap.add_argument("--shapes", nargs="+", choices=sorted(tm.SHAPES), default=["one_tool", "agent_tools"])
-    ap.add_argument("--rounds", type=int, default=3, help="episodes per (shape, T), taking turns")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds, in which the turn counts take turns")
     ap.add_argument("--baseline-commit", default=None, help="measure this commit's library beside this checkout's")
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)  # one round, rows as JSON on stdout
