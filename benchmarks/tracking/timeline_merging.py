@@ -12,7 +12,8 @@ exactly the same contexts and compute the same loss).
 Reported per T: samples per episode, processed tokens per episode (= the sum of the sample sequence lengths,
 every token goes through forward + backward; the padded count of the engine's micro-batches is given too),
 trained tokens, train wall time per episode, off/on ratios, tracker time. Plus a branching workload (T = 8, a
-call forks the history with probability 0.2) with its merge rate.
+call forks the history with probability 0.2) with its merge rate. How the tracker's cost per call grows at
+T = 8, 32 and 128 (no train step, no model): ``benchmarks/serving/tito_cost.py``, on these episodes.
 
     .venv/bin/python benchmarks/tracking/timeline_merging.py [--quick]
 """

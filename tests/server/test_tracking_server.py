@@ -156,6 +156,8 @@ def test_tito_feeds_the_model_its_own_tokens_at_request_time(make_server, tiny_m
     report = run.srv.server.store.tracking_report(run.episode_id)
     assert report["drift_mismatches"] == 0 and report["retokenize_failures"] == 0
     assert report["samples"] == 1 and report["merged_calls"] == 1
+    ep = run.srv.server.registry.get(run.episode_id)
+    assert ep is not None and ep.tito is None  # the episode's TITO session (prompt-sized) goes when it ends
 
 
 def test_tito_off_leaves_drift_to_the_episode_end_repair(make_server, tiny_model_path) -> None:

@@ -17,7 +17,9 @@ Drift = the recorded prompt holds the region's re-tokenization and that differs 
 
 from __future__ import annotations
 
+import bisect
 import enum
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -209,12 +211,11 @@ def splice_generations(seg: Segmentation, found: list[Located], recorded: list[i
         return False
     out += tail
 
+    afters = [after for after, _ in shifts]  # increasing: the regions are in order
+
     def moved(t: int) -> int:
-        d = 0
-        for after, cum in shifts:
-            if after <= t:
-                d = cum
-        return t + d
+        i = bisect.bisect_right(afters, t)  # the shifts of the regions that end at or before t
+        return t + (shifts[i - 1][1] if i else 0)
 
     result.ids = out
     result.message_spans = [(moved(s.token_start), moved(s.token_end), s.role) for s in seg.messages]
@@ -234,16 +235,17 @@ def repair_prompt(
     before: int | None = None,
     keys: Sequence[str] | None = None,
     cache: RenderCache | None = None,
+    resume: Segmentation | None = None,
 ) -> RepairedPrompt:
     """Locate the generated regions of ``messages`` (``locate_generations``) and splice the generated ids in
     (``splice_generations``).
 
     ``recorded_ids`` is the prompt the engine received (``None``: build a prompt for a new request, every
     located region spliced). Anything that does not fit leaves the recorded prompt untouched
-    (``recorded_ok=False``).
+    (``recorded_ok=False``). ``cache`` and ``resume`` save renders (``segment_messages``), nothing else.
     """
     try:
-        seg = segment_messages(tokenizer, messages, tools, add_generation_prompt=True, cache=cache)
+        seg = segment_messages(tokenizer, messages, tools, add_generation_prompt=True, cache=cache, resume=resume)
     except Exception as exc:  # a template that cannot render this request: nothing to repair
         ids = list(recorded_ids) if recorded_ids is not None else []
         return RepairedPrompt(ids=ids, recorded_ok=False, error=f"segmentation failed: {exc!r}")
@@ -258,21 +260,83 @@ def repair_prompt(
                           error="the recorded prompt ids differ from the re-rendered prompt", segmentation=seg)
 
 
+class TitoSession:
+    """What token-in/token-out keeps between the requests of one episode, so that a request costs what its own
+    prompt costs rather than re-reading the whole history: the index of the episode's generations, fed each
+    call once, and the latest segmentation per agent, which that agent's next request resumes from
+    (``segment_messages(resume=...)``). For a server's call list: append-only, ``call_index`` = the position.
+    One request at a time per session (a lock; the server runs them in worker threads)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.lock = threading.Lock()
+        self._index = GenerationIndex(tokenizer)
+        self._count = 0  # calls indexed: previous_calls[:count]
+        self._tail: CallRecord | None = None  # the last one indexed
+        self._last: dict[str, Segmentation] = {}
+
+    def index_of(self, previous_calls: Sequence[CallRecord]) -> GenerationIndex | None:
+        """The index of exactly ``previous_calls`` (looked up with ``before=len(previous_calls)``), adding the
+        calls not indexed yet; None when they do not extend the calls indexed so far as a server's list does."""
+        n = self._count
+        if len(previous_calls) < n or (n and previous_calls[n - 1] is not self._tail):
+            return None
+        for c in previous_calls[n:]:
+            if c.call_index != self._count:
+                return None
+            self._index.add(c)
+            self._count, self._tail = self._count + 1, c
+        return self._index
+
+    def last_segmentation(self, agent: str) -> Segmentation | None:
+        return self._last.get(agent)
+
+    def remember(self, agent: str, seg: Segmentation | None) -> None:
+        if seg is not None:
+            self._last[agent] = seg
+
+
 def tito_prompt_ids(
     tokenizer: Any,
     messages: list[dict[str, Any]],
     tools: list[dict[str, Any]] | None,
     agent: str,
     previous_calls: Sequence[CallRecord],
+    session: TitoSession | None = None,
 ) -> tuple[list[int], RepairedPrompt]:
     """The prompt ids for a new request with every assistant message that the model generated earlier in the
     episode (same agent, same preceding messages) spliced in as the exact generated ids. A server can feed these
-    ids to the engine so that the model sees its own tokens (token-in, token-out) and drift never happens."""
+    ids to the engine so that the model sees its own tokens (token-in, token-out) and drift never happens.
+
+    ``session``: the episode's ``TitoSession`` (the same result; the index and the segmentation are carried
+    over from the earlier requests instead of rebuilt from the whole history)."""
+    if session is None:
+        return _tito_prompt_ids(tokenizer, messages, tools, agent, _fresh_index(tokenizer, previous_calls, agent),
+                                None, None)
+    with session.lock:
+        index = session.index_of(previous_calls)
+        if index is None:  # not a server's call list: as without a session
+            return _tito_prompt_ids(tokenizer, messages, tools, agent,
+                                    _fresh_index(tokenizer, previous_calls, agent), None, None)
+        ids, rep = _tito_prompt_ids(tokenizer, messages, tools, agent, index, len(previous_calls),
+                                    session.last_segmentation(agent))
+        session.remember(agent, rep.segmentation)
+        return ids, rep
+
+
+def _fresh_index(tokenizer: Any, previous_calls: Sequence[CallRecord], agent: str) -> GenerationIndex:
     index = GenerationIndex(tokenizer)
     for c in previous_calls:
         if c.agent == agent:
             index.add(c)
-    rep = repair_prompt(tokenizer, messages, tools, agent, index, recorded_ids=None, fix_drift=True)
+    return index
+
+
+def _tito_prompt_ids(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, agent: str,
+                     index: GenerationIndex, before: int | None, resume: Segmentation | None
+                     ) -> tuple[list[int], RepairedPrompt]:
+    rep = repair_prompt(tokenizer, messages, tools, agent, index, recorded_ids=None, fix_drift=True, before=before,
+                        resume=resume)
     return rep.ids, rep
 
 
@@ -286,6 +350,7 @@ __all__ = [
     "GenerationIndex",
     "Region",
     "RepairedPrompt",
+    "TitoSession",
     "decode_exact",
     "message_key",
     "prefix_digests",

@@ -18,6 +18,12 @@ are detected: the affected boundary is clamped and ``exact`` is False.
 
 Token spans come from the offsets of the one tokenization of the full render (the ids the engine receives); a
 token that straddles a character boundary belongs to the span where it starts (``straddles`` lists them).
+
+Rendering every prefix costs O(n) renders of up to n messages: quadratic in the conversation. A conversation
+grows by appending, so ``segment_messages(resume=...)`` takes the segmentation of an earlier request whose
+messages it extends and reuses its boundaries instead of re-rendering those prefixes (``Segmentation.agreement``:
+where each prefix's render stops agreeing with the full render). A request then renders only its new messages'
+prefixes: its cost grows like its own prompt.
 """
 
 from __future__ import annotations
@@ -91,6 +97,13 @@ class Segmentation:
     exact: bool = True  # False when a prefix render disagreed with the full render inside an earlier message
     straddles: list[int] = field(default_factory=list)  # tokens that cross a span boundary
     _starts: list[int] = field(default_factory=list, repr=False)
+    # what a segmentation of a longer conversation resumes from (``segment_messages(resume=...)``):
+    # ``digests[k]`` identifies ``messages[:k]`` exactly, ``agreement[k]`` is where the render of ``messages[:k]``
+    # (no generation prompt) stops agreeing with ``text`` (None: that prefix does not render), ``render_key``
+    # the tokenizer, template and tools that rendered them
+    digests: list[str] = field(default_factory=list, repr=False)
+    agreement: list[int | None] = field(default_factory=list, repr=False)
+    render_key: tuple[Any, ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:
         if not self._starts:
@@ -141,13 +154,54 @@ class RenderCache:
 
 
 def _exact_digests(messages: list[dict[str, Any]]) -> list[str]:
+    """``d[k]`` identifies ``messages[:k]`` exactly, as the template sees them (rolling SHA-1)."""
     h = hashlib.sha1(b"agentjet-render")
     out = [h.hexdigest()]
     for m in messages:
-        h.update(b"\x00" + json.dumps({k: v for k, v in m.items() if v is not None}, sort_keys=True,
-                                       ensure_ascii=False, default=str).encode())
+        h.update(b"\x00" + json.dumps(m, sort_keys=True, ensure_ascii=False, default=str).encode())
         out.append(h.copy().hexdigest())
     return out
+
+
+def _render_key(tokenizer: Any, tools: list[dict[str, Any]] | None) -> tuple[Any, ...]:
+    """What a render depends on besides the messages: the tokenizer, its template and the tools."""
+    return (id(tokenizer), getattr(tokenizer, "chat_template", None),
+            json.dumps(tools or [], sort_keys=True, default=str))
+
+
+def _shared_prefix(a: list[str], b: list[str]) -> int:
+    """The largest k with ``a[k] == b[k]`` for prefix digests: how many leading messages two conversations share."""
+    k = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        k += 1
+    return k - 1
+
+
+class Resumed:
+    """Prefix agreements known from an earlier segmentation (``resume``) of a conversation this one extends.
+
+    ``resume`` rendered the same prefixes ``messages[:k]`` (same digests, same render key) and measured where each
+    stops agreeing with its own full render; its full render agrees with this one up to ``p``. An agreement
+    below ``p`` holds for this render as well (the two renders are equal there, and the prefix ends or differs
+    at that point); one at or past ``p`` must be measured again."""
+
+    def __init__(self, resume: Segmentation | None, render_key: tuple[Any, ...], digests: list[str],
+                 full: str) -> None:
+        ok = resume is not None and resume.render_key == render_key and bool(resume.agreement)
+        self._agreement = resume.agreement if resume is not None and ok else []
+        self._shared = _shared_prefix(resume.digests, digests) if resume is not None and ok else 0
+        self._agree_to = common_prefix_len(resume.text, full) if resume is not None and ok else 0
+
+    def known(self, k: int) -> tuple[bool, int | None]:
+        """(True, agreement of prefix k) when ``resume`` settles it, else (False, None)."""
+        if k > self._shared or k >= len(self._agreement):
+            return False, None
+        a = self._agreement[k]
+        if a is None or a < self._agree_to:
+            return True, a
+        return False, None
 
 
 def _try_render(tokenizer: Any, messages: list[dict[str, Any]], tools: Any, gen: bool) -> str | None:
@@ -177,48 +231,58 @@ def segment_messages(
     tools: list[dict[str, Any]] | None = None,
     add_generation_prompt: bool = True,
     cache: RenderCache | None = None,
+    resume: Segmentation | None = None,
 ) -> Segmentation:
     """Segment the full render of ``messages`` (and ``tools``) into one span per message (+ generation prompt).
 
-    ``cache``: share one ``RenderCache`` between the calls of an episode to render each prefix once."""
+    ``cache``: share one ``RenderCache`` between the calls of an episode to render each prefix once.
+    ``resume``: an earlier segmentation (any: it is used only where it provably applies) of a conversation that
+    this one extends; its boundaries are reused instead of re-rendering the shared prefixes. The result is the
+    same with or without it."""
     n = len(messages)
-    if cache is not None:
-        digests = _exact_digests(messages)
-        tkey = json.dumps(tools or [], sort_keys=True, default=str)
+    digests = _exact_digests(messages)
+    render_key = _render_key(tokenizer, tools)
 
-        def render(k: int, gen: bool) -> str | None:
-            key = (id(tokenizer), digests[k], tkey, gen)
-            hit, value = cache.get(key)
-            if not hit:
-                value = _try_render(tokenizer, messages[:k], tools, gen)
-                cache.put(key, value)
-            return value
-    else:
-        def render(k: int, gen: bool) -> str | None:
+    def render(k: int, gen: bool) -> str | None:
+        if cache is None:
             return _try_render(tokenizer, messages[:k], tools, gen)
+        key = (id(tokenizer), digests[k], render_key[2], gen)
+        hit, value = cache.get(key)
+        if not hit:
+            value = _try_render(tokenizer, messages[:k], tools, gen)
+            cache.put(key, value)
+        return value
 
     full_or_none = render(n, add_generation_prompt)
     full = full_or_none if full_or_none is not None else render_chat(tokenizer, messages, tools,
                                                                      add_generation_prompt)  # raises
     exact = True
+    agreement: list[int | None] = [0] * (n + 1)
 
     # where the generation prompt starts: the render without it agrees with the full render up to there
     if add_generation_prompt:
         bare = render(n, False)
         gen_start = common_prefix_len(bare, full) if bare is not None else len(full)
+        agreement[n] = gen_start if bare is not None else None
         if bare is not None and len(bare) != gen_start:
             exact = False  # the template renders the last message differently when a reply is requested
         header = full[gen_start:]
     else:
         gen_start, header = len(full), ""
+        agreement[n] = len(full)
 
+    resumed = Resumed(resume, render_key, digests, full)
     bounds = [0] * (n + 1)
     bounds[n] = gen_start
     for k in range(1, n):
-        prefix = render(k, False)
+        known, agree = resumed.known(k)
+        if not known:
+            prefix = render(k, False)
+            agree = common_prefix_len(prefix, full) if prefix is not None else None
+        agreement[k] = agree
         # (a prefix may end differently from the full render, e.g. a group of tool results is closed only after
         # its last one: the boundary is then where they stop agreeing)
-        b = common_prefix_len(prefix, full) if prefix is not None else bounds[k - 1]
+        b = agree if agree is not None else bounds[k - 1]
         if b < bounds[k - 1]:
             b, exact = bounds[k - 1], False
         bounds[k] = min(b, gen_start)
@@ -227,7 +291,8 @@ def segment_messages(
             bounds[k], exact = bounds[k - 1], False
 
     ids, offsets = encode_with_offsets(tokenizer, full)
-    seg = Segmentation(text=full, ids=ids, offsets=offsets, messages=[], generation=None, header=header, exact=exact)
+    seg = Segmentation(text=full, ids=ids, offsets=offsets, messages=[], generation=None, header=header, exact=exact,
+                       digests=digests, agreement=agreement, render_key=render_key)
     token_bounds = [seg.token_at(b) for b in bounds] + [len(ids)]
     for b in bounds:
         if seg.boundary(b) is None:

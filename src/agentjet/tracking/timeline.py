@@ -38,7 +38,7 @@ from agentjet.tracking.drift import (
     repair_prompt,
 )
 from agentjet.tracking.keys import message_key, tools_key
-from agentjet.tracking.segment import RenderCache
+from agentjet.tracking.segment import RenderCache, Segmentation
 from agentjet.tracking.types import NO_VERSION, CallRecord, EpisodeSample
 from agentjet.tracking.weights import episode_weights
 
@@ -150,12 +150,32 @@ class _Merger:
         result.sort(key=lambda ch: ch[-1].index)
         return result
 
-    def _agent_chains(self, tls: list[Timeline]) -> list[list[Timeline]]:
+    def successors(self, tls: list[Timeline]) -> dict[int, list[Timeline]]:
+        """For each timeline the later ones it is absorbable into (the edges of ``≺``), nearest first.
+
+        At the TOKEN level ``≺`` is transitive: when ``a ≺ x`` and ``x ≺ b``, then ``a ≺ b`` without comparing
+        ``a``'s tokens with ``b``'s. Going from the last timeline back, each ``a`` compares its tokens with its
+        first successor ``x`` and takes every successor of ``x`` from there; only the timelines that ``x`` does
+        not lead to are compared directly. In a linear conversation each call is compared once, not once per
+        later call (which cost O(turns x tokens) per call)."""
         succ: dict[int, list[Timeline]] = {}
-        for i, a in enumerate(tls):
-            cands = [b for b in tls[i + 1:] if self.relation(a, b) is None]
+        reach: dict[int, set[int]] = {}  # index -> indices of all its successors
+        for i in range(len(tls) - 1, -1, -1):
+            a = tls[i]
+            cands: list[Timeline] = []
+            via: set[int] = set()  # successors implied by transitivity
+            for b in tls[i + 1:]:
+                if b.index in via or self.relation(a, b) is None:
+                    cands.append(b)
+                    if self.token and not via:
+                        via = reach[b.index]
+            reach[a.index] = {b.index for b in cands}
             cands.sort(key=lambda b: (b.sequence_len, b.index))  # nearest successor first
             succ[a.index] = cands
+        return succ
+
+    def _agent_chains(self, tls: list[Timeline]) -> list[list[Timeline]]:
+        succ = self.successors(tls)
         match_of: dict[int, Timeline] = {}  # successor index -> predecessor
 
         def augment(a: Timeline, seen: set[int]) -> bool:
@@ -189,10 +209,10 @@ class _Merger:
                 x = pred[x.index]
                 members.append(x)
             # members: leaf first. Check every member against the chain's last call directly (needed at the
-            # TEXT level, where the relation is not transitive; a no-op at the TOKEN level).
+            # TEXT level, where the relation is not transitive; it always holds at the TOKEN level).
             cur_leaf, cur = leaf, [leaf]
             for m in members[1:]:
-                if self.relation(m, cur_leaf) is None:
+                if self.token or self.relation(m, cur_leaf) is None:
                     cur.append(m)
                 else:
                     chains.append(list(reversed(cur)))
@@ -295,10 +315,14 @@ def track_episode(
     cache = RenderCache()
     timelines: list[Timeline] = []
     drifted: set[int] = set()
+    last: dict[str, Segmentation] = {}  # per agent: its latest call's segmentation, the next one resumes from it
     for c in ordered:
         keys = [message_key(m) for m in c.messages]
         rep = repair_prompt(tokenizer, c.messages, c.tools, c.agent, index, recorded_ids=c.prompt_ids,
-                            fix_drift=cfg.fix_drift, before=c.call_index, keys=keys, cache=cache)
+                            fix_drift=cfg.fix_drift, before=c.call_index, keys=keys, cache=cache,
+                            resume=last.get(c.agent))
+        if rep.segmentation is not None:
+            last[c.agent] = rep.segmentation
         prompt = rep.ids if rep.recorded_ok else list(c.prompt_ids)
         timelines.append(Timeline(c, keys, message_key(c.response_message), tools_key(c.tools), prompt, rep))
         index.add(c, keys)

@@ -24,7 +24,7 @@ from agentjet.server.episodes.keys import EpisodeKeys
 from agentjet.server.episodes.locks import KeyedLocks
 from agentjet.server.episodes.registry import Episode, EpisodeRegistry
 from agentjet.server.episodes.teams import Teams
-from agentjet.server.episodes.tito import may_splice, request_prompt_ids
+from agentjet.server.episodes.tito import TitoSession, may_splice, request_prompt_ids
 from agentjet.server.errors import APIError, bad_request, conflict, unavailable
 from agentjet.server.store import SampleStore, StoredEpisode, StoredStatus, StoreError
 from agentjet.server.store_health import StoreHealth
@@ -75,8 +75,10 @@ class Ingest:
         as generated. Runs in a worker thread (it re-renders the conversation) on a snapshot of the calls."""
         if not self.config.tracking.tito or not may_splice(ep.calls, agent, messages):
             return plain_ids
+        if ep.tito is None:  # what the splice carries from one request of the episode to the next
+            ep.tito = TitoSession(self.formatter.tokenizer)
         ids, outcome, drift = await asyncio.to_thread(request_prompt_ids, self.formatter, plain_ids, list(ep.calls),
-                                                      agent, messages, tools)
+                                                      agent, messages, tools, ep.tito)
         self.counters.tito.count(outcome, drift)
         return ids
 

@@ -17,6 +17,7 @@ from agentjet.protocol import BeginEpisodeRequest, EndEpisodeResponse, EpisodeSt
 from agentjet.runtime.clock import Clock, SystemClock
 from agentjet.server.digest import digest
 from agentjet.tracking import CallRecord
+from agentjet.tracking.drift import TitoSession
 
 KEY_PREFIX = "aj-ep-"
 
@@ -35,6 +36,7 @@ class Episode:
     lease_deadline: float
     status: EpisodeStatus = EpisodeStatus.OPEN
     calls: list[CallRecord] = field(default_factory=list)
+    tito: TitoSession | None = None  # token-in/token-out state between the calls (``Ingest.tito_prompt_ids``)
     inflight: int = 0
     created_at: float = 0.0
     end_response: EndEpisodeResponse | None = None
@@ -110,6 +112,7 @@ class EpisodeRegistry:
             return
         ep.status = status
         ep.metadata = {}  # client-sized (up to the body limit) and unused once closed: not kept for 100k episodes
+        ep.tito = None  # holds a prompt-sized segmentation per agent: not kept for closed episodes either
         self._open.pop(ep.episode_id, None)
         self._open_by_client[ep.client_id] -= 1
         self.open_by_type[ep.task_type] -= 1

@@ -19,7 +19,7 @@ from typing import Any
 
 from agentjet.server.episodes.chat import ChatFormatter
 from agentjet.tracking import CallRecord
-from agentjet.tracking.drift import TitoOutcome, decode_exact, tito_prompt_ids
+from agentjet.tracking.drift import TitoOutcome, TitoSession, decode_exact, tito_prompt_ids
 
 log = logging.getLogger(__name__)
 
@@ -36,15 +36,18 @@ def request_prompt_ids(
     agent: str,
     messages: list[dict[str, Any]],
     tools: list[dict[str, Any]] | None,
+    session: TitoSession | None = None,
 ) -> tuple[list[int], TitoOutcome, int]:
     """The prompt to feed the engine: ``plain_ids`` (the template applied and tokenized) with the earlier
     generations of ``agent`` put back as generated, when that changes anything. Returns the ids, the outcome
-    and the number of re-tokenizations it prevented. Pure (no shared state): safe to run in a worker thread;
-    it re-renders the conversation once per message, tens of milliseconds for a long one, so callers on a hot
-    path check ``may_splice`` first (the server does, before handing this to a thread)."""
+    and the number of re-tokenizations it prevented. Safe to run in a worker thread (``session``, the episode's
+    state carried between its requests, has a lock). It renders and tokenizes the conversation a few times, so
+    callers on a hot path check ``may_splice`` first (the server does, before handing this to a thread).
+    Without ``session`` it re-renders every prefix of the conversation and re-indexes every earlier call: a
+    cost that grows with the square of the turns."""
     try:
         r_messages, r_tools = formatter.as_rendered(messages, tools)
-        ids, rep = tito_prompt_ids(formatter.tokenizer, r_messages, r_tools, agent, calls)
+        ids, rep = tito_prompt_ids(formatter.tokenizer, r_messages, r_tools, agent, calls, session=session)
     except Exception as exc:  # a template quirk must never fail the request
         log.debug("token-in/token-out splice failed: %r", exc)
         return plain_ids, TitoOutcome.FALLBACK, 0
@@ -55,3 +58,6 @@ def request_prompt_ids(
         log.debug("token-in/token-out splice changed the prompt text; using the plain prompt")
         return plain_ids, TitoOutcome.FALLBACK, 0
     return ids, TitoOutcome.SPLICED, rep.drift_repaired
+
+
+__all__ = ["TitoOutcome", "TitoSession", "may_splice", "request_prompt_ids"]
