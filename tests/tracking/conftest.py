@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import copy
 import os
 import sys
 
@@ -8,7 +7,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from templates import TEMPLATES  # noqa: E402
+from templates import TEMPLATES, with_template  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -21,12 +20,7 @@ def tiny_base():
 def make_tokenizer(base, name: str):
     """The tiny tokenizer with the special tokens and the chat template of fixture template ``name``."""
     template, special, bos, _eot = TEMPLATES[name]
-    tok = copy.deepcopy(base)
-    tok.add_special_tokens({"additional_special_tokens": special})
-    if bos:
-        tok.bos_token = bos
-    tok.chat_template = template
-    return tok
+    return with_template(base, template, special, bos)
 
 
 @pytest.fixture(scope="session")

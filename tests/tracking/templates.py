@@ -15,6 +15,9 @@ Each template names the special tokens it needs (added to the tiny test tokenize
 
 from __future__ import annotations
 
+import copy
+from typing import Any
+
 CHATML_TOOLS = (
     "{%- if tools %}"
     "{{- '<|im_start|>system\\n' }}"
@@ -202,3 +205,13 @@ MISTRAL_SPECIAL = ["<s>", "</s>", "[INST]", "[/INST]", "[AVAILABLE_TOOLS]", "[/A
                    "[TOOL_RESULTS]", "[/TOOL_RESULTS]"]
 MISTRAL_BOS = "<s>"
 MISTRAL_EOT = "</s>"
+
+
+def with_template(base: Any, template: str, special: list[str], bos: str | None) -> Any:
+    """A copy of tokenizer ``base`` with these special tokens, BOS token and chat template."""
+    tok = copy.deepcopy(base)
+    tok.add_special_tokens({"additional_special_tokens": special})
+    if bos:
+        tok.bos_token = bos
+    tok.chat_template = template
+    return tok

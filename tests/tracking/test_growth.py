@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from episode_sim import EXTRA_TOOL, TOOLS, Sim
-from templates import CHATML_SPECIAL, MISTRAL_BOS, MISTRAL_SPECIAL, MISTRAL_TOOLS
+from templates import CHATML_SPECIAL, MISTRAL_BOS, MISTRAL_SPECIAL, MISTRAL_TOOLS, with_template
 
 from agentjet.tracking import TrackingConfig, segment, timeline, track_episode
 from agentjet.tracking.drift import GenerationIndex, TitoSession, tito_prompt_ids
@@ -47,12 +47,7 @@ def tokenizer(base: Any, name: str, toks: dict[str, Any]) -> Any:
     template, special, bos = {"mistral": (MISTRAL_TOOLS, MISTRAL_SPECIAL, MISTRAL_BOS),
                               "last_think": (LAST_THINK, CHATML_SPECIAL, None),
                               "no_three": (NO_THREE, CHATML_SPECIAL, None)}[name]
-    tok = copy.deepcopy(base)
-    tok.add_special_tokens({"additional_special_tokens": special})
-    if bos:
-        tok.bos_token = bos
-    tok.chat_template = template
-    return tok
+    return with_template(base, template, special, bos)
 
 
 def turn(i: int) -> list[dict[str, Any]]:
