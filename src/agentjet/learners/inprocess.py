@@ -73,10 +73,9 @@ class InProcessLearner(Learner):
 
     def _auto_micro_batch_tokens(self) -> int:
         """The micro-batch when the setting leaves it to the learner: sized from the device's free memory now."""
-        lm = self.policy.causal_lm
-        width = 2 if self.config.bf16 else next(lm.parameters()).element_size()
-        return auto_micro_batch_tokens(lm.config, self.policy.device, width,
-                                       bool(getattr(lm, "is_gradient_checkpointing", False)))
+        width = 2 if self.config.bf16 else self.policy.dtype.itemsize
+        return auto_micro_batch_tokens(self.policy.causal_lm.config, self.policy.device, width,
+                                       self.policy.gradient_checkpointing)
 
     # ------------------------------------------------------------ settings
     @property
