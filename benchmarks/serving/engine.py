@@ -611,6 +611,8 @@ def _render_train(console: Any, tr: dict) -> None:
 
 # =========================================================================== main
 def parse_args() -> argparse.Namespace:
+    from agentjet.settings import LearnerSettings
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="smollm2-135m-instruct (CPU default), 135m or 1.7b (random "
                    "weights with SmolLM2 shapes; the CUDA default is 135m), or a local HF directory")
@@ -639,7 +641,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--checkpointing", action="store_true", default=None,
                    help="gradient checkpointing on both sides (default: on for 1.7b)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--logprob-chunk", type=int, default=1024, help="--train: the learner's logprob_chunk_tokens")
+    p.add_argument("--logprob-chunk", type=int, default=LearnerSettings().logprob_chunk_tokens,
+                   help="--train: the learner's logprob_chunk_tokens (default: the setting's)")
     p.add_argument("--profile", action="store_true", help="--train: one more step of each side under "
                    "torch.profiler (the top ops go to stderr and the JSON)")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: one per core)")
