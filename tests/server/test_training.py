@@ -34,7 +34,8 @@ def test_full_loop_bumps_policy_version_on_tiny_model(make_server) -> None:
             return await asyncio.gather(*[one_episode(client, "t1", r) for r in (1.0, 0.0)])
 
     ids = asyncio.run(main())
-    wait_until(lambda: srv.server.engine.policy_version == 1)
+    wait_until(lambda: srv.server.status().train_steps == 1)  # committed: the store and counters have it
+    assert srv.server.engine.policy_version == 1
     status = httpx.get(f"{srv.url}/swarm/v1/status").json()
     assert status["train_steps"] == 1 and status["buffer"]["trained_episodes"] == 2
     assert status["last_train_metrics"]["mean_abs_logprob_diff"] < 1e-3  # exact behaviour logprobs
@@ -237,7 +238,7 @@ def test_resume_from_checkpoint(make_server, tmp_path: Path) -> None:
     async def phase1() -> None:
         async with SwarmClient(srv.url) as client:
             await asyncio.gather(*[one_episode(client, "a", r) for r in (1.0, 0.0)])
-            await asyncio.to_thread(wait_until, lambda: srv.server.engine.policy_version == 1)
+            await asyncio.to_thread(wait_until, lambda: srv.server.status().train_steps == 1)  # committed
             await one_episode(client, "b", 1.0)  # half a group: stays pending in the store
 
     asyncio.run(phase1())
@@ -258,7 +259,9 @@ def test_resume_from_checkpoint(make_server, tmp_path: Path) -> None:
             await one_episode(client, "b", 0.0)
 
     asyncio.run(phase2())
-    wait_until(lambda: srv2.server.engine.policy_version == 2)
+    # the engine's version moves inside the step, before the store marks its episodes: wait for the commit
+    wait_until(lambda: srv2.server.status().train_steps == 2)
+    assert srv2.server.engine.policy_version == 2
     consumed = srv2.server.store.consumed_steps()
     assert len(consumed) == 4 and all(len(s) == 1 for s in consumed.values())
 
