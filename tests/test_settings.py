@@ -37,7 +37,7 @@ def sample_value(f: SettingField) -> tuple[str, Any]:
     """A valid, non-default value for a field: (as typed on a command line, as the model holds it)."""
     special = {"model": ("tiny-random", "tiny-random"), "device": ("cpu", "cpu"), "host": ("localhost", "localhost"),
                "min_group_size": ("3", 3), "task_ratios": ("a=0.7,b=0.3", {"a": 0.7, "b": 0.3}),
-               "targets": ("q_proj,v_proj", ["q_proj", "v_proj"]), "data_dir": ("/tmp/aj-x", Path("/tmp/aj-x")),
+               "targets": ("q_proj,v_proj", ["q_proj", "v_proj"]), "adapters": ("a,b", ["a", "b"]), "data_dir": ("/tmp/aj-x", Path("/tmp/aj-x")),
                "log_level": ("debug", "DEBUG"), "compare_level": ("text", "text"), "dtype": ("bfloat16", "bfloat16"),
                "public_url": ("http://h:1", "http://h:1"), "seed": ("7", 7), "max_context": ("512", 512),
                "log_to": ("tensorboard", [LogSink.TENSORBOARD]), "kind": ("null", EngineKind.NULL),
@@ -81,6 +81,8 @@ COMPANIONS: dict[str, dict[str, str]] = {
     "learner.group.node_rank": {**_MULTI_NODE, "learner.group.nnodes": "8", "learner.group.export_dir": "/tmp/aj-e"},
     "generator.vllm.weight_transfer": {"generator.vllm.platform": "gpu"},
     "model_revision": {"model": "acme/tiny-chat"},  # a revision is a hub model's (the offline hub_cache has it)
+    "learner.lora.adapters": {"learner.lora.rank": "8"},  # adapters are LoRA adapters
+    "learner.lora.default_adapter": {"learner.lora.rank": "8", "learner.lora.adapters": "custom,other"},
 }
 
 
@@ -409,7 +411,8 @@ def test_a_settings_dict_written_before_the_moves_upgrades_to_the_same_settings(
     from agentjet.settings.moved import new_path
 
     old_leaves, new_leaves = _leaves(BEFORE_ROLES), _leaves(cfg.public_dict())
-    assert len(old_leaves) == len(new_leaves)  # none lost or added
+    added_since = {"learner.lora.adapters", "learner.lora.default_adapter"}  # settings new after the moves
+    assert len(old_leaves) == len(new_leaves) - len(added_since) and added_since <= set(new_leaves)  # none lost
     for old, value in old_leaves.items():  # each where the table says it went, with its value
         path = tuple(old.split("."))
         assert new_leaves[".".join(new_path(path) or path)] == value, old

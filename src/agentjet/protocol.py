@@ -141,6 +141,22 @@ class BufferCounts(_Reply):
     eval_episodes: int
 
 
+class AdapterStatus(_Reply):
+    """One LoRA adapter of a server that hosts several on one base: its own training lane."""
+
+    policy_version: int = Field(description="this adapter's served version (its step committed, its weights served)")
+    learner_version: int = Field(description="this adapter's learner version")
+    weight_push_in_flight: bool = False
+    train_steps: int
+    trained_episodes: int
+    trained_tokens: int
+    pending_episodes: int = Field(description="acknowledged episodes this adapter has yet to consume")
+    dropped_stale_episodes: int
+    dropped_uniform_episodes: int
+    last_train_metrics: dict[str, float | None] = Field(default_factory=dict)
+    training_halted: str | None = None
+
+
 class ServerStatus(_Reply):
     model: str
     engine: str
@@ -168,6 +184,9 @@ class ServerStatus(_Reply):
                                      "start; null for an engine without a weight-sync seam")
     weight_sync_failures: int | None = Field(None, description="pushes that failed after a committed step (the "
                                              "generator served the previous version until the next push)")
+    adapters: dict[str, AdapterStatus] = Field(default_factory=dict, description="per LoRA adapter, on a server "
+                                               "that hosts several (train_steps above is their sum, policy_version "
+                                               "the oldest of theirs); empty with one policy")
 
 
 class ConfigChange(_Request):

@@ -180,7 +180,7 @@ def group_engine(config: ServerConfig) -> ComposedEngine:
     return ComposedEngine(generator, learner, CopyIntoModule(config.learner.group.push_timeout_s))
 
 
-def build_engine(config: ServerConfig) -> ComposedEngine:
+def build_engine(config: ServerConfig) -> ComposedEngine | Any:
     """The engine the settings ask for: the ``generator``, ``learner`` and ``placement`` blocks (and the loss
     settings) go to it. The model
     is resolved here once (a hub id to its cached snapshot at one commit), and that one local directory goes to
@@ -189,13 +189,17 @@ def build_engine(config: ServerConfig) -> ComposedEngine:
 
     model_dir = str(resolve_model(config.model, config.model_revision))
     config = config.model_copy(update={"model": model_dir, "model_revision": None})
+    adapters = config.learner.lora.adapters
     if config.generator.kind is EngineKind.NULL:
         from transformers import AutoTokenizer
 
-        from agentjet.layouts.null import null_engine
+        from agentjet.layouts.null import NullAdapters, null_engine
 
-        return null_engine(AutoTokenizer.from_pretrained(model_dir), reply=config.generator.null_reply,
-                           delay_s=config.generator.null_delay_ms / 1000)
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        if adapters:
+            return NullAdapters(tokenizer, list(adapters), reply=config.generator.null_reply,
+                                delay_s=config.generator.null_delay_ms / 1000)
+        return null_engine(tokenizer, reply=config.generator.null_reply, delay_s=config.generator.null_delay_ms / 1000)
     check_placement(config)
     if config.generator.kind is EngineKind.VLLM:
         return vllm_engine(config, Path(config.data_dir or ".") / "vllm")

@@ -140,3 +140,39 @@ def null_engine(tokenizer: Any, reply: str = "ok", delay_s: float = 0.0, reply_i
                 update_at_token: int | None = None) -> ComposedEngine[NullLearner, NullGenerator]:
     """Instant canned generations (``NullGenerator``'s options) and no-op training."""
     return compose_null(NullGenerator(tokenizer, reply, delay_s, reply_ids, update_at_token), NullLearner())
+
+
+class NullAdapters:
+    """Several null engines under adapter names: the server's adapter lanes without a model (protocol tests and
+    benchmarks of the routing and the per-adapter training cores). Each adapter is its own null pair."""
+
+    def __init__(self, tokenizer: Any, names: list[str], reply: str = "ok", delay_s: float = 0.0) -> None:
+        self._tokenizer = tokenizer
+        self._reply = reply
+        self._delay_s = delay_s
+        self._engines: dict[str, ComposedEngine[NullLearner, NullGenerator]] = {}
+        for name in names:
+            self._engines[name] = null_engine(tokenizer, reply, delay_s)
+
+    def names(self) -> list[str]:
+        return list(self._engines)
+
+    def engine(self, name: str) -> ComposedEngine[NullLearner, NullGenerator]:
+        if name not in self._engines:
+            raise ValueError(f"no adapter {name!r}; the adapters are {', '.join(self._engines)}")
+        return self._engines[name]
+
+    async def add(self, name: str, rank: int | None = None) -> ComposedEngine[NullLearner, NullGenerator]:
+        if name in self._engines:
+            raise ValueError(f"adapter {name!r} exists already")
+        self._engines[name] = engine = null_engine(self._tokenizer, self._reply, self._delay_s)
+        return engine
+
+    async def remove(self, name: str) -> None:
+        engine = self.engine(name)
+        del self._engines[name]
+        await engine.close()
+
+    async def close(self) -> None:
+        for engine in self._engines.values():
+            await engine.close()

@@ -9,6 +9,8 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
+from agentjet.protocol import AdapterStatus
+
 
 class DropReason(enum.StrEnum):
     """Why an episode's samples never reached a train step."""
@@ -54,6 +56,7 @@ class RunSnapshot(BaseModel):
     last_train_metrics: dict[str, float] = Field(default_factory=dict, exclude=True)
     task_types: dict[str, dict[str, float]] = Field(default_factory=dict)  # trained episodes, mean reward
     training_halted: str | None = None
+    adapters: dict[str, AdapterStatus] = Field(default_factory=dict)  # per LoRA adapter (a server with several)
 
     @computed_field  # type: ignore[prop-decorator]
     @property

@@ -15,9 +15,10 @@ import sqlite3
 import threading
 import time
 from array import array
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from agentjet.runtime.storage import open_wal_db
 from agentjet.server.digest import digest, matches
@@ -72,7 +73,8 @@ CREATE TABLE IF NOT EXISTS samples (
   call_indices TEXT NOT NULL,
   stats TEXT NOT NULL,
   weight REAL NOT NULL DEFAULT 1.0,
-  token_versions BLOB
+  token_versions BLOB,
+  adapter TEXT
 );
 CREATE INDEX IF NOT EXISTS samples_episode ON samples(episode_id);
 CREATE TABLE IF NOT EXISTS teams (
@@ -86,6 +88,22 @@ CREATE TABLE IF NOT EXISTS steps (
   policy_version INTEGER NOT NULL,
   metrics TEXT NOT NULL,
   created_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS lane_episodes (
+  episode_id TEXT NOT NULL REFERENCES episodes(episode_id),
+  adapter TEXT NOT NULL,
+  status TEXT NOT NULL,
+  consumed_step INTEGER,
+  PRIMARY KEY (episode_id, adapter)
+);
+CREATE INDEX IF NOT EXISTS lane_episodes_adapter ON lane_episodes(adapter, status);
+CREATE TABLE IF NOT EXISTS lane_steps (
+  adapter TEXT NOT NULL,
+  step INTEGER NOT NULL,
+  policy_version INTEGER NOT NULL,
+  metrics TEXT NOT NULL,
+  created_at REAL NOT NULL,
+  PRIMARY KEY (adapter, step)
 );
 """
 
@@ -191,8 +209,13 @@ class SampleStore:
 
     # ----------------------------------------------------------------- writes
     def commit_episode(self, ep: StoredEpisode, samples: list[EpisodeSample], metadata: dict[str, Any],
-                       tracking: dict[str, Any] | None = None) -> bool:
-        """Durably store an ended episode. Returns False if it was already stored (idempotent)."""
+                       tracking: dict[str, Any] | None = None, adapters: Mapping[str, str] | None = None) -> bool:
+        """Durably store an ended episode. Returns False if it was already stored (idempotent).
+
+        ``adapters`` (a server with several LoRA adapters): agent -> the adapter that generated its calls. Each
+        sample records its adapter, and the episode waits to be consumed once by each adapter it used
+        (``lane_episodes``, read through ``LaneStore``)."""
+        adapters = adapters or {}
         row = (ep.episode_id, ep.key_hash, ep.client_id, ep.task_id, ep.task_type, ep.group_key,
                json.dumps(ep.reward), json.dumps(metadata, default=str), ep.status.value, ep.n_calls,
                ep.n_samples, ep.begin_policy_version, ep.min_policy_version, ep.ended_at,
@@ -214,13 +237,16 @@ class SampleStore:
                         "max_policy_version) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", row)
                     cur.executemany(
                         "INSERT INTO samples (episode_id, agent, temperature, min_policy_version, input_ids, "
-                        "loss_mask, logprobs, call_indices, stats, weight, token_versions) "
-                        "VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                        "loss_mask, logprobs, call_indices, stats, weight, token_versions, adapter) "
+                        "VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
                         [(ep.episode_id, s.agent, s.temperature, s.min_policy_version,
                           array("q", s.input_ids).tobytes(), array("q", s.loss_mask).tobytes(),
                           array("d", s.behaviour_logprobs).tobytes(), json.dumps(s.call_indices),
-                          json.dumps(s.stats, default=str), s.weight, array("q", s.versions).tobytes())
-                         for s in samples])
+                          json.dumps(s.stats, default=str), s.weight, array("q", s.versions).tobytes(),
+                          adapters.get(s.agent)) for s in samples])
+                    cur.executemany("INSERT INTO lane_episodes VALUES (?,?,'pending',NULL)",
+                                    [(ep.episode_id, a) for a in sorted({adapters[s.agent] for s in samples
+                                                                         if s.agent in adapters})])
                     cur.execute("COMMIT")
                 except BaseException:
                     cur.execute("ROLLBACK")
@@ -340,13 +366,16 @@ class SampleStore:
                 f"SELECT {self._COLS} FROM episodes WHERE status='pending' ORDER BY seq").fetchall()
         return [self._episode(r) for r in rows]
 
-    def samples_for(self, episode_ids: list[str]) -> dict[str, list[EpisodeSample]]:
+    def samples_for(self, episode_ids: list[str], adapter: str | None = None) -> dict[str, list[EpisodeSample]]:
+        """Each episode's samples, in order (``adapter``: only the samples that adapter generated)."""
         out: dict[str, list[EpisodeSample]] = {e: [] for e in episode_ids}
+        only = "" if adapter is None else " AND adapter=?"
         with self._lock:
             for eid in episode_ids:
                 rows = self._db.execute(
                     "SELECT agent, temperature, min_policy_version, input_ids, loss_mask, logprobs, call_indices, "
-                    "stats, weight, token_versions FROM samples WHERE episode_id=? ORDER BY id", (eid,)).fetchall()
+                    f"stats, weight, token_versions FROM samples WHERE episode_id=?{only} ORDER BY id",
+                    (eid,) if adapter is None else (eid, adapter)).fetchall()
                 out[eid] = [EpisodeSample(
                     input_ids=_ints(r["input_ids"]), loss_mask=_ints(r["loss_mask"]),
                     behaviour_logprobs=_floats(r["logprobs"]), agent=r["agent"], temperature=r["temperature"],
@@ -355,6 +384,13 @@ class SampleStore:
                     token_versions=_ints(r["token_versions"]) if r["token_versions"] is not None else None)
                     for r in rows]
         return out
+
+    def episode_adapters(self, episode_id: str) -> list[str]:
+        """The adapters an episode waits to be consumed by (a server with several adapters; else none)."""
+        with self._lock:
+            rows = self._db.execute("SELECT adapter FROM lane_episodes WHERE episode_id=? ORDER BY adapter",
+                                    (episode_id,)).fetchall()
+        return [r["adapter"] for r in rows]
 
     def count_by_status(self) -> dict[str, int]:
         with self._lock:
@@ -383,6 +419,109 @@ class SampleStore:
         with self._lock:
             rows = self._db.execute("SELECT step, policy_version, metrics, created_at FROM steps ORDER BY step").fetchall()
         return [(r["step"], r["policy_version"], json.loads(r["metrics"]), r["created_at"]) for r in rows]
+
+
+class TrainingStore(Protocol):
+    """What a training core reads and writes of the store: a ``SampleStore`` (one policy) or a ``LaneStore``
+    (one adapter's view)."""
+
+    def pending_episodes(self) -> list[StoredEpisode]: ...
+
+    def samples_for(self, episode_ids: list[str]) -> dict[str, list[EpisodeSample]]: ...
+
+    def mark_consumed(self, statuses: dict[str, StoredStatus], step: int | None,
+                      step_record: tuple[int, dict[str, float]] | None = None) -> None: ...
+
+    def rewind_to_step(self, step: int) -> int: ...
+
+
+class LaneStore:
+    """One adapter's view of the store, for its own training core (a server with several LoRA adapters): the
+    episodes it has yet to consume, its samples, its steps. An episode whose calls used two adapters is consumed
+    once by each (one ``lane_episodes`` row per (episode, adapter)); its own status leaves ``pending`` when the
+    last of them has consumed it (``trained`` if any trained it), and a rewind of one adapter puts it back.
+    It offers what the training core reads and writes of a ``SampleStore``, with the same meaning."""
+
+    def __init__(self, store: SampleStore, adapter: str) -> None:
+        self.store = store
+        self.adapter = adapter
+
+    @property
+    def path(self) -> Path:
+        return self.store.path
+
+    def pending_episodes(self) -> list[StoredEpisode]:
+        s = self.store
+        cols = ", ".join(f"e.{c}" for c in s._COL_NAMES)
+        with s._lock:
+            rows = s._db.execute(
+                f"SELECT {cols} FROM episodes e JOIN lane_episodes l ON l.episode_id=e.episode_id WHERE "
+                "l.adapter=? AND l.status='pending' AND e.status='pending' ORDER BY e.seq", (self.adapter,)).fetchall()
+        return [s._episode(r) for r in rows]
+
+    def samples_for(self, episode_ids: list[str]) -> dict[str, list[EpisodeSample]]:
+        return self.store.samples_for(episode_ids, adapter=self.adapter)
+
+    def mark_consumed(self, statuses: dict[str, StoredStatus], step: int | None,
+                      step_record: tuple[int, dict[str, float]] | None = None) -> None:
+        """This adapter consumed ``statuses``' episodes at ``step``; an episode every adapter has consumed leaves
+        ``pending`` in the same transaction."""
+        s = self.store
+        with s._lock:
+            cur = s._db.cursor()
+            cur.execute("BEGIN IMMEDIATE")
+            try:
+                cur.executemany("UPDATE lane_episodes SET status=?, consumed_step=? WHERE episode_id=? AND "
+                                "adapter=? AND status='pending'",
+                                [(st.value, step, eid, self.adapter) for eid, st in statuses.items()])
+                for eid, st in statuses.items():
+                    lanes = [r["status"] for r in cur.execute("SELECT status FROM lane_episodes WHERE episode_id=?",
+                                                              (eid,))]
+                    if "pending" not in lanes:
+                        final = StoredStatus.TRAINED.value if StoredStatus.TRAINED.value in lanes else st.value
+                        cur.execute("UPDATE episodes SET status=?, consumed_step=? WHERE episode_id=? AND "
+                                    "status='pending'", (final, step, eid))
+                if step_record is not None and step is not None:
+                    version, metrics = step_record
+                    cur.execute("INSERT OR REPLACE INTO lane_steps VALUES (?,?,?,?,?)",
+                                (self.adapter, step, version, json.dumps(metrics), time.time()))
+                cur.execute("COMMIT")
+            except BaseException:
+                cur.execute("ROLLBACK")
+                raise
+
+    def rewind_to_step(self, step: int) -> int:
+        """Resume: what this adapter consumed after ``step`` is pending for it again (and so for the episode)."""
+        s = self.store
+        consumed = (StoredStatus.TRAINED.value, StoredStatus.DROPPED_STALE.value, StoredStatus.DROPPED_UNIFORM.value)
+        with s._lock:
+            cur = s._db.execute("UPDATE lane_episodes SET status='pending', consumed_step=NULL WHERE adapter=? AND "
+                                "consumed_step IS NOT NULL AND consumed_step > ?", (self.adapter, step))
+            s._db.execute("UPDATE episodes SET status='pending', consumed_step=NULL WHERE status IN (?,?,?) AND "
+                          "episode_id IN (SELECT episode_id FROM lane_episodes WHERE status='pending')", consumed)
+            s._db.execute("DELETE FROM lane_steps WHERE adapter=? AND step > ?", (self.adapter, step))
+            return cur.rowcount
+
+    def consumed_steps(self) -> dict[str, list[int]]:
+        """episode id -> the steps of this adapter that consumed it (each list has length 1: exactly once)."""
+        s = self.store
+        with s._lock:
+            rows = s._db.execute("SELECT episode_id, consumed_step FROM lane_episodes WHERE adapter=? AND "
+                                 "consumed_step IS NOT NULL", (self.adapter,)).fetchall()
+        out: dict[str, list[int]] = {}
+        for r in rows:
+            out.setdefault(r["episode_id"], []).append(r["consumed_step"])
+        return out
+
+    def step_metrics(self) -> list[tuple[int, int, dict[str, float], float]]:
+        s = self.store
+        with s._lock:
+            rows = s._db.execute("SELECT step, policy_version, metrics, created_at FROM lane_steps WHERE adapter=? "
+                                 "ORDER BY step", (self.adapter,)).fetchall()
+        return [(r["step"], r["policy_version"], json.loads(r["metrics"]), r["created_at"]) for r in rows]
+
+    def episode_adapters(self, episode_id: str) -> list[str]:
+        return self.store.episode_adapters(episode_id)
 
 
 EPISODE_SUMMARY_COLS = ("episode_id", "client_id", "task_id", "task_type", "status", "reward", "begin_policy_version",

@@ -35,8 +35,8 @@ from agentjet.protocol import ServerStatus
 from agentjet.runtime.clock import Clock, SystemClock
 from agentjet.server.auth import Auth, new_admin_token, save_admin_token
 from agentjet.server.control_plane import ControlPlane
-from agentjet.server.counters import RunCounters
-from agentjet.server.episodes.admission import Admission
+from agentjet.server.counters import RunCounters, TrainingCounters
+from agentjet.server.episodes.admission import Admission, LaneView
 from agentjet.server.episodes.chat import ChatFormatter
 from agentjet.server.episodes.chat_call import Chat
 from agentjet.server.episodes.ingest import Ingest, TrainingIntake
@@ -49,9 +49,9 @@ from agentjet.server.state import Lifecycle, ServerState
 from agentjet.server.store import SampleStore, StoreReader
 from agentjet.server.store_health import StoreHealth
 from agentjet.server.training.checkpoints import Checkpoints
+from agentjet.server.training.lanes import AdapterRouter, AdapterSet, Lane, build_lane
 from agentjet.server.training.loop import TrainLoop
 from agentjet.server.training.pool import GroupPool
-from agentjet.server.training.step import BatchStep
 from agentjet.server.views.observe_source import ServerSource
 from agentjet.server.views.run_state import RunParts, StoredCounts, snapshot
 from agentjet.server.views.status import build_status, eval_reward_by_version
@@ -79,7 +79,9 @@ class SwarmServer:
     observe: ServerSource
     metrics: MetricsHub
 
-    def __init__(self, config: ServerConfig, engine: ComposedEngine, clock: Clock | None = None) -> None:
+    def __init__(self, config: ServerConfig, engine: ComposedEngine | AdapterSet, clock: Clock | None = None) -> None:
+        """``engine``: one policy (a ``ComposedEngine``), or several LoRA adapters on one base (an ``AdapterSet``:
+        one training lane per adapter, each agent routed to its adapter)."""
         self._home = agentjet_home()
         self.config = config.model_copy(deep=True)  # the caller's config is left as it is
         self.config.data_dir = config.resolved_data_dir(self._home)
@@ -87,10 +89,13 @@ class SwarmServer:
         if self._generated_admin_token:
             self.config.admin_token = SecretStr(new_admin_token())
         self.admin_token_file: Path | None = None  # where start() wrote a generated admin token
-        self.engine = engine
+        self.adapters: AdapterSet | None = engine if isinstance(engine, AdapterSet) else None
+        # the one policy's engine; with adapters the first adapter's (the tokenizer and the context they share)
+        self.engine: ComposedEngine = engine.engine(engine.names()[0]) if isinstance(engine, AdapterSet) else engine
+        self.router: AdapterRouter | None = None  # with adapters: which lane serves an agent
         self.clock = clock or SystemClock()
         self.auth = Auth.from_config(self.config)
-        self.formatter = ChatFormatter(engine.tokenizer, self.config.tool_parser)
+        self.formatter = ChatFormatter(self.engine.tokenizer, self.config.tool_parser)
         self.registry = EpisodeRegistry(self.config.lease_seconds, clock=self.clock)
         self.counters = RunCounters.starting_now(self.clock)  # the read model's counters (``counters.py``)
         self.lifecycle = Lifecycle()
@@ -133,15 +138,18 @@ class SwarmServer:
                            on_committed=intake.acknowledged)
         self.keys = EpisodeKeys(self.registry, self.store)
         self.admission = Admission(config, self.engine, self.registry, self.pool, self.clock, self.lifecycle,
-                                   self.store_health, counters.admission, counters.training)
+                                   self.store_health, counters.admission, counters.training,
+                                   lanes=lambda: [LaneView(lane.engine, lane.pool) for lane in self.lanes])
         self.ingest = Ingest(config, self.engine, self.formatter, self.registry, self.store, self.keys, self.teams,
-                             locks, self.clock, self.store_health, intake, self.admission, counters)
-        self.chat = Chat(config, self.engine, self.formatter, self.keys, self.registry, self.ingest)
+                             locks, self.clock, self.store_health, intake, self.admission, counters,
+                             adapter_of=None if self.router is None else self.router.adapter_of)
+        self.chat = Chat(config, self.engine, self.formatter, self.keys, self.registry, self.ingest,
+                         engine_for=None if self.router is None else self._engine_for)
         self.episodes = Episodes(config, self.engine, self.registry, self.keys, self.teams, self.admission)
         trainlog = TrainLog(data_dir / TRAINLOG_FILE)
         self.run = RunParts(config=config, engine=self.engine, clock=self.clock, registry=self.registry,
                             store=self.store, reader=self.reader,
-                            stored=StoredCounts(self.reader, counters, self.pool, self.teams, self.clock),
+                            stored=StoredCounts(self.reader, counters, self.lanes, self.teams, self.clock),
                             pool=self.pool, train_loop=self.train_loop, admission=self.admission, teams=self.teams, counters=counters,
                             trainlog=trainlog, lifecycle=self.lifecycle)
         self.observe = ServerSource(self.run)
@@ -152,17 +160,37 @@ class SwarmServer:
         self.train_loop.step.observer = self.metrics
         self.train_loop.on_capacity = self.admission.pump
 
+    def _config(self) -> ServerConfig:
+        return self.config  # read afresh: the control plane swaps live sections between steps
+
     def _open_training(self, data_dir: Path) -> None:
-        """The training core over the store: the group pool, checkpoints, the batch step and the loop."""
-        counters = self.counters.training
+        """The training core over the store: one lane (group pool, checkpoints, batch step) per policy, and the
+        loop that steps them. The first lane's counters are the run's (``counters.training``)."""
+        if self.adapters is None:
+            lanes = [build_lane(None, self.engine, self.store, self.counters.training, self._config,
+                                data_dir / "checkpoints", self.clock)]
+        else:
+            names = self.adapters.names()
+            lanes = [self._adapter_lane(name, self.counters.training if i == 0 else TrainingCounters())
+                     for i, name in enumerate(names)]
+            self.router = AdapterRouter({lane.name: lane for lane in lanes if lane.name is not None},
+                                        self.config.learner.lora.default_adapter)
+        self.pool = lanes[0].pool
+        self.checkpoints = lanes[0].checkpoints
+        self.train_loop = TrainLoop(lanes, self.store, self.clock)
 
-        def config() -> ServerConfig:
-            return self.config  # read afresh: the control plane swaps live sections between steps
+    def _adapter_lane(self, name: str, counters: TrainingCounters) -> Lane:
+        assert self.adapters is not None
+        return build_lane(name, self.adapters.engine(name), self.store, counters, self._config,
+                          self.data_dir / "checkpoints", self.clock)
 
-        self.pool = GroupPool(lambda: self.config.training, self.store, counters, self.clock)
-        self.checkpoints = Checkpoints(data_dir / "checkpoints", self.engine, self.store, counters, config, self.clock)
-        step = BatchStep(self.engine, self.store, counters, config, self.checkpoints, self.clock)
-        self.train_loop = TrainLoop(self.pool, step, self.checkpoints, self.engine, counters, self.clock)
+    def _engine_for(self, agent: str) -> ComposedEngine:
+        assert self.router is not None
+        return self.router.lane(agent).engine
+
+    @property
+    def lanes(self) -> list[Lane]:
+        return self.train_loop.lanes
 
     @property
     def data_dir(self) -> Path:
@@ -172,14 +200,16 @@ class SwarmServer:
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         self._open()
-        if self.config.resume:
-            await asyncio.to_thread(self.checkpoints.resume)
-        self.engine.set_learning_rate(self.config.learner.learning_rate)  # the configured rate wins on resume
-        self.engine.set_loss(self.config.loss)
+        for lane in self.lanes:
+            if self.config.resume:
+                await asyncio.to_thread(lane.checkpoints.resume)
+            lane.engine.set_learning_rate(self.config.learner.learning_rate)  # the configured rate wins on resume
+            lane.engine.set_loss(self.config.loss)
         self.teams.load()
-        n = self.pool.load_pending()
-        if n:
-            log.info("%d acknowledged episodes waiting in the store", n)
+        for lane in self.lanes:
+            n = lane.pool.load_pending()
+            if n:
+                log.info("%d acknowledged episodes waiting in the store for %s", n, lane.label)
         self.train_loop.start()
         self._reaper = asyncio.get_running_loop().create_task(self._reap_loop())
         self.state = ServerState.READY
@@ -191,9 +221,10 @@ class SwarmServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reaper
         await self.train_loop.stop()
-        if checkpoint and self.counters.training.train_steps:
-            await asyncio.to_thread(self.checkpoints.save)
-        await self.engine.close()
+        for lane in self.lanes if checkpoint else []:
+            if lane.counters.train_steps:
+                await asyncio.to_thread(lane.checkpoints.save)
+        await (self.engine if self.adapters is None else self.adapters).close()
         self.metrics.close()
         self.reader.close()
         self.store.close()

@@ -222,6 +222,9 @@ class TrackingSettings(_Section):
         return TrackingConfig(**self.model_dump(exclude={"tito"}))
 
 
+ADAPTER_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
 class LoraSettings(_Section):
     """LoRA adapters (rank 0: full fine-tuning)."""
 
@@ -231,10 +234,32 @@ class LoraSettings(_Section):
     targets: CommaList = Field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj", "gate_proj"],
         min_length=1, description="module names that get adapters (comma-separated)")
+    adapters: CommaList = Field(
+        default_factory=list, description="several named LoRA adapters on one frozen base, each trained on its own "
+        "agents' rewards (comma-separated, e.g. planner,executor; needs a rank): a call's agent name picks its "
+        "adapter", json_schema_extra={"flag": "adapters"})
+    default_adapter: str | None = Field(
+        None, min_length=1, max_length=64, description="the adapter that serves agents named like no adapter "
+        "(unset: such a call is refused with a 4xx naming the adapters)", json_schema_extra={"flag": "default-adapter"})
 
     @property
     def enabled(self) -> bool:
         return self.rank > 0
+
+    @model_validator(mode="after")
+    def _adapters_need_a_rank(self) -> LoraSettings:
+        for name in self.adapters:
+            if not ADAPTER_NAME.fullmatch(name):
+                raise ValueError(f"adapter name {name!r}: use 1 to 64 letters, digits, '_', '-' or '.'")
+        if len(set(self.adapters)) != len(self.adapters):
+            raise ValueError(f"adapters {self.adapters}: each name once")
+        if self.adapters and not self.enabled:
+            raise ValueError(f"adapters {','.join(self.adapters)} are LoRA adapters: give them a rank "
+                             "(--lora-rank 8, learner.lora.rank)")
+        if self.default_adapter is not None and self.default_adapter not in self.adapters:
+            raise ValueError(f"default_adapter {self.default_adapter!r} is not one of the adapters "
+                             f"({','.join(self.adapters) or 'none: set --adapters'})")
+        return self
 
 
 class EngineKind(enum.StrEnum):
@@ -555,6 +580,13 @@ class ServerConfig(_Section):
     @model_validator(mode="after")
     def _learner_group_trains_full_weights(self) -> ServerConfig:
         group, lora = self.learner.group, self.learner.lora
+        if lora.adapters and (group.procs or self.generator.kind is EngineKind.VLLM):
+            raise ValueError(f"adapters ({','.join(lora.adapters)}) need the embedded generator and the in-process "
+                             "learner, which share one base: learner.group.procs 0 and generator.kind hf (several "
+                             "adapters on vLLM or a trainer group are not built yet)")
+        if lora.adapters and self.training.task_ratios:
+            raise ValueError("training.task_ratios (cocktail quotas) with several adapters is not built yet: use one "
+                             "or the other")
         if group.procs and lora.enabled:
             raise ValueError(f"learner.group.procs ({group.procs}) trains the full weights with FSDP2: it cannot "
                              "train LoRA adapters (learner.lora.rank 0, or learner.group.procs 0)")

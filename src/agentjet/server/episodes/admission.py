@@ -38,9 +38,9 @@ import enum
 import logging
 import math
 from collections import OrderedDict, deque
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from agentjet.layouts.composed import ComposedEngine
 from agentjet.protocol import BeginEpisodeRequest, BeginEpisodeResponse, EpisodeStatus
@@ -57,6 +57,13 @@ log = logging.getLogger(__name__)
 
 QUOTA_RETRY_MS = 500
 CAPACITY_RETRY_MS = 250
+
+
+class LaneView(NamedTuple):
+    """What admission reads of one policy's training lane (``training/lanes.py``)."""
+
+    engine: ComposedEngine
+    pool: GroupPool
 
 
 def capacity(*, version: int, batch_episodes: int, max_staleness: int, accepted: int, running: int,
@@ -170,8 +177,12 @@ class Admission:
 
     def __init__(self, config: ServerConfig, engine: ComposedEngine, registry: EpisodeRegistry, pool: GroupPool,
                  clock: Clock, lifecycle: Lifecycle, store_health: StoreHealth, counters: AdmissionCounters,
-                 training: TrainingCounters) -> None:
+                 training: TrainingCounters, lanes: Callable[[], Sequence[LaneView]] | None = None) -> None:
+        """``lanes()``: every policy's (engine, pool) on a server with several LoRA adapters. A begin names no
+        agent, so an episode counts against each: the capacity is the least of theirs, and a group's place is
+        kept in every pool. By default the one ``engine`` and ``pool``."""
         self.config = config
+        self._lanes = lanes or (lambda: [LaneView(engine, pool)])
         self.training = training  # read only: the committed version, for the served version that tags evals
         self.engine = engine
         self.registry = registry
@@ -248,13 +259,19 @@ class Admission:
                            headers={"Retry-After": "1"})
 
     def _admit(self, req: BeginEpisodeRequest) -> BeginEpisodeResponse:
+        lanes = self._lanes()
         if not req.eval and not self._begun_in_group(req.group_id or req.task_id) % self.config.training.group_size:
-            self.pool.note_admitted(req.group_id or req.task_id)
+            for lane in lanes:
+                lane.pool.note_admitted(req.group_id or req.task_id)
         # a training episode's staleness counts from the learner's version; an eval is tagged with the version
-        # that generates it, the served one (design §6), not a learner's version still being pushed
-        version = self.training.served_version(self.engine.generator_version) if req.eval else self.engine.policy_version
+        # that generates it, the served one (design §6), not a learner's version still being pushed (with several
+        # adapters: the oldest of theirs)
+        version = (self.training.served_version(self.engine.generator_version) if req.eval and len(lanes) == 1
+                   else min(lane.engine.generator_version if req.eval else lane.engine.policy_version
+                            for lane in lanes))
         ep, key = self.registry.begin(req, version)
-        self.pool.note_begin(req.task_type)
+        for lane in lanes:
+            lane.pool.note_begin(req.task_type)
         return BeginEpisodeResponse(episode_id=ep.episode_id, api_key=key, base_url=self.config.base_url(),
                                     lease_seconds=self.config.lease_seconds, policy_version=version)
 
@@ -332,20 +349,24 @@ class Admission:
     def capacity(self) -> int:
         """Training episodes that may begin now without going past the staleness bound (``capacity``)."""
         t = self.config.training
-        return capacity(version=self.engine.policy_version, batch_episodes=t.batch_groups * t.group_size,
-                        max_staleness=t.max_staleness, accepted=self.pool.accepted_count,
-                        running=self.registry.open_training, max_concurrent=t.max_concurrent)
+        return min(capacity(version=lane.engine.policy_version, batch_episodes=t.batch_groups * t.group_size,
+                            max_staleness=t.max_staleness, accepted=lane.pool.accepted_count,
+                            running=self.registry.open_training, max_concurrent=t.max_concurrent)
+                   for lane in self._lanes())
 
     def _begun_in_group(self, group_key: str) -> int:
-        return self.registry.open_by_group[group_key] + self.pool.pending_in_group(group_key)
+        return self.registry.open_by_group[group_key] + max(lane.pool.pending_in_group(group_key)
+                                                            for lane in self._lanes())
 
     def reserved(self) -> int:
         """Places held for the members that begun groups still lack (``reserved``), for ``group_timeout_s``
         after the group's admission: a member that never comes (its client was killed) does not hold its place
         for longer."""
         t = self.config.training
-        keys = set(self.registry.open_by_group) | set(self.pool.pending_group_keys())
-        return reserved((self._begun_in_group(k) for k in keys if self.pool.admitted_within(k, t.group_timeout_s)),
+        lanes = self._lanes()
+        keys = set(self.registry.open_by_group).union(*(lane.pool.pending_group_keys() for lane in lanes))
+        return reserved((self._begun_in_group(k) for k in keys
+                         if any(lane.pool.admitted_within(k, t.group_timeout_s) for lane in lanes)),
                         t.group_size)
 
     def _check_capacity(self, group_key: str) -> None:

@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -146,9 +146,13 @@ class Chat:
     """The parts a chat call uses, built once by ``SwarmServer``."""
 
     def __init__(self, config: ServerConfig, engine: ComposedEngine, formatter: ChatFormatter, keys: EpisodeKeys,
-                 registry: EpisodeRegistry, ingest: Ingest) -> None:
+                 registry: EpisodeRegistry, ingest: Ingest,
+                 engine_for: Callable[[str], ComposedEngine] | None = None) -> None:
+        """``engine_for(agent)``: the engine that serves an agent's calls (a server with several LoRA adapters
+        routes each agent to its adapter's, or refuses it with a 4xx); by default ``engine`` serves every agent."""
         self.config = config
         self.engine = engine
+        self.engine_for = engine_for or (lambda _agent: engine)
         self.formatter = formatter
         self.keys = keys
         self.registry = registry
@@ -178,6 +182,7 @@ class ChatCall:
             raise bad_request(f"at most {config.max_messages} messages per request", param="messages")
         self.body = body
         self.agent = agent_name(agent_header, body, config)
+        self.engine = chat.engine_for(self.agent)  # its adapter's engine (a 4xx when no adapter serves it)
         try:
             self.messages = normalize_messages(body.messages)
             self.tools = validate_tools(body.tools)
@@ -216,7 +221,7 @@ class ChatCall:
         """Generate every choice, then record each on the episode (a 409 if the episode closed meanwhile)."""
         with self.in_flight():
             try:
-                results = await asyncio.gather(*[self.chat.engine.generate(self.prompt_ids, s)
+                results = await asyncio.gather(*[self.engine.generate(self.prompt_ids, s)
                                                  for s in self.sampling])
             except Exception as exc:
                 raise engine_error(exc) from exc
@@ -227,7 +232,7 @@ class ChatCall:
 
     async def generate(self, on_token: TokenCallback) -> GenerationResult:
         """The first choice, each token to ``on_token`` as it is produced (a stream; ``n`` is 1)."""
-        return await self.chat.engine.generate(self.prompt_ids, self.sampling[0], on_token=on_token)
+        return await self.engine.generate(self.prompt_ids, self.sampling[0], on_token=on_token)
 
     def reply(self, result: GenerationResult, sampling: SamplingParams) -> Reply:
         """The assistant message of ``result``, recorded on the episode when it is still open."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from agentjet.layouts.composed import ComposedEngine
@@ -53,7 +54,9 @@ class Ingest:
     def __init__(self, config: ServerConfig, engine: ComposedEngine, formatter: ChatFormatter, registry: EpisodeRegistry,
                  store: SampleStore, keys: EpisodeKeys, teams: Teams, end_locks: KeyedLocks, clock: Clock,
                  store_health: StoreHealth, intake: TrainingIntake, admission: Admission,
-                 counters: RunCounters) -> None:
+                 counters: RunCounters, adapter_of: Callable[[list[str]], dict[str, str]] | None = None) -> None:
+        """``adapter_of(agents)``: agent -> the LoRA adapter that served it (a server with several adapters), so the
+        store records which adapters must each consume the episode."""
         self.config = config
         self.engine = engine
         self.formatter = formatter
@@ -67,6 +70,7 @@ class Ingest:
         self.intake = intake
         self.admission = admission
         self.counters = counters
+        self.adapter_of = adapter_of
 
     # ------------------------------------------------------------------ calls
     async def tito_prompt_ids(self, ep: Episode, agent: str, messages: list[dict[str, Any]],
@@ -170,7 +174,9 @@ class Ingest:
             try:
                 samples, report = await asyncio.to_thread(self.build_samples, calls)
                 stored = self._stored_episode(ep, req, calls, len(samples), team)
-                await asyncio.to_thread(self.store.commit_episode, stored, samples, req.metadata, report.to_dict())
+                adapters = self.adapter_of(sorted({s.agent for s in samples})) if self.adapter_of else None
+                await asyncio.to_thread(self.store.commit_episode, stored, samples, req.metadata, report.to_dict(),
+                                        adapters)
                 self.counters.tracking.add(report.to_dict())  # observe: merge ratio and drift repairs
             except StoreError as exc:
                 log.error("%s", exc)

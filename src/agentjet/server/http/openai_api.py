@@ -24,7 +24,7 @@ from agentjet.protocol import AGENT_HEADER
 from agentjet.server.episodes.chat_call import ChatCall, ChatCompletionRequest, engine_error
 from agentjet.server.errors import error_body
 from agentjet.server.http.deps import bearer, server_of
-from agentjet.server.views.run_state import versions
+from agentjet.server.views.run_state import adapter_statuses, versions
 
 router = APIRouter(prefix="/v1")
 
@@ -69,9 +69,13 @@ class CallView:
 
 @router.get("/models")
 async def list_models(request: Request) -> dict[str, Any]:
+    """The served model; with several LoRA adapters, each adapter too (its name is the ``model`` a call names)."""
     server = server_of(request)
-    return {"object": "list", "data": [{"id": server.config.name, "object": "model", "created": 0,
-                                        "owned_by": "agentjet", "policy_version": versions(server.run).served}]}
+    models = [{"id": server.config.name, "object": "model", "created": 0, "owned_by": "agentjet",
+               "policy_version": versions(server.run).served}]
+    models += [{"id": name, "object": "model", "created": 0, "owned_by": "agentjet", "parent": server.config.name,
+                "policy_version": adapter.policy_version} for name, adapter in adapter_statuses(server.run).items()]
+    return {"object": "list", "data": models}
 
 
 @router.post("/chat/completions", response_model=None)

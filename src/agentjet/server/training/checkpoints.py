@@ -14,7 +14,7 @@ from typing import Protocol
 from agentjet.files import atomic_dir, write_atomic
 from agentjet.runtime.clock import Clock
 from agentjet.server.counters import TrainingCounters
-from agentjet.server.store import SampleStore
+from agentjet.server.store import TrainingStore
 from agentjet.settings import ServerConfig
 from agentjet.weights import checkpoints as layout
 
@@ -34,7 +34,7 @@ class Persistent(Protocol):
 
 
 class Checkpoints:
-    def __init__(self, root: Path, engine: Persistent, store: SampleStore, counters: TrainingCounters,
+    def __init__(self, root: Path, engine: Persistent, store: TrainingStore, counters: TrainingCounters,
                  config: Callable[[], ServerConfig], clock: Clock) -> None:
         self.root = root
         self.engine = engine

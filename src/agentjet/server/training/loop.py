@@ -1,6 +1,8 @@
-"""The train loop: when to step. It wakes when an episode arrives (or every second), trains every batch the
-pool has ready, and goes idle; it pauses and resumes for the control plane, holds ``step_lock`` around each
-step (control actions take it to run between steps), and pauses by itself when the engine halts training."""
+"""The train loop: when to step. It wakes when an episode arrives (or every second), trains every batch its
+lanes' pools have ready (``lanes.py``: one lane per policy; a server with several LoRA adapters has one per
+adapter, each stepping when its own batch is ready), and goes idle; it pauses and resumes for the control plane,
+holds ``step_lock`` around each step (control actions take it to run between steps), and pauses by itself when
+the engine halts training."""
 
 from __future__ import annotations
 
@@ -9,38 +11,25 @@ import contextlib
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
 
 from agentjet.engines.errors import TrainingHaltedError
 from agentjet.runtime.clock import Clock
 from agentjet.server.counters import TrainingCounters
-from agentjet.server.store import StoredEpisode
+from agentjet.server.store import SampleStore, StoredEpisode
 from agentjet.server.training.checkpoints import Checkpoints
+from agentjet.server.training.lanes import Lane, lanes_of
 from agentjet.server.training.pool import GroupPool
 from agentjet.server.training.step import BatchStep
 
 log = logging.getLogger(__name__)
 
 
-class Halting(Protocol):
-    """What the loop reads of the engine: the version batches are checked against for staleness, and after
-    each step whether training can go on (None) or why not."""
-
-    @property
-    def halted_reason(self) -> str | None: ...
-
-    @property
-    def policy_version(self) -> int: ...
-
-
 class TrainLoop:
-    def __init__(self, pool: GroupPool, step: BatchStep, checkpoints: Checkpoints, engine: Halting,
-                 counters: TrainingCounters, clock: Clock) -> None:
-        self.pool = pool
-        self.step = step
-        self.checkpoints = checkpoints
-        self.engine = engine
-        self.counters = counters
+    def __init__(self, lanes: list[Lane], store: SampleStore, clock: Clock) -> None:
+        if not lanes:
+            raise ValueError("the train loop needs at least one lane")
+        self.lanes = lanes
+        self.store = store  # where an episode's adapters are read (``lanes_of``)
         self.clock = clock
         self.paused = False
         self.step_lock = asyncio.Lock()  # held by a train step; control actions take it to run between steps
@@ -51,12 +40,48 @@ class TrainLoop:
         self._pass_done = asyncio.Condition()
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
-        self._idle_since = clock.monotonic()
+        self._started = clock.monotonic()
+        self._idle_since: dict[str, float] = {}  # lane -> when its latest step ended (its wait for a batch)
+
+    # the first lane's parts: the whole training core of a server with one policy
+    @property
+    def lane(self) -> Lane:
+        return self.lanes[0]
+
+    @property
+    def pool(self) -> GroupPool:
+        return self.lanes[0].pool
+
+    @property
+    def step(self) -> BatchStep:
+        return self.lanes[0].step
+
+    @property
+    def checkpoints(self) -> Checkpoints:
+        return self.lanes[0].checkpoints
+
+    @property
+    def counters(self) -> TrainingCounters:
+        return self.lanes[0].counters
+
+    def add_lane(self, lane: Lane) -> None:
+        """A lane added at run time (an adapter added): it steps from the next pass."""
+        self.lanes.append(lane)
+
+    def remove_lane(self, name: str) -> Lane:
+        """Stop stepping the adapter ``name`` (call between steps: under ``step_lock``)."""
+        lane = next((x for x in self.lanes if x.name == name), None)
+        if lane is None or len(self.lanes) == 1:
+            raise ValueError(f"cannot remove lane {name!r}: " + ("not found" if lane is None else "the last one"))
+        self.lanes.remove(lane)
+        return lane
 
     # ------------------------------------------------------------ intake and control
     def add(self, ep: StoredEpisode) -> None:
-        """An acknowledged training episode: into the pool, and the loop wakes."""
-        self.pool.add(ep)
+        """An acknowledged training episode: into the pool of each lane that must consume it, and the loop
+        wakes."""
+        for lane in lanes_of(ep, self.lanes, self.store):
+            lane.pool.add(ep)
         self._wake.set()
 
     def wake(self) -> None:
@@ -75,30 +100,32 @@ class TrainLoop:
         self._wake.set()
 
     async def checkpoint_now(self) -> Path:
-        """Save a checkpoint between train steps (for the control plane)."""
+        """Save a checkpoint of every lane between train steps (for the control plane); the first lane's path."""
         async with self.step_lock:
-            return await asyncio.to_thread(self.checkpoints.save)
+            paths = [await asyncio.to_thread(lane.checkpoints.save) for lane in list(self.lanes)]
+        return paths[0]
 
     # ------------------------------------------------------------ stepping
-    async def maybe_step(self) -> dict[str, float] | None:
-        """Train once if a full batch of groups is ready."""
+    async def maybe_step(self, lane: Lane | None = None) -> dict[str, float] | None:
+        """Train ``lane`` (default: the first) once if a full batch of its groups is ready."""
+        lane = lane or self.lanes[0]
         if self.paused:
             return None
-        batch = self.pool.next_batch(self.engine.policy_version)
+        batch = lane.pool.next_batch(lane.engine.policy_version)
         if batch is None:
             return None
-        self.step.waited_s = self.clock.monotonic() - self._idle_since
+        lane.step.waited_s = self.clock.monotonic() - self._idle_since.get(lane.label, self._started)
         try:
             async with self.step_lock:
-                metrics = await self.step.run(batch)
+                metrics = await lane.step.run(batch)
         except BaseException:
-            self.pool.give_back(batch)  # not consumed: back into the pool
+            lane.pool.give_back(batch)  # not consumed: back into the pool
             raise
         finally:
-            self.pool.settle()
-            self._idle_since = self.clock.monotonic()
-        if self.engine.halted_reason is not None:  # the step counted; the engine cannot go on: pause now
-            raise TrainingHaltedError(self.engine.halted_reason)
+            lane.pool.settle()
+            self._idle_since[lane.label] = self.clock.monotonic()
+        if lane.engine.halted_reason is not None:  # the step counted; the engine cannot go on: pause now
+            raise TrainingHaltedError(lane.engine.halted_reason)
         return metrics
 
     async def run(self) -> None:
@@ -116,16 +143,23 @@ class TrainLoop:
                     self._pass_done.notify_all()
 
     async def _one_pass(self) -> None:
+        for lane in list(self.lanes):
+            await self._drain(lane)
+            if self.paused:
+                return
+
+    async def _drain(self, lane: Lane) -> None:
+        """Train every batch ``lane`` has ready."""
         try:
-            while not self._stopping and await self.maybe_step():
+            while not self._stopping and await self.maybe_step(lane):
                 self._capacity_changed()
             self._capacity_changed()  # stale or uniform groups dropped: their places are free
         except TrainingHaltedError as exc:  # going on would train on wrong data: pause, say why, once
-            if self.counters.halt(str(exc)):
+            if lane.counters.halt(str(exc)):
                 log.error("training halted (paused): %s", exc)
             self.paused = True
         except Exception:  # a failed step must not kill the loop; the episodes stay pending
-            log.exception("train step failed; its episodes stay in the store")
+            log.exception("train step of %s failed; its episodes stay in the store", lane.label)
             await asyncio.sleep(1.0)
 
     async def settled(self) -> None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from agentjet.runtime.clock import Clock
 from agentjet.server.counters import TrainingCounters
-from agentjet.server.store import SampleStore, StoredEpisode, StoredStatus
+from agentjet.server.store import StoredEpisode, StoredStatus, TrainingStore
 from agentjet.server.training.quotas import apportion
 from agentjet.server.training.staleness import all_stale
 from agentjet.settings import AbsentPolicy, TrainingSettings
@@ -53,7 +53,7 @@ def is_uniform(group: Group) -> bool:
 class GroupPool:
     """``settings`` is read afresh at every use, so a live change takes effect from the next batch."""
 
-    def __init__(self, settings: Callable[[], TrainingSettings], store: SampleStore, counters: TrainingCounters,
+    def __init__(self, settings: Callable[[], TrainingSettings], store: TrainingStore, counters: TrainingCounters,
                  clock: Clock) -> None:
         self._settings = settings
         self.store = store

@@ -19,7 +19,7 @@ from agentjet.observe.events import StepObserver, StepRecord, TrainedSample, sta
 from agentjet.protocol import reward_mean
 from agentjet.runtime.clock import Clock
 from agentjet.server.counters import TrainingCounters
-from agentjet.server.store import SampleStore, StoredStatus
+from agentjet.server.store import StoredStatus, TrainingStore
 from agentjet.server.training.checkpoints import Checkpoints
 from agentjet.server.training.pool import Group
 from agentjet.server.training.staleness import fresh_samples, logprobs_on_stored_mask
@@ -78,7 +78,7 @@ class Batch:
 
 
 class BatchStep:
-    def __init__(self, engine: ComposedEngine, store: SampleStore, counters: TrainingCounters,
+    def __init__(self, engine: ComposedEngine, store: TrainingStore, counters: TrainingCounters,
                  config: Callable[[], ServerConfig], checkpoints: Checkpoints, clock: Clock) -> None:
         self.engine = engine
         self.store = store

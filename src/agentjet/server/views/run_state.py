@@ -7,11 +7,13 @@ metrics and per-step context (``observe/metrics.py``). The counters themselves a
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from agentjet.layouts.composed import ComposedEngine
 from agentjet.observe.schema import DropReason, RunSnapshot
 from agentjet.observe.trainlog import TrainLog
+from agentjet.protocol import AdapterStatus
 from agentjet.runtime.clock import Clock
 from agentjet.server.counters import RunCounters
 from agentjet.server.episodes.admission import Admission
@@ -19,6 +21,7 @@ from agentjet.server.episodes.registry import EpisodeRegistry
 from agentjet.server.episodes.teams import Teams
 from agentjet.server.state import Lifecycle
 from agentjet.server.store import SampleStore, StoreReader
+from agentjet.server.training.lanes import Lane
 from agentjet.server.training.loop import TrainLoop
 from agentjet.server.training.pool import GroupPool
 from agentjet.settings import ServerConfig
@@ -28,11 +31,12 @@ class StoredCounts:
     """Episodes per stored status, counted through the read side's own connection (``StoreReader``). Every
     view shares one count while nothing that moves it has happened, and for at most ``ttl_s``."""
 
-    def __init__(self, reader: StoreReader, counters: RunCounters, pool: GroupPool, teams: Teams, clock: Clock,
+    def __init__(self, reader: StoreReader, counters: RunCounters, lanes: Sequence[Lane], teams: Teams, clock: Clock,
                  ttl_s: float = 2.0) -> None:
+        """``lanes``: the training lanes (the train loop's live list: an adapter added at run time counts)."""
         self.reader = reader
         self.counters = counters
-        self.pool = pool
+        self.lanes = lanes
         self.teams = teams
         self.clock = clock
         self.ttl_s = ttl_s
@@ -41,9 +45,10 @@ class StoredCounts:
     def _moved(self) -> tuple[int, ...]:
         """What changes whenever a stored status does: an episode acknowledged (ended or committed), one
         prepared or resolved, the train loop taking from the pool (steps, drops, batches with nothing to learn)."""
-        t = self.counters.training
-        return (self.counters.requests.episodes_ended, t.train_steps, t.trained_episodes, t.dropped_stale,
-                t.dropped_uniform, self.pool.pending_count, self.pool.in_step, len(self.teams.prepared))
+        lanes = [(lane.counters, lane.pool) for lane in list(self.lanes)]
+        return (self.counters.requests.episodes_ended, len(self.teams.prepared),
+                *(n for t, pool in lanes for n in (t.train_steps, t.trained_episodes, t.dropped_stale,
+                                                   t.dropped_uniform, pool.pending_count, pool.in_step)))
 
     def by_status(self) -> dict[str, int]:
         key = self._moved()  # read before the count: a change in between makes the next call count again
@@ -89,10 +94,33 @@ class Versions:
     push_in_flight: bool
 
 
+def lane_versions(lane: Lane) -> Versions:
+    engine = lane.engine
+    return Versions(served=lane.counters.served_version(engine.generator_version), learner=engine.policy_version,
+                    push_in_flight=engine.weight_push_in_flight)
+
+
 def versions(run: RunParts) -> Versions:
-    engine = run.engine
-    return Versions(served=run.counters.training.served_version(engine.generator_version),
-                    learner=engine.policy_version, push_in_flight=engine.weight_push_in_flight)
+    """The run's versions: its one policy's; with several adapters, the oldest of theirs."""
+    each = [lane_versions(lane) for lane in list(run.train_loop.lanes)]
+    return Versions(served=min(v.served for v in each), learner=min(v.learner for v in each),
+                    push_in_flight=any(v.push_in_flight for v in each))
+
+
+def adapter_statuses(run: RunParts) -> dict[str, AdapterStatus]:
+    """One entry per LoRA adapter (empty on a server with one policy)."""
+    out = {}
+    for lane in list(run.train_loop.lanes):
+        if lane.name is None:
+            continue
+        v, t = lane_versions(lane), lane.counters
+        out[lane.name] = AdapterStatus(
+            policy_version=v.served, learner_version=v.learner, weight_push_in_flight=v.push_in_flight,
+            train_steps=t.train_steps, trained_episodes=t.trained_episodes, trained_tokens=t.trained_tokens,
+            pending_episodes=lane.pool.pending_count, dropped_stale_episodes=t.dropped_stale,
+            dropped_uniform_episodes=t.dropped_uniform, last_train_metrics=dict(t.last_metrics),
+            training_halted=t.halted_reason)
+    return out
 
 
 def snapshot(run: RunParts) -> RunSnapshot:
@@ -103,16 +131,17 @@ def snapshot(run: RunParts) -> RunSnapshot:
     v = versions(run)
     counts = run.stored.by_status()
     c, t, reg = run.counters, run.counters.training, run.registry
+    lanes = list(run.train_loop.lanes)
     sync = run.engine.weight_sync
     return RunSnapshot(
         model=run.config.name, engine=run.engine.layout, engine_info=run.engine.describe(),
         engine_state=run.engine_state(), paused=run.train_loop.paused, policy_version=v.served,
         learner_version=v.learner, weight_push_in_flight=v.push_in_flight,
-        train_steps=t.train_steps, uptime_s=max(run.clock.monotonic() - c.requests.started, 1e-9),
+        train_steps=sum(lane.counters.train_steps for lane in lanes), uptime_s=max(run.clock.monotonic() - c.requests.started, 1e-9),
         open_episodes=reg.open_count, pending_episodes=counts["pending"], trained_episodes=counts["trained"],
         eval_episodes=counts["eval"], client_ids=sorted(reg.clients), calls=c.requests.calls,
         generated_tokens=c.requests.generated_tokens, episodes_ended=c.requests.episodes_ended,
-        trained_tokens=t.trained_tokens,
+        trained_tokens=sum(lane.counters.trained_tokens for lane in lanes),
         dropped={DropReason.STALE: counts["dropped_stale"], DropReason.UNIFORM: counts["dropped_uniform"],
                  DropReason.EXPIRED: reg.counts["expired"], DropReason.ABORTED: reg.counts["aborted"],
                  DropReason.TEAM_ABORTED: counts["aborted"]},
@@ -124,4 +153,5 @@ def snapshot(run: RunParts) -> RunSnapshot:
         weight_sync_failures=sync.failures if sync is not None else None,
         last_train_metrics=dict(t.last_metrics),
         task_types={k: {"episodes": v.episodes, "reward_mean": v.reward_mean} for k, v in list(t.by_type.items())},
-        training_halted=t.halted_reason)
+        training_halted=next((lane.counters.halted_reason for lane in lanes if lane.counters.halted_reason), None),
+        adapters=adapter_statuses(run))
