@@ -49,12 +49,11 @@ def test_each_agent_is_served_by_its_adapter_and_models_lists_them(adapters_serv
     srv, engine = adapters_server()
 
     async def main() -> None:
-        async with SwarmClient(srv.url) as client:
-            async with client.episode(task_id="t") as ep:
-                await ep.openai(agent="planner").chat.completions.create(model="tiny", messages=USER)
-                await ep.openai().chat.completions.create(model="executor", messages=USER)  # the model field
-                await ep.openai().chat.completions.create(model="executor", messages=USER)
-                ep.reward(1.0)
+        async with SwarmClient(srv.url) as client, client.episode(task_id="t") as ep:
+            await ep.openai(agent="planner").chat.completions.create(model="tiny", messages=USER)
+            await ep.openai().chat.completions.create(model="executor", messages=USER)  # the model field
+            await ep.openai().chat.completions.create(model="executor", messages=USER)
+            ep.reward(1.0)
 
     asyncio.run(main())
     assert len(engine.engine("planner").generator.prompts) == 1
