@@ -394,7 +394,7 @@ def run_suite(s: SuiteSettings, console: Console | None = None,
     curves = {}
     if s.quick:
         say(f"4/4 learning check: the demo on the toy task, {TOY_STEPS} steps ({s.model_name})")
-        toy = toy_learning(model)
+        toy = toy_learning(model, console)  # its progress shows: a run that stalls says where
         metrics |= toy.metrics
         curves = toy.curves
     else:
