@@ -201,6 +201,21 @@ class ConfigChange(_Request):
     force: bool = Field(default=False, description="apply a task_ratios change that shuts out running task types")
 
 
+class AddAdapterRequest(_Request):
+    """Add a LoRA adapter to a running server that hosts several (``ajet ctl adapter add``)."""
+
+    name: str = Field(min_length=1, max_length=64, description="the adapter's name: the agent name that uses it")
+    rank: int | None = Field(None, ge=1, le=1024, description="its LoRA rank (default: the server's --lora-rank)")
+
+
+class AdapterChange(_Reply):
+    """The answer to adding or removing an adapter: the adapters from now on."""
+
+    adapters: list[str]
+    added: str | None = None
+    removed: str | None = None
+
+
 class PauseRequest(_Request):
     wait_for_step: bool = Field(default=False, description="answer only once a train step in progress has "
                                 "finished, so no step runs after the answer until resume")

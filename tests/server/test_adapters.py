@@ -206,3 +206,55 @@ def test_a_config_that_asks_for_adapters_it_cannot_have_is_refused_with_the_fix(
 
     with pytest.raises(ValidationError, match=words):
         ServerConfig(learner=learner, generator=generator)
+
+
+def test_adapters_are_added_and_removed_while_the_server_runs(adapters_server) -> None:
+    from typer.testing import CliRunner
+
+    from agentjet.cli import app
+
+    srv, engine = adapters_server(admin_token="adm1n")
+    control = f"{srv.url}/swarm/v1/control/adapters"
+    auth = {"Authorization": "Bearer adm1n"}
+    out = CliRunner().invoke(app, ["ctl", "adapter", "add", "critic", "--rank", "2", "--server", srv.url,
+                                   "--token", "adm1n"])
+    assert out.exit_code == 0 and "critic" in out.output, out.output
+    assert engine.names() == ["planner", "executor", "critic"]
+    for body, status, words in [({"name": "critic"}, 409, "exists already"), ({"name": "a b"}, 400, "letters"),
+                                ({"name": "x", "rank": 0}, 400, "rank")]:
+        r = httpx.post(control, json=body, headers=auth)
+        assert r.status_code == status and words in r.text, r.text
+
+    async def critic_group() -> None:
+        async with SwarmClient(srv.url) as client:
+            await asyncio.gather(*[episode(client, "c", r, agents=["critic"]) for r in (1.0, 0.0)])
+
+    asyncio.run(critic_group())
+    wait_until(lambda: "critic" in srv.server.status().adapters
+               and srv.server.status().adapters["critic"].train_steps == 1)
+    assert engine.engine("critic").learner.policy_version == 1
+
+    r = httpx.delete(f"{control}/planner", headers=auth)
+    assert r.status_code == 200 and r.json()["adapters"] == ["executor", "critic"], r.text
+    assert "planner" not in srv.server.status().adapters and engine.names() == ["executor", "critic"]
+    assert httpx.delete(f"{control}/planner", headers=auth).status_code == 404
+    assert httpx.delete(f"{control}/critic", headers=auth).status_code == 200
+    last = httpx.delete(f"{control}/executor", headers=auth)
+    assert last.status_code == 409 and "last" in last.text
+
+    async def planner_call() -> int:
+        async with SwarmClient(srv.url) as client:
+            ep = await client.episode(task_id="t").begin()
+            r = httpx.post(f"{srv.url}/v1/chat/completions", json={"model": "planner", "messages": USER},
+                           headers={"Authorization": f"Bearer {ep.api_key}"})
+            await ep.abort()
+            return r.status_code
+
+    assert asyncio.run(planner_call()) == 404  # its agent is no longer served
+
+
+def test_a_server_with_one_policy_refuses_to_add_adapters(make_server) -> None:
+    srv = make_server(admin_token="adm1n")
+    r = httpx.post(f"{srv.url}/swarm/v1/control/adapters", json={"name": "a"},
+                   headers={"Authorization": "Bearer adm1n"})
+    assert r.status_code == 400 and "--adapters" in r.text

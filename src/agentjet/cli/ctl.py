@@ -114,3 +114,24 @@ def ctl_checkpoint(server_url: str = _SERVER, token: str | None = _TOKEN) -> Non
 def ctl_stop(server_url: str = _SERVER, token: str | None = _TOKEN) -> None:
     """Checkpoint and stop the server."""
     console.print(call("POST", "stop", server_url, token))
+
+
+adapter_app = typer.Typer(no_args_is_help=True, help="Add or remove LoRA adapters of a running server that hosts "
+                          "several (started with --lora-rank N --adapters a,b).")
+app.add_typer(adapter_app, name="adapter")
+
+
+@adapter_app.command("add")
+def ctl_adapter_add(name: Annotated[str, typer.Argument(help="the adapter's name (the agent name that uses it)")],
+                    rank: Annotated[int | None, typer.Option("--rank", min=1, max=1024,
+                                                             help="its LoRA rank (default: the server's)")] = None,
+                    server_url: str = _SERVER, token: str | None = _TOKEN) -> None:
+    """Add an adapter: it serves its agent and trains on its rewards from now on."""
+    console.print(call("POST", "adapters", server_url, token, {"name": name, "rank": rank}))
+
+
+@adapter_app.command("remove")
+def ctl_adapter_remove(name: Annotated[str, typer.Argument(help="the adapter to remove")],
+                       server_url: str = _SERVER, token: str | None = _TOKEN) -> None:
+    """Remove an adapter: its agent is no longer served by it (a 404, or the default adapter)."""
+    console.print(call("DELETE", f"adapters/{name}", server_url, token))

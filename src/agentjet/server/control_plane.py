@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from agentjet.layouts.composed import ComposedEngine
-from agentjet.protocol import ChangeRecord, ConfigChange, PauseState
+from agentjet.protocol import AdapterChange, AddAdapterRequest, ChangeRecord, ConfigChange, PauseState
 from agentjet.runtime.clock import Clock
 from agentjet.server.counters import TrainingCounters
 from agentjet.server.episodes.admission import Admission
 from agentjet.server.episodes.registry import EpisodeRegistry
 from agentjet.server.errors import bad_request, conflict
+from agentjet.server.training.adapter_lanes import AdapterLanes
 from agentjet.server.training.loop import TrainLoop
 from agentjet.server.training.pool import GroupPool
 from agentjet.settings import ServerConfig, SettingsError, deep_merge, find_field, validate
@@ -41,6 +42,7 @@ class ControlPlane:
         self.counters = counters
         self.clock = clock
         self.change_log: list[ChangeRecord] = []  # live config changes, with the version they took effect at
+        self.adapters: AdapterLanes | None = None  # a server with several LoRA adapters: add and remove them
 
     # ------------------------------------------------------------ settings
     async def change(self, change: ConfigChange) -> ChangeRecord:
@@ -85,10 +87,11 @@ class ControlPlane:
         applied = _diff(self.config, new, sections)
         for name in sections:
             setattr(self.config, name, getattr(new, name))  # read afresh by the training core for its next batch
-        if "learner.learning_rate" in applied:
-            self.engine.set_learning_rate(new.learner.learning_rate)
-        if any(key.startswith("loss.") for key in applied):
-            self.engine.set_loss(new.loss)
+        for lane in list(self.loop.lanes):  # every adapter's learner (one on a server with one policy)
+            if "learner.learning_rate" in applied:
+                lane.engine.set_learning_rate(new.learner.learning_rate)
+            if any(key.startswith("loss.") for key in applied):
+                lane.engine.set_loss(new.loss)
         if any(key.startswith("training.") for key in applied):
             self.admission.pump()  # a larger bound or batch may admit held begins at once
         record = ChangeRecord(at=self.clock.time(), policy_version=self.engine.policy_version,
@@ -114,6 +117,23 @@ class ControlPlane:
         self.loop.resume()
         log.info("training resumed at policy v%d", self.engine.policy_version)
         return self.pause_state()
+
+    # ------------------------------------------------------------ adapters
+    async def add_adapter(self, req: AddAdapterRequest) -> AdapterChange:
+        lanes = self._adapter_lanes()
+        await lanes.add(req.name, req.rank)
+        return AdapterChange(adapters=lanes.names(), added=req.name)
+
+    async def remove_adapter(self, name: str) -> AdapterChange:
+        lanes = self._adapter_lanes()
+        await lanes.remove(name)
+        return AdapterChange(adapters=lanes.names(), removed=name)
+
+    def _adapter_lanes(self) -> AdapterLanes:
+        if self.adapters is None:
+            raise bad_request("this server trains one policy, not LoRA adapters: start it with --lora-rank N "
+                              "--adapters a,b to add and remove adapters", param="name")
+        return self.adapters
 
     async def checkpoint(self) -> dict[str, Any]:
         path: Path = await self.loop.checkpoint_now()

@@ -48,6 +48,7 @@ from agentjet.server.episodes.teams import Teams
 from agentjet.server.state import Lifecycle, ServerState
 from agentjet.server.store import SampleStore, StoreReader
 from agentjet.server.store_health import StoreHealth
+from agentjet.server.training.adapter_lanes import AdapterLanes
 from agentjet.server.training.checkpoints import Checkpoints
 from agentjet.server.training.lanes import AdapterRouter, AdapterSet, Lane, build_lane
 from agentjet.server.training.loop import TrainLoop
@@ -157,7 +158,10 @@ class SwarmServer:
                                   trainlog=trainlog)
         self.control = ControlPlane(config, self.engine, self.registry, self.pool, self.train_loop, self.admission,
                                     counters.training, self.clock)
-        self.train_loop.step.observer = self.metrics
+        if self.adapters is not None and self.router is not None:
+            self.control.adapters = AdapterLanes(self.adapters, self.router, self.train_loop, self._new_adapter_lane)
+        for lane in self.lanes:
+            lane.step.observer = self.metrics
         self.train_loop.on_capacity = self.admission.pump
 
     def _config(self) -> ServerConfig:
@@ -183,6 +187,12 @@ class SwarmServer:
         assert self.adapters is not None
         return build_lane(name, self.adapters.engine(name), self.store, counters, self._config,
                           self.data_dir / "checkpoints", self.clock)
+
+    def _new_adapter_lane(self, name: str) -> Lane:
+        """A lane for an adapter added at run time (its step reports to the run's metrics)."""
+        lane = self._adapter_lane(name, TrainingCounters())
+        lane.step.observer = self.metrics
+        return lane
 
     def _engine_for(self, agent: str) -> ComposedEngine:
         assert self.router is not None

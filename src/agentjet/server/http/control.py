@@ -8,7 +8,15 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 
-from agentjet.protocol import SWARM_PREFIX, ChangeRecord, ConfigChange, PauseRequest, PauseState
+from agentjet.protocol import (
+    SWARM_PREFIX,
+    AdapterChange,
+    AddAdapterRequest,
+    ChangeRecord,
+    ConfigChange,
+    PauseRequest,
+    PauseState,
+)
 from agentjet.server.errors import bad_request
 from agentjet.server.http.deps import require_admin, server_of
 from agentjet.server.views.run_state import versions
@@ -36,6 +44,18 @@ async def pause(request: Request, body: PauseRequest | None = None) -> PauseStat
 @router.post("/resume", response_model=PauseState)
 async def resume(request: Request) -> PauseState:
     return server_of(request).control.resume()
+
+
+@router.post("/adapters", response_model=AdapterChange)
+async def add_adapter(request: Request, body: AddAdapterRequest) -> AdapterChange:
+    """Add a LoRA adapter (a server that hosts several): it serves its agent and trains from now on."""
+    return await server_of(request).control.add_adapter(body)
+
+
+@router.delete("/adapters/{name}", response_model=AdapterChange)
+async def remove_adapter(request: Request, name: str) -> AdapterChange:
+    """Remove a LoRA adapter: its agent is no longer served by it, and it trains no more."""
+    return await server_of(request).control.remove_adapter(name)
 
 
 @router.post("/checkpoint")
