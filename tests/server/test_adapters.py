@@ -258,3 +258,23 @@ def test_a_server_with_one_policy_refuses_to_add_adapters(make_server) -> None:
     r = httpx.post(f"{srv.url}/swarm/v1/control/adapters", json={"name": "a"},
                    headers={"Authorization": "Bearer adm1n"})
     assert r.status_code == 400 and "--adapters" in r.text
+
+
+def test_each_adapter_is_observed_on_its_own(adapters_server) -> None:
+    import json
+
+    srv, _ = adapters_server(admin_token="adm1n")
+
+    async def main() -> None:
+        async with SwarmClient(srv.url) as client:
+            await asyncio.gather(*[episode(client, "p", r, agents=["planner"]) for r in (1.0, 0.0)])
+
+    asyncio.run(main())
+    wait_until(lambda: srv.server.status().adapters["planner"].train_steps == 1)
+    text = httpx.get(f"{srv.url}/metrics", headers={"Authorization": "Bearer adm1n"}).text
+    assert 'agentjet_adapter_train_steps_total{adapter="planner"} 1.0' in text
+    assert 'agentjet_adapter_train_steps_total{adapter="executor"} 0.0' in text
+    assert 'agentjet_adapter_policy_version{adapter="planner"} 1.0' in text
+    assert 'agentjet_adapter_step_metric{adapter="planner",name="reward_mean"} 0.5' in text
+    lines = [json.loads(x) for x in (srv.server.data_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [(x["adapter"], x["step"]) for x in lines] == [("planner", 1)]

@@ -26,6 +26,7 @@ class StepRecord:
     metrics: dict[str, float]
     staleness: list[int] = field(default_factory=list)  # per trained episode: versions between generation and step
     samples: list[TrainedSample] = field(default_factory=list)
+    adapter: str | None = None  # the LoRA adapter it trained (a server with several); its steps count on their own
 
 
 class StepObserver(Protocol):

@@ -60,8 +60,9 @@ class JsonlSink:
         self._lock = threading.Lock()
 
     def write_record(self, record: StepRecord) -> None:
+        adapter = {} if record.adapter is None else {"adapter": record.adapter}
         line = json.dumps({"step": record.step, "policy_version": record.policy_version, "time": record.time,
-                           **_finite(record.metrics)}, sort_keys=False)
+                           **adapter, **_finite(record.metrics)}, sort_keys=False)
         with self._lock:
             self._file.write(line + "\n")
             self._file.flush()
@@ -181,6 +182,28 @@ class SnapshotCollector(Collector):
         for what, n in sorted(s.tracking.items()):
             tracking.add_metric([what], n)
         yield tracking
+        yield from _adapter_metrics(s)
+
+
+def _adapter_metrics(s: RunSnapshot) -> Iterator[Metric]:
+    """Per LoRA adapter (a server with several): its versions, steps and episodes, labelled ``adapter``."""
+    if not s.adapters:
+        return
+    families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
+        "policy_version": GaugeMetricFamily("agentjet_adapter_policy_version", "an adapter's served version",
+                                            labels=["adapter"]),
+        "pending_episodes": GaugeMetricFamily("agentjet_adapter_pending_episodes", "acknowledged episodes an "
+                                              "adapter has yet to consume", labels=["adapter"]),
+        "train_steps": CounterMetricFamily("agentjet_adapter_train_steps", "an adapter's train steps",
+                                           labels=["adapter"]),
+        "trained_episodes": CounterMetricFamily("agentjet_adapter_trained_episodes", "episodes an adapter trained "
+                                                "on", labels=["adapter"]),
+        "trained_tokens": CounterMetricFamily("agentjet_adapter_trained_tokens", "tokens with a loss in an "
+                                              "adapter's train steps", labels=["adapter"])}
+    for name, adapter in sorted(s.adapters.items()):
+        for field, family in families.items():
+            family.add_metric([name], getattr(adapter, field))
+    yield from families.values()
 
 
 class MetricsHub:
@@ -203,6 +226,8 @@ class MetricsHub:
                                     "episode's oldest token and the step that trained it", registry=self.registry,
                                     buckets=(0, 1, 2, 3, 4, 6, 8, 12, 16, 32))
         self._last = Gauge("agentjet_step_metric", "value at the latest train step", ["name"], registry=self.registry)
+        self._adapter_last = Gauge("agentjet_adapter_step_metric", "value at an adapter's latest train step (a "
+                                   "server with several LoRA adapters)", ["adapter", "name"], registry=self.registry)
         self._reward = Gauge("agentjet_step_reward", "mean reward at the latest train step, per task type",
                              ["task_type"], registry=self.registry)
         self.jsonl = JsonlSink(data_dir / METRICS_FILE)
@@ -244,9 +269,11 @@ class MetricsHub:
             if record.samples:
                 self.trainlog.record(record.step, record.policy_version, record.samples)
             self.jsonl.write_record(record)
+            named = record.metrics if record.adapter is None else {f"{record.adapter}/{k}": v
+                                                                    for k, v in record.metrics.items()}
             for sink in self.sinks:
                 try:
-                    sink.write(record.step, record.metrics)
+                    sink.write(record.step, named)
                 except Exception:  # a sink must never stop training
                     log.exception("metric sink %s failed", type(sink).__name__)
             for phase in PHASES:
@@ -256,7 +283,10 @@ class MetricsHub:
                 self._staleness.observe(s)
             for name in GAUGED:
                 if name in record.metrics:
-                    self._last.labels(name).set(record.metrics[name])
+                    if record.adapter is None:
+                        self._last.labels(name).set(record.metrics[name])
+                    else:
+                        self._adapter_last.labels(record.adapter, name).set(record.metrics[name])
             for name, value in record.metrics.items():
                 if name.startswith("reward/"):
                     self._reward.labels(name.removeprefix("reward/")).set(value)

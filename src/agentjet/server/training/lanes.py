@@ -70,7 +70,7 @@ def build_lane(name: str | None, engine: ComposedEngine, store: SampleStore, cou
     root = checkpoint_root if name is None else checkpoint_root / "adapters" / name
     pool = GroupPool(lambda: config().training, view, counters, clock)
     checkpoints = Checkpoints(root, engine, view, counters, config, clock)
-    step = BatchStep(engine, view, counters, config, checkpoints, clock)
+    step = BatchStep(engine, view, counters, config, checkpoints, clock, adapter=name)
     return Lane(name, engine, view, counters, pool, step, checkpoints)
 
 

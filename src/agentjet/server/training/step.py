@@ -79,7 +79,10 @@ class Batch:
 
 class BatchStep:
     def __init__(self, engine: ComposedEngine, store: TrainingStore, counters: TrainingCounters,
-                 config: Callable[[], ServerConfig], checkpoints: Checkpoints, clock: Clock) -> None:
+                 config: Callable[[], ServerConfig], checkpoints: Checkpoints, clock: Clock,
+                 adapter: str | None = None) -> None:
+        """``adapter``: the LoRA adapter this step trains (a server with several), named in its records."""
+        self.adapter = adapter
         self.engine = engine
         self.store = store
         self.counters = counters  # the read model's training counters: this step is their one writer of steps
@@ -134,11 +137,12 @@ class BatchStep:
         self.store.mark_consumed(statuses, step=step, step_record=(version, metrics))
         self.counters.stepped(step, episodes=len(ids), samples=len(batch.samples), tokens=batch.tokens,
                               metrics=metrics, version=version)
-        log.info("step %d: policy v%d, %d episodes, reward %.3f, loss %.4f, %.1fs", step, version, len(ids),
+        log.info("%sstep %d: policy v%d, %d episodes, reward %.3f, loss %.4f, %.1fs",
+                 f"adapter {self.adapter}: " if self.adapter else "", step, version, len(ids),
                  metrics["reward_mean"], metrics.get("loss", 0.0), metrics.get("step_seconds", 0.0))
         if self.observer is not None:
             record = StepRecord(step=step, policy_version=version, time=self.clock.time(), metrics=metrics,
-                                staleness=staleness, samples=[
+                                staleness=staleness, adapter=self.adapter, samples=[
                                     TrainedSample(eid, i, agent, adv, _stored_layout(
                                         trainer_logprobs[k] if k < len(trainer_logprobs) else None,
                                         batch.relaid.get(k)))
