@@ -276,5 +276,9 @@ def test_each_adapter_is_observed_on_its_own(adapters_server) -> None:
     assert 'agentjet_adapter_train_steps_total{adapter="executor"} 0.0' in text
     assert 'agentjet_adapter_policy_version{adapter="planner"} 1.0' in text
     assert 'agentjet_adapter_step_metric{adapter="planner",name="reward_mean"} 0.5' in text
+    run = httpx.get(f"{srv.url}/dashboard/api/run", headers={"Authorization": "Bearer adm1n"}).json()
+    rows = run["snapshot"]["adapters"]  # the run page's one row per adapter
+    assert (rows["planner"]["train_steps"], rows["executor"]["train_steps"]) == (1, 0)
+    assert rows["planner"]["last_train_metrics"]["reward_mean"] == 0.5
     lines = [json.loads(x) for x in (srv.server.data_dir / "metrics.jsonl").read_text().splitlines()]
     assert [(x["adapter"], x["step"]) for x in lines] == [("planner", 1)]

@@ -6,8 +6,9 @@
   const main = document.getElementById("main");
   const title = el("h1", { text: "Run" });
   const tiles = el("div", { class: "tiles" });
+  const adapters = el("table", { id: "adapters", hidden: true });
   const grid = el("div", { class: "grid" });
-  main.append(title, tiles, grid);
+  main.append(title, tiles, adapters, grid);
 
   const charts = {
     reward: new Chart(grid, "Train reward per task type"),
@@ -62,6 +63,20 @@
     title.textContent = `Run · ${s.model} · policy v${s.policy_version}`;
   }
 
+  // one row per LoRA adapter (a server that hosts several on one base; each trains on its own)
+  function renderAdapters(s) {
+    const rows = Object.entries(s.adapters || {});
+    adapters.hidden = rows.length === 0;
+    if (!rows.length) return;
+    const cols = ["adapter", "policy version", "train steps", "trained episodes", "pending", "reward (last step)",
+      "loss (last step)"];
+    const head = el("tr", {}, ...cols.map((c, i) => el("th", { class: i ? "num" : null, text: c })));
+    const num = (v) => el("td", { class: "num", text: v === null || v === undefined ? "–" : fmt(v) });
+    adapters.replaceChildren(head, ...rows.map(([name, a]) => el("tr", {}, el("td", { text: name }),
+      num(a.policy_version), num(a.train_steps), num(a.trained_episodes), num(a.pending_episodes),
+      num(a.last_train_metrics.reward_mean), num(a.last_train_metrics.loss))));
+  }
+
   function renderCharts() {
     const xs = steps.map((s) => s.step);
     charts.reward.set(xs, { ...pick("reward/", (k) => k.slice(7)), mean: steps.map((s) => s.metrics.reward_mean ?? null) });
@@ -95,6 +110,7 @@
     const wantEvals = evalCount < 0;
     const data = await api(`/dashboard/api/run?after=${last}&evals=${wantEvals}`);
     renderTiles(data.snapshot);
+    renderAdapters(data.snapshot);
     for (const s of data.steps) { steps.push(s); last = s.step; }
     if (data.steps.length || !charts.reward.plot) renderCharts();
     if (data.evals) { evals = data.evals; renderEvals(); }

@@ -6,6 +6,7 @@ metrics and per-step context (``observe/metrics.py``). The counters themselves a
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -118,7 +119,8 @@ def adapter_statuses(run: RunParts) -> dict[str, AdapterStatus]:
             policy_version=v.served, learner_version=v.learner, weight_push_in_flight=v.push_in_flight,
             train_steps=t.train_steps, trained_episodes=t.trained_episodes, trained_tokens=t.trained_tokens,
             pending_episodes=lane.pool.pending_count, dropped_stale_episodes=t.dropped_stale,
-            dropped_uniform_episodes=t.dropped_uniform, last_train_metrics=dict(t.last_metrics),
+            dropped_uniform_episodes=t.dropped_uniform,
+            last_train_metrics={k: v if math.isfinite(v) else None for k, v in t.last_metrics.items()},
             training_halted=t.halted_reason)
     return out
 
