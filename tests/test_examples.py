@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests.conftest import wait_until
 
 from agentjet import SwarmClient
 from agentjet.client.runner import load_dataset, load_workflow, run_workflow
@@ -78,6 +79,38 @@ def test_team_example_trains_two_servers(make_server) -> None:
     for srv in (a, b):  # every team episode committed on both servers
         assert srv.server.store.count_by_status()["pending"] + srv.server.store.count_by_status()["trained"] \
             + srv.server.store.count_by_status()["dropped_uniform"] == 6
+
+
+def test_team_example_trains_an_adapter_per_role_on_one_server(make_server, tiny_model_path: Path) -> None:
+    import importlib.util
+
+    from transformers import AutoTokenizer
+
+    from agentjet.layouts.null import NullAdapters
+
+    roles = ["planner", "executor"]
+    engine = NullAdapters(AutoTokenizer.from_pretrained(tiny_model_path), roles, reply="7")
+    srv = make_server(engine, learner={"lora": {"rank": 4, "adapters": roles}},
+                      training={"group_size": 2, "batch_groups": 1, "drop_uniform_groups": False})
+    spec = importlib.util.spec_from_file_location("team_example", ROOT / "examples" / "team_two_models.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    asyncio.run(mod.main(srv.url, srv.url, tasks=3, group_size=2, seed=1))  # --one-server: both roles, one URL
+    wait_until(lambda: all(a.train_steps == 3 for a in srv.server.status().adapters.values()))
+    for role in roles:  # each adapter trained on its own role's calls only, once per team episode
+        batches = engine.engine(role).learner.trained
+        assert sum(len(b) for b in batches) == 6
+    held = asyncio.run(_team_eval(mod, srv.url))
+    assert set(held) == set(roles)
+    assert srv.server.store.count_by_status()["eval"] == 1  # held out: stored as eval, never trained
+
+
+async def _team_eval(mod, url: str) -> dict[str, float]:
+    from agentjet import Team
+
+    async with Team({"planner": url, "executor": url}) as team:
+        return await mod.team_episode(team, {"task_id": "held-1", "a": 3, "b": 4, "answer": "7"}, temperature=0.0,
+                                      eval=True)
 
 
 def test_cocktail_client_resumes_its_cursor(make_server, tmp_path: Path) -> None:

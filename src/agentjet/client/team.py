@@ -46,18 +46,19 @@ class Team:
         await asyncio.gather(*[c.close() for c in self.clients.values()])
 
     def episode(self, task_id: str, task_type: str = "default", group_id: str | None = None,
-                metadata: dict[str, Any] | None = None) -> TeamEpisode:
-        return TeamEpisode(self, task_id, task_type, group_id, metadata or {})
+                metadata: dict[str, Any] | None = None, eval: bool = False) -> TeamEpisode:
+        """A team episode: one episode per server, committed on all or none. ``eval``: held-out (never trained)."""
+        return TeamEpisode(self, task_id, task_type, group_id, metadata or {}, eval)
 
 
 class TeamEpisode:
     def __init__(self, team: Team, task_id: str, task_type: str, group_id: str | None,
-                 metadata: dict[str, Any]) -> None:
+                 metadata: dict[str, Any], eval: bool = False) -> None:
         self.team = team
         self.team_id = f"team-{uuid.uuid4().hex}"
         self._secret = secrets.token_urlsafe(32)
         self.members: dict[str, Episode] = {
-            url: client.episode(task_id=task_id, task_type=task_type, group_id=group_id,
+            url: client.episode(task_id=task_id, task_type=task_type, group_id=group_id, eval=eval,
                                 metadata={**metadata, "team_id": self.team_id})
             for url, client in team.clients.items()}
         self._reward: Reward | None = None
