@@ -68,8 +68,28 @@ def _read_json(path: Path) -> dict[str, Any]:
         raise ExportError(f"cannot read {path}: {exc}") from exc
 
 
-def list_checkpoints(run_dir: Path) -> list[Checkpoint]:
-    ckpt_dir = run_dir / "checkpoints"
+def run_adapters(run_dir: Path) -> list[str]:
+    """The LoRA adapters a run with several checkpointed (``checkpoints/adapters/<name>/``)."""
+    root = run_dir / "checkpoints" / "adapters"
+    return sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+
+
+def checkpoint_dir(run_dir: Path, adapter: str | None = None) -> Path:
+    """Where a run's checkpoints are: its one policy's, or one adapter's of a run with several."""
+    adapters = run_adapters(run_dir)
+    if adapter is None:
+        if adapters and not layout.step_dirs(run_dir / "checkpoints"):
+            raise ExportError(f"{run_dir} trained several LoRA adapters ({', '.join(adapters)}): name one with "
+                              "--adapter NAME")
+        return run_dir / "checkpoints"
+    if adapter not in adapters:
+        raise ExportError(f"{run_dir} has no checkpoint of adapter {adapter!r}; its adapters: "
+                          f"{', '.join(adapters) or 'none (it trained one policy: leave out --adapter)'}")
+    return run_dir / "checkpoints" / "adapters" / adapter
+
+
+def list_checkpoints(run_dir: Path, adapter: str | None = None) -> list[Checkpoint]:
+    ckpt_dir = checkpoint_dir(run_dir, adapter)
     if not ckpt_dir.is_dir():
         raise ExportError(f"{run_dir} is not a run directory: it has no checkpoints/ (pass the server's --data-dir)")
     out = []
@@ -83,11 +103,13 @@ def list_checkpoints(run_dir: Path) -> list[Checkpoint]:
     return out
 
 
-def find_checkpoint(run_dir: Path, step: int | None = None, version: int | None = None) -> Checkpoint:
-    """The checkpoint at ``step`` or at policy ``version``, else the latest."""
+def find_checkpoint(run_dir: Path, step: int | None = None, version: int | None = None,
+                    adapter: str | None = None) -> Checkpoint:
+    """The checkpoint at ``step`` or at policy ``version`` (of ``adapter``, in a run with several), else the
+    latest."""
     if step is not None and version is not None:
         raise ExportError("give --step or --version, not both")
-    ckpts = list_checkpoints(run_dir)
+    ckpts = list_checkpoints(run_dir, adapter)
     if step is None and version is None:
         return max(ckpts, key=lambda c: c.step)
     found = [c for c in ckpts if (c.step == step if step is not None else c.policy_version == version)]
@@ -149,11 +171,12 @@ def _write_weights(ckpt: Checkpoint, out: Path, adapter_only: bool) -> None:
 
 
 def export_checkpoint(run_dir: Path, out: Path, step: int | None = None, version: int | None = None,
-                      adapter_only: bool = False) -> Checkpoint:
-    """Write the chosen checkpoint of ``run_dir`` to ``out`` as a standalone model directory."""
+                      adapter_only: bool = False, adapter: str | None = None) -> Checkpoint:
+    """Write the chosen checkpoint of ``run_dir`` (of one ``adapter``, in a run with several) to ``out`` as a
+    standalone model directory: that adapter merged into the base, or the adapter alone."""
     from transformers import AutoTokenizer
 
-    ckpt = find_checkpoint(run_dir, step, version)
+    ckpt = find_checkpoint(run_dir, step, version, adapter)
     if out.exists() and any(out.iterdir()):
         raise ExportError(f"{out} exists and is not empty; choose a new directory")
     out.mkdir(parents=True, exist_ok=True)
@@ -162,12 +185,14 @@ def export_checkpoint(run_dir: Path, out: Path, step: int | None = None, version
     if not tokenizer.chat_template:
         raise ExportError(f"the tokenizer in {ckpt.path} has no chat template")
     tokenizer.save_pretrained(out)
-    (out / "README.md").write_text(model_card(ckpt, run_dir, eval_reward_at(run_dir, ckpt.policy_version),
-                                              adapter_only))
+    # the eval episodes of a run with several adapters are tagged with the oldest adapter's version, not this one's
+    evals = eval_reward_at(run_dir, ckpt.policy_version) if adapter is None else EvalResult(None, 0)
+    (out / "README.md").write_text(model_card(ckpt, run_dir, evals, adapter_only, adapter))
     return ckpt
 
 
-def model_card(ckpt: Checkpoint, run_dir: Path, evals: EvalResult, adapter_only: bool) -> str:
+def model_card(ckpt: Checkpoint, run_dir: Path, evals: EvalResult, adapter_only: bool,
+               adapter: str | None = None) -> str:
     hub_base = ckpt.base_revision is not None
     front = ["---", f"library_name: {'peft' if adapter_only else 'transformers'}",
              "tags:", "- agentjet", "- reinforcement-learning"]
@@ -178,7 +203,8 @@ def model_card(ckpt: Checkpoint, run_dir: Path, evals: EvalResult, adapter_only:
             "the LoRA adapter merged into the base weights" if ckpt.is_adapter else "full weights")
     base = f"`{ckpt.base_model}`" + (f" (revision `{ckpt.base_revision}`)" if hub_base else "")
     reward = (f"{evals.mean:.4f} (mean of {evals.episodes} eval episodes begun at this version)"
-              if evals.mean is not None else "not measured (no eval episodes began at this version)")
+              if evals.mean is not None else "not measured per adapter" if adapter else
+              "not measured (no eval episodes began at this version)")
     settings = ckpt.run.get("settings")
     lines = [
         *front, "", f"# {Path(str(ckpt.run.get('served_model_name') or ckpt.base_model)).name} (AgentJet)", "",
@@ -186,6 +212,7 @@ def model_card(ckpt: Checkpoint, run_dir: Path, evals: EvalResult, adapter_only:
         "| | |", "|---|---|",
         f"| base model | {base} |",
         f"| run | `{run_dir.resolve()}` |",
+        *([f"| adapter | `{adapter}` (one of the run's LoRA adapters) |"] if adapter else []),
         f"| checkpoint | `{ckpt.path.name}` |",
         f"| step | {ckpt.step} |",
         f"| policy version | {ckpt.policy_version} |",

@@ -16,6 +16,8 @@ def export(
     version: int | None = typer.Option(None, min=0, help="the checkpoint at this policy version"),
     adapter_only: bool = typer.Option(False, "--adapter-only", help="write the LoRA adapter alone, not merged "
                                       "into the base weights"),
+    adapter: str | None = typer.Option(None, "--adapter", metavar="NAME", help="a run with several LoRA adapters "
+                                       "(--adapters): export this one (merged, or alone with --adapter-only)"),
     push_to_hub: str | None = typer.Option(None, "--push-to-hub", metavar="ORG/NAME",
                                            help="then upload the directory to this hub repo (HF_TOKEN)"),
     public: bool = typer.Option(False, "--public", help="with --push-to-hub: create the repo public, not private"),
@@ -25,8 +27,9 @@ def export(
     from agentjet.apps.export import ExportError, export_checkpoint, upload_to_hub
 
     try:
-        ckpt = export_checkpoint(run_dir, out, step, version, adapter_only)
-        console.print(f"exported step {ckpt.step} (policy version {ckpt.policy_version}) of {run_dir} to {out}",
+        ckpt = export_checkpoint(run_dir, out, step, version, adapter_only, adapter)
+        what = f"adapter {adapter}'s step" if adapter else "step"
+        console.print(f"exported {what} {ckpt.step} (policy version {ckpt.policy_version}) of {run_dir} to {out}",
                       soft_wrap=True)
         if push_to_hub:
             console.print(f"pushed to {upload_to_hub(out, push_to_hub, ckpt, private=not public)}", soft_wrap=True)
