@@ -51,10 +51,14 @@ def randomise(engines: AdapterEngines, name: str, seed: int) -> None:
 
 
 def generate(engines: AdapterEngines, rows: list[tuple[str, list[int]]],
-             sampling: SamplingParams = GREEDY) -> list[GenerationResult]:
-    """The rows submitted together (one burst: they share prefills and decode steps)."""
+             sampling: SamplingParams | list[SamplingParams] = GREEDY) -> list[GenerationResult]:
+    """The rows submitted together (one burst: they share prefills and decode steps); one sampling for all, or
+    one per row."""
+    each = sampling if isinstance(sampling, list) else [sampling] * len(rows)
+
     async def burst() -> list[GenerationResult]:
-        return list(await asyncio.gather(*[engines.generator.generate(p, sampling, adapter=a) for a, p in rows]))
+        return list(await asyncio.gather(*[engines.generator.generate(p, s, adapter=a)
+                                           for (a, p), s in zip(rows, each, strict=True)]))
 
     return run_blocking(burst())
 
@@ -91,6 +95,45 @@ def test_mixed_batch_gives_each_row_what_its_adapter_alone_gives(two: AdapterEng
     # the adapters differ (so the comparison above could fail): B on A's prompt is not A
     other = generate(two, [("B", PROMPTS[0])])[0]
     assert max(abs(x - y) for x, y in zip(other.logprobs, mixed[0].logprobs, strict=False)) > 1e-3
+
+
+def test_per_row_lora_matches_peft_mixed_batches(two: AdapterEngines) -> None:
+    """The per-row LoRA (stacked adapters, row masks) gives what PEFT's adapter_names gives, also once rows have
+    finished and left base rows between the others (the single-adapter path with a row mask, too)."""
+    runner = two.generator.runner
+    assert runner is not None and runner.row_lora is not None
+    short, long = SamplingParams(temperature=0.0, max_tokens=4), SamplingParams(temperature=0.0, max_tokens=12)
+    cases = [([("A", PROMPTS[0]), ("B", PROMPTS[1]), ("A", PROMPTS[2]), ("B", PROMPTS[2])], [short, long, long, short]),
+             ([("A", PROMPTS[0]), ("A", PROMPTS[1])], [short, long])]
+    for rows, sampling in cases:
+        ours = generate(two, rows, sampling)
+        runner.prefer_peft_rows = True
+        try:
+            peft = generate(two, rows, sampling)
+        finally:
+            runner.prefer_peft_rows = False
+        for got, want in zip(ours, peft, strict=True):
+            assert got.token_ids == want.token_ids
+            assert got.logprobs == pytest.approx(want.logprobs, abs=1e-5)
+    assert "per-row LoRA" in two.describe()["mixed_adapter_batches"]
+
+
+@pytest.mark.parametrize("names", [["__base__", "A"], ["A", "B", "__base__"], ["B", "B"], ["__base__", "__base__"]])
+def test_row_lora_forward_matches_peft_adapter_names(two: AdapterEngines, names: list[str]) -> None:
+    """One forward, row by row, against PEFT's mixed batch: base rows get the base, each other row its adapter."""
+    runner = two.generator.runner
+    assert runner is not None and runner.row_lora is not None
+    row_lora, model = runner.row_lora, two.generator.model
+    ids = torch.tensor([PROMPTS[0][:4]] * len(names))
+
+    def both() -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.inference_mode():
+            with row_lora.rows(names):
+                ours = model(input_ids=ids).logits
+            return ours, model(input_ids=ids, adapter_names=names).logits
+
+    ours, peft = two.generator.worker.run_sync(both)
+    assert torch.allclose(ours, peft, atol=1e-5, rtol=1e-5)
 
 
 def test_a_step_of_one_adapter_leaves_the_other_unchanged(two: AdapterEngines) -> None:

@@ -11,8 +11,9 @@
 - ``RowRules`` (``rows.py``): per-request preparation and per-token host work, shared by both.
 
 Named LoRA adapters (a ``PolicyModel`` built with ``adapters``, ``layouts/adapters.py``): every request names
-its adapter (``generate(..., adapter=name)``), rows of different adapters share one batch (PEFT's mixed-batch
-forward, eagerly: no CUDA graphs or ``torch.compile``), each adapter has its own policy version
+its adapter (``generate(..., adapter=name)``), rows of different adapters share one batch (the per-row LoRA of
+``lora_rows.py``, or PEFT's mixed-batch forward; eagerly: no CUDA graphs or ``torch.compile``), each adapter has
+its own policy version
 (``adapter_versions``), and adapters are added and removed between decode steps (``add_adapter``,
 ``remove_adapter``). Continuous batching only: static batching with adapters is refused.
 
@@ -157,8 +158,8 @@ class HFGenerator(Generator):
             info["compile"] = self.settings.compile and not self.mixed_adapters
         if self.mixed_adapters:
             info["adapters"] = dict(self.adapter_versions)
-            info["mixed_adapter_batches"] = ("eager: PEFT's mixed-batch forward (adapter_names per row); CUDA graphs "
-                                             "and torch.compile cannot capture it")
+            how = self.runner.mixed_batches if self.runner is not None else None
+            info["mixed_adapter_batches"] = f"{how}, eager: CUDA graphs and torch.compile cannot capture it"
         return info
 
     # ----------------------------------------------------------------- adapters
@@ -188,6 +189,8 @@ class HFGenerator(Generator):
     def _add_adapter(self, name: str, rank: int | None) -> None:
         assert self.policy.lora is not None
         add_lora_adapter(self.model, name, self.policy.lora, rank)
+        if self.runner is not None:
+            self.runner.adapters_changed()
         self.adapter_versions[name] = 0
 
     async def remove_adapter(self, name: str) -> None:
@@ -208,6 +211,8 @@ class HFGenerator(Generator):
         if name in self.model.active_adapters:
             self.model.set_adapter(next(iter(self.adapter_versions)))
         self.model.delete_adapter(name)
+        if self.runner is not None:
+            self.runner.adapters_changed()
 
     # ----------------------------------------------------------------- generation
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams,
