@@ -118,6 +118,18 @@ def test_per_row_lora_matches_peft_mixed_batches(two: AdapterEngines) -> None:
     assert "per-row LoRA" in two.describe()["mixed_adapter_batches"]
 
 
+def test_an_adapter_engine_generates_with_its_own_adapter_only(two: AdapterEngines) -> None:
+    a = two.engine("A")
+    via_engine = run_blocking(a.generate(PROMPTS[0], GREEDY))
+    assert via_engine.token_ids == generate(two, [("A", PROMPTS[0])])[0].token_ids
+    with pytest.raises(GenerationError, match="not 'B'") as other:
+        run_blocking(a.generate(PROMPTS[0], GREEDY, adapter="B"))
+    assert other.value.param == "model"
+    with pytest.raises(GenerationError, match="no LoRA adapter 'Z'"):
+        generate(two, [("Z", PROMPTS[0])])
+    assert (a.tokenizer, a.max_context, a.generator.capacity) == (two.tokenizer, two.max_context, 8)
+
+
 @pytest.mark.parametrize("names", [["__base__", "A"], ["A", "B", "__base__"], ["B", "B"], ["__base__", "__base__"]])
 def test_row_lora_forward_matches_peft_adapter_names(two: AdapterEngines, names: list[str]) -> None:
     """One forward, row by row, against PEFT's mixed batch: base rows get the base, each other row its adapter."""
@@ -140,12 +152,21 @@ def test_a_step_of_one_adapter_leaves_the_other_unchanged(two: AdapterEngines) -
     b_before = generate(two, [("B", PROMPTS[1])])[0]
     probe = sample_of(PROMPTS[1], b_before)
     a_before = score(two, "A", probe)
+    mixed_before = generate(two, [("A", PROMPTS[0]), ("B", PROMPTS[1])])  # the stacked adapters are made
     step(two, "A")
     b_after = generate(two, [("B", PROMPTS[1])])[0]
     assert b_after.token_ids == b_before.token_ids
     assert b_after.logprobs == b_before.logprobs  # the same computation on the same weights: to the bit
     a_after = score(two, "A", probe)
     assert max(abs(x - y) for x, y in zip(a_after, a_before, strict=True)) > 1e-4
+    # a mixed batch serves A's new weights (its stacked copy was made again), B's unchanged ones
+    mixed_after = generate(two, [("A", PROMPTS[0]), ("B", PROMPTS[1])])
+    a_alone = generate(two, [("A", PROMPTS[0])])[0]
+    assert mixed_after[0].token_ids == a_alone.token_ids
+    assert mixed_after[0].logprobs == pytest.approx(a_alone.logprobs, abs=1e-5)
+    assert mixed_after[0].logprobs != pytest.approx(mixed_before[0].logprobs, abs=1e-4)
+    assert mixed_after[1].token_ids == mixed_before[1].token_ids
+    assert mixed_after[1].logprobs == pytest.approx(mixed_before[1].logprobs, abs=1e-5)
     # each adapter has its own version, on the results too
     assert two.generator.adapter_versions == {"A": 1, "B": 0}
     assert two.engine("A").policy_version == 1 and two.engine("B").policy_version == 0

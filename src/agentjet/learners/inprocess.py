@@ -267,8 +267,9 @@ class InProcessLearner(Learner):
         from safetensors.torch import load_file
 
         files = [path / ADAPTER_WEIGHTS_FILE] if self.adapter is not None else sorted(path.glob("*.safetensors"))
-        if not all(f.exists() for f in files) or not files:
-            raise FileNotFoundError(f"no .safetensors weights in {path}")
+        if not files or not all(f.exists() for f in files):
+            what = f"adapter weights ({ADAPTER_WEIGHTS_FILE})" if self.adapter is not None else ".safetensors weights"
+            raise FileNotFoundError(f"no {what} in {path}")
         state: dict[str, torch.Tensor] = {}
         for f in files:
             state.update(load_file(str(f), device=str(self.policy.device)))
