@@ -16,16 +16,23 @@ from agentjet.engines.errors import GenerationError
 from agentjet.engines.model import adapter_parameters
 from agentjet.layouts.adapters import AdapterEngines, adapter_engines
 from agentjet.runtime.blocking import run_blocking
-from agentjet.settings import GeneratorSettings, LearnerSettings, LoraSettings, LossSettings
+from agentjet.settings import (
+    GeneratorSettings,
+    LearnerSettings,
+    LoraSettings,
+    LossSettings,
+    PlacementSettings,
+)
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
 PROMPTS = [[1, 5, 9, 13, 17], [2, 4, 8, 16, 32, 64], [3, 6, 12, 24]]
 
 
 def make(model: Path, adapters: list[str], rank: int = 4, kl_coef: float = 0.0, **generator) -> AdapterEngines:
+    """On the CPU in float32 on every machine: the comparisons below are to fp32 noise."""
     engines = adapter_engines(model, adapters, GeneratorSettings(**{"max_batch_size": 8, **generator}),
                               LearnerSettings(lora=LoraSettings(rank=rank), learning_rate=5e-2),
-                              LossSettings(kl_coef=kl_coef))
+                              LossSettings(kl_coef=kl_coef), PlacementSettings(device="cpu", dtype="float32"))
     engines.generator.rules.stop_ids = frozenset()  # no EOS: every row generates all its tokens, side by side
     return engines
 

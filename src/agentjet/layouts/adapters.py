@@ -18,6 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, cast
 
+from agentjet.engines.model import check_adapter_name
 from agentjet.generators.hf import HFGenerator, load_policy_model
 from agentjet.generators.hf.adapters import AdapterGenerator
 from agentjet.layouts.composed import ComposedEngine
@@ -133,5 +134,10 @@ def adapter_engines(model: str | Path, adapters: list[str], generator: Generator
     if generator.kind is not EngineKind.HF:
         raise ValueError(f"LoRA adapters run on the embedded generator here: set generator.kind to 'hf' (got "
                          f"{generator.kind.value!r})")
+    if generator.batching == "static":  # checked before loading (HFGenerator checks it again, with the model)
+        raise ValueError(f"named LoRA adapters {adapters} need continuous batching, but generator.batching is "
+                         "'static': set generator.batching to 'continuous' (--batching continuous)")
+    for name in adapters:
+        check_adapter_name(name)
     policy = load_policy_model(model, placement, learner, adapters)
     return AdapterEngines(HFGenerator(policy, generator), learner, loss or LossSettings())
