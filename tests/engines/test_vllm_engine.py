@@ -17,7 +17,7 @@ import pytest
 from tests.conftest import wait_until
 
 from agentjet.engines.base import SamplingParams, TrainSample
-from agentjet.engines.errors import EngineUnavailableError, TrainingHaltedError
+from agentjet.engines.errors import EngineUnavailableError, GenerationError, TrainingHaltedError
 from agentjet.generators.vllm.process import ProcessState
 from agentjet.runtime.blocking import run_blocking
 from agentjet.settings import LoraSettings
@@ -94,6 +94,13 @@ def test_bad_prompts_are_value_errors(shared_vllm_engine):
         asyncio.run(engine.generate([1] * engine.max_context, SamplingParams()))
     with pytest.raises(ValueError, match="empty"):
         asyncio.run(engine.generate([], SamplingParams()))
+
+
+def test_a_named_adapter_is_refused_naming_the_model(shared_vllm_engine):
+    """Named LoRA adapters are the embedded engine's for now: vLLM refuses one as a bad ``model``."""
+    with pytest.raises(GenerationError, match="one policy") as refused:
+        asyncio.run(shared_vllm_engine.generate([1, 2, 3], SamplingParams(max_tokens=1), adapter="planner"))
+    assert refused.value.param == "model"
 
 
 def test_train_step_syncs_weights_in_order_and_probe_agrees(make_vllm_engine):

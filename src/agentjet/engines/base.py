@@ -144,9 +144,13 @@ class Generator(abc.ABC):
 
     @abc.abstractmethod
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams,
-                       on_token: TokenCallback | None = None) -> GenerationResult:
+                       on_token: TokenCallback | None = None, adapter: str | None = None) -> GenerationResult:
         """Generate a completion. ``on_token(token_id, logprob)`` is called on the event loop for each token as
-        it is produced (a generator without streaming calls it for all tokens at the end)."""
+        it is produced (a generator without streaming calls it for all tokens at the end).
+
+        ``adapter``: the LoRA adapter that generates this request, by name, on a generator that serves several
+        adapters on one base (``layouts/adapters.py``); None is the generator's only policy. A generator that
+        does not serve that adapter raises ``GenerationError`` with ``param="model"``."""
 
     def describe(self) -> dict[str, Any]:
         return {"kind": type(self).__name__}

@@ -8,6 +8,8 @@ policy model, the vLLM layouts and the trainer group all read it from there."""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -89,6 +91,8 @@ class PolicyModel:
     dtype: torch.dtype
     lora: LoraSettings | None  # the LoRA settings when adapters are trained, else None
     gradient_checkpointing: bool = False  # activations recomputed in backward (the learner's setting)
+    # the named LoRA adapters it was built with (``layouts/adapters.py``); empty: one policy (``model``)
+    adapters: tuple[str, ...] = ()
 
     @property
     def path(self) -> Path:
@@ -114,24 +118,96 @@ def model_stop_ids(generation_config: Any, tokenizer: Any) -> set[int]:
     return ids
 
 
-def with_lora(causal_lm: Any, lora: LoraSettings) -> Any:
+BASE_ADAPTER = "__base__"  # PEFT's name, in a mixed-adapter batch, for a row that no adapter touches
+_ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+
+
+def check_adapter_name(name: str) -> str:
+    """``name`` when it can name a LoRA adapter: letters, digits, ``_`` and ``-`` (64 at most: PEFT keys module
+    dictionaries by it, so no dots), not PEFT's base placeholder and not part of PEFT's ``lora_`` prefix (PEFT
+    would re-initialise such an adapter on loading)."""
+    if not _ADAPTER_NAME.match(name) or name == BASE_ADAPTER or name in "lora_":
+        raise ValueError(f"adapter name {name!r}: use letters, digits, _ and - (at most 64, starting with a letter "
+                         f"or digit), not {BASE_ADAPTER!r} nor a part of 'lora_'")
+    return name
+
+
+def lora_config(lora: LoraSettings, rank: int | None = None) -> Any:
+    """PEFT's ``LoraConfig`` for the learner's LoRA settings; ``rank`` overrides the settings' rank (an adapter
+    added at run time with its own)."""
+    from peft import LoraConfig
+
+    r = lora.rank if rank is None else rank
+    if r <= 0:
+        raise ValueError(f"a LoRA adapter needs a rank > 0 (got {r}): set --lora-rank N")
+    # peft types lora_alpha as int; it scales by alpha / r, a float is fine
+    return LoraConfig(r=r, lora_alpha=cast(int, lora.alpha), lora_dropout=lora.dropout,
+                      target_modules=list(lora.targets), task_type="CAUSAL_LM")
+
+
+def with_lora(causal_lm: Any, lora: LoraSettings, adapters: Sequence[str] = ()) -> Any:
+    """``causal_lm`` wrapped by PEFT with LoRA adapters (the causal LM itself when ``lora`` is off). Without
+    ``adapters``: one adapter, PEFT's ``default``. With them: one adapter per name, each from ``lora``'s settings,
+    the first one active (``layouts/adapters.py`` serves and trains them side by side)."""
+    if adapters:
+        from peft import get_peft_model
+
+        names = [check_adapter_name(a) for a in adapters]
+        if len(set(names)) != len(names):
+            raise ValueError(f"adapter names must be distinct (got {names})")
+        peft_model = get_peft_model(causal_lm, lora_config(lora), adapter_name=names[0])
+        for name in names[1:]:
+            add_lora_adapter(peft_model, name, lora)
+        return peft_model.eval()  # PEFT leaves it in training mode, where it refuses mixed-adapter batches
     if not lora.enabled:
         return causal_lm
-    from peft import LoraConfig, get_peft_model
+    from peft import get_peft_model
 
-    return get_peft_model(causal_lm, LoraConfig(r=lora.rank, lora_alpha=cast(int, lora.alpha),  # peft says int; it scales by alpha / r lora_dropout=lora.dropout,
-                                                target_modules=list(lora.targets), task_type="CAUSAL_LM"))
+    return get_peft_model(causal_lm, lora_config(lora)).eval()  # a learner's step switches to training mode
+
+
+def add_lora_adapter(peft_model: Any, name: str, lora: LoraSettings, rank: int | None = None) -> None:
+    """Add a fresh LoRA adapter (``lora``'s settings, its own ``rank`` when given) beside the others; the active
+    adapter stays as it was. On the thread that runs the module's forwards (a new adapter's layers appear)."""
+    check_adapter_name(name)
+    if name in peft_model.peft_config:
+        raise ValueError(f"adapter {name!r} exists already (adapters: {sorted(peft_model.peft_config)})")
+    active = peft_model.active_adapter
+    peft_model.add_adapter(name, lora_config(lora, rank))
+    peft_model.set_adapter(active)  # PEFT freezes every adapter but the active one
+
+
+def adapter_parameters(peft_model: Any, name: str) -> list[torch.nn.Parameter]:
+    """The parameters of adapter ``name`` alone (its ``lora_A`` / ``lora_B`` weights in every adapted layer),
+    found by the adapter layers' own dictionaries rather than by matching parameter names."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    params: list[torch.nn.Parameter] = []
+    for module in peft_model.modules():
+        if not isinstance(module, BaseTunerLayer):
+            continue
+        for attr in module.adapter_layer_names:
+            table = getattr(module, attr)
+            if name in table:
+                part = table[name]
+                params.extend(part.parameters() if isinstance(part, torch.nn.Module) else [part])
+    if not params:
+        raise ValueError(f"the model has no LoRA adapter {name!r}")
+    return params
 
 
 def load_policy_model(model: str | Path, placement: PlacementSettings | None = None,
-                      learner: LearnerSettings | None = None) -> PolicyModel:
+                      learner: LearnerSettings | None = None, adapters: Sequence[str] = ()) -> PolicyModel:
     """The model named by ``model`` (a built-in name or a local directory), on ``placement``'s device and dtype,
-    with the learner's LoRA adapters and gradient checkpointing."""
+    with the learner's LoRA adapters and gradient checkpointing. ``adapters``: one named LoRA adapter each (the
+    learner's LoRA settings for all), on one frozen base; they need a LoRA rank."""
     from transformers import AutoModelForCausalLM
 
+    settings = learner or LearnerSettings()
+    if adapters and not settings.lora.enabled:
+        raise ValueError(f"adapters {list(adapters)} need a LoRA rank (learner.lora.rank > 0): set --lora-rank N")
     path = resolve_model(str(model))
     placement = placement or PlacementSettings()
-    settings = learner or LearnerSettings()
     device = resolve_device(placement.device)
     dtype = resolve_dtype(placement.dtype, device)
     facts = model_facts(path)
@@ -141,6 +217,6 @@ def load_policy_model(model: str | Path, placement: PlacementSettings | None = N
     if settings.gradient_checkpointing:
         causal_lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return PolicyModel(facts=facts, causal_lm=causal_lm,
-                       model=with_lora(causal_lm, settings.lora), device=device, dtype=dtype,
+                       model=with_lora(causal_lm, settings.lora, adapters), device=device, dtype=dtype,
                        lora=settings.lora if settings.lora.enabled else None,
-                       gradient_checkpointing=settings.gradient_checkpointing)
+                       gradient_checkpointing=settings.gradient_checkpointing, adapters=tuple(adapters))

@@ -9,6 +9,9 @@
 
 (NCCL through vLLM's weight-transfer API is the fast path for the vLLM rows on GPUs: ``engines/vllm/native_sync``.)
 Device placement is checked before anything starts (:func:`check_placement`).
+
+One base with several named LoRA adapters, one engine per adapter on one shared embedded generator:
+``layouts/adapters.py`` (``adapter_engines``).
 """
 
 from __future__ import annotations

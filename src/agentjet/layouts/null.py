@@ -54,7 +54,8 @@ class NullGenerator(Generator):
         return {"kind": "null"}
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams,
-                       on_token: TokenCallback | None = None) -> GenerationResult:
+                       on_token: TokenCallback | None = None, adapter: str | None = None) -> GenerationResult:
+        """The canned reply, whatever the prompt and the adapter (it has no weights to tell adapters apart)."""
         self.prompts.append(list(prompt_ids))
         if self.delay_s:
             await asyncio.sleep(self.delay_s)

@@ -8,6 +8,14 @@ gradient clipping and AdamW (through fp32 masters for bf16/fp16 weights). The we
 
 All torch work runs on one worker thread: the embedded generator's when the two share the module (its step then
 runs between two decode steps), else a thread of its own.
+
+One named LoRA adapter (``adapter=name``, ``layouts/adapters.py``): several learners share one PEFT module, one
+per adapter. Each optimizes its adapter's parameters only, makes its adapter the active one before each step,
+score, export and save (on the worker thread, so nothing runs between the switch and the work), and has its own
+policy version. Its exports and checkpoints hold its adapter alone: ``export_adapter`` a standard PEFT adapter
+directory, ``export_weights`` the base with only this adapter merged, ``save``/``load`` its adapter's weights,
+its optimizer and its version. The KL reference is the frozen base itself (the adapters disabled), so no copy
+of the model is made.
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ import torch
 
 from agentjet.engines.base import Learner, StepOutput, TrainSample
 from agentjet.engines.memory import auto_micro_batch_tokens
-from agentjet.engines.model import PolicyModel
+from agentjet.engines.model import PolicyModel, adapter_parameters
 from agentjet.engines.worker import EngineWorker
 from agentjet.learners.policy_step import (
     PolicyOptimizer,
@@ -37,11 +45,16 @@ from agentjet.learners.policy_step import (
 from agentjet.settings import LearnerSettings, LossSettings
 from agentjet.weights.checkpoints import LEARNER_STATE, read_policy_version
 from agentjet.weights.io import (
+    ADAPTER_WEIGHTS_FILE,
     export_full,
     export_lora,
+    export_merged_adapter,
+    export_named_adapter,
+    load_adapter_state,
     load_state_into,
     prune_versions,
     version_dir,
+    write_adapter_files,
 )
 
 OPTIMIZER_FILE = "optimizer.pt"
@@ -49,21 +62,29 @@ OPTIMIZER_FILE = "optimizer.pt"
 
 class InProcessLearner(Learner):
     """Trains ``policy.model`` in place. ``worker``: the thread its torch work runs on (the embedded generator's
-    when they share the module); None gives it a thread of its own."""
+    when they share the module); None gives it a thread of its own. ``adapter``: the named LoRA adapter it
+    trains, alone, on a module built with named adapters (None: every trainable parameter)."""
 
     def __init__(self, policy: PolicyModel, settings: LearnerSettings, loss: LossSettings,
                  *, separate_sampler: bool = False, worker: EngineWorker | None = None, export_root: Path | None = None,
-                 keep_exports: int = 2, on_version: Callable[[int], None] | None = None) -> None:
+                 keep_exports: int = 2, on_version: Callable[[int], None] | None = None,
+                 adapter: str | None = None) -> None:
         """``on_version(v)`` runs on the worker thread right after a step or a load moves the weights to version
         ``v``: a generator that shares the module serves the new version from its very next decode step."""
         self.policy = policy
         self.settings = settings
+        self.adapter = adapter
         self.config = StepConfig.from_settings(settings, loss, separate_sampler)
         self._own_worker = worker is None
         self.worker = worker or EngineWorker(name="agentjet-learner")
-        self.params = [p for p in policy.model.parameters() if p.requires_grad]
+        if adapter is not None and not policy.adapters:
+            raise ValueError(f"adapter {adapter!r}: the model was not built with named LoRA adapters "
+                             "(load_policy_model(..., adapters=[...]))")
+        self.params = (adapter_parameters(policy.model, adapter) if adapter is not None
+                       else [p for p in policy.model.parameters() if p.requires_grad])
         self._optimizer: PolicyOptimizer | None = None  # made at the first step: a generate-only run holds none
-        self._reference = self._frozen_copy() if self.config.kl_coef > 0 else None
+        # the KL reference: a frozen copy of the weights (a named adapter's is the base: no copy)
+        self._reference = self._frozen_copy() if self.config.kl_coef > 0 and adapter is None else None
         self.export_root = export_root
         self._on_version = on_version
         self._own_export_root: Path | None = None
@@ -108,8 +129,23 @@ class InProcessLearner(Learner):
         return list(zip(self._optimizer.params, self._optimizer.masters, strict=False))
 
     def describe(self) -> dict[str, Any]:
-        return {"learner": "in-process", "learning_rate": self.learning_rate,
-                "micro_batch_tokens": self.micro_batch_tokens}
+        info: dict[str, Any] = {"learner": "in-process", "learning_rate": self.learning_rate,
+                                "micro_batch_tokens": self.micro_batch_tokens}
+        if self.adapter is not None:
+            info["adapter"] = self.adapter
+        return info
+
+    def _activate(self) -> None:
+        """Make this learner's adapter the active one (on the worker thread, right before its work): the forward
+        without ``adapter_names`` runs it, and only its parameters require gradients. A no-op without one."""
+        if self.adapter is None:
+            return
+        model = self.policy.model
+        if self.adapter not in model.peft_config:
+            raise ValueError(f"LoRA adapter {self.adapter!r} was removed: its learner cannot run "
+                             f"(adapters: {sorted(model.peft_config)})")
+        if model.active_adapters != [self.adapter]:
+            model.set_adapter(self.adapter)
 
     # ------------------------------------------------------------ training
     def _frozen_copy(self) -> torch.nn.Module:
@@ -123,6 +159,9 @@ class InProcessLearner(Learner):
                                       self.config.logprob_chunk_tokens, self.config.bf16)
 
     def _reference_logprobs(self, samples: list[TrainSample]) -> torch.Tensor:
+        if self.adapter is not None:  # the frozen base: every adapter switched off for this forward
+            with self.policy.model.disable_adapter():
+                return self._logprobs(samples)
         if self._reference is None:
             self._reference = self._frozen_copy()
         return self._logprobs(samples, self._reference)
@@ -133,6 +172,7 @@ class InProcessLearner(Learner):
         return await self.worker.run(self._train, batch)
 
     def _train(self, batch: list[TrainSample]) -> StepOutput:
+        self._activate()
         cfg = self.config
         groups = micro_batch_indices(batch, self.micro_batch_tokens)
         self.policy.model.train()
@@ -155,6 +195,7 @@ class InProcessLearner(Learner):
 
     @torch.no_grad()
     def _score(self, samples: list[TrainSample]) -> list[list[float]]:
+        self._activate()
         self.policy.model.eval()
         return [self._logprobs([s]).tolist() for s in samples]
 
@@ -176,7 +217,11 @@ class InProcessLearner(Learner):
         return path
 
     def _export_full(self, target: Path, dtype: str | None) -> Path:
-        """Full weights; under LoRA, a merged copy (the live module keeps its adapters)."""
+        """Full weights; under LoRA, a merged copy (the live module keeps its adapters); a named adapter's: the base
+        with that adapter alone merged, computed without copying the module."""
+        if self.adapter is not None:
+            self._activate()  # fails clearly when the adapter was removed
+            return export_merged_adapter(self.policy.causal_lm, self.adapter, self.policy.tokenizer, target, dtype)
         lm = self.policy.causal_lm if self.lora is None else copy.deepcopy(self.policy.model).merge_and_unload()
         return export_full(lm, self.policy.tokenizer, target, dtype)
 
@@ -185,9 +230,16 @@ class InProcessLearner(Learner):
         if self.lora is None:
             raise ValueError("export_adapter: this learner trains the full weights, not LoRA adapters")
         root = self._export_root() / "adapters"
-        path = await self.worker.run(export_lora, self.policy.model, version_dir(root, self.policy_version))
+        path = await self.worker.run(self._export_adapter, version_dir(root, self.policy_version))
         await asyncio.to_thread(prune_versions, root, self.keep_exports, {path})
         return path
+
+    def _export_adapter(self, target: Path) -> Path:
+        """The PEFT adapter directory: a named adapter's alone, else the module's (``save_pretrained``)."""
+        if self.adapter is None:
+            return export_lora(self.policy.model, target)
+        self._activate()
+        return export_named_adapter(self.policy.model, self.adapter, target)
 
     # ------------------------------------------------------------ persistence
     def save(self, path: Path) -> None:
@@ -195,11 +247,15 @@ class InProcessLearner(Learner):
 
     def _save(self, path: Path) -> None:
         path.mkdir(parents=True, exist_ok=True)
-        self.policy.model.save_pretrained(path, safe_serialization=True)
+        if self.adapter is not None:  # this adapter alone: another adapter's checkpoint is its own
+            self._activate()
+            write_adapter_files(self.policy.model, self.adapter, path)
+        else:
+            self.policy.model.save_pretrained(path, safe_serialization=True)
         self.policy.tokenizer.save_pretrained(path)
         torch.save(self.optimizer.state_dict(), path / OPTIMIZER_FILE)
         state = {"policy_version": self.policy_version, "learner": self.settings.model_dump(mode="json"),
-                 "source_model": str(self.policy.path)}
+                 "source_model": str(self.policy.path), "adapter": self.adapter}
         (path / LEARNER_STATE).write_text(json.dumps(state, indent=2))
 
     def load(self, path: Path) -> None:
@@ -210,13 +266,17 @@ class InProcessLearner(Learner):
     def _load(self, path: Path) -> None:
         from safetensors.torch import load_file
 
-        files = sorted(path.glob("*.safetensors"))
-        if not files:
-            raise FileNotFoundError(f"no .safetensors weights in {path}")
+        files = [path / ADAPTER_WEIGHTS_FILE] if self.adapter is not None else sorted(path.glob("*.safetensors"))
+        if not files or not all(f.exists() for f in files):
+            what = f"adapter weights ({ADAPTER_WEIGHTS_FILE})" if self.adapter is not None else ".safetensors weights"
+            raise FileNotFoundError(f"no {what} in {path}")
         state: dict[str, torch.Tensor] = {}
         for f in files:
             state.update(load_file(str(f), device=str(self.policy.device)))
-        if self.lora is not None:
+        if self.adapter is not None:
+            self._activate()
+            load_adapter_state(self.policy.model, self.adapter, state, path)
+        elif self.lora is not None:
             from peft import set_peft_model_state_dict
 
             set_peft_model_state_dict(self.policy.model, state)

@@ -158,6 +158,77 @@ def export_lora(peft_model: Any, target: Path) -> Path:
     return write_atomically(target, lambda tmp: peft_model.save_pretrained(tmp, safe_serialization=True))
 
 
+ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"  # PEFT's names: what ``PeftModel.from_pretrained`` reads
+ADAPTER_CONFIG_FILE = "adapter_config.json"
+
+
+def adapter_state(peft_model: Any, adapter: str) -> dict[str, torch.Tensor]:
+    """One named adapter's tensors under PEFT's saved names (the adapter's name left out, as PEFT saves them)."""
+    from peft import get_peft_model_state_dict
+
+    return dict(get_peft_model_state_dict(peft_model, adapter_name=adapter))
+
+
+def write_adapter_files(peft_model: Any, adapter: str, directory: Path) -> None:
+    """Adapter ``adapter`` alone as a standard PEFT adapter in ``directory`` (``adapter_config.json`` and
+    ``adapter_model.safetensors``). Not ``save_pretrained``: that writes every adapter, a non-default one in a
+    subdirectory of its name."""
+    write_safetensors(adapter_state(peft_model, adapter), Path(directory) / ADAPTER_WEIGHTS_FILE)
+    peft_model.peft_config[adapter].save_pretrained(str(directory))
+
+
+def export_named_adapter(peft_model: Any, adapter: str, target: Path) -> Path:
+    """:func:`write_adapter_files` into a directory of its own, written atomically (a version's export)."""
+    return write_atomically(target, lambda tmp: write_adapter_files(peft_model, adapter, tmp))
+
+
+def load_adapter_state(peft_model: Any, adapter: str, state: Mapping[str, torch.Tensor], source: Path) -> None:
+    """Copy a saved adapter's tensors (PEFT's saved names) into adapter ``adapter``'s weights in place; they must
+    cover all of its weights and nothing else (a different rank fails on the shapes)."""
+    from peft import set_peft_model_state_dict
+
+    result: Any = set_peft_model_state_dict(peft_model, dict(state), adapter_name=adapter)
+    own = {name for name in peft_model.state_dict() if f".{adapter}." in name and ".lora_" in name}
+    missing = sorted(own & set(result.missing_keys))
+    if result.unexpected_keys or missing:
+        raise ValueError(f"adapter weights {source} do not fit adapter {adapter!r}: missing={missing[:5]} "
+                         f"unexpected={list(result.unexpected_keys)[:5]}")
+
+
+@torch.no_grad()
+def merged_adapter_state(causal_lm: Any, adapter: str) -> dict[str, torch.Tensor]:
+    """The ``*ForCausalLM``'s state under its own checkpoint names, with adapter ``adapter`` merged into the
+    weights it adapts and every adapter's own tensors left out. Computed (weight + delta) into new tensors, so
+    the live module keeps its adapters unmerged and nothing is copied whole but the adapted weights."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    layers: dict[str, Any] = {prefix: module for prefix, module in causal_lm.named_modules() if isinstance(module, BaseTunerLayer)}
+    state: dict[str, torch.Tensor] = {}
+    for key, tensor in causal_lm.state_dict().items():
+        parts = key.split(".")
+        prefix = next((p for p in (".".join(parts[:i]) for i in range(len(parts) - 1, 0, -1)) if p in layers), None)
+        if prefix is None:
+            state[key] = tensor
+            continue
+        rest = key[len(prefix) + 1:]
+        if not rest.startswith("base_layer."):
+            continue  # an adapter's own tensor (lora_A, lora_B, ...)
+        name = f"{prefix}.{rest.removeprefix('base_layer.')}"
+        layer = layers[prefix]
+        if name.endswith(".weight") and adapter in getattr(layer, "lora_A", {}):
+            tensor = tensor + layer.get_delta_weight(adapter).to(tensor.dtype)
+        state[name] = tensor
+    return state
+
+
+def export_merged_adapter(causal_lm: Any, adapter: str, tokenizer: Any, target: Path,
+                          dtype: str | None = "bfloat16") -> Path:
+    """The base with adapter ``adapter`` merged (:func:`merged_adapter_state`) as an untied model directory."""
+    torch_dtype = DTYPES.get(dtype) if dtype else None
+    return write_model_dir(target, merged_adapter_state(causal_lm, adapter), causal_lm.config, tokenizer,
+                           getattr(causal_lm, "generation_config", None), torch_dtype)
+
+
 def version_dir(root: Path, version: int) -> Path:
     return Path(root) / f"v{version:06d}"
 

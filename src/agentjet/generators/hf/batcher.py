@@ -27,6 +27,7 @@ class Request:
     future: asyncio.Future[GenerationResult]
     on_token: TokenCallback | None = None
     emitted: int = 0  # tokens handed to on_token so far
+    adapter: str | None = None  # the LoRA adapter that generates it (None: the generator's only policy)
 
     def emit(self, token: int, logprob: float) -> None:
         """Hand a token to the caller's callback. Thread-safe: may be called from the engine's worker thread."""

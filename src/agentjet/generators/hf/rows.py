@@ -47,6 +47,11 @@ class Row:
         return self.req.sampling
 
     @property
+    def adapter(self) -> str | None:
+        """The LoRA adapter that generates it (None: the generator's only policy)."""
+        return self.req.adapter
+
+    @property
     def length(self) -> int:
         """Prompt and generated tokens so far."""
         return len(self.req.prompt_ids) + len(self.ids)

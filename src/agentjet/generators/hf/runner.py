@@ -12,18 +12,28 @@ cannot be captured or disagrees is dropped, with a warning, and that bucket runs
 Train steps update the weights in place (the optimizer writes into the same tensors), so the graphs read the new
 weights with no recapture. Compaction moves cache columns in place; only growing the cache reallocates it, and
 then every graph is captured again.
+
+Named LoRA adapters (``mixed_adapters``): each slot remembers the adapter of the row in it, and every forward of
+a prefill or a decode step names each row's adapter (a free slot is PEFT's ``__base__``), so rows of different
+adapters run in one forward: through the per-row LoRA of ``lora_rows.py`` (the stacked adapters and a row mask:
+about the cost of one adapter), or PEFT's own ``adapter_names`` for adapters it does not handle (DoRA, LoRA on
+embeddings). Either way the adapters are chosen on the host at every forward, which a CUDA graph or
+``torch.compile`` cannot capture: such a runner always runs eagerly.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from agentjet.engines.model import BASE_ADAPTER
 from agentjet.generators.hf.kv_cache import INACTIVE_START, SlotKVCache
+from agentjet.generators.hf.lora_rows import RowLoRA, unsupported
 
 log = logging.getLogger(__name__)
 
@@ -56,12 +66,27 @@ class _Graph:
 
 
 class SlotRunner:
-    """Owns the slot KV cache and the decode step's static inputs; optionally CUDA graphs and torch.compile."""
+    """Owns the slot KV cache and the decode step's static inputs; optionally CUDA graphs and torch.compile.
+    ``mixed_adapters``: the model is a PEFT model with named adapters and every forward names each row's (eager
+    only: ``cuda_graphs`` and ``compile`` are then ignored)."""
 
     def __init__(self, model: torch.nn.Module, config: Any, device: torch.device, dtype: torch.dtype, slots: int,
                  capacity: int, max_capacity: int, pad_id: int, cuda_graphs: bool = False,
-                 compile: bool = False) -> None:
+                 compile: bool = False, mixed_adapters: bool = False) -> None:
         self.model = model
+        self.mixed_adapters = mixed_adapters
+        self.slot_adapters = [BASE_ADAPTER] * slots  # the adapter of each slot's row (mixed_adapters)
+        self.row_lora: RowLoRA | None = None  # the per-row LoRA; None: PEFT's adapter_names
+        self.peft_rows_reason: str | None = None  # why PEFT's adapter_names serve the mixed batches
+        self.prefer_peft_rows = False  # run mixed batches through PEFT's adapter_names (benchmarks compare)
+        if mixed_adapters:
+            cuda_graphs = compile = False
+            self.peft_rows_reason = unsupported(model)
+            if self.peft_rows_reason is None:
+                self.row_lora = RowLoRA(model)
+            else:
+                log.warning("mixed-adapter batches through PEFT's adapter_names (slower): the per-row LoRA does not "
+                            "support %s", self.peft_rows_reason)
         self.config = config
         self.device = device
         self.slots = slots
@@ -132,10 +157,38 @@ class SlotRunner:
             self.stats["compactions"] += 1
 
     # ------------------------------------------------------------------ prefill
+    @property
+    def mixed_batches(self) -> str | None:
+        """How rows of different adapters share a forward (None: the model has no named adapters)."""
+        if not self.mixed_adapters:
+            return None
+        if self.row_lora is not None and not self.prefer_peft_rows:
+            return "per-row LoRA (stacked adapters, row mask)"
+        return "PEFT adapter_names" + (f" ({self.peft_rows_reason})" if self.peft_rows_reason else "")
+
+    def adapters_changed(self) -> None:
+        """An adapter was added or removed (on the worker thread): the per-row LoRA finds its layers again."""
+        if self.row_lora is not None:
+            self.row_lora.refresh()
+
+    @contextlib.contextmanager
+    def _adapter_rows(self, names: list[str]) -> Iterator[dict[str, Any]]:
+        """A forward inside this block runs row ``i`` with adapter ``names[i]``; it yields the extra forward
+        arguments (PEFT's ``adapter_names`` when PEFT mixes the rows, else none)."""
+        if not self.mixed_adapters:
+            yield {}
+        elif self.row_lora is not None and not self.prefer_peft_rows:
+            with self.row_lora.rows(names):
+                yield {}
+        else:
+            yield {"adapter_names": names}
+
     @torch.inference_mode()
-    def prefill(self, slots: list[int], prompts: list[list[int]]) -> torch.Tensor:
+    def prefill(self, slots: list[int], prompts: list[list[int]],
+                adapters: list[str | None] | None = None) -> torch.Tensor:
         """Run the prompts of joining rows (left-padded into one block), write their keys and values into their
-        slots so that they end right before column ``t``, and return each one's next-token logits ``[k, V]``."""
+        slots so that they end right before column ``t``, and return each one's next-token logits ``[k, V]``.
+        ``adapters``: each joining row's LoRA adapter (mixed_adapters; None: the base)."""
         k, width = len(prompts), max(len(p) for p in prompts)
         if width >= self.cache.capacity:
             raise ValueError(f"a prompt of {width} tokens does not fit the {self.cache.capacity}-column KV cache")
@@ -155,13 +208,17 @@ class SlotRunner:
         dev = self.device
         slot_index = torch.tensor(slots, dtype=torch.long)
         self.cache.begin_prefill(slot_index.to(dev), torch.arange(self.t - width, self.t, device=dev))
+        names = [a or BASE_ADAPTER for a in adapters] if adapters is not None else [BASE_ADAPTER] * k
         try:
-            out = self.model(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=positions.to(dev),
-                             past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+            with self._adapter_rows(names) as extra:
+                out = self.model(input_ids=ids.to(dev), attention_mask=mask.to(dev),
+                                 position_ids=positions.to(dev), past_key_values=self.cache, use_cache=True,
+                                 logits_to_keep=1, **extra)
         finally:
             self.cache.end()
-        for s, p in zip(slots, prompts, strict=True):
+        for s, p, name in zip(slots, prompts, names, strict=True):
             self.starts[s] = self.t - len(p)
+            self.slot_adapters[s] = name
         starts = torch.tensor([self.starts[s] for s in slots], dtype=torch.long)
         self.start.index_copy_(0, slot_index.to(dev), starts.to(dev))
         return out.logits[:, -1, :]
@@ -174,6 +231,7 @@ class SlotRunner:
         if slots:
             for s in slots:
                 self.starts[s] = INACTIVE_START
+                self.slot_adapters[s] = BASE_ADAPTER
             self.start.index_fill_(0, torch.tensor(slots, dtype=torch.long, device=self.device), INACTIVE_START)
 
     def restart(self) -> None:
@@ -192,9 +250,10 @@ class SlotRunner:
         self.column.copy_(t.view(1))
         self.cache.begin_decode(n, w, self.column)
         try:
-            out = self.model(input_ids=self.tokens[:n], attention_mask=mask[:, None, None, :],
-                             position_ids=(t - start).clamp(min=0)[:, None], past_key_values=self.cache,
-                             use_cache=True)
+            with self._adapter_rows(self.slot_adapters[:n]) as extra:
+                out = self.model(input_ids=self.tokens[:n], attention_mask=mask[:, None, None, :],
+                                 position_ids=(t - start).clamp(min=0)[:, None], past_key_values=self.cache,
+                                 use_cache=True, **extra)
         finally:
             self.cache.end()
         return out.logits[:, -1, :]

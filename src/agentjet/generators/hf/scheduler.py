@@ -20,9 +20,15 @@ Weights and train steps: a train step is a job on the same thread, so it runs be
 updates the weights in place. Requests that arrive during it wait in the queue and are generated entirely by
 the new weights. Rows already generating go on with the new weights: their earlier keys and values come from
 the old ones, and each token's behaviour logprob is the exact probability it was sampled with. Every token
-records the policy version of the step that sampled it (``policy_version()`` is read once per prefill and
-once per decode step), so a reply that spans an update carries the version change at the token where it
-happened; the result's ``policy_version`` is its first token's (the oldest weights that touched it).
+records the policy version of the step that sampled it (``policy_version(adapter)`` is read once per prefill
+and once per decode step, for each adapter in it), so a reply that spans an update carries the version change
+at the token where it happened; the result's ``policy_version`` is its first token's (the oldest weights that
+touched it).
+
+Named LoRA adapters: each request names its adapter (``Request.adapter``), each adapter has its own policy
+version (``policy_version(adapter)``; an adapter the generator does not serve raises, and that request alone
+fails), and rows of different adapters share prefills and decode steps (the runner passes each row's adapter).
+``drop_adapter`` fails an adapter's queued and running requests when it is removed.
 """
 
 from __future__ import annotations
@@ -102,7 +108,9 @@ class _Queued:
 
 class ContinuousScheduler:
     def __init__(self, worker: EngineWorker, runner: SlotRunner, rules: RowRules,
-                 policy_version: Callable[[], int], wait_s: float) -> None:
+                 policy_version: Callable[[str | None], int], wait_s: float) -> None:
+        """``policy_version(adapter)``: the version that serves ``adapter``'s new tokens now (None: the only
+        policy); it raises (a ``GenerationError``) for an adapter the generator does not serve."""
         self.worker = worker
         self.runner = runner
         self.rules = rules
@@ -113,15 +121,16 @@ class ContinuousScheduler:
         self._solo = False  # a solo row holds the pool
         self.outbox = Outbox()
         self.stats = {"generate_batches": 0, "generate_requests": 0, "generated_tokens": 0, "decode_steps": 0,
-                      "decode_rows": 0, "isolated_failures": 0, "requests": 0, "batches": 0}
+                      "decode_rows": 0, "isolated_failures": 0, "requests": 0, "batches": 0,
+                      "mixed_adapter_steps": 0}  # decode steps whose rows used two adapters or more
         worker.attach(self)
 
     # ------------------------------------------------------------------ the event loop's side
     async def submit(self, prompt_ids: list[int], sampling: SamplingParams,
-                     on_token: TokenCallback | None = None) -> GenerationResult:
+                     on_token: TokenCallback | None = None, adapter: str | None = None) -> GenerationResult:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[GenerationResult] = loop.create_future()
-        req = Request(list(prompt_ids), sampling, fut, on_token)
+        req = Request(list(prompt_ids), sampling, fut, on_token, adapter=adapter)
         self.worker.ensure_started()
         with self.worker.cond:
             self._inbox.append(_Queued(req, self.worker.clock.monotonic()))
@@ -167,6 +176,19 @@ class ContinuousScheduler:
         self.runner.release(list(range(len(self.slots))))
         self.outbox.flush()
 
+    def drop_adapter(self, adapter: str, exc: Exception) -> int:
+        """Fail every request of ``adapter``, queued or generating, with ``exc`` (on the worker thread, between two
+        steps: the adapter is being removed). The other rows go on. Returns how many requests failed."""
+        with self.worker.cond:
+            dropped = [q for q in self._inbox if q.req.adapter == adapter]
+            self._inbox = deque(q for q in self._inbox if q.req.adapter != adapter)
+        for q in dropped:
+            self.outbox.resolve(q.req, exc)
+        running = [r for r in self.active if r.adapter == adapter]
+        self._fail_rows(running, exc)
+        self.outbox.flush()
+        return len(dropped) + len(running)
+
     # ------------------------------------------------------------------ admission
     def _take(self) -> list[_Queued]:
         free = sum(r is None for r in self.slots)
@@ -188,12 +210,11 @@ class ContinuousScheduler:
         taken = self._take()
         if not taken:
             return
-        version = self.policy_version()
         joiners: list[Row] = []
         free = [i for i, r in enumerate(self.slots) if r is None]
         for q in taken:
             try:
-                row = self.rules.prepare(q.req, version)
+                row = self.rules.prepare(q.req, self.policy_version(q.req.adapter))
                 self.runner.ensure_capacity(len(q.req.prompt_ids) + row.budget)
             except Exception as exc:  # noqa: BLE001 - this request alone (a GenerationError names its param)
                 self.outbox.resolve(q.req, exc)
@@ -227,7 +248,8 @@ class ContinuousScheduler:
 
     def _prefill_logits(self, rows: list[Row]) -> torch.Tensor:
         """The joiners' next-token logits (the hook that tests poison to check isolation)."""
-        return self.runner.prefill([r.slot for r in rows], [r.req.prompt_ids for r in rows])
+        return self.runner.prefill([r.slot for r in rows], [r.req.prompt_ids for r in rows],
+                                   [r.adapter for r in rows])
 
     def _first_tokens(self, rows: list[Row], logits: torch.Tensor) -> None:
         self.stats["generate_batches"] += 1
@@ -256,12 +278,15 @@ class ContinuousScheduler:
         logits = self.runner.decode(hi)
         self.stats["decode_steps"] += 1
         self.stats["decode_rows"] += len(rows)
+        if len({r.adapter for r in rows}) > 1:
+            self.stats["mixed_adapter_steps"] += 1
         if len(rows) == hi:
             return logits[:hi]
         return logits[torch.tensor([r.slot for r in rows], device=logits.device)]
 
     def _sample_and_accept(self, rows: list[Row], logits: torch.Tensor) -> None:
-        version = self.policy_version()  # the weights that computed these logits (moved only between steps)
+        # the weights that computed these logits, per adapter (they move only between steps)
+        versions = {a: self.policy_version(a) for a in {r.adapter for r in rows}}
         params = [r.params for r in rows]
         tokens, lps, top = sample_next(logits, params, [r.generator for r in rows],
                                        max(p.top_logprobs for p in params))
@@ -272,7 +297,7 @@ class ContinuousScheduler:
         self.stats["generated_tokens"] += len(rows)
         for row, token, lp, tp in zip(rows, tok_list, lp_list, tops, strict=True):
             try:
-                self.rules.accept(row, token, lp, tp, self.outbox.token, version)
+                self.rules.accept(row, token, lp, tp, self.outbox.token, versions[row.adapter])
             except Exception as exc:  # noqa: BLE001 - this row's host work failed: it alone
                 self._fail_rows([row], exc)
                 continue

@@ -34,7 +34,7 @@ from agentjet.engines.base import (
     SamplingParams,
     TokenCallback,
 )
-from agentjet.engines.errors import EngineUnavailableError
+from agentjet.engines.errors import EngineUnavailableError, GenerationError
 from agentjet.generators.vllm.client import (
     Completion,
     VLLMClient,
@@ -180,7 +180,10 @@ class VLLMGenerator(Generator):
         return body
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams,
-                       on_token: TokenCallback | None = None) -> GenerationResult:
+                       on_token: TokenCallback | None = None, adapter: str | None = None) -> GenerationResult:
+        if adapter is not None:  # one policy per vLLM server for now (named adapters: the embedded engine)
+            raise GenerationError(f"adapter {adapter!r}: the vLLM generator serves one policy, not named adapters",
+                                  param="model")
         self._validate(prompt_ids)
         await self.gate.wait()
         self._check_available()
