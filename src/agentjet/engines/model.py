@@ -8,7 +8,6 @@ policy model, the vLLM layouts and the trainer group all read it from there."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ import torch
 
 from agentjet.models import resolve_model
 from agentjet.settings import LearnerSettings, LoraSettings, PlacementSettings
+from agentjet.settings.models import check_adapter_name
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -116,20 +116,6 @@ def model_stop_ids(generation_config: Any, tokenizer: Any) -> set[int]:
         elif isinstance(value, list):
             ids.update(value)
     return ids
-
-
-BASE_ADAPTER = "__base__"  # PEFT's name, in a mixed-adapter batch, for a row that no adapter touches
-_ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
-
-
-def check_adapter_name(name: str) -> str:
-    """``name`` when it can name a LoRA adapter: letters, digits, ``_`` and ``-`` (64 at most: PEFT keys module
-    dictionaries by it, so no dots), not PEFT's base placeholder and not part of PEFT's ``lora_`` prefix (PEFT
-    would re-initialise such an adapter on loading)."""
-    if not _ADAPTER_NAME.match(name) or name == BASE_ADAPTER or name in "lora_":
-        raise ValueError(f"adapter name {name!r}: use letters, digits, _ and - (at most 64, starting with a letter "
-                         f"or digit), not {BASE_ADAPTER!r} nor a part of 'lora_'")
-    return name
 
 
 def lora_config(lora: LoraSettings, rank: int | None = None) -> Any:

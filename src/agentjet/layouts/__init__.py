@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentjet.layouts.composed import ComposedEngine
 from agentjet.models import DEFAULT_MODEL
@@ -33,6 +33,10 @@ from agentjet.settings import (
     ServerConfig,
 )
 from agentjet.weights.sync import InPlace
+
+if TYPE_CHECKING:
+    from agentjet.layouts.adapters import AdapterEngines
+    from agentjet.layouts.null import NullAdapters
 
 
 class PlacementError(ValueError):
@@ -183,7 +187,7 @@ def group_engine(config: ServerConfig) -> ComposedEngine:
     return ComposedEngine(generator, learner, CopyIntoModule(config.learner.group.push_timeout_s))
 
 
-def build_engine(config: ServerConfig) -> ComposedEngine | Any:
+def build_engine(config: ServerConfig) -> ComposedEngine | AdapterEngines | NullAdapters:
     """The engine the settings ask for: the ``generator``, ``learner`` and ``placement`` blocks (and the loss
     settings) go to it. The model
     is resolved here once (a hub id to its cached snapshot at one commit), and that one local directory goes to
@@ -204,6 +208,11 @@ def build_engine(config: ServerConfig) -> ComposedEngine | Any:
                                 delay_s=config.generator.null_delay_ms / 1000)
         return null_engine(tokenizer, reply=config.generator.null_reply, delay_s=config.generator.null_delay_ms / 1000)
     check_placement(config)
+    if adapters:
+        from agentjet.layouts.adapters import adapter_engines
+
+        return adapter_engines(config.model, list(adapters), config.generator, config.learner, config.loss,
+                               config.placement)
     if config.generator.kind is EngineKind.VLLM:
         return vllm_engine(config, Path(config.data_dir or ".") / "vllm")
     if config.learner.group.procs:

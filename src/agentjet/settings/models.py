@@ -222,7 +222,19 @@ class TrackingSettings(_Section):
         return TrackingConfig(**self.model_dump(exclude={"tito"}))
 
 
-ADAPTER_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+BASE_ADAPTER = "__base__"  # PEFT's name for "no adapter" in a mixed batch
+
+
+def check_adapter_name(name: str) -> str:
+    """``name`` when it can name a LoRA adapter: letters, digits, ``_`` and ``-`` (64 at most: PEFT keys module
+    dictionaries by it, so no dots), not PEFT's base placeholder and not part of PEFT's ``lora_`` prefix (PEFT
+    would re-initialise such an adapter on loading). The one rule for ``--adapters``, the engine and
+    ``ajet ctl adapter add``."""
+    if not ADAPTER_NAME.match(name) or name == BASE_ADAPTER or name in "lora_":
+        raise ValueError(f"adapter name {name!r}: use letters, digits, _ and - (at most 64, starting with a letter "
+                         f"or digit), not {BASE_ADAPTER!r} nor a part of 'lora_'")
+    return name
 
 
 class LoraSettings(_Section):
@@ -249,8 +261,7 @@ class LoraSettings(_Section):
     @model_validator(mode="after")
     def _adapters_need_a_rank(self) -> LoraSettings:
         for name in self.adapters:
-            if not ADAPTER_NAME.fullmatch(name):
-                raise ValueError(f"adapter name {name!r}: use 1 to 64 letters, digits, '_', '-' or '.'")
+            check_adapter_name(name)
         if len(set(self.adapters)) != len(self.adapters):
             raise ValueError(f"adapters {self.adapters}: each name once")
         if self.adapters and not self.enabled:

@@ -3,7 +3,7 @@
 PEFT's own mixed batch (``adapter_names``) loops over the adapters in every LoRA layer: it picks each one's rows
 with a host-built index, runs that adapter on them and scatters the result back, so a forward costs a few
 small ops per adapter per layer, plus forward hooks registered and removed on every call. On a CPU with
-SmolLM2-135M that made 4 mixed adapters 0.67x the tokens/s of one (``benchmarks/adapters.py``).
+SmolLM2-135M that made 4 mixed adapters 0.67x the tokens/s of one (``benchmarks/serving/adapters.py``).
 
 Here every LoRA ``Linear`` keeps one persistent forward hook, idle unless a forward runs inside ``rows(names)``
 (one adapter name per row of the batch; PEFT's ``__base__`` for a row that no adapter touches). Inside it the
@@ -33,7 +33,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from agentjet.engines.model import BASE_ADAPTER
+from agentjet.settings.models import BASE_ADAPTER
 
 Layout = tuple[tuple[str, int, float], ...]  # (adapter, rank, scaling) of each stacked adapter, in order
 

@@ -31,9 +31,9 @@ from typing import Any
 
 import torch
 
-from agentjet.engines.model import BASE_ADAPTER
 from agentjet.generators.hf.kv_cache import INACTIVE_START, SlotKVCache
 from agentjet.generators.hf.lora_rows import RowLoRA, unsupported
+from agentjet.settings.models import BASE_ADAPTER
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from agentjet.server.errors import APIError, bad_request, conflict
 from agentjet.server.training.lanes import AdapterRouter, AdapterSet, Lane
 from agentjet.server.training.loop import TrainLoop
-from agentjet.settings.models import ADAPTER_NAME
+from agentjet.settings.models import check_adapter_name
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +40,10 @@ class AdapterLanes:
         return list(self.router.lanes)
 
     async def add(self, name: str, rank: int | None = None) -> Lane:
-        if not ADAPTER_NAME.fullmatch(name):
-            raise bad_request(f"adapter name {name!r}: use 1 to 64 letters, digits, '_', '-' or '.'", param="name")
+        try:
+            check_adapter_name(name)
+        except ValueError as exc:
+            raise bad_request(str(exc), param="name") from exc
         if rank is not None and not 1 <= rank <= MAX_RANK:
             raise bad_request(f"rank must be in [1, {MAX_RANK}] (got {rank})", param="rank")
         async with self.loop.step_lock:

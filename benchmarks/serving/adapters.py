@@ -3,8 +3,8 @@ generation throughput, and what each more adapter costs in memory.
 
 How to run (heavy on a shared machine: take the CPU lock)::
 
-    flock /tmp/aj-cpu.lock .venv/bin/python benchmarks/adapters.py             # SmolLM2-135M-Instruct, rank 8
-    .venv/bin/python benchmarks/adapters.py --quick                               # a smoke run
+    flock /tmp/aj-cpu.lock .venv/bin/python benchmarks/serving/adapters.py             # SmolLM2-135M-Instruct, rank 8
+    .venv/bin/python benchmarks/serving/adapters.py --quick                               # a smoke run
 
 It prints one table and writes ``benchmarks/results/adapters_<device>.json`` (machine, device, commit: from
 ``$AGENTJET_COMMIT`` or git).
@@ -42,7 +42,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # workloads.py
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # workloads.py
 
 from agentjet.runtime.omp import prefer_passive_openmp  # noqa: E402
 
