@@ -37,7 +37,7 @@ def sample_value(f: SettingField) -> tuple[str, Any]:
     """A valid, non-default value for a field: (as typed on a command line, as the model holds it)."""
     special = {"model": ("tiny-random", "tiny-random"), "device": ("cpu", "cpu"), "host": ("localhost", "localhost"),
                "min_group_size": ("3", 3), "task_ratios": ("a=0.7,b=0.3", {"a": 0.7, "b": 0.3}),
-               "targets": ("q_proj,v_proj", ["q_proj", "v_proj"]), "adapters": ("a,b", ["a", "b"]), "data_dir": ("/tmp/aj-x", Path("/tmp/aj-x")),
+               "targets": ("q_proj,v_proj", ["q_proj", "v_proj"]), "adapters": ("alpha,beta", ["alpha", "beta"]), "data_dir": ("/tmp/aj-x", Path("/tmp/aj-x")),
                "log_level": ("debug", "DEBUG"), "compare_level": ("text", "text"), "dtype": ("bfloat16", "bfloat16"),
                "public_url": ("http://h:1", "http://h:1"), "seed": ("7", 7), "max_context": ("512", 512),
                "log_to": ("tensorboard", [LogSink.TENSORBOARD]), "kind": ("null", EngineKind.NULL),

@@ -61,6 +61,9 @@ class BeginEpisodeRequest(_Request):
     group_id: Identifier | None = Field(default=None, description="GRPO group key; defaults to task_id")
     eval: bool = Field(default=False, description="eval episodes are never trained on")
     metadata: Metadata
+    agents: list[Identifier] | None = Field(default=None, max_length=64, description="the agents (roles) this "
+                                            "episode will call, when known: on a server with several LoRA adapters, "
+                                            "admission counts it only against their adapters (default: all)")
     wait_s: float | None = Field(default=None, ge=0, le=3600, description="beyond capacity, how long the server "
                                  "may hold this begin until its group fits (a long poll); default: the server's "
                                  "training.admission_wait_s (the most it holds); 0: answer 429 at once")

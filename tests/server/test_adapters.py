@@ -192,12 +192,13 @@ def test_resume_brings_every_adapter_back_at_its_own_version_exactly_once(adapte
 
 
 @pytest.mark.parametrize(("learner", "generator", "words"), [
-    ({"lora": {"adapters": ["a", "b"]}}, {}, "--lora-rank 8"),
-    ({"lora": {"rank": 8, "adapters": ["a", "a"]}}, {}, "each name once"),
+    ({"lora": {"adapters": ["alpha", "beta"]}}, {}, "--lora-rank 8"),
+    ({"lora": {"rank": 8, "adapters": ["alpha", "alpha"]}}, {}, "each name once"),
     ({"lora": {"rank": 8, "adapters": ["a b"]}}, {}, "letters, digits"),
-    ({"lora": {"rank": 8, "adapters": ["a"], "default_adapter": "z"}}, {}, "not one of the adapters"),
-    ({"lora": {"rank": 8, "adapters": ["a", "b"]}}, {"kind": "vllm"}, "in-process learner"),
-    ({"lora": {"rank": 8, "adapters": ["a", "b"]}, "group": {"procs": 1}}, {}, "learner.group.procs 0"),
+    ({"lora": {"rank": 8, "adapters": ["lo"]}}, {}, "part of 'lora_'"),  # PEFT would take it for its own key
+    ({"lora": {"rank": 8, "adapters": ["alpha"], "default_adapter": "zeta"}}, {}, "not one of the adapters"),
+    ({"lora": {"rank": 8, "adapters": ["alpha", "beta"]}}, {"kind": "vllm"}, "in-process learner"),
+    ({"lora": {"rank": 8, "adapters": ["alpha", "beta"]}, "group": {"procs": 1}}, {}, "learner.group.procs 0"),
 ])
 def test_a_config_that_asks_for_adapters_it_cannot_have_is_refused_with_the_fix(learner, generator, words) -> None:
     from pydantic import ValidationError
@@ -282,3 +283,18 @@ def test_each_adapter_is_observed_on_its_own(adapters_server) -> None:
     assert rows["planner"]["last_train_metrics"]["reward_mean"] == 0.5
     lines = [json.loads(x) for x in (srv.server.data_dir / "metrics.jsonl").read_text().splitlines()]
     assert [(x["adapter"], x["step"]) for x in lines] == [("planner", 1)]
+
+
+def test_a_begin_that_declares_its_agents_counts_only_against_their_adapters(adapters_server) -> None:
+    srv, _ = adapters_server(training={"max_staleness": 0})
+
+    async def main() -> None:
+        async with SwarmClient(srv.url) as client:
+            await episode(client, "e", 1.0, agents=["executor"])  # half a group: the executor has one accepted
+            with pytest.raises(Exception, match="critic"):  # an agent no adapter serves: its 404 at begin
+                await client.episode(task_id="x", agents=["critic"]).begin()
+
+    asyncio.run(main())
+    admission = srv.server.admission
+    assert admission.capacity(["executor"]) == 1 and admission.capacity(None) == 1  # (0 + 0 + 1) * 2 - 1
+    assert admission.capacity(["planner"]) == 2  # the planner's own bound: it has accepted nothing

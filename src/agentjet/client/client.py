@@ -197,9 +197,11 @@ class SwarmClient:
                                                             key=admin_token))
 
     def episode(self, task_id: str, task_type: str = "default", group_id: str | None = None, eval: bool = False,
-                metadata: dict[str, Any] | None = None) -> Episode:
+                metadata: dict[str, Any] | None = None, agents: list[str] | None = None) -> Episode:
+        """An episode (begun on entering ``async with``). ``agents``: the agent names it will call, when known (a
+        server with several LoRA adapters then counts it only against theirs)."""
         req = BeginEpisodeRequest(client_id=self.client_id, task_id=task_id, task_type=task_type, group_id=group_id,
-                                  eval=eval, metadata=metadata or {}, wait_s=self.admission_wait_s)
+                                  eval=eval, metadata=metadata or {}, wait_s=self.admission_wait_s, agents=agents)
         return Episode(self, req)
 
 
@@ -255,9 +257,9 @@ class Episode:
 
     # ---------------------------------------------------------------- lifecycle
     async def begin(self) -> Episode:
-        body = self.request.model_dump()
-        if body["wait_s"] is None:  # the server's own wait (and a server that predates the field accepts it)
-            del body["wait_s"]
+        # unset optional fields are left out: the server's own defaults (wait_s: its wait; agents: any adapter),
+        # and a server that predates a field accepts the begin
+        body = self.request.model_dump(exclude_none=True)
         data = await self.client.request("POST", f"{SWARM_PREFIX}/episodes", json=body)
         self.info = BeginEpisodeResponse.model_validate(data)
         self._heartbeat = asyncio.get_running_loop().create_task(self._beat(self.info.lease_seconds / 3))

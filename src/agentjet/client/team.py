@@ -59,7 +59,8 @@ class TeamEpisode:
         self._secret = secrets.token_urlsafe(32)
         self.members: dict[str, Episode] = {
             url: client.episode(task_id=task_id, task_type=task_type, group_id=group_id, eval=eval,
-                                metadata={**metadata, "team_id": self.team_id})
+                                metadata={**metadata, "team_id": self.team_id},
+                                agents=[role for role, u in team.roles.items() if u.rstrip("/") == url])
             for url, client in team.clients.items()}
         self._reward: Reward | None = None
         self.committed = False

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -140,7 +140,7 @@ class SwarmServer:
         self.keys = EpisodeKeys(self.registry, self.store)
         self.admission = Admission(config, self.engine, self.registry, self.pool, self.clock, self.lifecycle,
                                    self.store_health, counters.admission, counters.training,
-                                   lanes=lambda: [LaneView(lane.engine, lane.pool) for lane in self.lanes])
+                                   lanes=self._lane_views)
         self.ingest = Ingest(config, self.engine, self.formatter, self.registry, self.store, self.keys, self.teams,
                              locks, self.clock, self.store_health, intake, self.admission, counters,
                              adapter_of=None if self.router is None else self.router.adapter_of)
@@ -193,6 +193,11 @@ class SwarmServer:
         lane = self._adapter_lane(name, TrainingCounters())
         lane.step.observer = self.metrics
         return lane
+
+    def _lane_views(self, agents: Sequence[str] | None) -> list[LaneView]:
+        """What admission reads of the lanes an episode calling ``agents`` may use (None: any)."""
+        lanes = self.lanes if agents is None or self.router is None else self.router.lanes_for(agents)
+        return [LaneView(lane.engine, lane.pool) for lane in lanes]
 
     def _engine_for(self, agent: str) -> ComposedEngine:
         assert self.router is not None

@@ -177,12 +177,14 @@ class Admission:
 
     def __init__(self, config: ServerConfig, engine: ComposedEngine, registry: EpisodeRegistry, pool: GroupPool,
                  clock: Clock, lifecycle: Lifecycle, store_health: StoreHealth, counters: AdmissionCounters,
-                 training: TrainingCounters, lanes: Callable[[], Sequence[LaneView]] | None = None) -> None:
-        """``lanes()``: every policy's (engine, pool) on a server with several LoRA adapters. A begin names no
-        agent, so an episode counts against each: the capacity is the least of theirs, and a group's place is
-        kept in every pool. By default the one ``engine`` and ``pool``."""
+                 training: TrainingCounters,
+                 lanes: Callable[[Sequence[str] | None], Sequence[LaneView]] | None = None) -> None:
+        """``lanes(agents)``: on a server with several LoRA adapters, the (engine, pool) of each adapter that the
+        ``agents`` a begin declares may use (``None``: every adapter; an agent no adapter serves raises its 4xx).
+        An episode counts against each of them: the capacity is the least of theirs, and a group's place is kept in
+        every pool. By default the one ``engine`` and ``pool``."""
         self.config = config
-        self._lanes = lanes or (lambda: [LaneView(engine, pool)])
+        self._lanes_of = lanes or (lambda _agents: [LaneView(engine, pool)])
         self.training = training  # read only: the committed version, for the served version that tags evals
         self.engine = engine
         self.registry = registry
@@ -201,10 +203,11 @@ class Admission:
         self._check_open(req)
         wait_s = self._wait_s(req)
         group_key = req.group_id or req.task_id
+        self._lanes_of(req.agents)  # an agent no adapter serves: its 4xx now, not after a hold
         if req.eval or not self.config.training.admission or wait_s <= 0:
             if not req.eval:
                 self._check_quota(req.task_type)
-                self._check_capacity(group_key)
+                self._check_capacity(group_key, req.agents)
             return self._admit(req)
         self._check_task_type(req.task_type)
         if self._begun_in_group(group_key) % self.config.training.group_size:
@@ -259,7 +262,7 @@ class Admission:
                            headers={"Retry-After": "1"})
 
     def _admit(self, req: BeginEpisodeRequest) -> BeginEpisodeResponse:
-        lanes = self._lanes()
+        lanes = self._lanes_of(req.agents)
         if not req.eval and not self._begun_in_group(req.group_id or req.task_id) % self.config.training.group_size:
             for lane in lanes:
                 lane.pool.note_admitted(req.group_id or req.task_id)
@@ -285,8 +288,8 @@ class Admission:
         if self._ahead_of_share(req.task_type):
             return Decision.PASS
         group_key = req.group_id or req.task_id
-        if not t.admission or admits(capacity_now=self.capacity() - self.reserved(), group_size=t.group_size,
-                                     begun_in_group=self._begun_in_group(group_key)):
+        if not t.admission or admits(capacity_now=self.capacity(req.agents) - self.reserved(),
+                                     group_size=t.group_size, begun_in_group=self._begun_in_group(group_key)):
             return Decision.ADMIT
         return Decision.BLOCK
 
@@ -346,32 +349,34 @@ class Admission:
         if self._ahead_of_share(task_type):
             raise self._deferred(task_type, QUOTA_RETRY_MS)
 
-    def capacity(self) -> int:
-        """Training episodes that may begin now without going past the staleness bound (``capacity``)."""
+    def capacity(self, agents: Sequence[str] | None = None) -> int:
+        """Training episodes that may begin now without going past the staleness bound (``capacity``), for an
+        episode that will call ``agents`` (None: any). Every open training episode counts as running against each
+        adapter (conservative: the registry does not know which adapters an open episode will use)."""
         t = self.config.training
         return min(capacity(version=lane.engine.policy_version, batch_episodes=t.batch_groups * t.group_size,
                             max_staleness=t.max_staleness, accepted=lane.pool.accepted_count,
                             running=self.registry.open_training, max_concurrent=t.max_concurrent)
-                   for lane in self._lanes())
+                   for lane in self._lanes_of(agents))
 
     def _begun_in_group(self, group_key: str) -> int:
         return self.registry.open_by_group[group_key] + max(lane.pool.pending_in_group(group_key)
-                                                            for lane in self._lanes())
+                                                            for lane in self._lanes_of(None))
 
     def reserved(self) -> int:
         """Places held for the members that begun groups still lack (``reserved``), for ``group_timeout_s``
         after the group's admission: a member that never comes (its client was killed) does not hold its place
         for longer."""
         t = self.config.training
-        lanes = self._lanes()
+        lanes = self._lanes_of(None)
         keys = set(self.registry.open_by_group).union(*(lane.pool.pending_group_keys() for lane in lanes))
         return reserved((self._begun_in_group(k) for k in keys
                          if any(lane.pool.admitted_within(k, t.group_timeout_s) for lane in lanes)),
                         t.group_size)
 
-    def _check_capacity(self, group_key: str) -> None:
+    def _check_capacity(self, group_key: str, agents: Sequence[str] | None = None) -> None:
         t = self.config.training
-        if not t.admission or admits(capacity_now=self.capacity() - self.reserved(), group_size=t.group_size,
+        if not t.admission or admits(capacity_now=self.capacity(agents) - self.reserved(), group_size=t.group_size,
                                      begun_in_group=self._begun_in_group(group_key)):
             return
         raise self._refuse_at_capacity(CAPACITY_RETRY_MS)

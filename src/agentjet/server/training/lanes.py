@@ -94,6 +94,15 @@ class AdapterRouter:
             raise unknown_agent(agent, sorted(self.lanes))
         return found
 
+    def lanes_for(self, agents: Sequence[str]) -> list[Lane]:
+        """The lanes that serve ``agents`` (each once; a 4xx for an agent that no adapter serves)."""
+        out: list[Lane] = []
+        for agent in agents:
+            lane = self.lane(agent)
+            if all(lane is not seen for seen in out):
+                out.append(lane)
+        return out or list(self.lanes.values())
+
     def adapter_of(self, agents: Sequence[str]) -> dict[str, str]:
         """agent -> adapter, for the agents that still route (an adapter removed since its calls is left out)."""
         out = {}
