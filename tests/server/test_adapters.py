@@ -148,6 +148,7 @@ def test_a_team_on_one_server_trains_each_role_on_its_adapter(adapters_server) -
                     for role in ROLES:
                         await ep.openai(role).chat.completions.create(model="tiny", messages=USER, max_tokens=4)
                     ep.reward({"planner": r, "executor": r / 2})
+                assert all(not m._openai and m._heartbeat is None for m in ep.members.values())  # released
             await asyncio.gather(one(1.0), one(0.0))
 
     asyncio.run(main())

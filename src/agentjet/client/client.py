@@ -317,7 +317,12 @@ class Episode:
                 raise ValueError("the episode block exited without a reward: call ep.reward(x) inside it")
             await self.end()
         finally:
-            await self._stop_heartbeat()
-            for c in self._openai.values():
-                with contextlib.suppress(Exception):
-                    await c.close()
+            await self.release()
+
+    async def release(self) -> None:
+        """Stop the heartbeat and close the OpenAI clients bound to this episode (on the loop that made them)."""
+        await self._stop_heartbeat()
+        clients, self._openai = list(self._openai.values()), {}
+        for c in clients:
+            with contextlib.suppress(Exception):
+                await c.close()

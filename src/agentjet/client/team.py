@@ -104,13 +104,16 @@ class TeamEpisode:
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
         members = list(self.members.values())
-        if exc is not None:
-            await self._abort_all(members, f"{exc_type.__name__ if exc_type else 'error'}: {exc}")
-            return
-        if self._reward is None:
-            await self._abort_all(members, "no reward was given")
-            raise ValueError("the team episode exited without a reward: call ep.reward(...) inside it")
-        await self.finish()
+        try:
+            if exc is not None:
+                await self._abort_all(members, f"{exc_type.__name__ if exc_type else 'error'}: {exc}")
+                return
+            if self._reward is None:
+                await self._abort_all(members, "no reward was given")
+                raise ValueError("the team episode exited without a reward: call ep.reward(...) inside it")
+            await self.finish()
+        finally:
+            await asyncio.gather(*[ep.release() for ep in members])  # heartbeats and OpenAI clients
 
     async def prepare(self) -> None:
         """Phase one on every member; if any fails, abort all and raise."""
