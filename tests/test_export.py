@@ -143,6 +143,45 @@ def test_lora_run_exports_merged_and_adapter_only(make_server, tiny_model_path: 
     assert_same_reply(transformers_greedy(only, prompt, adapter=True), served, logprobs)
 
 
+@pytest.mark.server
+def test_one_adapter_of_a_run_with_several_exports_merged_and_alone(make_server, tiny_model_path: Path,
+                                                                   tmp_path: Path) -> None:
+    from agentjet.layouts.adapters import adapter_engines
+    from agentjet.settings import GeneratorSettings, LearnerSettings, LoraSettings
+
+    roles = ["planner", "executor"]
+    learner = LearnerSettings(lora=LoraSettings(rank=4, alpha=8, adapters=roles), learning_rate=1e-2)
+    engine = adapter_engines(tiny_model_path, roles, GeneratorSettings(max_batch_size=8), learner)
+    srv = make_server(engine, training={"checkpoint_every": 1}, learner=learner.model_dump())
+
+    async def planner_group() -> None:
+        async with SwarmClient(srv.url) as client:
+            for reward in (0.0, 1.0):
+                async with client.episode(task_id="sum") as ep:
+                    await ep.openai(agent="planner").chat.completions.create(model="x", messages=QUESTION,
+                                                                             max_tokens=8)
+                    ep.reward(reward)
+
+    asyncio.run(planner_group())
+    wait_until(lambda: srv.server.status().adapters["planner"].train_steps == 1, timeout=120)
+    prompt = srv.server.formatter.prompt_ids(QUESTION, None)
+    planner = srv.call(engine.engine("planner").generate(prompt, SamplingParams(temperature=0.0,
+                                                                                max_tokens=NEW_TOKENS)))
+    run_dir = srv.server.config.data_dir
+    srv.stop()  # checkpoints every adapter that stepped
+    result = CliRunner().invoke(app, ["export", str(run_dir), str(tmp_path / "x")])
+    assert result.exit_code != 0 and "--adapter NAME" in result.output and "planner" in result.output
+    missing = CliRunner().invoke(app, ["export", str(run_dir), str(tmp_path / "y"), "--adapter", "critic"])
+    assert missing.exit_code != 0 and "planner" in missing.output
+    merged, only = tmp_path / "merged", tmp_path / "only"
+    assert "adapter planner's step 1" in export(run_dir, merged, "--adapter", "planner")
+    assert_same_reply(transformers_greedy(merged, prompt), list(planner.token_ids), list(planner.logprobs))
+    export(run_dir, only, "--adapter", "planner", "--adapter-only")
+    assert_same_reply(transformers_greedy(only, prompt, adapter=True), list(planner.token_ids),
+                      list(planner.logprobs))
+    assert "| adapter | `planner`" in (only / "README.md").read_text()
+
+
 class FakeHfApi:
     """Records what ``ajet export --push-to-hub`` asks of the hub client; no network."""
 
