@@ -11,6 +11,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from agentjet.runtime.clock import FakeClock
 from agentjet.runtime.proc import Child, Timer, free_port, stop_all, tail
 
@@ -192,3 +194,43 @@ def test_one_clock_shape() -> None:
             for i, line in enumerate(p.read_text().splitlines(), 1)
             if "Callable[[], float]" in line or "= time.monotonic," in line or "= time.monotonic)" in line]
     assert bare == []
+
+
+def test_wait_ready_does_not_take_another_process_on_its_port_for_its_server(make_server, tmp_path: Path) -> None:
+    """Free ports are picked before the child binds: if another server takes the port first, the launcher must
+    not take that one's /health for its own (it did: a demo then talked to another test's server); its own child
+    fails to bind and exits, and wait_ready says so."""
+    from agentjet.runtime.launch import ServerExited, ServerProcess
+    from agentjet.settings import ServerConfig
+
+    thief = make_server()  # an in-process server, ready, on a port the child is told to use
+    port = int(thief.url.rsplit(":", 1)[1])
+    child = ServerProcess("late", ServerConfig(model="tiny-random", port=port, data_dir=tmp_path / "late",
+                                               generator={"kind": "null"}),
+                          tmp_path / "late.log", tmp_path / "late.yaml").start()
+    try:
+        with pytest.raises(ServerExited, match="exited"):
+            child.wait_ready(timeout=120)
+    finally:
+        child.stop(grace=5)
+
+
+def test_start_ready_picks_another_port_when_its_first_was_taken(make_server, tmp_path: Path) -> None:
+    from agentjet.runtime.launch import ServerProcess, start_ready
+    from agentjet.settings import ServerConfig
+
+    thief = make_server()
+    taken = int(thief.url.rsplit(":", 1)[1])
+    ports = iter([taken])  # the first pick is taken; the next is a fresh free port
+
+    def make(port: int) -> ServerProcess:
+        port = next(ports, port)
+        return ServerProcess(f"s{port}", ServerConfig(model="tiny-random", port=port, data_dir=tmp_path / str(port),
+                                                      generator={"kind": "null"}),
+                             tmp_path / f"{port}.log", tmp_path / f"{port}.yaml")
+
+    server = start_ready(make, timeout=120)
+    try:
+        assert server.config.port != taken and server.poll() is None
+    finally:
+        server.stop(grace=10)

@@ -212,7 +212,8 @@ class ServerProc:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the server exited with {self.proc.returncode}:\n{self.log_tail()}")
             with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
-                if httpx.get(f"{self.url}/health", timeout=2).json()["status"] == "ready":
+                health = httpx.get(f"{self.url}/health", timeout=2).json()
+                if health["status"] == "ready" and health.get("pid") == self.proc.pid:  # ours, not a port thief
                     return time.monotonic() - t0
             time.sleep(0.1)
         raise RuntimeError(f"the server did not become ready:\n{self.log_tail()}")

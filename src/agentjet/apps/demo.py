@@ -25,7 +25,7 @@ from agentjet.client.scheduled import EvalPoint, ScheduleSettings, StepPoint, ru
 from agentjet.models import DEFAULT_MODEL
 from agentjet.observe.curveplot import Line, Panel, plot_curves
 from agentjet.observe.learncurve import LearnCurve
-from agentjet.runtime.launch import ServerProcess
+from agentjet.runtime.launch import ServerProcess, start_ready
 from agentjet.runtime.provenance import git_commit, machine
 from agentjet.schedule import Curriculum, StoppingRule, StopSettings
 from agentjet.settings import (
@@ -133,8 +133,6 @@ def save_plot(result: DemoResult, path: Path) -> bool:
 
 
 def run_demo(s: DemoSettings, console: Console | None = None) -> DemoResult:
-    from agentjet.runtime.launch import free_port
-
     console = console or Console()
     task_mod = get_task(s.task)
     overrides = {"learning_rate": s.learning_rate, "group_size": s.group_size, "batch_groups": s.batch_groups}
@@ -143,19 +141,17 @@ def run_demo(s: DemoSettings, console: Console | None = None) -> DemoResult:
     steps = s.steps or rec.steps
     s.eval_tasks = s.eval_tasks or rec.eval_n
     s.out_dir.mkdir(parents=True, exist_ok=True)
-    port = s.port or free_port()
-    url = f"http://127.0.0.1:{port}"
     log_path = s.out_dir / "server.log"
     admin_token = secrets.token_urlsafe(32)
-    config = server_config(s, port, rec, admin_token)
-    server = ServerProcess("demo", config, log_path, s.out_dir / "server.yaml")
     start = time.monotonic()
     console.print(f"[bold]AgentJet demo[/bold]: {s.model} learns '{s.task}' ({steps} steps, {rec.group_size} "
                   f"episodes/group, {rec.batch_groups} groups/step, lr {rec.learning_rate})")
-    console.print(f"starting the swarm server on {url} (log: {log_path}) ...")
-    server.start()
+    console.print(f"starting the swarm server (log: {log_path}) ...")
+    server = start_ready(lambda port: ServerProcess("demo", server_config(s, port, rec, admin_token), log_path,
+                                                    s.out_dir / "server.yaml"), s.port)
+    config, url = server.config, server.url
+    console.print(f"the swarm server is ready on {url}")
     try:
-        server.wait_ready()
         result = asyncio.run(_client_side(s, task_mod, rec, steps, url, admin_token, console))
     finally:
         server.stop(grace=120)

@@ -4,11 +4,12 @@ and the chaos suite."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import httpx
@@ -16,7 +17,10 @@ import httpx
 from agentjet.runtime.proc import Child, free_port
 from agentjet.settings import ServerConfig, write_config_file
 
-__all__ = ["ServerExited", "ServerProcess", "free_port"]
+__all__ = ["ServerExited", "ServerProcess", "free_port", "start_ready"]
+
+
+log = logging.getLogger(__name__)
 
 
 class ServerExited(RuntimeError):
@@ -57,14 +61,17 @@ class ServerProcess:
         return self.child.poll() if self.child is not None else None
 
     def wait_ready(self, timeout: float = 300.0) -> None:
-        """Until ``/health`` says ready. Raises ``ServerExited`` (with the log's tail) or ``TimeoutError``."""
+        """Until ``/health`` says ready from this server's own process (another process that took the port
+        first does not count: this one then fails to bind and exits). Raises ``ServerExited`` (with the log's
+        tail) or ``TimeoutError``."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.poll() is not None:
                 tail = self.child.tail() if self.child is not None else ""
                 raise ServerExited(f"server {self.name} exited with code {self.poll()}; see {self.log_path}:\n{tail}")
             try:
-                if httpx.get(f"{self.url}/health", timeout=2).json().get("status") == "ready":
+                health = httpx.get(f"{self.url}/health", timeout=2).json()
+                if health.get("status") == "ready" and health.get("pid") == self.pid:
                     return
             except (httpx.TransportError, ValueError):
                 pass
@@ -78,3 +85,27 @@ class ServerProcess:
     def stop(self, grace: float = 60.0) -> int | None:
         """SIGTERM (the server checkpoints and exits), then SIGKILL after ``grace`` seconds."""
         return self.child.stop(grace) if self.child is not None else None
+
+
+PORT_TAKEN = "address already in use"
+
+
+def start_ready(make: Callable[[int], ServerProcess], port: int | None = None, attempts: int = 3,
+                timeout: float = 300.0) -> ServerProcess:
+    """Start the server ``make(port)`` builds and wait until it is ready. Without a given ``port``, a free one is
+    picked, and picked again when another process took it before the child could bind (the child then exits
+    saying so): up to ``attempts`` times."""
+    for attempt in range(1, attempts + 1):
+        server = make(port or free_port()).start()
+        try:
+            server.wait_ready(timeout)
+            return server
+        except ServerExited as exc:
+            server.stop(grace=5)
+            if port is not None or attempt == attempts or PORT_TAKEN not in str(exc).lower():
+                raise
+            log.warning("the port of server %s was taken before it could bind; trying another", server.name)
+        except BaseException:
+            server.stop(grace=5)
+            raise
+    raise AssertionError("unreachable")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable
@@ -41,7 +42,9 @@ def create_app(server: SwarmServer) -> FastAPI:
 
     @app.get("/health")
     async def health() -> dict[str, str | int]:
-        return {"status": server.state.value, "policy_version": versions(server.run).served}
+        # pid: a launcher checks that the server answering on its port is the process it started, not another
+        # that took the port first (free ports are picked before the child binds; parallel test workers race)
+        return {"status": server.state.value, "policy_version": versions(server.run).served, "pid": os.getpid()}
 
     app.include_router(openai_api.router)
     app.include_router(swarm_api.router)
