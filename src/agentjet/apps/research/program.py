@@ -104,6 +104,20 @@ def noise(results: list[dict[str, Any]]) -> float | None:
     return max(spreads) if spreads else None
 
 
+def margin(spec: StudySpec, results: list[dict[str, Any]], best: dict[str, Any],
+           default: dict[str, Any] | None) -> float | None:
+    """How far the best configuration is ahead: of the default, or (when the default is best) of the runner-up."""
+    if default is None:
+        return None
+    if best is not default:
+        return abs(best["mean"] - default["mean"])
+    others = [r["mean"] for r in results if r is not best and r["mean"] is not None]
+    if not others:
+        return None
+    runner_up = max(others) if spec.metric.direction is Direction.MAXIMIZE else min(others)
+    return abs(best["mean"] - runner_up)
+
+
 def summary(spec: StudySpec, results: list[dict[str, Any]]) -> str:
     best, default = best_and_default(spec, results)
     if best is None:
@@ -171,10 +185,10 @@ class OfflineDesigner:
             return NextStep(action="stop", why="no run of the last study finished", cites="0 finished runs",
                             conclusion="the last study gave no result; the program stops")
         spread = noise(results)
-        gap = None if default is None else best["mean"] - default["mean"]
+        gap = margin(spec, results, best, default)
         seen = summary(spec, results)
         if gap is None or spread is None or abs(gap) <= spread:
-            cite = f"best − default = {fmt(gap)}, spread ±{fmt(spread)}"
+            cite = f"best ahead by {fmt(gap)}, spread ±{fmt(spread)}"
             if design.seeds < MAX_SEEDS:
                 seeds = min(MAX_SEEDS, design.seeds * 2)
                 return NextStep(action="more_seeds", cites=cite, why=f"the difference sits inside the noise ({seen}): "
@@ -185,7 +199,7 @@ class OfflineDesigner:
             knobs = [narrowed(k, best["params"].get(k.name)) or k for k in design.knobs]
             if any(a != b for a, b in zip(knobs, design.knobs, strict=True)):
                 return NextStep(action="narrow", cites=f"best {fmt(best['mean'])} vs default {fmt(default['mean'])} "
-                                f"(gap {gap:+.3f} > spread {spread:.3f})" if default else seen,
+                                f"(gap {gap:.3f} > spread {spread:.3f})" if default else seen,
                                 why=f"the best configuration {json.dumps(best['params'])} beats the default by more "
                                     "than the noise: look closer around it",
                                 design=design.model_copy(update={"knobs": knobs}))
@@ -193,12 +207,12 @@ class OfflineDesigner:
         conclusion = f"{self.topic}: {'the default' if best is default else json.dumps(best['params'])} is best " \
                      f"({seen})"
         if extra is None:
-            return NextStep(action="stop", cites=f"gap {gap:+.3f}", why="no setting left to add",
+            return NextStep(action="stop", cites=f"best ahead by {gap:.3f}", why="no setting left to add",
                             conclusion=conclusion)
         fixed = [k.model_copy(update={"type": "choice", "choices": [best["params"][k.name]], "low": None,
                                       "high": None, "log": False, "default": best["params"][k.name]})
                  for k in design.knobs]
-        return NextStep(action="add_knob", cites=f"gap {gap:+.3f} between best and default, spread ±{spread:.3f}",
+        return NextStep(action="add_knob", cites=f"best ahead by {gap:.3f}, spread ±{spread:.3f}",
                         why=f"{conclusion}; hold it there and try the next setting {extra.name}",
                         design=design.model_copy(update={"knobs": [*fixed, extra]}), conclusion=conclusion)
 
