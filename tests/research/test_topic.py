@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from tests.research.test_llm_planner import FakeOpenAI, fake  # noqa: F401  (the fixture)
+
 from agentjet.apps.research.llm_designer import LLMDesigner
 from agentjet.apps.research.program import OfflineDesigner
 from agentjet.apps.research.spec import StudySpec
@@ -15,7 +17,6 @@ from agentjet.apps.research.topic import (
     repair_design,
     study_from_design,
 )
-from tests.research.test_llm_planner import FakeOpenAI, fake  # noqa: F401  (the fixture)
 
 BASE: dict[str, Any] = {"servers": {"policy": {"model": "tiny-random", "options": {"engine": "null"}}}}
 
