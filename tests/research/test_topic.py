@@ -4,6 +4,7 @@ design (from a scripted OpenAI-compatible endpoint) is validated, repaired or re
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from tests.research.test_llm_planner import FakeOpenAI, fake  # noqa: F401  (the fixture)
@@ -129,3 +130,26 @@ def test_the_next_study_follows_from_the_last_results() -> None:
     assert best_default.action == "add_knob" and best_default.design is not None
     assert len(best_default.design.knobs) == 2 and best_default.conclusion
     study_from_design(best_default.design, BASE)
+
+
+def test_a_topic_on_the_command_line_is_designed_shown_and_written_as_spec_yaml(tmp_path: Path) -> None:
+    from rich.console import Console
+
+    from agentjet.apps.research.app import is_topic, topic_main
+    from agentjet.apps.research.spec import load_study
+
+    topic = "Which learning rate is best for the calculator task?"
+    assert is_topic(topic, []) and not is_topic(topic, ["server.lr=1e-5..1e-4"])
+    console = Console(record=True, width=200)
+    out = tmp_path / "study"
+    code = topic_main(topic, None, ["steps=2"], {"seeds": 1}, out, program=False, hours=None, dry_run=True,
+                      console=console)
+    assert code == 0, console.export_text()
+    shown = console.export_text()
+    assert "server.learning-rate" in shown and "Matched words: ['learn', 'rat']" in shown
+    spec = load_study(out / "spec.yaml")  # a person can rerun it as a study file
+    assert spec.question == topic and spec.client.task == "calculator" and spec.client.steps == 2
+    assert spec.seeds == 1 and list(spec.space) == ["server.learning-rate"]
+    assert spec.base.servers["policy"]["model"] == "smollm2-135m-instruct"  # the default base
+    assert (out / "design.json").exists() and "Matched words" in (out / "design.md").read_text()
+    assert not (out / "study.json").exists()  # a dry run runs nothing
