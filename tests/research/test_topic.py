@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from tests.research.test_llm_planner import FakeOpenAI, fake  # noqa: F401  (the fixture)
 
 from agentjet.apps.research.llm_designer import LLMDesigner
@@ -153,3 +154,32 @@ def test_a_topic_on_the_command_line_is_designed_shown_and_written_as_spec_yaml(
     assert spec.base.servers["policy"]["model"] == "smollm2-135m-instruct"  # the default base
     assert (out / "design.json").exists() and "Matched words" in (out / "design.md").read_text()
     assert not (out / "study.json").exists()  # a dry run runs nothing
+
+
+@pytest.mark.parametrize("raw", [
+    None, 3, [], {}, {"knobs": 7}, {"knobs": "abc"}, {"knobs": [None, 1, "x", {"name": 5}]},
+    {**good_design(), "knobs": [{"name": "server.group-size", "choices": 4}]},
+    {**good_design(), "knobs": [{"name": "server.lr", "low": "fast", "high": [1]}]},
+    {**good_design(), "task": ["addition"], "seeds": "many"},
+    {**good_design(), "knobs": [{"name": "server.kl-coef", "low": 5.0, "high": 0.0, "default": 9}]},
+])
+def test_no_design_crashes_the_repair(raw: Any) -> None:
+    design, notes = repair_design(raw)
+    assert design is not None or (notes and "refused" in notes[-1])
+    if design is not None:
+        study_from_design(design, BASE)
+
+
+@pytest.mark.parametrize("raw", [
+    None, "stop", {}, {"action": "jump", "why": "x", "cites": "1"}, {"action": "narrow", "why": "x", "cites": "1"},
+    {"action": "narrow", "why": "x", "cites": "1", "design": {"knobs": 3}},
+    {"action": ["stop"], "why": "x", "cites": "1"}, {"action": "stop", "why": "", "cites": "1"},
+])
+def test_a_bad_next_step_is_refused_not_raised(raw: Any) -> None:
+    designer = LLMDesigner("t", "http://127.0.0.1:9/v1", timeout_s=1)
+    last = offline_design("Does a larger GRPO group help?")
+    assert designer._checked_step(raw, last) is None
+    ok = designer._checked_step({"action": "more_seeds", "why": "noise", "cites": "±0.1",
+                                 "design": {"seeds": 4}}, last)
+    assert ok is not None and ok.design is not None and ok.design.seeds == 4
+    designer.close()

@@ -27,6 +27,7 @@ from agentjet.apps.research.topic import (
     StudyDesign,
     describe_design,
     knob_range,
+    offline_design,
     rank_settings,
     settings_catalog,
 )
@@ -174,8 +175,6 @@ class OfflineDesigner:
         self.topic = topic
 
     def first(self, topic: str, trials: int | None) -> StudyDesign:
-        from agentjet.apps.research.topic import offline_design
-
         return offline_design(topic, trials)
 
     def next(self, design: StudyDesign, spec: StudySpec, results: list[dict[str, Any]], report: str,

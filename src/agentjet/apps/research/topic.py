@@ -274,13 +274,17 @@ def repair_design(raw: Any, planner: str = "llm") -> tuple[StudyDesign | None, l
     notes: list[str] = []
     knobs: list[dict[str, Any]] = []
     by_name = {s.space_name: s for s in settings_catalog()}
-    for item in raw.get("knobs") or []:
+    items = raw.get("knobs")
+    if not isinstance(items, list):
+        return None, ["refused: `knobs` is not a list"]
+    for item in items:
         fixed = _repair_knob(item, by_name, notes)
         if fixed is not None:
             knobs.append(fixed)
     if not knobs:
         return None, [*notes, "refused: no usable knob is left"]
-    if raw.get("task") not in (None, *TASKS):
+    task = raw.get("task")
+    if task is not None and not (isinstance(task, str) and task in TASKS):
         notes.append(f"unknown task {raw.get('task')!r}: the default {DEFAULT_TASK!r} used")
         raw = {**raw, "task": DEFAULT_TASK}
     fields = {k: v for k, v in raw.items() if k in StudyDesign.model_fields and k not in ("knobs", "notes", "planner")}
@@ -313,8 +317,9 @@ def _repair_knob(item: Any, by_name: dict[str, Setting], notes: list[str]) -> di
     fixed: dict[str, Any] = {**base.model_dump(), "reason": str(item.get("reason") or base.reason),
                              "matched": item.get("matched") or []}
     if base.type == "choice":
-        offered = [c for c in item.get("choices") or [] if _allowed(setting, c)]
-        dropped = [c for c in item.get("choices") or [] if c not in offered]
+        proposed = item.get("choices") if isinstance(item.get("choices"), list) else []
+        offered = [c for c in proposed if _allowed(setting, c)]
+        dropped = [c for c in proposed if c not in offered]
         if dropped:
             notes.append(f"{name}: dropped the values {dropped} the setting does not take")
         if len(offered) >= 2:
