@@ -183,3 +183,14 @@ def test_a_bad_next_step_is_refused_not_raised(raw: Any) -> None:
                                  "design": {"seeds": 4}}, last)
     assert ok is not None and ok.design is not None and ok.design.seeds == 4
     designer.close()
+
+
+def test_the_programs_hours_cap_each_study(tmp_path: Path) -> None:
+    from agentjet.apps.research.program import ProgramBudget, ProgramState, plan_next
+
+    state = ProgramState(topic="Does a larger GRPO group help?", budget=ProgramBudget(hours=1), elapsed_s=1800)
+    entry = plan_next(state, tmp_path, OfflineDesigner(state.topic), lambda d: study_from_design(d, BASE), None,
+                      lambda _: None)
+    assert entry is not None and entry.design.minutes == 30
+    assert study_from_design(entry.design, BASE).budget.minutes == 30
+    assert (tmp_path / entry.dir / "design.md").exists() and "Asked" in state.log[0]

@@ -327,6 +327,9 @@ def plan_next(state: ProgramState, root: Path, designer: Designer, make_spec: Sp
         state.log.append(f"- Next, study {index} ({step.action}), because {cites}: {step.why}.")
     if left is not None:
         design = design.model_copy(update={"trials": max(design.seeds, min(design.trials, left))})
+    if state.budget.hours is not None:  # a study starts no run past the program's hours
+        minutes = max(1.0, state.budget.hours * 60 - state.elapsed_s / 60)
+        design = design.model_copy(update={"minutes": min(design.minutes or minutes, minutes)})
     entry = StudyEntry(index=index, dir=f"studies/{index:02d}-{design.knobs[0].name.split('.', 1)[1]}", design=design,
                        why=why, cites=cites)
     study_dir = root / entry.dir

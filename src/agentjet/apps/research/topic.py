@@ -64,6 +64,7 @@ class StudyDesign(BaseModel):
     seeds: int = Field(2, ge=1, le=20)
     seeds_reason: str = ""
     trials: int = Field(8, ge=1, le=1000)
+    minutes: float | None = Field(None, gt=0, description="no new run starts after this much study time")
     budget_reason: str = ""
     planner: str = "offline"
     notes: list[str] = Field(default_factory=list, description="what was repaired, and why")
@@ -317,7 +318,8 @@ def _repair_knob(item: Any, by_name: dict[str, Setting], notes: list[str]) -> di
     fixed: dict[str, Any] = {**base.model_dump(), "reason": str(item.get("reason") or base.reason),
                              "matched": item.get("matched") or []}
     if base.type == "choice":
-        proposed = item.get("choices") if isinstance(item.get("choices"), list) else []
+        raw_choices = item.get("choices")
+        proposed: list[Any] = raw_choices if isinstance(raw_choices, list) else []
         offered = [c for c in proposed if _allowed(setting, c)]
         dropped = [c for c in proposed if c not in offered]
         if dropped:
@@ -377,7 +379,8 @@ def study_from_design(design: StudyDesign, base: dict[str, Any], extra: dict[str
     raw: dict[str, Any] = {"question": design.question, "base": base,
                            "metric": {"source": design.metric},
                            "client": {"task": design.task}, "space": space, "seeds": design.seeds,
-                           "budget": {"trials": max(design.trials, design.seeds)},
+                           "budget": {"trials": max(design.trials, design.seeds)}
+                           | ({"minutes": design.minutes} if design.minutes else {}),
                            "planner": {"kind": "grid" if all(k.type == "choice" for k in design.knobs) else "tpe"}}
     for key, value in (extra or {}).items():
         raw[key] = {**raw[key], **value} if isinstance(value, dict) and isinstance(raw.get(key), dict) else value
