@@ -91,7 +91,8 @@ def test_a_two_study_program_follows_from_the_first_report(tmp_path: Path, tiny_
     assert json.dumps(results[0]["params"]) in fake.requests[1]["messages"][1]["content"]  # the LLM saw the report
     log = (out / "log.md").read_text()
     assert "Asked:" in log and "Study 1 found" in log and "Next, study 2 (more_seeds)" in log and "budget" in log
-    assert "Program: " in (out / "program.md").read_text()
+    program = (out / "program.md").read_text()
+    assert "Program: " in program and "when the budget ran out, best" in program and "evidence: study 2" in program
     # started again, a finished program runs nothing
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert again.returncode == 0 and json.loads((out / "program.json").read_text())["sessions"] == 3

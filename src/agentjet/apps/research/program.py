@@ -285,6 +285,10 @@ def run_program(topic: str, root: Path, designer: Designer, make_spec: SpecFn, r
             left, spent = budget_left(root, state)
             if spent:
                 state.log.append(f"- Stopped: the program's budget is spent ({spent}).")
+                if state.studies:
+                    last = state.studies[-1]
+                    state.conclusions.append(f"{state.topic}: when the budget ran out, {last.found} "
+                                             f"[evidence: study {last.index}, {last.dir}/report.md]")
                 state.finished = True
                 break
             current = plan_next(state, root, designer, make_spec, left, note)
