@@ -125,6 +125,7 @@ def test_the_next_study_follows_from_the_last_results() -> None:
     # all inside the noise: the same knob with more seeds
     noisy = designer.next(design, spec, results({4: [0.40, 0.60], 2: [0.45, 0.55], 8: [0.50, 0.52]}), "", 8)
     assert noisy.action == "more_seeds" and noisy.design is not None and noisy.design.seeds == 4
+    assert noisy.design.knobs[0].choices == [4, 8]  # the best (8) and the default (4) again
     assert "spread ±0.141" in noisy.cites
     # the default clearly best: hold it and add the next setting the topic matched
     best_default = designer.next(design, spec, results({4: [0.80, 0.81], 2: [0.30, 0.31], 8: [0.50, 0.52]}), "", 8)

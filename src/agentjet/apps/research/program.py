@@ -154,6 +154,14 @@ def narrowed(knob: KnobDesign, value: Any) -> KnobDesign | None:
     return knob.model_copy(update={"low": low, "high": high, "default": default})
 
 
+def contender_choices(knob: KnobDesign, best: dict[str, Any], default: dict[str, Any] | None) -> KnobDesign:
+    """A choice knob cut to the best's and the default's values (more seeds where they are, none elsewhere)."""
+    if knob.type != "choice" or default is None:
+        return knob
+    kept = [c for c in knob.choices or [] if c in (best["params"].get(knob.name), default["params"].get(knob.name))]
+    return knob.model_copy(update={"choices": kept}) if kept and knob.default in kept else knob
+
+
 def next_knob(topic: str, design: StudyDesign) -> KnobDesign | None:
     """The best-matching setting of the topic that the design does not search yet."""
     have = {k.name for k in design.knobs}
@@ -190,8 +198,12 @@ class OfflineDesigner:
             cite = f"best ahead by {fmt(gap)}, spread ±{fmt(spread)}"
             if design.seeds < MAX_SEEDS:
                 seeds = min(MAX_SEEDS, design.seeds * 2)
-                return NextStep(action="more_seeds", cites=cite, why=f"the difference sits inside the noise ({seen}): "
-                                f"the same knobs with {seeds} seeds", design=design.model_copy(update={"seeds": seeds}))
+                doubt = "the noise is unknown with one seed each" if spread is None else "the difference sits " \
+                    "inside the noise"
+                knobs = [contender_choices(k, best, default) for k in design.knobs]
+                return NextStep(action="more_seeds", cites=cite, why=f"{doubt} ({seen}): the best and the default "
+                                f"again with {seeds} seeds", design=design.model_copy(update={"seeds": seeds,
+                                                                                               "knobs": knobs}))
             return NextStep(action="stop", cites=cite, why="still inside the noise at the most seeds",
                             conclusion=f"{self.topic}: no effect found beyond the noise ({seen})")
         if best is not default:
