@@ -105,18 +105,18 @@ def noise(results: list[dict[str, Any]]) -> float | None:
     return max(spreads) if spreads else None
 
 
-def margin(spec: StudySpec, results: list[dict[str, Any]], best: dict[str, Any],
-           default: dict[str, Any] | None) -> float | None:
-    """How far the best configuration is ahead: of the default, or (when the default is best) of the runner-up."""
+def rival(spec: StudySpec, results: list[dict[str, Any]], best: dict[str, Any],
+          default: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What the best configuration is measured against: the default, or (when the default is best) the runner-up."""
     if default is None:
         return None
     if best is not default:
-        return abs(best["mean"] - default["mean"])
-    others = [r["mean"] for r in results if r is not best and r["mean"] is not None]
+        return default
+    others = [r for r in results if r is not best and r["mean"] is not None]
     if not others:
         return None
-    runner_up = max(others) if spec.metric.direction is Direction.MAXIMIZE else min(others)
-    return abs(best["mean"] - runner_up)
+    sign = 1 if spec.metric.direction is Direction.MAXIMIZE else -1
+    return max(others, key=lambda r: sign * r["mean"])
 
 
 def summary(spec: StudySpec, results: list[dict[str, Any]]) -> str:
@@ -154,12 +154,12 @@ def narrowed(knob: KnobDesign, value: Any) -> KnobDesign | None:
     return knob.model_copy(update={"low": low, "high": high, "default": default})
 
 
-def contender_choices(knob: KnobDesign, best: dict[str, Any], default: dict[str, Any] | None) -> KnobDesign:
-    """A choice knob cut to the best's and the default's values (more seeds where they are, none elsewhere)."""
-    if knob.type != "choice" or default is None:
+def contender_choices(knob: KnobDesign, best: dict[str, Any], other: dict[str, Any] | None) -> KnobDesign:
+    """A choice knob cut to the best's and its rival's values (more seeds where they are, none elsewhere)."""
+    if knob.type != "choice" or other is None:
         return knob
-    kept = [c for c in knob.choices or [] if c in (best["params"].get(knob.name), default["params"].get(knob.name))]
-    return knob.model_copy(update={"choices": kept}) if kept and knob.default in kept else knob
+    kept = [c for c in knob.choices or [] if c in (best["params"].get(knob.name), other["params"].get(knob.name))]
+    return knob.model_copy(update={"choices": kept}) if len(kept) >= 2 and knob.default in kept else knob
 
 
 def next_knob(topic: str, design: StudyDesign) -> KnobDesign | None:
@@ -192,7 +192,8 @@ class OfflineDesigner:
             return NextStep(action="stop", why="no run of the last study finished", cites="0 finished runs",
                             conclusion="the last study gave no result; the program stops")
         spread = noise(results)
-        gap = margin(spec, results, best, default)
+        other = rival(spec, results, best, default)
+        gap = None if other is None else abs(best["mean"] - other["mean"])
         seen = summary(spec, results)
         if gap is None or spread is None or abs(gap) <= spread:
             cite = f"best ahead by {fmt(gap)}, spread ±{fmt(spread)}"
@@ -200,7 +201,7 @@ class OfflineDesigner:
                 seeds = min(MAX_SEEDS, design.seeds * 2)
                 doubt = "the noise is unknown with one seed each" if spread is None else "the difference sits " \
                     "inside the noise"
-                knobs = [contender_choices(k, best, default) for k in design.knobs]
+                knobs = [contender_choices(k, best, other) for k in design.knobs]
                 return NextStep(action="more_seeds", cites=cite, why=f"{doubt} ({seen}): the best and the default "
                                 f"again with {seeds} seeds", design=design.model_copy(update={"seeds": seeds,
                                                                                                "knobs": knobs}))
