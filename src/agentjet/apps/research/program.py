@@ -202,7 +202,7 @@ class OfflineDesigner:
                 doubt = "the noise is unknown with one seed each" if spread is None else "the difference sits " \
                     "inside the noise"
                 knobs = [contender_choices(k, best, other) for k in design.knobs]
-                return NextStep(action="more_seeds", cites=cite, why=f"{doubt} ({seen}): the best and the default "
+                return NextStep(action="more_seeds", cites=cite, why=f"{doubt} ({seen}): the best and its rival "
                                 f"again with {seeds} seeds", design=design.model_copy(update={"seeds": seeds,
                                                                                                "knobs": knobs}))
             return NextStep(action="stop", cites=cite, why="still inside the noise at the most seeds",
