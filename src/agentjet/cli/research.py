@@ -10,7 +10,8 @@ from agentjet.cli.common import console, fail
 
 
 def research(
-    study: str = typer.Argument(..., help="a study file (STUDY.yaml), or a question with --base and --space"),
+    study: str = typer.Argument(..., help="a study file (STUDY.yaml), a question with --base and --space, or a "
+                                           "topic alone: the planner designs the study"),
     base: Path | None = typer.Option(None, help="with a question: the `ajet up` spec every trial starts from"),
     space: list[str] = typer.Option([], "--space", help="with a question: e.g. server.lr=1e-5..1e-4:log or "
                                                         "server.group-size=4,8 (repeatable)"),
@@ -25,6 +26,10 @@ def research(
     out: Path | None = typer.Option(None, help="study directory (default runs/research/<name>); run the same "
                                                "command again to continue a stopped study"),
     report_only: bool = typer.Option(False, help="only rewrite report.md and the results from the study dir"),
+    program: bool = typer.Option(False, help="with a topic: a program of studies, each designed from the last "
+                                             "report, until --trials or --hours is spent"),
+    hours: float | None = typer.Option(None, min=0.0, help="with --program: the program's budget in hours"),
+    dry_run: bool = typer.Option(False, help="with a topic: design the study, show it and write spec.yaml; run nothing"),
 ) -> None:
     """Plan, run, watch and report an RL study on the swarm (resumable; see docs/research.md)."""
     try:
@@ -34,6 +39,11 @@ def research(
     overrides = {k: v for k, v in {"seeds": seeds, "parallel": parallel, "budget.trials": trials,
                                    "budget.minutes": minutes, "planner.kind": planner, "planner.url": planner_url,
                                    "planner.model": planner_model}.items() if v is not None}
-    code = research_main(study, base, space, client, overrides, out, report_only, console)
+    from agentjet.apps.research.app import is_topic, topic_main
+
+    if is_topic(study, space) and not report_only:
+        code = topic_main(study, base, client, overrides, out, program, hours, dry_run, console)
+    else:
+        code = research_main(study, base, space, client, overrides, out, report_only, console)
     if code:
         raise typer.Exit(code)

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
+import yaml
 from rich.console import Console
 
 from agentjet.apps.research.display import Display
 from agentjet.apps.research.planner import OptunaPlanner, Planner
+from agentjet.apps.research.program import Designer, OfflineDesigner, ProgramBudget, run_program
 from agentjet.apps.research.report import write_report
 from agentjet.apps.research.runner import StudyAborted, StudyRunner
 from agentjet.apps.research.spec import (
@@ -21,6 +24,14 @@ from agentjet.apps.research.spec import (
     validate_spec,
 )
 from agentjet.apps.research.state import StudyBusy, StudyStore
+from agentjet.apps.research.topic import (
+    DesignError,
+    StudyDesign,
+    default_base,
+    describe_design,
+    design_or_error,
+)
+from agentjet.files import write_atomic
 
 
 def default_out_dir(spec: StudySpec) -> Path:
@@ -86,7 +97,8 @@ def resolve_spec(study: str, base: Path | None, space: list[str], client: list[s
         root = path.parent
     else:
         if base is None:
-            raise StudySpecError("a question needs --base swarm.yaml (the `ajet up` spec each trial starts from)")
+            raise StudySpecError("a question with --space needs --base swarm.yaml (the `ajet up` spec each trial "
+                                 "starts from); with no --space the planner designs the study from the topic")
         spec = spec_from_args(study, base, space, {})
         raw = spec.model_dump(mode="json", exclude_none=True)
         root = Path.cwd()
@@ -116,6 +128,97 @@ def main(study: str, base: Path | None, space: list[str], client: list[str], ove
         else:
             run_study(spec, out_dir, console)
     except (StudySpecError, StudyBusy, FileNotFoundError) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        return 2
+    except StudyAborted as exc:
+        console.print(f"[red]study aborted:[/red] {exc}")
+        return 1
+    return 0
+
+
+# ---------------------------------------------------------------------- from a topic
+def is_topic(study: str, space: list[str]) -> bool:
+    """A question with no --space and no study file: the planner designs the study."""
+    path = Path(study)
+    return not space and path.suffix not in (".yaml", ".yml", ".json") and not path.exists()
+
+
+def topic_extra(client: list[str], overrides: Mapping[str, object]) -> dict[str, object]:
+    """The command line's settings that a designed study takes as given (the client, seeds, parallel, minutes)."""
+    extra: dict[str, object] = {}
+    client_settings: dict[str, object] = {}
+    for item in client:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise StudySpecError(f"--client {item!r} must look like steps=6")
+        client_settings[key.strip()] = parse_scalar(value)
+    if client_settings:
+        extra["client"] = client_settings
+    for key in ("seeds", "parallel"):
+        if key in overrides:
+            extra[key] = overrides[key]
+    if "budget.minutes" in overrides:
+        extra["budget"] = {"minutes": overrides["budget.minutes"]}
+    return extra
+
+
+def make_designer(topic: str, overrides: Mapping[str, object], display_note: Callable[[str], None]) -> Designer:
+    url = overrides.get("planner.url")
+    if isinstance(url, str) and url:
+        from agentjet.apps.research.llm_designer import LLMDesigner
+
+        return LLMDesigner(topic, url, str(overrides.get("planner.model", "default")), note=display_note)
+    return OfflineDesigner(topic)
+
+
+def base_mapping(base: Path | None) -> dict[str, object]:
+    if base is None:
+        return default_base()
+    raw = yaml.safe_load(base.read_text()) if base.exists() else None
+    if not isinstance(raw, dict):
+        raise StudySpecError(f"--base {base} is not an `ajet up` spec (a mapping with servers)")
+    return raw
+
+
+def design_study(topic: str, out_dir: Path, designer: Designer, trials: int | None) -> StudyDesign:
+    """The study's design: the one already in ``out_dir`` (a continued study), else a new one, written there."""
+    path = out_dir / "design.json"
+    if path.exists():
+        return StudyDesign.model_validate_json(path.read_text())
+    design = designer.first(topic, trials)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, design.model_dump_json(indent=1))
+    write_atomic(out_dir / "design.md", describe_design(design))
+    return design
+
+
+def topic_main(topic: str, base: Path | None, client: list[str], overrides: Mapping[str, object], out: Path | None,
+               program: bool, hours: float | None, dry_run: bool, console: Console) -> int:
+    """``ajet research "a topic"``: design a study (or a program of studies) from the topic and run it."""
+    try:
+        base_raw = base_mapping(base)
+        extra = topic_extra(client, overrides)
+        trials = overrides.get("budget.trials")
+        trials = trials if isinstance(trials, int) else None
+        designer = make_designer(topic, overrides, lambda m: console.print(f"[yellow]{m}[/yellow]"))
+        slug = re.sub(r"[^a-z0-9]+", "-", topic.lower()).strip("-")[:48] or "topic"
+        if program:
+            root = out or Path("runs/research") / f"program-{slug}"
+            state = run_program(topic, root, designer, lambda d: design_or_error(d, base_raw, extra),
+                                lambda spec, d: run_study(spec, d, console),
+                                ProgramBudget(trials=trials, hours=hours),
+                                note=lambda m: console.print(f"[bold]program[/bold]: {m}"))
+            console.print(f"program {'finished' if state.finished else 'stopped'}: {root / 'program.md'}")
+            return 0
+        out_dir = out or Path("runs/research") / slug
+        design = design_study(topic, out_dir, designer, trials)
+        spec = design_or_error(design, base_raw, extra)
+        console.print(describe_design(design))
+        StudyStore(out_dir).save_spec(spec)
+        console.print(f"the study: {out_dir / 'spec.yaml'} (rerun it with `ajet research {out_dir / 'spec.yaml'}`)")
+        if not dry_run:
+            run_study(spec, out_dir, console)
+    except (StudySpecError, DesignError, StudyBusy, FileNotFoundError) as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 2
     except StudyAborted as exc:

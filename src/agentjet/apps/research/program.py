@@ -1,0 +1,358 @@
+"""A program of studies from one topic: design a study, run it, read its results, design the next one (narrow a
+range, add a knob, more seeds, or stop with a conclusion) until the program's budget is spent.
+
+    <program dir>/program.json     the program state (written, then renamed, after every change)
+    <program dir>/log.md           the research log: what was asked, found, tried next and why
+    <program dir>/program.md       the conclusions with their evidence
+    <program dir>/studies/NN-slug  each study's own directory (spec.yaml, design.json, report.md, ...)
+
+A killed program is continued by the same command: a finished study is not run again, the running one is
+continued by its own study state, and the next one is designed from the last finished report.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agentjet.apps.research.spec import Direction, StudySpec
+from agentjet.apps.research.state import StudyStore, config_summaries
+from agentjet.apps.research.topic import (
+    KnobDesign,
+    StudyDesign,
+    describe_design,
+    knob_range,
+    offline_design,
+    rank_settings,
+    settings_catalog,
+)
+from agentjet.files import write_atomic
+
+MAX_SEEDS = 4
+
+
+class NextStep(BaseModel):
+    """What the planner does after a study: another study (with the number that motivated it) or stop."""
+
+    model_config = ConfigDict(extra="forbid")
+    action: Literal["narrow", "add_knob", "more_seeds", "stop"]
+    why: str = Field(min_length=1)
+    cites: str = Field(min_length=1, description="the number from the last report that motivated this step")
+    design: StudyDesign | None = None
+    conclusion: str = ""
+
+
+class StudyEntry(BaseModel):
+    index: int
+    dir: str
+    design: StudyDesign
+    why: str
+    cites: str = ""
+    state: Literal["running", "done"] = "running"
+    found: str = ""
+
+
+class ProgramBudget(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    trials: int | None = Field(None, ge=1)
+    hours: float | None = Field(None, gt=0)
+
+
+class ProgramState(BaseModel):
+    topic: str
+    budget: ProgramBudget
+    started: float = Field(default_factory=time.time)
+    elapsed_s: float = 0.0
+    sessions: int = 0
+    studies: list[StudyEntry] = Field(default_factory=list)
+    log: list[str] = Field(default_factory=list)
+    conclusions: list[str] = Field(default_factory=list)
+    finished: bool = False
+
+
+class Designer(Protocol):
+    def first(self, topic: str, trials: int | None) -> StudyDesign: ...
+
+    def next(self, design: StudyDesign, spec: StudySpec, results: list[dict[str, Any]], report: str,
+             trials_left: int | None) -> NextStep: ...
+
+
+# ---------------------------------------------------------------------- reading a study's results
+def fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def best_and_default(spec: StudySpec, results: list[dict[str, Any]]) -> tuple[dict[str, Any] | None,
+                                                                              dict[str, Any] | None]:
+    scored = [r for r in results if r["mean"] is not None]
+    if not scored:
+        return None, None
+    sign = 1 if spec.metric.direction is Direction.MAXIMIZE else -1
+    best = max(scored, key=lambda r: sign * r["mean"])
+    defaults = spec.default_params()
+    default = next((r for r in scored if defaults is not None and r["params"] == defaults), None)
+    return best, default
+
+
+def noise(results: list[dict[str, Any]]) -> float | None:
+    """The largest spread over seeds of any configuration (None with one seed each)."""
+    spreads = [r["sd"] for r in results if r["sd"] is not None]
+    return max(spreads) if spreads else None
+
+
+def rival(spec: StudySpec, results: list[dict[str, Any]], best: dict[str, Any],
+          default: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What the best configuration is measured against: the default, or (when the default is best) the runner-up."""
+    if default is None:
+        return None
+    if best is not default:
+        return default
+    others = [r for r in results if r is not best and r["mean"] is not None]
+    if not others:
+        return None
+    sign = 1 if spec.metric.direction is Direction.MAXIMIZE else -1
+    return max(others, key=lambda r: sign * r["mean"])
+
+
+def summary(spec: StudySpec, results: list[dict[str, Any]]) -> str:
+    best, default = best_and_default(spec, results)
+    if best is None:
+        return "no configuration finished a run"
+    text = f"best {json.dumps(best['params'])}: {fmt(best['mean'])} (n={best['n_done']})"
+    if default is not None:
+        text += f"; default {json.dumps(default['params'])}: {fmt(default['mean'])}"
+    spread = noise(results)
+    return text + (f"; largest spread over seeds ±{spread:.3f}" if spread is not None else "; one seed each")
+
+
+# ---------------------------------------------------------------------- the offline next step
+def narrowed(knob: KnobDesign, value: Any) -> KnobDesign | None:
+    """The knob's range around ``value``: a choice keeps the value and its neighbours, a number a quarter of its
+    (log) span around it; None when the range cannot narrow."""
+    if knob.type == "choice":
+        choices = knob.choices or []
+        if value not in choices or len(choices) <= 2:
+            return None
+        i = choices.index(value)
+        kept = choices[max(0, i - 1): i + 2]
+        return knob.model_copy(update={"choices": kept, "default": value if knob.default not in kept else knob.default})
+    assert knob.low is not None and knob.high is not None
+    if knob.log and value > 0:
+        ratio = (knob.high / knob.low) ** 0.25
+        low, high = max(knob.low, value / ratio), min(knob.high, value * ratio)
+    else:
+        half = (knob.high - knob.low) / 4
+        low, high = max(knob.low, value - half), min(knob.high, value + half)
+    if not low < high:
+        return None
+    default = knob.default if knob.default is not None and low <= float(knob.default) <= high else None
+    return knob.model_copy(update={"low": low, "high": high, "default": default})
+
+
+def contender_choices(knob: KnobDesign, best: dict[str, Any], other: dict[str, Any] | None) -> KnobDesign:
+    """A choice knob cut to the best's and its rival's values (more seeds where they are, none elsewhere)."""
+    if knob.type != "choice" or other is None:
+        return knob
+    kept = [c for c in knob.choices or [] if c in (best["params"].get(knob.name), other["params"].get(knob.name))]
+    return knob.model_copy(update={"choices": kept}) if len(kept) >= 2 and knob.default in kept else knob
+
+
+def next_knob(topic: str, design: StudyDesign) -> KnobDesign | None:
+    """The best-matching setting of the topic that the design does not search yet."""
+    have = {k.name for k in design.knobs}
+    for _, setting, matched in rank_settings(topic, settings_catalog()):
+        if setting.space_name in have:
+            continue
+        knob = knob_range(setting)
+        if knob is not None:
+            knob.matched = matched
+            knob.reason = f"the next setting the topic's words {matched} match; range: {knob.reason}"
+            return knob
+    return None
+
+
+class OfflineDesigner:
+    """Designs from the settings table (``topic.offline_design``) and reads results by fixed rules."""
+
+    def __init__(self, topic: str) -> None:
+        self.topic = topic
+
+    def first(self, topic: str, trials: int | None) -> StudyDesign:
+        return offline_design(topic, trials)
+
+    def next(self, design: StudyDesign, spec: StudySpec, results: list[dict[str, Any]], report: str,
+             trials_left: int | None) -> NextStep:
+        best, default = best_and_default(spec, results)
+        if best is None:
+            return NextStep(action="stop", why="no run of the last study finished", cites="0 finished runs",
+                            conclusion="the last study gave no result; the program stops")
+        spread = noise(results)
+        other = rival(spec, results, best, default)
+        gap = None if other is None else abs(best["mean"] - other["mean"])
+        seen = summary(spec, results)
+        if gap is None or spread is None or abs(gap) <= spread:
+            cite = f"best ahead by {fmt(gap)}, spread ±{fmt(spread)}"
+            if design.seeds < MAX_SEEDS:
+                seeds = min(MAX_SEEDS, design.seeds * 2)
+                doubt = "the noise is unknown with one seed each" if spread is None else "the difference sits " \
+                    "inside the noise"
+                knobs = [contender_choices(k, best, other) for k in design.knobs]
+                return NextStep(action="more_seeds", cites=cite, why=f"{doubt} ({seen}): the best and its rival "
+                                f"again with {seeds} seeds", design=design.model_copy(update={"seeds": seeds,
+                                                                                               "knobs": knobs}))
+            return NextStep(action="stop", cites=cite, why="still inside the noise at the most seeds",
+                            conclusion=f"{self.topic}: no effect found beyond the noise ({seen})")
+        if best is not default:
+            knobs = [narrowed(k, best["params"].get(k.name)) or k for k in design.knobs]
+            if any(a != b for a, b in zip(knobs, design.knobs, strict=True)):
+                return NextStep(action="narrow", cites=f"best {fmt(best['mean'])} vs default {fmt(default['mean'])} "
+                                f"(gap {gap:.3f} > spread {spread:.3f})" if default else seen,
+                                why=f"the best configuration {json.dumps(best['params'])} beats the default by more "
+                                    "than the noise: look closer around it",
+                                design=design.model_copy(update={"knobs": knobs}))
+        extra = next_knob(self.topic, design)
+        conclusion = f"{self.topic}: {'the default' if best is default else json.dumps(best['params'])} is best " \
+                     f"({seen})"
+        if extra is None:
+            return NextStep(action="stop", cites=f"best ahead by {gap:.3f}", why="no setting left to add",
+                            conclusion=conclusion)
+        fixed = [k.model_copy(update={"type": "choice", "choices": [best["params"][k.name]], "low": None,
+                                      "high": None, "log": False, "default": best["params"][k.name]})
+                 for k in design.knobs]
+        return NextStep(action="add_knob", cites=f"best ahead by {gap:.3f}, spread ±{spread:.3f}",
+                        why=f"{conclusion}; hold it there and try the next setting {extra.name}",
+                        design=design.model_copy(update={"knobs": [*fixed, extra]}), conclusion=conclusion)
+
+
+# ---------------------------------------------------------------------- the program
+class ProgramStore:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    @property
+    def path(self) -> Path:
+        return self.root / "program.json"
+
+    def load(self) -> ProgramState | None:
+        return ProgramState.model_validate_json(self.path.read_text()) if self.path.exists() else None
+
+    def save(self, state: ProgramState) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        write_atomic(self.path, state.model_dump_json(indent=1))
+        write_atomic(self.root / "log.md", "# Research log\n\n" + "\n".join(state.log) + "\n")
+        write_atomic(self.root / "program.md", program_markdown(state))
+
+
+def program_markdown(state: ProgramState) -> str:
+    lines = [f"# Program: {state.topic}", "", "## Conclusions", ""]
+    lines += [f"- {c}" for c in state.conclusions] or ["- none yet"]
+    lines += ["", "## Studies", "", "| # | directory | why | cited | found |", "|---|---|---|---|---|"]
+    for s in state.studies:
+        lines.append(f"| {s.index} | {s.dir} | {s.why.replace('|', '/')} | {s.cites.replace('|', '/')} | "
+                     f"{s.found.replace('|', '/') or s.state} |")
+    return "\n".join(lines) + "\n"
+
+
+def trials_used(root: Path, state: ProgramState) -> int:
+    total = 0
+    for s in state.studies:
+        store = StudyStore(root / s.dir)
+        if store.exists():
+            total += sum(t.state.value != "planned" for t in store.load().trials)
+    return total
+
+
+StudyRunnerFn = Callable[[StudySpec, Path], Any]
+SpecFn = Callable[[StudyDesign], StudySpec]
+
+
+def budget_left(root: Path, state: ProgramState) -> tuple[int | None, str | None]:
+    """(trials left or None for no limit, why the budget is spent or None)."""
+    left = None
+    if state.budget.trials is not None:
+        left = state.budget.trials - trials_used(root, state)
+        if left <= 0:
+            return 0, f"{state.budget.trials} trials spent"
+    if state.budget.hours is not None and state.elapsed_s >= state.budget.hours * 3600:
+        return left, f"{state.budget.hours} hours spent"
+    return left, None
+
+
+def run_program(topic: str, root: Path, designer: Designer, make_spec: SpecFn, run_study: StudyRunnerFn,
+                budget: ProgramBudget, note: Callable[[str], None] = lambda _: None) -> ProgramState:
+    """Run (or continue) the program in ``root``."""
+    store = ProgramStore(root)
+    state = store.load() or ProgramState(topic=topic, budget=budget)
+    state.budget = budget
+    state.sessions += 1
+    session_start = time.time() - state.elapsed_s
+    store.save(state)
+    while not state.finished:
+        current = state.studies[-1] if state.studies and state.studies[-1].state == "running" else None
+        if current is None:
+            left, spent = budget_left(root, state)
+            if spent:
+                state.log.append(f"- Stopped: the program's budget is spent ({spent}).")
+                if state.studies:
+                    last = state.studies[-1]
+                    state.conclusions.append(f"{state.topic}: when the budget ran out, {last.found} "
+                                             f"[evidence: study {last.index}, {last.dir}/report.md]")
+                state.finished = True
+                break
+            current = plan_next(state, root, designer, make_spec, left, note)
+            store.save(state)
+            if current is None:
+                state.finished = True
+                break
+        spec = make_spec(current.design)
+        run_study(spec, root / current.dir)
+        results = config_summaries(StudyStore(root / current.dir).load(), spec)
+        current.state, current.found = "done", summary(spec, results)
+        state.log.append(f"- Study {current.index} found: {current.found}.")
+        state.elapsed_s = time.time() - session_start
+        store.save(state)
+    store.save(state)
+    return state
+
+
+def plan_next(state: ProgramState, root: Path, designer: Designer, make_spec: SpecFn, left: int | None,
+              note: Callable[[str], None]) -> StudyEntry | None:
+    """Design the next study (the first from the topic), or record the conclusion and return None."""
+    index = len(state.studies) + 1
+    if not state.studies:
+        design = designer.first(state.topic, left)
+        why, cites = "the topic", ""
+        state.log.append(f"- Asked: {state.topic}")
+    else:
+        last = state.studies[-1]
+        spec = make_spec(last.design)
+        results = config_summaries(StudyStore(root / last.dir).load(), spec)
+        report_path = root / last.dir / "report.md"
+        report = report_path.read_text() if report_path.exists() else ""
+        step = designer.next(last.design, spec, results, report, left)
+        if step.conclusion:
+            state.conclusions.append(f"{step.conclusion} [evidence: study {last.index}, {step.cites}]")
+        if step.action == "stop" or step.design is None:
+            state.log.append(f"- Stop after study {last.index} ({step.cites}): {step.why}.")
+            return None
+        design, why, cites = step.design, f"{step.action}: {step.why}", step.cites
+        state.log.append(f"- Next, study {index} ({step.action}), because {cites}: {step.why}.")
+    if left is not None:
+        design = design.model_copy(update={"trials": max(design.seeds, min(design.trials, left))})
+    if state.budget.hours is not None:  # a study starts no run past the program's hours
+        minutes = max(1.0, state.budget.hours * 60 - state.elapsed_s / 60)
+        design = design.model_copy(update={"minutes": min(design.minutes or minutes, minutes)})
+    entry = StudyEntry(index=index, dir=f"studies/{index:02d}-{design.knobs[0].name.split('.', 1)[1]}", design=design,
+                       why=why, cites=cites)
+    study_dir = root / entry.dir
+    study_dir.mkdir(parents=True, exist_ok=True)
+    write_atomic(study_dir / "design.json", design.model_dump_json(indent=1))
+    write_atomic(study_dir / "design.md", describe_design(design))
+    note(f"study {index}: {why}" + (f" (cites {cites})" if cites else ""))
+    state.studies.append(entry)
+    return entry
