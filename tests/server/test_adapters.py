@@ -196,7 +196,7 @@ def test_resume_brings_every_adapter_back_at_its_own_version_exactly_once(adapte
     ({"lora": {"rank": 8, "adapters": ["a", "a"]}}, {}, "each name once"),
     ({"lora": {"rank": 8, "adapters": ["a b"]}}, {}, "letters, digits"),
     ({"lora": {"rank": 8, "adapters": ["a"], "default_adapter": "z"}}, {}, "not one of the adapters"),
-    ({"lora": {"rank": 8, "adapters": ["a", "b"]}}, {"kind": "vllm"}, "in-process learner"),
+    ({"lora": {"rank": 8, "adapters": ["x", "y"]}, "group": {"procs": 1}}, {"kind": "vllm"}, "in-process learner"),
     ({"lora": {"rank": 8, "adapters": ["a", "b"]}, "group": {"procs": 1}}, {}, "learner.group.procs 0"),
 ])
 def test_a_config_that_asks_for_adapters_it_cannot_have_is_refused_with_the_fix(learner, generator, words) -> None:
