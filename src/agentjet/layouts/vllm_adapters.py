@@ -21,6 +21,7 @@ from agentjet.engines.model import PolicyModel, add_lora_adapter, check_adapter_
 from agentjet.engines.worker import EngineWorker
 from agentjet.generators.vllm.adapters import VLLMAdapterReload, VLLMAdapterView
 from agentjet.generators.vllm.engine import VLLMGenerator
+from agentjet.layouts.adapters import NamedEngines
 from agentjet.layouts.composed import ComposedEngine
 from agentjet.learners.inprocess import InProcessLearner
 from agentjet.runtime.blocking import run_blocking
@@ -37,7 +38,7 @@ def max_loras(config: ServerConfig, adapters: int) -> int:
     return config.generator.vllm.max_loras or LORAS_PER_ADAPTER * adapters
 
 
-class VLLMAdapters:
+class VLLMAdapters(NamedEngines[VLLMAdapterEngine]):
     """Several LoRA adapters on one base, served by one vLLM (an ``AdapterSet``): per adapter a ComposedEngine of
     a routed view, a learner of that adapter alone and a seam that pushes only it."""
 
@@ -63,17 +64,6 @@ class VLLMAdapters:
                               cast(WeightSync[InProcessLearner, VLLMAdapterView], seam))
 
     # ------------------------------------------------------------------ the adapters
-    def names(self) -> list[str]:
-        """The adapters served now, in the order they were added."""
-        return list(self._engines)
-
-    def engine(self, name: str) -> VLLMAdapterEngine:
-        """Adapter ``name``'s engine; a ValueError naming the adapters when there is none of that name."""
-        engine = self._engines.get(name)
-        if engine is None:
-            raise ValueError(f"no LoRA adapter {name!r}: the adapters are {self.names()}")
-        return engine
-
     def check_new(self, name: str, rank: int | None) -> None:
         """Refuse an adapter vLLM could not serve: a taken or bad name, a rank above ``--max-lora-rank`` or one
         adapter more than ``--max-loras`` holds (2 per adapter), each naming the setting to change."""
