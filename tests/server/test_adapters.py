@@ -198,7 +198,8 @@ def test_resume_brings_every_adapter_back_at_its_own_version_exactly_once(adapte
     ({"lora": {"rank": 8, "adapters": ["a b"]}}, {}, "letters, digits"),
     ({"lora": {"rank": 8, "adapters": ["lo"]}}, {}, "part of 'lora_'"),  # PEFT would take it for its own key
     ({"lora": {"rank": 8, "adapters": ["alpha"], "default_adapter": "zeta"}}, {}, "not one of the adapters"),
-    ({"lora": {"rank": 8, "adapters": ["alpha", "beta"]}}, {"kind": "vllm"}, "in-process learner"),
+    ({"lora": {"rank": 8, "adapters": ["alpha", "beta"]}, "group": {"procs": 1}}, {"kind": "vllm"},
+     "in-process learner"),
     ({"lora": {"rank": 8, "adapters": ["alpha", "beta"]}, "group": {"procs": 1}}, {}, "learner.group.procs 0"),
 ])
 def test_a_config_that_asks_for_adapters_it_cannot_have_is_refused_with_the_fix(learner, generator, words) -> None:

@@ -11,7 +11,7 @@
 Device placement is checked before anything starts (:func:`check_placement`).
 
 One base with several named LoRA adapters, one engine per adapter on one shared embedded generator:
-``layouts/adapters.py`` (``adapter_engines``).
+``layouts/adapters.py`` (``adapter_engines``); on one shared vLLM: ``layouts/vllm_adapters.py`` (``vllm_adapters``).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from agentjet.weights.sync import InPlace
 if TYPE_CHECKING:
     from agentjet.layouts.adapters import AdapterEngines
     from agentjet.layouts.null import NullAdapters
+    from agentjet.layouts.vllm_adapters import VLLMAdapters
 
 
 class PlacementError(ValueError):
@@ -187,7 +188,7 @@ def group_engine(config: ServerConfig) -> ComposedEngine:
     return ComposedEngine(generator, learner, CopyIntoModule(config.learner.group.push_timeout_s))
 
 
-def build_engine(config: ServerConfig) -> ComposedEngine | AdapterEngines | NullAdapters:
+def build_engine(config: ServerConfig) -> ComposedEngine | AdapterEngines | VLLMAdapters | NullAdapters:
     """The engine the settings ask for: the ``generator``, ``learner`` and ``placement`` blocks (and the loss
     settings) go to it. The model
     is resolved here once (a hub id to its cached snapshot at one commit), and that one local directory goes to
@@ -208,6 +209,10 @@ def build_engine(config: ServerConfig) -> ComposedEngine | AdapterEngines | Null
                                 delay_s=config.generator.null_delay_ms / 1000)
         return null_engine(tokenizer, reply=config.generator.null_reply, delay_s=config.generator.null_delay_ms / 1000)
     check_placement(config)
+    if adapters and config.generator.kind is EngineKind.VLLM:
+        from agentjet.layouts.vllm_adapters import vllm_adapters
+
+        return vllm_adapters(config, Path(config.data_dir or ".") / "vllm")
     if adapters:
         from agentjet.layouts.adapters import adapter_engines
 

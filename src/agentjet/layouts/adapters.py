@@ -10,13 +10,14 @@ adapter changes no other adapter's outputs. Adapters are added and removed while
 steps).
 
 What it does not do: static batching, CUDA graphs or ``torch.compile`` with adapters (the mixed batch runs
-eagerly), a trainer group or vLLM as the other half (refused with the setting to change).
+eagerly), a trainer group as the other half (refused with the setting to change). vLLM as the generator:
+``layouts/vllm_adapters.py``, which shares ``NamedEngines`` with this layout.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Generic, TypeVar, cast
 
 from agentjet.engines.model import check_adapter_name
 from agentjet.generators.hf import HFGenerator, load_policy_model
@@ -33,6 +34,26 @@ from agentjet.settings import (
 from agentjet.weights.sync import InPlace, WeightSync
 
 AdapterEngine = ComposedEngine[InProcessLearner, AdapterGenerator]
+E = TypeVar("E", bound=ComposedEngine[Any, Any])
+
+
+class NamedEngines(Generic[E]):
+    """The lookup both adapter layouts share (embedded here, vLLM in ``layouts/vllm_adapters.py``): one engine
+    per adapter name, in the order the adapters were added."""
+
+    _engines: dict[str, E]
+
+    def names(self) -> list[str]:
+        """The adapters served now, in the order they were added."""
+        return list(self._engines)
+
+    def engine(self, name: str) -> E:
+        """Adapter ``name``'s engine (generate, train_step, save, load, exports); a ValueError naming the adapters
+        when there is none of that name."""
+        engine = self._engines.get(name)
+        if engine is None:
+            raise ValueError(f"no LoRA adapter {name!r}: the adapters are {self.names()}")
+        return engine
 
 
 def _version_setter(view: AdapterGenerator) -> Any:
@@ -43,7 +64,7 @@ def _version_setter(view: AdapterGenerator) -> Any:
     return set_version
 
 
-class AdapterEngines:
+class AdapterEngines(NamedEngines[AdapterEngine]):
     """One frozen base, several LoRA adapters: one HFGenerator (mixed-adapter batches) and, per adapter, a
     ComposedEngine whose generator view routes rows to that adapter and whose learner trains only it."""
 
@@ -64,18 +85,6 @@ class AdapterEngines:
         return ComposedEngine(view, trainer, cast(WeightSync[InProcessLearner, AdapterGenerator], InPlace()))
 
     # ------------------------------------------------------------------ the adapters
-    def names(self) -> list[str]:
-        """The adapters served now, in the order they were added."""
-        return list(self._engines)
-
-    def engine(self, name: str) -> AdapterEngine:
-        """Adapter ``name``'s engine (generate, train_step, save, load, exports); a ValueError naming the adapters
-        when there is none of that name."""
-        engine = self._engines.get(name)
-        if engine is None:
-            raise ValueError(f"no LoRA adapter {name!r}: the adapters are {self.names()}")
-        return engine
-
     async def add(self, name: str, rank: int | None = None) -> AdapterEngine:
         """A fresh adapter (the learner's LoRA settings; its own ``rank`` when given), added between decode steps
         while other adapters generate and train; served and trained from version 0."""

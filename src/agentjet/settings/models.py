@@ -350,6 +350,9 @@ class VLLMSettings(_Section):
     nccl_buffer_mib: int = Field(1024, ge=1, le=65536, description="weight_transfer nccl: size of each packed "
                                  "broadcast buffer; vLLM and the trainer each hold two")
     lora_max_rank: int = Field(64, ge=1, le=512, description="--max-lora-rank when training LoRA")
+    max_loras: int = Field(0, ge=0, le=256, description="--max-loras with named adapters (learner.lora.adapters): "
+                           "0 = 2 per adapter at start (each adapter's current LoRA and its next version during a "
+                           "push); adapters added later fit only while 2 per adapter stays within it")
 
     # ---------------------------------------------------------------- staleness and mismatch
     probe_threshold: float = Field(0.15, gt=0, le=100, description="mean |logprob(vLLM) - logprob(trainer)| on the "
@@ -591,10 +594,10 @@ class ServerConfig(_Section):
     @model_validator(mode="after")
     def _learner_group_trains_full_weights(self) -> ServerConfig:
         group, lora = self.learner.group, self.learner.lora
-        if lora.adapters and (group.procs or self.generator.kind is EngineKind.VLLM):
-            raise ValueError(f"adapters ({','.join(lora.adapters)}) need the embedded generator and the in-process "
-                             "learner, which share one base: learner.group.procs 0 and generator.kind hf (several "
-                             "adapters on vLLM or a trainer group are not built yet)")
+        if lora.adapters and group.procs:
+            raise ValueError(f"adapters ({','.join(lora.adapters)}) need the in-process learner, which holds the one "
+                             "base they share: learner.group.procs 0 (several adapters on a trainer group are not "
+                             "built yet)")
         if lora.adapters and self.training.task_ratios:
             raise ValueError("training.task_ratios (cocktail quotas) with several adapters is not built yet: use one "
                              "or the other")

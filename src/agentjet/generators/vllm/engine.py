@@ -89,6 +89,8 @@ class VLLMGenerator(Generator):
             startup_timeout_s=s.startup_timeout_s, stop_timeout_s=s.stop_timeout_s, max_restarts=s.max_restarts,
             restart_backoff_s=s.restart_backoff_s, watch_interval_s=s.watch_interval_s))
         self.policy_version = 0
+        # named adapters (layouts/vllm_adapters.py): the version each one serves; requests name one of them
+        self.adapter_versions: dict[str, int] = {}
         self.halted_reason: str | None = None
         self.stop_token_ids = set(stop_ids)  # tokens that end a generation (besides a request's own)
         self.gate = ServingGate(s.sync_timeout_s)
@@ -181,13 +183,10 @@ class VLLMGenerator(Generator):
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams,
                        on_token: TokenCallback | None = None, adapter: str | None = None) -> GenerationResult:
-        if adapter is not None:  # one policy per vLLM server for now (named adapters: the embedded engine)
-            raise GenerationError(f"adapter {adapter!r}: the vLLM generator serves one policy, not named adapters",
-                                  param="model")
         self._validate(prompt_ids)
         await self.gate.wait()
         self._check_available()
-        model, version = self.served.current(), self.policy_version
+        model, version = self._route(adapter)
         body = self.request_body(prompt_ids, sampling, model)
         versions: list[int] | None = [] if self.records_token_versions else None  # per token, as it arrives
         self.served.acquire(model)
@@ -212,6 +211,19 @@ class VLLMGenerator(Generator):
             policy_version=version, text=comp.text,
             top_logprobs=comp.top_logprobs if sampling.top_logprobs else None,
             token_versions=versions if versions is not None and len(versions) == len(comp.token_ids) else None)
+
+    def _route(self, adapter: str | None) -> tuple[str, int]:
+        """(the name vLLM serves the request's policy under, its version): the single policy, or named adapter
+        ``adapter``'s current versioned LoRA; a ``GenerationError`` (``param="model"``) for an adapter not
+        served."""
+        if adapter is None:
+            return self.served.current(), self.policy_version
+        if adapter not in self.adapter_versions or adapter not in self.launch.adapters:
+            served = sorted(self.adapter_versions)
+            raise GenerationError(f"no LoRA adapter {adapter!r} on this vLLM server" + (
+                f": its adapters are {served}" if served else ": it serves one policy, not named adapters"),
+                param="model")
+        return self.served.current(adapter), self.adapter_versions[adapter]
 
     async def _unavailable(self, exc: VLLMError) -> EngineUnavailableError:
         """A request that vLLM failed: say whether it crashed (it is being restarted) or only failed."""

@@ -23,6 +23,9 @@ class VLLMLaunch:
         self.settings = settings
         self.model_dir = Path(model_dir).resolve()  # what vLLM (re)starts from: the latest full weights
         self.adapter: tuple[str, Path] | None = None  # LoRA: the adapter that serves now (a restart loads it)
+        # named adapters (layouts/vllm_adapters.py): each one's current versioned LoRA, by adapter name
+        self.adapters: dict[str, tuple[str, Path]] = {}
+        self.max_loras = 2  # LoRA slots vLLM keeps on the device: the current adapter and the next version
         self.work_dir = Path(work_dir).resolve()
         self.port = port
         self.seed = seed
@@ -43,10 +46,11 @@ class VLLMLaunch:
         if s.enforce_eager:
             argv.append("--enforce-eager")
         if self.uses_lora:
-            argv += ["--enable-lora", "--max-lora-rank", str(s.lora_max_rank), "--max-loras", "2",
-                     "--max-cpu-loras", "4"]
-            if self.adapter is not None:
-                argv += ["--lora-modules", f"{self.adapter[0]}={self.adapter[1]}"]
+            argv += ["--enable-lora", "--max-lora-rank", str(s.lora_max_rank), "--max-loras", str(self.max_loras),
+                     "--max-cpu-loras", str(2 * self.max_loras)]
+            served = ([self.adapter] if self.adapter is not None else []) + list(self.adapters.values())
+            if served:
+                argv += ["--lora-modules", *(f"{name}={path}" for name, path in served)]
         if s.platform == "gpu":
             argv += ["--gpu-memory-utilization", str(s.gpu_memory_utilization)]
         if s.weight_transfer == "nccl":

@@ -41,7 +41,11 @@ class ServedModels:
         self._retired: set[str] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
 
-    def current(self) -> str:
+    def current(self, slot: str | None = None) -> str:
+        """The name vLLM serves now: the single policy's (``slot`` None), or named adapter ``slot``'s current
+        versioned LoRA (a KeyError when there is no such adapter)."""
+        if slot is not None:
+            return self.launch.adapters[slot][0]
         adapter = self.launch.adapter
         return adapter[0] if adapter is not None else BASE_NAME
 
@@ -55,14 +59,30 @@ class ServedModels:
             if name in self._retired:
                 self._spawn(self.unload(name))
 
-    async def replace(self, name: str, path: Path) -> None:
-        """Serve the adapter ``name`` from now on; the previous one is unloaded when it is idle."""
-        old = self.launch.adapter
-        self.launch.adapter = (name, Path(path))  # new requests use it from here on; restarts load it
+    async def replace(self, name: str, path: Path, slot: str | None = None) -> None:
+        """Serve the adapter ``name`` from now on (for named adapter ``slot``, when given); the previous one is
+        unloaded when it is idle."""
+        if slot is None:
+            old = self.launch.adapter
+            self.launch.adapter = (name, Path(path))  # new requests use it from here on; restarts load it
+        else:
+            old = self.launch.adapters.get(slot)
+            self.launch.adapters[slot] = (name, Path(path))
         if old is not None:
-            self._retired.add(old[0])
-            if not self.inflight.get(old[0]):
-                await self.unload(old[0])
+            await self.retire(old[0])
+
+    async def retire(self, name: str) -> None:
+        """Unload ``name`` now if no request runs on it, else once its last one has finished."""
+        self._retired.add(name)
+        if not self.inflight.get(name):
+            await self.unload(name)
+
+    async def drop(self, slot: str) -> None:
+        """Named adapter ``slot`` is no longer served: new requests for it are refused (``current`` raises) and
+        its LoRA is unloaded once idle."""
+        old = self.launch.adapters.pop(slot, None)
+        if old is not None:
+            await self.retire(old[0])
 
     async def unload(self, name: str) -> None:
         self._retired.discard(name)
@@ -115,17 +135,20 @@ class WeightSwaps:
         self._served(version, swap_s)
         return {**probe.as_metrics(), "swap_seconds": swap_s}
 
-    async def adapter(self, path: Path, version: int, scorer: Scorer) -> dict[str, float]:
+    async def adapter(self, path: Path, version: int, scorer: Scorer, slot: str | None = None,
+                      on_served: Callable[[int], None] | None = None) -> dict[str, float]:
         """Serve the LoRA adapter at ``path`` as ``version``, under a new name (its prefix cache is its own);
-        the previous adapter is unloaded once its last request has finished."""
-        name = f"{BASE_NAME}-v{version}"
+        the previous adapter is unloaded once its last request has finished. ``slot``: the named adapter it is a
+        version of (``<slot>-v<version>``; the others are untouched), whose version ``on_served`` records
+        instead of the generator's."""
+        name = f"{slot or BASE_NAME}-v{version}"
         await self.wait_process_ready(self.settings.sync_timeout_s)
         t1 = time.perf_counter()
         await self.client.load_lora(name, str(path))
         swap_s = time.perf_counter() - t1
         probe = await self._checked_probe(name, version, scorer)
-        await self.served.replace(name, path)
-        self._served(version, swap_s)
+        await self.served.replace(name, path, slot)
+        self._served(version, swap_s, on_served)
         return {**probe.as_metrics(), "swap_seconds": swap_s}
 
     async def best_effort_resume(self) -> None:
@@ -182,7 +205,7 @@ class WeightSwaps:
             raise TrainingHaltedError(reason)
         return probe
 
-    def _served(self, version: int, seconds: float) -> None:
-        self._on_served(version)
+    def _served(self, version: int, seconds: float, on_served: Callable[[int], None] | None = None) -> None:
+        (on_served or self._on_served)(version)
         self.stats["syncs"] += 1
         self.stats["last_sync_seconds"] = seconds

@@ -8,6 +8,7 @@ stops training (stale or half-loaded weights are caught, not trained on). A push
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from agentjet.engines.base import Learner
 from agentjet.engines.errors import TrainingHaltedError
@@ -19,11 +20,15 @@ from agentjet.weights.sync import WeightSync, WeightSyncTimeout
 
 
 class VLLMReload(WeightSync[Learner, VLLMGenerator]):
+    """``adapter``: the named LoRA adapter this seam pushes (``layouts/vllm_adapters.py``): its export is loaded
+    as ``<adapter>-v<version>`` and moves only that adapter's served version; None, the generator's one policy."""
+
     transport = "safetensors"
 
-    def __init__(self, settings: VLLMSettings) -> None:
+    def __init__(self, settings: VLLMSettings, adapter: str | None = None) -> None:
         super().__init__(settings.sync_timeout_s)
         self.dtype = settings.dtype if settings.dtype != "auto" else None
+        self.adapter = adapter
 
     async def push(self, learner: Learner, generator: VLLMGenerator) -> dict[str, float]:
         version = learner.policy_version
@@ -49,6 +54,20 @@ class VLLMReload(WeightSync[Learner, VLLMGenerator]):
         else:
             path = await learner.export_weights(self.dtype)
         export_s = time.perf_counter() - t0
-        swap = generator.swaps.adapter if generator.uses_lora else generator.swaps.full
-        metrics = await swap(path, version, learner.score)
+        if self.adapter is not None:
+            metrics = await generator.swaps.adapter(path, version, learner.score, slot=self.adapter,
+                                                    on_served=_adapter_version_setter(generator, self.adapter))
+        elif generator.uses_lora:
+            metrics = await generator.swaps.adapter(path, version, learner.score)
+        else:
+            metrics = await generator.swaps.full(path, version, learner.score)
         return {**metrics, "export_seconds": export_s, "vllm_restarts": float(generator.process.counters.restarts)}
+
+
+def _adapter_version_setter(generator: VLLMGenerator, adapter: str) -> Callable[[int], None]:
+    """Record ``adapter``'s served version (not once it was removed: a late push does not bring it back)."""
+    def set_version(version: int) -> None:
+        if adapter in generator.adapter_versions:
+            generator.adapter_versions[adapter] = version
+
+    return set_version
