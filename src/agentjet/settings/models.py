@@ -563,6 +563,8 @@ class ServerConfig(_Section):
     swarm_token: SecretStr | None = Field(None, description="gates join, begin and status (open when unset)")
     admin_token: SecretStr | None = Field(None, description="gates control and other episodes' traces "
                                           "(generated, and written to the data dir, when not given)")
+    tinker_key: SecretStr | None = Field(None, description="serve the Tinker training API (/api/v1) to the official "
+                                         "tinker SDK with this key (X-API-Key; it starts with tml-); off when unset")
     allow_insecure: bool = Field(False, description="allow a non-loopback bind without both tokens")
     lease_seconds: float = Field(60.0, gt=0, le=86_400, description="an episode with no call or heartbeat for "
                                  "this long expires")
@@ -610,6 +612,13 @@ class ServerConfig(_Section):
                                  "reload")
         return self
 
+    @field_validator("tinker_key")
+    @classmethod
+    def _tinker_key(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is not None and not v.get_secret_value().startswith("tml-"):
+            raise ValueError("the Tinker key must start with tml- (the SDK refuses other keys)")
+        return v
+
     @field_validator("log_level", mode="before")
     @classmethod
     def _upper(cls, v: Any) -> Any:
@@ -631,7 +640,7 @@ class ServerConfig(_Section):
 
     def public_dict(self) -> dict[str, Any]:
         """The settings as JSON, secrets left out (status, control, dashboards)."""
-        return self.model_dump(mode="json", exclude={"swarm_token": True, "admin_token": True,
+        return self.model_dump(mode="json", exclude={"swarm_token": True, "admin_token": True, "tinker_key": True,
                                                      "observe": {"read_token"},
                                                      "learner": {"group": {"auth_token"}}})
 

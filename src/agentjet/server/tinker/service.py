@@ -1,0 +1,217 @@
+"""Sessions, models, futures and per-model ordering for the Tinker API (see ``docs/tinker.md``)."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import itertools
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentjet.runtime.clock import Clock
+from agentjet.server.training.lanes import AdapterSet
+
+log = logging.getLogger(__name__)
+
+# A long poll of retrieve_future holds at most this long before answering try_again (the SDK's read timeout is 45 s).
+LONG_POLL_S = 20.0
+
+
+class TinkerError(Exception):
+    """A refusal the SDK can act on: an HTTP status (4xx only) and a message; or, inside a future, a failed
+    result with a category (``user`` for bad input, ``server`` for the server's own faults)."""
+
+    def __init__(self, message: str, status: int = 400, category: str = "user") -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.category = category
+
+
+@dataclass
+class Session:
+    session_id: str
+    last_seen: float
+    tags: list[str] = field(default_factory=list)
+    models: list[str] = field(default_factory=list)
+
+
+@dataclass
+class TinkerModel:
+    """One Tinker training client: its adapter on the served base and its request order."""
+
+    model_id: str
+    session_id: str
+    adapter: str
+    rank: int
+    base_model: str
+    next_seq: int | None = None  # the seq_id the next request must carry (None: the first sets it)
+    turn: asyncio.Condition = field(default_factory=asyncio.Condition)
+    steps: int = 0
+    last_loss: float | None = None
+
+
+@dataclass
+class Future:
+    request_id: str
+    model_id: str | None
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    result: Any = None  # a JSON-able dict, or protobuf bytes
+    error: TinkerError | None = None
+
+
+class TinkerService:
+    def __init__(self, *, key: str, served_name: str, model_path: str, adapters: AdapterSet | None,
+                 base_rank: int, max_context: int | None, clock: Clock, lease_seconds: float = 120.0) -> None:
+        self._key = key.encode()
+        self.served_name = served_name
+        self.model_path = model_path
+        self.adapters = adapters
+        self.base_rank = base_rank
+        self.max_context = max_context
+        self.clock = clock
+        self.lease_seconds = lease_seconds
+        self.sessions: dict[str, Session] = {}
+        self.models: dict[str, TinkerModel] = {}
+        self.futures: dict[str, Future] = {}
+        self._ids = itertools.count(1)
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # ------------------------------------------------------------------ auth
+    def key_ok(self, key: str | None) -> bool:
+        return key is not None and hmac.compare_digest(key.encode(), self._key)
+
+    # ------------------------------------------------------------------ sessions
+    def create_session(self, tags: list[str]) -> Session:
+        self.expire()
+        sid = f"session-{uuid.uuid4().hex[:12]}"
+        self.sessions[sid] = s = Session(sid, self.clock.monotonic(), list(tags))
+        return s
+
+    def session(self, session_id: str) -> Session:
+        s = self.sessions.get(session_id)
+        if s is None:
+            raise TinkerError(f"unknown session {session_id!r} (expired, finished or never created)", 404)
+        return s
+
+    def heartbeat(self, session_id: str) -> None:
+        self.session(session_id).last_seen = self.clock.monotonic()
+
+    async def finish(self, session_id: str) -> None:
+        s = self.sessions.pop(session_id, None)
+        if s is not None:
+            for mid in s.models:
+                await self._drop_model(mid)
+
+    def expire(self) -> list[str]:
+        """Sessions past their lease (no heartbeat for ``lease_seconds`` on the server's clock): dropped, their
+        models' adapters freed (in the background)."""
+        now = self.clock.monotonic()
+        gone = [sid for sid, s in self.sessions.items() if now - s.last_seen > self.lease_seconds]
+        for sid in gone:
+            self._spawn(self.finish(sid))
+            log.info("tinker session %s expired", sid)
+        return gone
+
+    # ------------------------------------------------------------------ models
+    async def create_model(self, session_id: str, base_model: str, rank: int | None,
+                           flags: dict[str, bool]) -> TinkerModel:
+        session = self.session(session_id)
+        if base_model not in (self.served_name, self.model_path):
+            raise TinkerError(f"base model {base_model!r} is not served here: this server serves "
+                              f"{self.served_name!r}")
+        if self.adapters is None:
+            raise TinkerError("this server fine-tunes all weights for its swarm: Tinker training clients need LoRA "
+                              "adapters; start it with --lora-rank N (and --adapters NAME for the swarm's own)")
+        if rank is None:
+            raise TinkerError("only LoRA training clients are served: create_lora_training_client(rank=...)")
+        refused = [k for k, v in flags.items() if not v]
+        if refused:
+            raise TinkerError(f"{', '.join(sorted(refused))}=False is not supported: adapters here train every "
+                              "LoRA target module of the served base (leave these flags at True)")
+        if not 1 <= rank <= 1024:
+            raise TinkerError(f"LoRA rank {rank} is out of range (1..1024)")
+        mid = f"tinker-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
+        await self.adapters.add(mid, rank)
+        model = TinkerModel(mid, session_id, mid, rank, base_model)
+        self.models[mid] = model
+        session.models.append(mid)
+        return model
+
+    def model(self, model_id: str) -> TinkerModel:
+        m = self.models.get(model_id)
+        if m is None:
+            raise TinkerError(f"unknown model id {model_id!r}: create a training client first", 404)
+        return m
+
+    async def _drop_model(self, model_id: str) -> None:
+        m = self.models.pop(model_id, None)
+        if m is not None and self.adapters is not None and m.adapter in self.adapters.names():
+            try:
+                await self.adapters.remove(m.adapter)
+            except Exception:  # noqa: BLE001 - freeing is best effort; the session is gone either way
+                log.exception("freeing tinker adapter %s", m.adapter)
+
+    # ------------------------------------------------------------------ futures
+    def submit(self, model_id: str | None, work: Callable[[], Awaitable[Any]], seq_id: int | None = None) -> str:
+        """Run ``work`` in the background (in ``seq_id`` order within its model) and return the request id the
+        SDK polls with ``retrieve_future``."""
+        rid = f"req-{uuid.uuid4().hex}"
+        fut = self.futures[rid] = Future(rid, model_id)
+        self._spawn(self._run(fut, work, seq_id))
+        return rid
+
+    async def _run(self, fut: Future, work: Callable[[], Awaitable[Any]], seq_id: int | None) -> None:
+        model = self.models.get(fut.model_id) if fut.model_id else None
+        try:
+            if model is not None and seq_id is not None:
+                async with model.turn:
+                    if model.next_seq is None:
+                        model.next_seq = seq_id
+                    await model.turn.wait_for(lambda: model.next_seq is None or seq_id <= model.next_seq)
+                    try:
+                        fut.result = await work()
+                    finally:
+                        model.next_seq = max(model.next_seq or 0, seq_id + 1)
+                        model.turn.notify_all()
+            else:
+                fut.result = await work()
+        except TinkerError as e:
+            fut.error = e
+        except ValueError as e:
+            fut.error = TinkerError(str(e))
+        except Exception as e:  # noqa: BLE001 - a fault of the server, reported in the future, not as a 5xx
+            log.exception("tinker request %s failed", fut.request_id)
+            fut.error = TinkerError(f"{type(e).__name__}: {e}", 500, "server")
+        finally:
+            fut.done.set()
+
+    async def retrieve(self, request_id: str, wait_s: float = LONG_POLL_S) -> Future | None:
+        """The finished future, or None after ``wait_s`` on the server's clock (the SDK asks again)."""
+        fut = self.futures.get(request_id)
+        if fut is None:
+            raise TinkerError(f"unknown request id {request_id!r}", 404)
+        if not fut.done.is_set():
+            waiter = asyncio.ensure_future(fut.done.wait())
+            timer = asyncio.ensure_future(self.clock.sleep(wait_s))
+            await asyncio.wait({waiter, timer}, return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
+            timer.cancel()
+            if not fut.done.is_set():
+                return None
+        return fut
+
+    def forget(self, request_id: str) -> None:
+        self.futures.pop(request_id, None)
+
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        task: asyncio.Task[None] = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def close(self) -> None:
+        for t in list(self._tasks):
+            t.cancel()
