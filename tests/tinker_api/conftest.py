@@ -29,17 +29,9 @@ def tinker_server(make_server, tiny_model_path: Path):
 def service_client(tinker_server):
     import tinker
 
-    clients = []
-
     def make(srv=None, key: str = KEY, **kw):
         srv = srv or tinker_server(**kw)
         client = tinker.ServiceClient(base_url=srv.url, api_key=key)
-        clients.append(client)
         return client
 
-    yield make
-    for c in clients:
-        try:
-            c.holder.close() if hasattr(c, "holder") else None
-        except Exception:  # noqa: BLE001
-            pass
+    return make

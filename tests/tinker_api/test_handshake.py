@@ -6,7 +6,6 @@ import time
 
 import httpx
 import pytest
-
 from tests.tinker_api.conftest import KEY
 
 pytestmark = pytest.mark.server
