@@ -135,6 +135,10 @@ class InProcessLearner(Learner):
             info["adapter"] = self.adapter
         return info
 
+    def activate(self) -> None:
+        """On the worker thread: make this learner's adapter the active one (the Tinker ops, ``tinker_ops``)."""
+        self._activate()
+
     def _activate(self) -> None:
         """Make this learner's adapter the active one (on the worker thread, right before its work): the forward
         without ``adapter_names`` runs it, and only its parameters require gradients. A no-op without one."""

@@ -192,3 +192,45 @@ async def retrieve_future(request: Request) -> Response:
             return Response(fut.result, media_type="application/x-protobuf")
         return fut.result
     return await _handle(request, h)
+
+
+# ---------------------------------------------------------------------------------------------- training
+@router.post("/forward_backward")
+async def forward_backward(request: Request) -> Response:
+    service = _service(request)
+    if isinstance(service, JSONResponse):
+        return service
+    from agentjet.server.tinker.wire import encode_forward_backward, parse_forward_backward
+
+    try:
+        if request.headers.get("content-encoding", "identity") not in ("identity", ""):
+            raise TinkerError("compressed forward_backward bodies are not supported (the server's client/config "
+                              "turns proto_compress_fwdbwd off)", 415)
+        req = parse_forward_backward(await request.body())
+        model = service.model(req.model_id)
+    except TinkerError as e:
+        return _error(e.status if 400 <= e.status < 500 else 400, e.message)
+
+    async def work() -> bytes:
+        result = await service.forward_backward(model, req.data, req.loss_fn, req.config, not req.forward_only)
+        return encode_forward_backward(result)
+
+    return JSONResponse({"request_id": service.submit(model.model_id, work, req.seq_id), "model_id": model.model_id})
+
+
+@router.post("/optim_step")
+async def optim_step(request: Request) -> Response:
+    async def h(s: TinkerService, body: dict[str, Any]) -> dict[str, Any]:
+        model = s.model(_str(body, "model_id"))
+        adam = body.get("adam_params", body.get("optim_params", {}))
+        if not isinstance(adam, dict):
+            raise TinkerError("adam_params must be an object")
+        if adam.get("type", "adam") != "adam":
+            raise TinkerError(f"optimizer {adam.get('type')!r} is not supported: Adam only")
+        seq_id = _int(body, "seq_id")
+
+        async def work() -> dict[str, Any]:
+            return await s.optim_step(model, adam)
+
+        return {"request_id": s.submit(model.model_id, work, seq_id), "model_id": model.model_id}
+    return await _handle(request, h)

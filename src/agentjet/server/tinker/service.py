@@ -11,6 +11,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentjet.learners.inprocess import InProcessLearner
+from agentjet.learners.tinker_ops import FwdBwdResult, TinkerDatum, check_batch, forward_backward, optim_step
 from agentjet.runtime.clock import Clock
 from agentjet.server.training.lanes import AdapterSet
 
@@ -146,6 +148,29 @@ class TinkerService:
         if m is None:
             raise TinkerError(f"unknown model id {model_id!r}: create a training client first", 404)
         return m
+
+    def learner(self, model: TinkerModel) -> InProcessLearner:
+        if self.adapters is None or model.adapter not in self.adapters.names():
+            raise TinkerError(f"model {model.model_id!r} has no adapter any more (its session ended)", 404)
+        learner = self.adapters.engine(model.adapter).learner
+        if not isinstance(learner, InProcessLearner):
+            raise TinkerError("Tinker training needs the in-process learner", 400)
+        return learner
+
+    async def forward_backward(self, model: TinkerModel, data: list[TinkerDatum], loss_fn: str,
+                               config: dict[str, float], backward: bool) -> FwdBwdResult:
+        learner = self.learner(model)
+        check_batch(data, loss_fn, int(learner.policy.causal_lm.get_output_embeddings().weight.shape[0]))
+        result = await learner.worker.run(forward_backward, learner, data, loss_fn, config, backward)
+        if backward:
+            model.last_loss = result.loss_sum
+        return result
+
+    async def optim_step(self, model: TinkerModel, adam: dict[str, Any]) -> dict[str, Any]:
+        learner = self.learner(model)
+        metrics = await learner.worker.run(optim_step, learner, adam)
+        model.steps += 1
+        return {"type": "optim_step", "metrics": metrics}
 
     async def _drop_model(self, model_id: str) -> None:
         m = self.models.pop(model_id, None)
