@@ -163,3 +163,27 @@ def optim_step(learner: InProcessLearner, adam: dict[str, Any]) -> dict[str, flo
     grad_norm = optimizer.step(config)
     learner.policy_version += 1
     return {"grad_norm:mean": grad_norm if math.isfinite(grad_norm) else 0.0}
+
+
+def copy_adapter(learner: InProcessLearner, source: str, target: str) -> None:
+    """On the worker thread: adapter ``target``'s LoRA weights := ``source``'s (a sampler's snapshot)."""
+    from agentjet.engines.model import adapter_parameters
+
+    model = learner.policy.model
+    src, dst = adapter_parameters(model, source), adapter_parameters(model, target)
+    if [p.shape for p in src] != [p.shape for p in dst]:
+        raise ValueError(f"adapters {source!r} and {target!r} differ in shape: cannot copy")
+    with torch.no_grad():
+        for s, d in zip(src, dst, strict=True):
+            d.copy_(s)
+
+
+@torch.no_grad()
+def prompt_logprobs(learner: InProcessLearner, tokens: list[int]) -> list[float]:
+    """On the worker thread: log p(tokens[i] | tokens[:i]) for i >= 1 on the learner's adapter (len - 1 values)."""
+    learner.activate()
+    learner.policy.model.eval()
+    if len(tokens) < 2:
+        return []
+    (lp,) = _logprobs(learner, [TinkerDatum(tokens=tokens[:-1], target_tokens=tokens[1:])])
+    return lp.float().tolist()

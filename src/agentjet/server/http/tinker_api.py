@@ -8,15 +8,19 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
+from agentjet.engines.base import SamplingParams
 from agentjet.server.swarm import SwarmServer
 from agentjet.server.tinker import TinkerError, TinkerService
 
 log = logging.getLogger(__name__)
+
+_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
 
 router = APIRouter(prefix="/api/v1", include_in_schema=False)
 
@@ -233,4 +237,113 @@ async def optim_step(request: Request) -> Response:
             return await s.optim_step(model, adam)
 
         return {"request_id": s.submit(model.model_id, work, seq_id), "model_id": model.model_id}
+    return await _handle(request, h)
+
+
+# ---------------------------------------------------------------------------------------------- sampling
+@router.post("/save_weights_for_sampler")
+async def save_weights_for_sampler(request: Request) -> Response:
+    async def h(s: TinkerService, body: dict[str, Any]) -> dict[str, Any]:
+        model = s.model(_str(body, "model_id"))
+        name = body.get("path")
+        if name is not None and (not isinstance(name, str) or not _NAME.match(name)):
+            raise TinkerError("path must be a name of letters, digits, _ . and - (at most 100)")
+        if body.get("kind", "snapshot") != "snapshot":
+            raise TinkerError(f"kind {body.get('kind')!r} is not supported: snapshot only")
+
+        async def work() -> dict[str, Any]:
+            return await s.save_for_sampler(model, name)
+
+        return {"request_id": s.submit(model.model_id, work, _int(body, "seq_id")), "model_id": model.model_id}
+    return await _handle(request, h)
+
+
+@router.post("/create_sampling_session")
+async def create_sampling_session(request: Request) -> Response:
+    async def h(s: TinkerService, body: dict[str, Any]) -> dict[str, Any]:
+        s.session(_str(body, "session_id"))
+        path, base = body.get("model_path"), body.get("base_model")
+        if not isinstance(path, str | None) or not isinstance(base, str | None) or not (path or base):
+            raise TinkerError("name a model_path (tinker://...) or a base_model")
+        sampler = await s.create_sampler(path, base)
+        return {"type": "create_sampling_session", "sampling_session_id": sampler.sampler_id}
+    return await _handle(request, h)
+
+
+@router.get("/samplers/{sampler_id}")
+async def get_sampler(sampler_id: str, request: Request) -> Response:
+    async def h(s: TinkerService, _: dict[str, Any]) -> dict[str, Any]:
+        sampler = s.sampler(sampler_id)
+        return {"sampler_id": sampler.sampler_id, "base_model": sampler.base_model, "model_path": sampler.model_path}
+    return await _handle(request, h)
+
+
+def _prompt(body: dict[str, Any]) -> list[int]:
+    prompt = body.get("prompt")
+    chunks = prompt.get("chunks") if isinstance(prompt, dict) else None
+    if not isinstance(chunks, list):
+        raise TinkerError("prompt must be a ModelInput: {chunks: [{type: encoded_text, tokens: [...]}]}")
+    tokens: list[int] = []
+    for c in chunks:
+        if not isinstance(c, dict) or c.get("type", "encoded_text") != "encoded_text":
+            raise TinkerError("only encoded_text prompt chunks are supported")
+        ids = c.get("tokens")
+        if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            raise TinkerError("a chunk's tokens must be a list of integers")
+        tokens.extend(ids)
+    return tokens
+
+
+def _sampling(body: dict[str, Any]) -> SamplingParams:
+    p = body.get("sampling_params") or {}
+    if not isinstance(p, dict):
+        raise TinkerError("sampling_params must be an object")
+    stop = p.get("stop")
+    strings: tuple[str, ...] = ()
+    ids: tuple[int, ...] = ()
+    if isinstance(stop, str):
+        strings = (stop,)
+    elif isinstance(stop, list) and all(isinstance(x, str) for x in stop):
+        strings = tuple(stop)
+    elif isinstance(stop, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in stop):
+        ids = tuple(stop)
+    elif stop is not None:
+        raise TinkerError("stop must be a string, a list of strings or a list of token ids")
+    try:
+        top_k = int(p.get("top_k", -1))
+        return SamplingParams(temperature=float(p.get("temperature", 1.0)), top_p=float(p.get("top_p", 1.0)),
+                              top_k=0 if top_k < 0 else top_k, max_tokens=int(p.get("max_tokens") or 256),
+                              stop=strings, stop_token_ids=ids,
+                              seed=None if p.get("seed") is None else int(p["seed"]))
+    except (TypeError, ValueError) as e:  # GenerationError is a ValueError
+        raise TinkerError(f"sampling_params: {e}") from e
+
+
+@router.post("/asample")
+async def asample(request: Request) -> Response:
+    from agentjet.server.tinker.wire import encode_sample
+
+    async def h(s: TinkerService, body: dict[str, Any]) -> dict[str, Any]:
+        sid = body.get("sampling_session_id")
+        if isinstance(sid, str) and sid:
+            sampler = s.sampler(sid)
+        else:
+            path, base = body.get("model_path"), body.get("base_model")
+            if not isinstance(path, str | None) or not isinstance(base, str | None) or not (path or base):
+                raise TinkerError("name a sampling_session_id, a model_path or a base_model")
+            sampler = await s.create_sampler(path, base)
+        prompt, params = _prompt(body), _sampling(body)
+        n = _int(body, "num_samples", 1) or 1
+        if not 1 <= n <= 128:
+            raise TinkerError("num_samples must be in 1..128")
+        want_plp = bool(body.get("prompt_logprobs"))
+        last_n = _int(body, "prompt_logprobs_last_n")
+        if last_n is not None and last_n < 0:
+            raise TinkerError("prompt_logprobs_last_n must be >= 0")
+
+        async def work() -> bytes:
+            return encode_sample(await s.sample(sampler, prompt, n, params, want_plp, last_n))
+
+        rid = s.submit(None, work)
+        return {"request_id": rid, "sample_sequence_ids": [f"{rid}-{i}" for i in range(n)]}
     return await _handle(request, h)

@@ -6,13 +6,24 @@ import asyncio
 import hmac
 import itertools
 import logging
+import math
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentjet.engines.base import FinishReason, SamplingParams
+from agentjet.engines.errors import GenerationError
 from agentjet.learners.inprocess import InProcessLearner
-from agentjet.learners.tinker_ops import FwdBwdResult, TinkerDatum, check_batch, forward_backward, optim_step
+from agentjet.learners.tinker_ops import (
+    FwdBwdResult,
+    TinkerDatum,
+    check_batch,
+    copy_adapter,
+    forward_backward,
+    optim_step,
+    prompt_logprobs,
+)
 from agentjet.runtime.clock import Clock
 from agentjet.server.training.lanes import AdapterSet
 
@@ -57,6 +68,35 @@ class TinkerModel:
 
 
 @dataclass
+class Sampler:
+    """A sampling session: the adapter it samples (a frozen snapshot of a training client, or the base)."""
+
+    sampler_id: str
+    adapter: str
+    base_model: str
+    model_path: str | None = None
+    owner: str | None = None  # the training client it snapshots
+
+
+@dataclass
+class SampledSequence:
+    tokens: list[int]
+    logprobs: list[float]
+    stop: bool
+
+
+@dataclass
+class SampleResult:
+    sequences: list[SampledSequence]
+    prompt_logprobs: list[float] | None  # len(prompt) values, the first NaN
+
+
+# unnamed snapshots (save_weights_and_get_sampling_client) kept per training client; older ones are freed
+KEEP_SNAPSHOTS = 4
+BASE_ADAPTER = "tinker-base"  # a rank-1 adapter at zero: the base's outputs, for create_sampling_client(base_model)
+
+
+@dataclass
 class Future:
     request_id: str
     model_id: str | None
@@ -79,6 +119,8 @@ class TinkerService:
         self.sessions: dict[str, Session] = {}
         self.models: dict[str, TinkerModel] = {}
         self.futures: dict[str, Future] = {}
+        self.samplers: dict[str, Sampler] = {}
+        self.paths: dict[str, str] = {}  # tinker://... sampler path -> sampler id
         self._ids = itertools.count(1)
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -172,8 +214,94 @@ class TinkerService:
         model.steps += 1
         return {"type": "optim_step", "metrics": metrics}
 
+    # ------------------------------------------------------------------ sampling
+    def _need_adapters(self) -> AdapterSet:
+        if self.adapters is None:
+            raise TinkerError("sampling clients need LoRA adapters on this server: start it with --lora-rank N")
+        return self.adapters
+
+    async def save_for_sampler(self, model: TinkerModel, name: str | None) -> dict[str, Any]:
+        """A frozen snapshot of the client's adapter as an adapter of its own (later steps leave it as it is)."""
+        adapters = self._need_adapters()
+        learner = self.learner(model)
+        snap = f"snap-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
+        await adapters.add(snap, model.rank)
+        await learner.worker.run(copy_adapter, learner, model.adapter, snap)
+        path = f"tinker://{model.model_id}/sampler_weights/{name}" if name else None
+        sampler = Sampler(f"sampler-{snap}", snap, model.base_model, path, model.model_id)
+        self.samplers[sampler.sampler_id] = sampler
+        if path is not None:
+            old = self.paths.get(path)
+            self.paths[path] = sampler.sampler_id
+            if old is not None:
+                await self._drop_sampler(old)
+        else:
+            mine = [x for x in self.samplers.values() if x.owner == model.model_id and x.model_path is None]
+            for stale in mine[:-KEEP_SNAPSHOTS]:
+                await self._drop_sampler(stale.sampler_id)
+        return {"type": "save_weights_for_sampler", "path": path, "sampling_session_id": sampler.sampler_id}
+
+    async def _drop_sampler(self, sampler_id: str) -> None:
+        sampler = self.samplers.pop(sampler_id, None)
+        if sampler is not None and self.adapters is not None and sampler.adapter in self.adapters.names():
+            await self.adapters.remove(sampler.adapter)
+
+    async def create_sampler(self, model_path: str | None, base_model: str | None) -> Sampler:
+        if model_path:
+            sid = self.paths.get(model_path)
+            if sid is None:
+                raise TinkerError(f"unknown sampler path {model_path!r}: save_weights_for_sampler(name) first", 404)
+            return self.samplers[sid]
+        if base_model not in (self.served_name, self.model_path):
+            raise TinkerError(f"base model {base_model!r} is not served here: this server serves "
+                              f"{self.served_name!r}")
+        adapters = self._need_adapters()
+        if BASE_ADAPTER not in adapters.names():
+            await adapters.add(BASE_ADAPTER, 1)
+        sampler = Sampler(f"sampler-base-{uuid.uuid4().hex[:8]}", BASE_ADAPTER, self.served_name)
+        self.samplers[sampler.sampler_id] = sampler
+        return sampler
+
+    def sampler(self, sampler_id: str) -> Sampler:
+        s = self.samplers.get(sampler_id)
+        if s is None:
+            raise TinkerError(f"unknown sampling session {sampler_id!r} (freed: a training client keeps its last "
+                              f"{KEEP_SNAPSHOTS} unnamed snapshots)", 404)
+        return s
+
+    async def sample(self, sampler: Sampler, prompt: list[int], num_samples: int, params: SamplingParams,
+                     want_prompt_logprobs: bool, last_n: int | None = None) -> SampleResult:
+        adapters = self._need_adapters()
+        if sampler.adapter not in adapters.names():
+            raise TinkerError(f"sampling session {sampler.sampler_id!r} was freed", 404)
+        engine = adapters.engine(sampler.adapter)
+        vocab = len(engine.tokenizer)
+        if not prompt or any(not 0 <= t < vocab for t in prompt):
+            raise TinkerError(f"the prompt must be non-empty token ids in 0..{vocab - 1}")
+        seeds = [None if params.seed is None else (params.seed + i) % (2**31) for i in range(num_samples)]
+        from dataclasses import replace
+
+        try:
+            results = await asyncio.gather(*(engine.generator.generate(prompt, replace(params, seed=seed),
+                                                                       adapter=sampler.adapter)
+                                              for seed in seeds))
+        except GenerationError as e:
+            raise TinkerError(str(e)) from e
+        plp: list[float] | None = None
+        if want_prompt_logprobs:
+            learner = engine.learner
+            if not isinstance(learner, InProcessLearner):
+                raise TinkerError("prompt logprobs need the in-process learner")
+            plp = [math.nan, *await learner.worker.run(prompt_logprobs, learner, prompt)]
+            if last_n is not None:
+                plp = [math.nan if i < len(plp) - last_n else x for i, x in enumerate(plp)]
+        return SampleResult([SampledSequence(list(r.token_ids), list(r.logprobs),
+                                             r.finish_reason is FinishReason.STOP) for r in results], plp)
+
     async def _drop_model(self, model_id: str) -> None:
         m = self.models.pop(model_id, None)
+        for sampler in [x for x in self.samplers.values() if x.owner == model_id and x.model_path is None]:
+            await self._drop_sampler(sampler.sampler_id)
         if m is not None and self.adapters is not None and m.adapter in self.adapters.names():
             try:
                 await self.adapters.remove(m.adapter)

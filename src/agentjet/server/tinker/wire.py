@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from agentjet.learners.tinker_ops import FwdBwdResult, TinkerDatum
-from agentjet.server.tinker.service import TinkerError
+from agentjet.server.tinker.service import SampleResult, TinkerError
 
 
 @dataclass
@@ -95,4 +95,16 @@ def encode_forward_backward(result: FwdBwdResult) -> bytes:
                                     "elementwise_loss": _batched(pb, result.elementwise_loss)})
     out = pb.ForwardBackwardOutput(loss_fn_output_type="ArrayRecord", loss_fn_outputs=[record],
                                    metrics={"loss:sum": result.loss_sum})
+    return bytes(out.SerializeToString())
+
+
+def encode_sample(result: SampleResult) -> bytes:
+    pb = _pb()
+    out = pb.SampleResponse()
+    for seq in result.sequences:
+        out.sequences.add(stop_reason=pb.STOP_REASON_STOP if seq.stop else pb.STOP_REASON_LENGTH,
+                          tokens=np.asarray(seq.tokens, dtype=np.int32).tobytes(),
+                          logprobs=np.asarray(seq.logprobs, dtype=np.float32).tobytes())
+    if result.prompt_logprobs is not None:
+        out.prompt_logprobs = np.asarray(result.prompt_logprobs, dtype=np.float32).tobytes()
     return bytes(out.SerializeToString())
