@@ -122,6 +122,11 @@ class InProcessLearner(Learner):
         return self._optimizer
 
     @property
+    def has_optimizer(self) -> bool:
+        """Whether a step made the optimizer (and its state) yet."""
+        return self._optimizer is not None
+
+    @property
     def masters(self) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:
         """(weight, fp32 master) pairs when the weights are in low precision (empty before the first step)."""
         if self._optimizer is None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -187,3 +188,30 @@ def prompt_logprobs(learner: InProcessLearner, tokens: list[int]) -> list[float]
         return []
     (lp,) = _logprobs(learner, [TinkerDatum(tokens=tokens[:-1], target_tokens=tokens[1:])])
     return lp.float().tolist()
+
+
+def save_adapter_state(learner: InProcessLearner, path: Path) -> None:
+    """On the worker thread: the adapter's LoRA weights and (after a step) its optimizer state, to ``path``."""
+    state = {"params": [p.detach().cpu().clone() for p in learner.params],
+             "optimizer": learner.optimizer.state_dict() if learner.has_optimizer else None,
+             "version": learner.policy_version}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    tmp.replace(path)
+
+
+def load_adapter_state(learner: InProcessLearner, path: Path, optimizer: bool) -> None:
+    """On the worker thread: the adapter's weights (and with ``optimizer`` its optimizer state) from ``path``."""
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    params = state["params"]
+    if [p.shape for p in params] != [p.shape for p in learner.params]:
+        raise ValueError(f"the checkpoint's LoRA shapes do not fit this training client (another rank or base?): "
+                         f"{len(params)} tensors")
+    with torch.no_grad():
+        for p, saved in zip(learner.params, params, strict=True):
+            p.copy_(saved.to(p.device, p.dtype))
+    if optimizer and state.get("optimizer") is not None:
+        learner.optimizer.load_state_dict(state["optimizer"])
+    elif learner.has_optimizer:
+        learner.optimizer.sync_masters()

@@ -169,7 +169,7 @@ class SwarmServer:
             self.tinker = TinkerService(
                 key=tinker_key, served_name=config.name, adapters=self.adapters, clock=self.clock,
                 model_path=str(getattr(self.engine.tokenizer, "name_or_path", "") or config.model),
-                base_rank=config.learner.lora.rank, max_context=self.engine.max_context)
+                base_rank=config.learner.lora.rank, max_context=self.engine.max_context, data_dir=data_dir)
         self.train_loop.on_capacity = self.admission.pump
 
     def _config(self) -> ServerConfig:

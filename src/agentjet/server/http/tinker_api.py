@@ -347,3 +347,34 @@ async def asample(request: Request) -> Response:
         rid = s.submit(None, work)
         return {"request_id": rid, "sample_sequence_ids": [f"{rid}-{i}" for i in range(n)]}
     return await _handle(request, h)
+
+
+# ---------------------------------------------------------------------------------------------- checkpoints
+@router.post("/save_weights")
+async def save_weights(request: Request) -> Response:
+    async def h(s: TinkerService, body: dict[str, Any]) -> dict[str, Any]:
+        model = s.model(_str(body, "model_id"))
+        name = _str(body, "path")
+
+        async def work() -> dict[str, Any]:
+            return await s.save_state(model, name)
+
+        return {"request_id": s.submit(model.model_id, work, _int(body, "seq_id")), "model_id": model.model_id}
+    return await _handle(request, h)
+
+
+@router.post("/load_weights")
+async def load_weights(request: Request) -> Response:
+    async def h(s: TinkerService, body: dict[str, Any]) -> dict[str, Any]:
+        if not isinstance(body.get("model_id"), str):
+            raise TinkerError("load_weights needs a model_id: create_training_client_from_state is not supported "
+                              "here; create a LoRA training client and call load_state(path) on it")
+        model = s.model(_str(body, "model_id"))
+        path = _str(body, "path")
+        optimizer = bool(body.get("optimizer", False))
+
+        async def work() -> dict[str, Any]:
+            return await s.load_state(model, path, optimizer)
+
+        return {"request_id": s.submit(model.model_id, work, _int(body, "seq_id")), "model_id": model.model_id}
+    return await _handle(request, h)

@@ -7,9 +7,11 @@ import hmac
 import itertools
 import logging
 import math
+import re
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from agentjet.engines.base import FinishReason, SamplingParams
@@ -21,13 +23,18 @@ from agentjet.learners.tinker_ops import (
     check_batch,
     copy_adapter,
     forward_backward,
+    load_adapter_state,
     optim_step,
     prompt_logprobs,
+    save_adapter_state,
 )
 from agentjet.runtime.clock import Clock
 from agentjet.server.training.lanes import AdapterSet
 
 log = logging.getLogger(__name__)
+
+_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}$")
+_STATE_PATH = re.compile(r"^tinker://(?P<model>[A-Za-z0-9_-]{1,100})/weights/(?P<name>[A-Za-z0-9_][A-Za-z0-9_.-]{0,99})$")
 
 # A long poll of retrieve_future holds at most this long before answering try_again (the SDK's read timeout is 45 s).
 LONG_POLL_S = 20.0
@@ -107,7 +114,9 @@ class Future:
 
 class TinkerService:
     def __init__(self, *, key: str, served_name: str, model_path: str, adapters: AdapterSet | None,
-                 base_rank: int, max_context: int | None, clock: Clock, lease_seconds: float = 120.0) -> None:
+                 base_rank: int, max_context: int | None, clock: Clock, data_dir: Path,
+                 lease_seconds: float = 120.0) -> None:
+        self.data_dir = data_dir / "tinker"  # tinker://<model id>/weights/<name> lives in <model id>/<name>.pt
         self._key = key.encode()
         self.served_name = served_name
         self.model_path = model_path
@@ -297,6 +306,29 @@ class TinkerService:
                 plp = [math.nan if i < len(plp) - last_n else x for i, x in enumerate(plp)]
         return SampleResult([SampledSequence(list(r.token_ids), list(r.logprobs),
                                              r.finish_reason is FinishReason.STOP) for r in results], plp)
+
+    # ------------------------------------------------------------------ checkpoints
+    def _state_file(self, path: str) -> Path:
+        m = _STATE_PATH.match(path)
+        if m is None:
+            raise TinkerError(f"{path!r} is not a checkpoint path of this server (tinker://<model id>/weights/<name>)")
+        return self.data_dir / m["model"] / f"{m['name']}.pt"
+
+    async def save_state(self, model: TinkerModel, name: str) -> dict[str, Any]:
+        if not _NAME.match(name):
+            raise TinkerError("a checkpoint name is letters, digits, _ . and - (at most 100)")
+        learner = self.learner(model)
+        path = f"tinker://{model.model_id}/weights/{name}"
+        await learner.worker.run(save_adapter_state, learner, self._state_file(path))
+        return {"type": "save_weights", "path": path}
+
+    async def load_state(self, model: TinkerModel, path: str, optimizer: bool) -> dict[str, Any]:
+        file = self._state_file(path)
+        if not file.is_file():
+            raise TinkerError(f"no checkpoint at {path!r}", 404)
+        learner = self.learner(model)
+        await learner.worker.run(load_adapter_state, learner, file, optimizer)
+        return {"type": "load_weights", "path": path, "model_id": model.model_id}
 
     async def _drop_model(self, model_id: str) -> None:
         m = self.models.pop(model_id, None)
