@@ -539,6 +539,7 @@ class ObserveSettings(_Section):
     max_sessions: int = Field(256, ge=1, le=100_000, description="dashboard logins kept at once (oldest go first)")
 
 
+TINKER_SWARM_ADAPTER = "policy"  # the swarm's adapter when --tinker-key makes a --lora-rank server host adapters
 _NAME_RE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
@@ -610,6 +611,18 @@ class ServerConfig(_Section):
             if lora.enabled:
                 raise ValueError("generator.vllm.weight_transfer nccl sends full weights; LoRA adapters go by "
                                  "reload")
+        return self
+
+    @model_validator(mode="after")
+    def _tinker_needs_adapters(self) -> ServerConfig:
+        """``--tinker-key`` with ``--lora-rank N`` and no ``--adapters``: the swarm's policy becomes the one adapter
+        ``policy`` (the default adapter, so every agent uses it), and Tinker training clients are adapters beside
+        it on the same base (docs/tinker.md)."""
+        lora = self.learner.lora
+        if (self.tinker_key is not None and lora.enabled and not lora.adapters and not self.learner.group.procs
+                and self.generator.kind is EngineKind.HF):
+            self.learner.lora = lora.model_copy(update={"adapters": [TINKER_SWARM_ADAPTER],
+                                                        "default_adapter": TINKER_SWARM_ADAPTER})
         return self
 
     @field_validator("tinker_key")
