@@ -151,6 +151,7 @@ class TinkerService:
         return s
 
     def heartbeat(self, session_id: str) -> None:
+        self.expire()
         self.session(session_id).last_seen = self.clock.monotonic()
 
     async def finish(self, session_id: str) -> None:
