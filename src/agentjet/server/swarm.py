@@ -259,12 +259,15 @@ class SwarmServer:
                 log.exception("the lease sweep failed; it runs again in the next interval")
 
     async def reap(self) -> None:
-        """Expire episodes whose lease ran out; resolve team episodes whose commit never came."""
+        """Expire episodes whose lease ran out; resolve team episodes whose commit never came; drop Tinker sessions
+        whose lease ran out."""
         for ep in self.registry.expire_due():
             log.info("episode %s (client %s) expired: lease ran out", ep.episode_id, ep.client_id)
         self.admission.pump()  # expired places are free; held begins past their wait are answered
         if self.teams.prepared:
             await self.teams.resolve_expired()
+        if self.tinker is not None:
+            self.tinker.expire()  # Tinker sessions past their lease: their training clients' adapters are freed
 
     # ------------------------------------------------------------------ views
     def status(self) -> ServerStatus:
