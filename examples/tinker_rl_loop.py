@@ -1,6 +1,6 @@
 """GRPO on single-digit addition, written only against the official Tinker SDK (cookbook style).
 
-    ajet server --model smollm2-135m --lora-rank 8 --tinker-key tml-local-key     # in another shell
+    ajet server --model smollm2-135m-instruct --lora-rank 8 --tinker-key tml-local-key     # in another shell
     python examples/tinker_rl_loop.py --base-url http://127.0.0.1:10086 --api-key tml-local-key
 
 Any server that speaks Tinker's API runs it unchanged. No AgentJet import: see docs/tinker.md."""
