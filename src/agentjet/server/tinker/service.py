@@ -37,7 +37,7 @@ _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}$")
 _STATE_PATH = re.compile(r"^tinker://(?P<model>[A-Za-z0-9_-]{1,100})/weights/(?P<name>[A-Za-z0-9_][A-Za-z0-9_.-]{0,99})$")
 
 # A long poll of retrieve_future holds at most this long before answering try_again (the SDK's read timeout is 45 s).
-LONG_POLL_S = 20.0
+LONG_POLL_S = 30.0
 
 
 class TinkerError(Exception):
