@@ -54,7 +54,7 @@ def sample_value(f: SettingField) -> tuple[str, Any]:
     if inner is bool:
         return ("", not f.info.default)
     if f.is_secret:
-        return ("s3cret-token", "s3cret-token")
+        return ("tml-s3cret-token", "tml-s3cret-token")  # tinker_key must start with tml-; the others take any
     if isinstance(inner, type) and issubclass(inner, enum.Enum):
         value = next(m for m in inner if m != f.info.default)
         return (str(value.value), value)
@@ -270,8 +270,8 @@ def test_every_secret_reaches_a_child_config_file_intact(field: SettingField, tm
     from agentjet.settings.load import dump_config
 
     companions = COMPANIONS.get(field.dotted, {})
-    cfg = load_server_config(options_values({**companions, field.dotted: "the-real-s3cret"}))
-    assert got(load_server_config(config_file=write_config_file(cfg, tmp_path / "c.yaml")), field) == "the-real-s3cret"
+    cfg = load_server_config(options_values({**companions, field.dotted: "tml-the-real-s3cret"}))
+    assert got(load_server_config(config_file=write_config_file(cfg, tmp_path / "c.yaml")), field) == "tml-the-real-s3cret"
     masked = dump_config(cfg, reveal_secrets=False)
     for part in field.path[:-1]:
         masked = masked[part]

@@ -122,6 +122,11 @@ class InProcessLearner(Learner):
         return self._optimizer
 
     @property
+    def has_optimizer(self) -> bool:
+        """Whether a step made the optimizer (and its state) yet."""
+        return self._optimizer is not None
+
+    @property
     def masters(self) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:
         """(weight, fp32 master) pairs when the weights are in low precision (empty before the first step)."""
         if self._optimizer is None:
@@ -134,6 +139,10 @@ class InProcessLearner(Learner):
         if self.adapter is not None:
             info["adapter"] = self.adapter
         return info
+
+    def activate(self) -> None:
+        """On the worker thread: make this learner's adapter the active one (the Tinker ops, ``tinker_ops``)."""
+        self._activate()
 
     def _activate(self) -> None:
         """Make this learner's adapter the active one (on the worker thread, right before its work): the forward

@@ -48,6 +48,7 @@ from agentjet.server.episodes.teams import Teams
 from agentjet.server.state import Lifecycle, ServerState
 from agentjet.server.store import SampleStore, StoreReader
 from agentjet.server.store_health import StoreHealth
+from agentjet.server.tinker import TinkerService
 from agentjet.server.training.adapter_lanes import AdapterLanes
 from agentjet.server.training.checkpoints import Checkpoints
 from agentjet.server.training.lanes import AdapterRouter, AdapterSet, Lane, build_lane
@@ -162,6 +163,13 @@ class SwarmServer:
             self.control.adapters = AdapterLanes(self.adapters, self.router, self.train_loop, self._new_adapter_lane)
         for lane in self.lanes:
             lane.step.observer = self.metrics
+        self.tinker: TinkerService | None = None  # the Tinker training API (/api/v1), with --tinker-key
+        tinker_key = ServerConfig.secret(config.tinker_key)
+        if tinker_key is not None:
+            self.tinker = TinkerService(
+                key=tinker_key, served_name=config.name, adapters=self.adapters, clock=self.clock,
+                model_path=str(getattr(self.engine.tokenizer, "name_or_path", "") or config.model),
+                base_rank=config.learner.lora.rank, max_context=self.engine.max_context, data_dir=data_dir)
         self.train_loop.on_capacity = self.admission.pump
 
     def _config(self) -> ServerConfig:
@@ -236,6 +244,8 @@ class SwarmServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reaper
         await self.train_loop.stop()
+        if self.tinker is not None:
+            await self.tinker.close()
         for lane in self.lanes if checkpoint else []:
             if lane.counters.train_steps:
                 await asyncio.to_thread(lane.checkpoints.save)
@@ -254,12 +264,15 @@ class SwarmServer:
                 log.exception("the lease sweep failed; it runs again in the next interval")
 
     async def reap(self) -> None:
-        """Expire episodes whose lease ran out; resolve team episodes whose commit never came."""
+        """Expire episodes whose lease ran out; resolve team episodes whose commit never came; drop Tinker sessions
+        whose lease ran out."""
         for ep in self.registry.expire_due():
             log.info("episode %s (client %s) expired: lease ran out", ep.episode_id, ep.client_id)
         self.admission.pump()  # expired places are free; held begins past their wait are answered
         if self.teams.prepared:
             await self.teams.resolve_expired()
+        if self.tinker is not None:
+            self.tinker.expire()  # Tinker sessions past their lease: their training clients' adapters are freed
 
     # ------------------------------------------------------------------ views
     def status(self) -> ServerStatus:

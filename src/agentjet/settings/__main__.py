@@ -38,7 +38,7 @@ settings follow that split:
 **Precedence** (a later one wins): defaults < environment < config file < command line. What a command line or
 a named file says beats what happens to be in the environment.
 
-**Secrets** (`swarm_token`, `admin_token`, `observe.read_token`, `learner.group.auth_token`) are `SecretStr`: from
+**Secrets** (`swarm_token`, `admin_token`, `tinker_key`, `observe.read_token`, `learner.group.auth_token`) are `SecretStr`: from
 the option, from a file (`--swarm-token-file`, or a file named by `$AGENTJET_SWARM_TOKEN_FILE`), or from the
 environment; they are never shown in status, logs or `ajet ctl status`. Without an admin token the server
 generates one (see `docs/protocol.md`, Tokens).

@@ -542,6 +542,7 @@ class ObserveSettings(_Section):
     max_sessions: int = Field(256, ge=1, le=100_000, description="dashboard logins kept at once (oldest go first)")
 
 
+TINKER_SWARM_ADAPTER = "policy"  # the swarm's adapter when --tinker-key makes a --lora-rank server host adapters
 _NAME_RE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
@@ -566,6 +567,8 @@ class ServerConfig(_Section):
     swarm_token: SecretStr | None = Field(None, description="gates join, begin and status (open when unset)")
     admin_token: SecretStr | None = Field(None, description="gates control and other episodes' traces "
                                           "(generated, and written to the data dir, when not given)")
+    tinker_key: SecretStr | None = Field(None, description="serve the Tinker training API (/api/v1) to the official "
+                                         "tinker SDK with this key (X-API-Key; it starts with tml-); off when unset")
     allow_insecure: bool = Field(False, description="allow a non-loopback bind without both tokens")
     lease_seconds: float = Field(60.0, gt=0, le=86_400, description="an episode with no call or heartbeat for "
                                  "this long expires")
@@ -613,6 +616,25 @@ class ServerConfig(_Section):
                                  "reload")
         return self
 
+    @model_validator(mode="after")
+    def _tinker_needs_adapters(self) -> ServerConfig:
+        """``--tinker-key`` with ``--lora-rank N`` and no ``--adapters``: the swarm's policy becomes the one adapter
+        ``policy`` (the default adapter, so every agent uses it), and Tinker training clients are adapters beside
+        it on the same base (docs/tinker.md)."""
+        lora = self.learner.lora
+        if (self.tinker_key is not None and lora.enabled and not lora.adapters and not self.learner.group.procs
+                and self.generator.kind is EngineKind.HF):
+            self.learner.lora = lora.model_copy(update={"adapters": [TINKER_SWARM_ADAPTER],
+                                                        "default_adapter": TINKER_SWARM_ADAPTER})
+        return self
+
+    @field_validator("tinker_key")
+    @classmethod
+    def _tinker_key(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is not None and not v.get_secret_value().startswith("tml-"):
+            raise ValueError("the Tinker key must start with tml- (the SDK refuses other keys)")
+        return v
+
     @field_validator("log_level", mode="before")
     @classmethod
     def _upper(cls, v: Any) -> Any:
@@ -634,7 +656,7 @@ class ServerConfig(_Section):
 
     def public_dict(self) -> dict[str, Any]:
         """The settings as JSON, secrets left out (status, control, dashboards)."""
-        return self.model_dump(mode="json", exclude={"swarm_token": True, "admin_token": True,
+        return self.model_dump(mode="json", exclude={"swarm_token": True, "admin_token": True, "tinker_key": True,
                                                      "observe": {"read_token"},
                                                      "learner": {"group": {"auth_token"}}})
 

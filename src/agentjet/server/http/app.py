@@ -15,7 +15,7 @@ from fastapi import FastAPI
 
 from agentjet.layouts import build_engine
 from agentjet.layouts.composed import ComposedEngine
-from agentjet.server.http import control, dashboard, openai_api, swarm_api
+from agentjet.server.http import control, dashboard, openai_api, swarm_api, tinker_api
 from agentjet.server.http.errors import BodySizeLimit, install_error_handlers
 from agentjet.server.swarm import SwarmServer
 from agentjet.server.views.run_state import versions
@@ -23,6 +23,9 @@ from agentjet.settings import ServerConfig
 from agentjet.version import __version__
 
 log = logging.getLogger(__name__)
+
+# the Tinker SDK sends forward_backward chunks of up to ~5 MB serialized (1024 datums): JSON of those is larger
+TINKER_MAX_BODY_BYTES = 64 * 1024 * 1024
 
 
 def create_app(server: SwarmServer) -> FastAPI:
@@ -38,7 +41,8 @@ def create_app(server: SwarmServer) -> FastAPI:
     app.state.swarm = server
     app.state.auth = server.auth
     install_error_handlers(app)
-    app.add_middleware(BodySizeLimit, max_bytes=server.config.max_body_bytes)
+    app.add_middleware(BodySizeLimit, max_bytes=server.config.max_body_bytes,
+                       wider={tinker_api.router.prefix + "/": TINKER_MAX_BODY_BYTES})
 
     @app.get("/health")
     async def health() -> dict[str, str | int]:
@@ -49,6 +53,7 @@ def create_app(server: SwarmServer) -> FastAPI:
     app.include_router(openai_api.router)
     app.include_router(swarm_api.router)
     app.include_router(control.router)
+    app.include_router(tinker_api.router)
     dashboard.install(app, server, server.config.observe,
                       cookie_name=f"ajet_dash_{server.config.port}")  # /dashboard, its APIs and /metrics
     return app

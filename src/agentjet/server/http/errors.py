@@ -59,12 +59,18 @@ class BodySizeLimit:
 
     DRAIN_LIMIT = 256 * 1024 * 1024
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, wider: dict[str, int] | None = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.wider = wider or {}  # path prefix -> its own (larger) limit
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
+            path = scope.get("path", "")
+            limit = next((n for prefix, n in self.wider.items() if path.startswith(prefix)), self.max_bytes)
+            if limit != self.max_bytes:
+                await BodySizeLimit(self.app, limit)(scope, receive, send)
+                return
             declared = dict(scope["headers"]).get(b"content-length", b"")
             if declared.isdigit() and int(declared) > self.max_bytes:
                 await self._drain(receive, int(declared))

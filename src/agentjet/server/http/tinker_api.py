@@ -1,0 +1,380 @@
+"""The Tinker training API (``/api/v1``) for the official ``tinker`` SDK (issue 35; see ``docs/tinker.md``).
+
+Served only when the server has a ``--tinker-key``; otherwise every ``/api/v1`` path answers 404 naming the flag.
+Auth is the SDK's ``X-API-Key`` header: a wrong or missing key is a 401 (never 408/409/429/5xx, which the SDK
+retries for minutes). Bad input is a 4xx, or a failed future with an error and a category; never a 5xx."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+
+from agentjet.engines.base import SamplingParams
+from agentjet.server.swarm import SwarmServer
+from agentjet.server.tinker import TinkerError, TinkerService
+
+log = logging.getLogger(__name__)
+
+_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
+
+router = APIRouter(prefix="/api/v1", include_in_schema=False)
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message, "detail": message}, status_code=status)
+
+
+def _service(request: Request) -> TinkerService | JSONResponse:
+    server: SwarmServer = request.app.state.swarm
+    service = server.tinker
+    if service is None:
+        return _error(404, "the Tinker API is off on this server: start it with --tinker-key tml-... "
+                           "(or AGENTJET_TINKER_KEY / --tinker-key-file)")
+    if not service.key_ok(request.headers.get("x-api-key")):
+        return _error(401, "a valid Tinker API key is required (X-API-Key: tml-...; the server's --tinker-key)")
+    return service
+
+
+async def _body(request: Request) -> dict[str, Any]:
+    raw = await request.body()
+    if not raw:
+        return {}
+    try:
+        data = json.loads(raw)
+    except ValueError as e:
+        raise TinkerError(f"the body is not JSON: {e}") from e
+    if not isinstance(data, dict):
+        raise TinkerError("the body must be a JSON object")
+    return data
+
+
+def _str(body: dict[str, Any], key: str) -> str:
+    v = body.get(key)
+    if not isinstance(v, str) or not v:
+        raise TinkerError(f"{key} must be a non-empty string")
+    return v
+
+
+def _int(body: dict[str, Any], key: str, default: int | None = None) -> int | None:
+    v = body.get(key, default)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TinkerError(f"{key} must be an integer")
+    return v
+
+
+async def _handle(request: Request, handler: Any) -> Response:
+    service = _service(request)
+    if isinstance(service, JSONResponse):
+        return service
+    try:
+        body = await _body(request)
+        result = await handler(service, body)
+    except TinkerError as e:
+        return _error(e.status if 400 <= e.status < 500 else 400, e.message)
+    if isinstance(result, Response):
+        return result
+    return JSONResponse(result)
+
+
+# ---------------------------------------------------------------------------------------------- the handshake
+@router.post("/client/config")
+async def client_config(request: Request) -> Response:
+    async def h(_: TinkerService, __: dict[str, Any]) -> dict[str, Any]:
+        # plain httpx transport; no JWT exchange; fwd/bwd bodies uncompressed JSON
+        return {"pjwt_auth_enabled": False, "credential_default_source": "api_key", "use_pyqwest_transport": False,
+                "proto_compress_fwdbwd": False, "sample_use_retrieve_futures": False,
+                "custom_loss_server_side": False, "sample_join_sampling_session": False}
+    return await _handle(request, h)
+
+
+@router.post("/client/dynamic_config")
+async def client_dynamic_config(request: Request) -> Response:
+    return await _handle(request, _empty)
+
+
+async def _empty(_: TinkerService, __: dict[str, Any]) -> dict[str, Any]:
+    return {}
+
+
+@router.get("/healthz")
+async def healthz(request: Request) -> Response:
+    async def h(_: TinkerService, __: dict[str, Any]) -> dict[str, Any]:
+        return {"status": "ok"}
+    return await _handle(request, h)
+
+
+@router.get("/get_server_capabilities")
+async def get_server_capabilities(request: Request) -> Response:
+    async def h(s: TinkerService, _: dict[str, Any]) -> dict[str, Any]:
+        return {"supported_models": [{"model_name": s.served_name, "max_context_length": s.max_context,
+                                      "trainable": s.adapters is not None, "sampleable": True}]}
+    return await _handle(request, h)
+
+
+@router.post("/create_session")
+async def create_session(request: Request) -> Response:
+    async def h(s: TinkerService, body: dict[str, Any]) -> dict[str, Any]:
+        tags = body.get("tags") or []
+        if not isinstance(tags, list):
+            raise TinkerError("tags must be a list of strings")
+        session = s.create_session([str(t) for t in tags])
+        return {"type": "create_session", "session_id": session.session_id}
+    return await _handle(request, h)
+
+
+@router.post("/session_heartbeat")
+async def session_heartbeat(request: Request) -> Response:
+    async def h(s: TinkerService, body: dict[str, Any]) -> dict[str, Any]:
+        s.heartbeat(_str(body, "session_id"))
+        return {"type": "session_heartbeat"}
+    return await _handle(request, h)
+
+
+@router.post("/sessions/{session_id}/finish")
+async def finish_session(session_id: str, request: Request) -> Response:
+    async def h(s: TinkerService, _: dict[str, Any]) -> dict[str, Any]:
+        await s.finish(session_id)
+        return {}
+    return await _handle(request, h)
+
+
+@router.post("/telemetry")
+async def telemetry(request: Request) -> Response:
+    async def h(_: TinkerService, __: dict[str, Any]) -> dict[str, Any]:
+        return {"status": "accepted"}  # accepted and dropped
+    return await _handle(request, h)
+
+
+# ---------------------------------------------------------------------------------------------- models
+@router.post("/create_model")
+async def create_model(request: Request) -> Response:
+    async def h(s: TinkerService, body: dict[str, Any]) -> dict[str, Any]:
+        session_id, base_model = _str(body, "session_id"), _str(body, "base_model")
+        s.session(session_id)
+        lora = body.get("lora_config")
+        if lora is not None and not isinstance(lora, dict):
+            raise TinkerError("lora_config must be an object")
+        rank = _int(lora, "rank") if lora is not None else None
+        flags = {k: bool(lora.get(k, True)) for k in ("train_mlp", "train_attn", "train_unembed")} if lora else {}
+
+        async def work() -> dict[str, Any]:
+            model = await s.create_model(session_id, base_model, rank, flags)
+            return {"type": "create_model", "model_id": model.model_id}
+
+        return {"request_id": s.submit(None, work)}
+    return await _handle(request, h)
+
+
+@router.post("/get_info")
+async def get_info(request: Request) -> Response:
+    async def h(s: TinkerService, body: dict[str, Any]) -> dict[str, Any]:
+        m = s.model(_str(body, "model_id"))
+        return {"type": "get_info", "model_id": m.model_id, "lora_rank": m.rank, "is_lora": True,
+                "model_data": {"arch": "causal_lm", "model_name": s.served_name, "tokenizer_id": s.model_path}}
+    return await _handle(request, h)
+
+
+# ---------------------------------------------------------------------------------------------- futures
+@router.post("/retrieve_future")
+async def retrieve_future(request: Request) -> Response:
+    async def h(s: TinkerService, body: dict[str, Any]) -> Any:
+        rid = _str(body, "request_id")
+        fut = await s.retrieve(rid)
+        if fut is None:
+            return {"type": "try_again", "request_id": rid, "queue_state": "active"}
+        s.forget(rid)
+        if fut.error is not None:
+            return {"error": fut.error.message, "category": fut.error.category}
+        if isinstance(fut.result, bytes):
+            return Response(fut.result, media_type="application/x-protobuf")
+        return fut.result
+    return await _handle(request, h)
+
+
+# ---------------------------------------------------------------------------------------------- training
+@router.post("/forward_backward")
+async def forward_backward(request: Request) -> Response:
+    service = _service(request)
+    if isinstance(service, JSONResponse):
+        return service
+    from agentjet.server.tinker.wire import encode_forward_backward, parse_forward_backward
+
+    try:
+        if request.headers.get("content-encoding", "identity") not in ("identity", ""):
+            raise TinkerError("compressed forward_backward bodies are not supported (the server's client/config "
+                              "turns proto_compress_fwdbwd off)", 415)
+        req = parse_forward_backward(await request.body())
+        model = service.model(req.model_id)
+    except TinkerError as e:
+        return _error(e.status if 400 <= e.status < 500 else 400, e.message)
+
+    async def work() -> bytes:
+        result = await service.forward_backward(model, req.data, req.loss_fn, req.config, not req.forward_only)
+        return encode_forward_backward(result)
+
+    return JSONResponse({"request_id": service.submit(model.model_id, work, req.seq_id), "model_id": model.model_id})
+
+
+@router.post("/optim_step")
+async def optim_step(request: Request) -> Response:
+    async def h(s: TinkerService, body: dict[str, Any]) -> dict[str, Any]:
+        model = s.model(_str(body, "model_id"))
+        adam = body.get("adam_params", body.get("optim_params", {}))
+        if not isinstance(adam, dict):
+            raise TinkerError("adam_params must be an object")
+        if adam.get("type", "adam") != "adam":
+            raise TinkerError(f"optimizer {adam.get('type')!r} is not supported: Adam only")
+        seq_id = _int(body, "seq_id")
+
+        async def work() -> dict[str, Any]:
+            return await s.optim_step(model, adam)
+
+        return {"request_id": s.submit(model.model_id, work, seq_id), "model_id": model.model_id}
+    return await _handle(request, h)
+
+
+# ---------------------------------------------------------------------------------------------- sampling
+@router.post("/save_weights_for_sampler")
+async def save_weights_for_sampler(request: Request) -> Response:
+    async def h(s: TinkerService, body: dict[str, Any]) -> dict[str, Any]:
+        model = s.model(_str(body, "model_id"))
+        name = body.get("path")
+        if name is not None and (not isinstance(name, str) or not _NAME.match(name)):
+            raise TinkerError("path must be a name of letters, digits, _ . and - (at most 100)")
+        if body.get("kind", "snapshot") != "snapshot":
+            raise TinkerError(f"kind {body.get('kind')!r} is not supported: snapshot only")
+
+        async def work() -> dict[str, Any]:
+            return await s.save_for_sampler(model, name)
+
+        return {"request_id": s.submit(model.model_id, work, _int(body, "seq_id")), "model_id": model.model_id}
+    return await _handle(request, h)
+
+
+@router.post("/create_sampling_session")
+async def create_sampling_session(request: Request) -> Response:
+    async def h(s: TinkerService, body: dict[str, Any]) -> dict[str, Any]:
+        s.session(_str(body, "session_id"))
+        path, base = body.get("model_path"), body.get("base_model")
+        if not isinstance(path, str | None) or not isinstance(base, str | None) or not (path or base):
+            raise TinkerError("name a model_path (tinker://...) or a base_model")
+        sampler = await s.create_sampler(path, base)
+        return {"type": "create_sampling_session", "sampling_session_id": sampler.sampler_id}
+    return await _handle(request, h)
+
+
+@router.get("/samplers/{sampler_id}")
+async def get_sampler(sampler_id: str, request: Request) -> Response:
+    async def h(s: TinkerService, _: dict[str, Any]) -> dict[str, Any]:
+        sampler = s.sampler(sampler_id)
+        return {"sampler_id": sampler.sampler_id, "base_model": sampler.base_model, "model_path": sampler.model_path}
+    return await _handle(request, h)
+
+
+def _prompt(body: dict[str, Any]) -> list[int]:
+    prompt = body.get("prompt")
+    chunks = prompt.get("chunks") if isinstance(prompt, dict) else None
+    if not isinstance(chunks, list):
+        raise TinkerError("prompt must be a ModelInput: {chunks: [{type: encoded_text, tokens: [...]}]}")
+    tokens: list[int] = []
+    for c in chunks:
+        if not isinstance(c, dict) or c.get("type", "encoded_text") != "encoded_text":
+            raise TinkerError("only encoded_text prompt chunks are supported")
+        ids = c.get("tokens")
+        if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            raise TinkerError("a chunk's tokens must be a list of integers")
+        tokens.extend(ids)
+    return tokens
+
+
+def _sampling(body: dict[str, Any]) -> SamplingParams:
+    p = body.get("sampling_params") or {}
+    if not isinstance(p, dict):
+        raise TinkerError("sampling_params must be an object")
+    stop = p.get("stop")
+    strings: tuple[str, ...] = ()
+    ids: tuple[int, ...] = ()
+    if isinstance(stop, str):
+        strings = (stop,)
+    elif isinstance(stop, list) and all(isinstance(x, str) for x in stop):
+        strings = tuple(stop)
+    elif isinstance(stop, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in stop):
+        ids = tuple(stop)
+    elif stop is not None:
+        raise TinkerError("stop must be a string, a list of strings or a list of token ids")
+    try:
+        top_k = int(p.get("top_k", -1))
+        return SamplingParams(temperature=float(p.get("temperature", 1.0)), top_p=float(p.get("top_p", 1.0)),
+                              top_k=0 if top_k < 0 else top_k, max_tokens=int(p.get("max_tokens") or 256),
+                              stop=strings, stop_token_ids=ids,
+                              seed=None if p.get("seed") is None else int(p["seed"]))
+    except (TypeError, ValueError) as e:  # GenerationError is a ValueError
+        raise TinkerError(f"sampling_params: {e}") from e
+
+
+@router.post("/asample")
+async def asample(request: Request) -> Response:
+    from agentjet.server.tinker.wire import encode_sample
+
+    async def h(s: TinkerService, body: dict[str, Any]) -> dict[str, Any]:
+        sid = body.get("sampling_session_id")
+        if isinstance(sid, str) and sid:
+            sampler = s.sampler(sid)
+        else:
+            path, base = body.get("model_path"), body.get("base_model")
+            if not isinstance(path, str | None) or not isinstance(base, str | None) or not (path or base):
+                raise TinkerError("name a sampling_session_id, a model_path or a base_model")
+            sampler = await s.create_sampler(path, base)
+        prompt, params = _prompt(body), _sampling(body)
+        n = _int(body, "num_samples", 1) or 1
+        if not 1 <= n <= 128:
+            raise TinkerError("num_samples must be in 1..128")
+        want_plp = bool(body.get("prompt_logprobs"))
+        last_n = _int(body, "prompt_logprobs_last_n")
+        if last_n is not None and last_n < 0:
+            raise TinkerError("prompt_logprobs_last_n must be >= 0")
+
+        async def work() -> bytes:
+            return encode_sample(await s.sample(sampler, prompt, n, params, want_plp, last_n))
+
+        rid = s.submit(None, work)
+        return {"request_id": rid, "sample_sequence_ids": [f"{rid}-{i}" for i in range(n)]}
+    return await _handle(request, h)
+
+
+# ---------------------------------------------------------------------------------------------- checkpoints
+@router.post("/save_weights")
+async def save_weights(request: Request) -> Response:
+    async def h(s: TinkerService, body: dict[str, Any]) -> dict[str, Any]:
+        model = s.model(_str(body, "model_id"))
+        name = _str(body, "path")
+
+        async def work() -> dict[str, Any]:
+            return await s.save_state(model, name)
+
+        return {"request_id": s.submit(model.model_id, work, _int(body, "seq_id")), "model_id": model.model_id}
+    return await _handle(request, h)
+
+
+@router.post("/load_weights")
+async def load_weights(request: Request) -> Response:
+    async def h(s: TinkerService, body: dict[str, Any]) -> dict[str, Any]:
+        if not isinstance(body.get("model_id"), str):
+            raise TinkerError("load_weights needs a model_id: create_training_client_from_state is not supported "
+                              "here; create a LoRA training client and call load_state(path) on it")
+        model = s.model(_str(body, "model_id"))
+        path = _str(body, "path")
+        optimizer = bool(body.get("optimizer", False))
+
+        async def work() -> dict[str, Any]:
+            return await s.load_state(model, path, optimizer)
+
+        return {"request_id": s.submit(model.model_id, work, _int(body, "seq_id")), "model_id": model.model_id}
+    return await _handle(request, h)

@@ -1,0 +1,106 @@
+"""The Tinker domain on the fake clock: leases, futures' long poll, seq_id order (no HTTP, no model)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from agentjet.runtime.clock import FakeClock
+from agentjet.server.tinker import TinkerError, TinkerService
+from agentjet.server.tinker.service import TinkerModel
+
+pytestmark = pytest.mark.server
+
+
+class FakeAdapters:
+    def __init__(self) -> None:
+        self.live: list[str] = []
+
+    def names(self) -> list[str]:
+        return list(self.live)
+
+    async def add(self, name: str, rank: int | None = None) -> None:
+        self.live.append(name)
+
+    async def remove(self, name: str) -> None:
+        self.live.remove(name)
+
+
+def service(tmp_path: Path, clock: FakeClock, adapters=None) -> TinkerService:
+    return TinkerService(key="tml-k", served_name="tiny", model_path="/m", adapters=adapters, base_rank=4,
+                         max_context=64, clock=clock, data_dir=tmp_path, lease_seconds=60)
+
+
+def test_a_session_that_stops_heartbeating_loses_its_models_and_their_adapters(tmp_path: Path) -> None:
+    async def go() -> None:
+        clock, adapters = FakeClock(), FakeAdapters()
+        s = service(tmp_path, clock, adapters)
+        a, b = s.create_session([]), s.create_session([])
+        model = await s.create_model(a.session_id, "tiny", 4, {})
+        assert adapters.names() == [model.adapter]
+        clock.advance(50)
+        s.heartbeat(b.session_id)
+        clock.advance(20)  # a: 70 s without a heartbeat; b: 20 s
+        s.heartbeat(b.session_id)
+        await asyncio.sleep(0.01)
+        assert a.session_id not in s.sessions and b.session_id in s.sessions
+        assert adapters.names() == [] and model.model_id not in s.models
+        with pytest.raises(TinkerError, match="unknown session"):
+            s.heartbeat(a.session_id)
+
+    asyncio.run(go())
+
+
+def test_a_long_poll_answers_try_again_on_the_servers_clock_and_requests_run_in_seq_order(tmp_path: Path) -> None:
+    async def go() -> None:
+        clock = FakeClock()
+        s = service(tmp_path, clock)
+        gate = asyncio.Event()
+
+        async def slow() -> dict:
+            await gate.wait()
+            return {"ok": 1}
+
+        rid = s.submit(None, slow)
+        assert await s.retrieve(rid, wait_s=20) is None  # the fake clock moved 20 s: try again
+        gate.set()
+        fut = await s.retrieve(rid, wait_s=20)
+        assert fut is not None and fut.result == {"ok": 1}
+
+        s.models["m"] = TinkerModel("m", "sess", "m", 4, "tiny")
+        order: list[int] = []
+
+        def job(i: int):
+            async def run() -> int:
+                order.append(i)
+                return i
+            return run
+
+        rids = [s.submit("m", job(i), seq_id=i) for i in (3, 2, 1)]  # arrive out of order, the first sets the floor
+        for r in rids:
+            await s.retrieve(r, wait_s=1)
+        assert sorted(order) == [1, 2, 3] and order[0] == 3
+        with pytest.raises(TinkerError, match="unknown request"):
+            await s.retrieve("nope")
+
+    asyncio.run(go())
+
+
+def test_failed_futures_carry_an_error_and_a_category(tmp_path: Path) -> None:
+    async def go() -> None:
+        s = service(tmp_path, FakeClock())
+
+        async def bad_input() -> None:
+            raise ValueError("bad datum")
+
+        async def bug() -> None:
+            raise RuntimeError("boom")
+
+        f1 = await s.retrieve(s.submit(None, bad_input))
+        f2 = await s.retrieve(s.submit(None, bug))
+        assert f1 is not None and f1.error is not None and (f1.error.category, f1.error.message) == ("user", "bad datum")
+        assert f2 is not None and f2.error is not None and f2.error.category == "server"
+
+    asyncio.run(go())
