@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from agentjet.engines.logprobs import chunked_token_logprobs
+from agentjet.files import atomic_file
 from agentjet.learners.inprocess import InProcessLearner
 
 LOSSES = ("cross_entropy", "importance_sampling", "ppo")
@@ -195,10 +196,8 @@ def save_adapter_state(learner: InProcessLearner, path: Path) -> None:
     state = {"params": [p.detach().cpu().clone() for p in learner.params],
              "optimizer": learner.optimizer.state_dict() if learner.has_optimizer else None,
              "version": learner.policy_version}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
-    tmp.replace(path)
+    with atomic_file(path) as tmp:  # the one atomic writer: a crash never leaves a torn state file
+        torch.save(state, tmp)
 
 
 def load_adapter_state(learner: InProcessLearner, path: Path, optimizer: bool) -> None:
