@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
-from agentjet.apps.research.llm_planner import MAX_REPLY_CHARS, PlannerError, extract_json
+from agentjet.apps.research.llm_planner import PlannerError, chat, extract_json
 from agentjet.apps.research.program import NextStep, OfflineDesigner, summary
 from agentjet.apps.research.spec import StudySpec
 from agentjet.apps.research.topic import StudyDesign, repair_design, settings_catalog
@@ -44,26 +44,6 @@ def settings_table() -> str:
     return "\n".join(rows)
 
 
-def chat(http: httpx.Client, url: str, model: str, key_env: str, timeout_s: float,
-         messages: list[dict[str, str]]) -> str:
-    key = os.environ.get(key_env)
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    body = {"model": model, "messages": messages, "temperature": 0.7, "max_tokens": 2048}
-    try:
-        r = http.post(url.rstrip("/") + "/chat/completions", json=body, headers=headers, timeout=timeout_s)
-    except httpx.HTTPError as exc:
-        raise PlannerError(f"cannot reach {url}: {exc!r}") from exc
-    if r.status_code != 200:
-        raise PlannerError(f"{url} answered HTTP {r.status_code}: {r.text[:300]}")
-    try:
-        content = r.json()["choices"][0]["message"]["content"]
-    except (ValueError, KeyError, IndexError, TypeError) as exc:
-        raise PlannerError("the answer is not an OpenAI chat completion") from exc
-    if not isinstance(content, str) or not content.strip():
-        raise PlannerError("the reply is empty")
-    return content[:MAX_REPLY_CHARS]
-
-
 class LLMDesigner:
     def __init__(self, topic: str, url: str, model: str = "default", key_env: str = "AJET_PLANNER_API_KEY",
                  timeout_s: float = 60.0, http: httpx.Client | None = None,
@@ -78,7 +58,8 @@ class LLMDesigner:
         messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
         for round_ in range(2):
             try:
-                content = chat(self._http, self.url, self.model, self.key_env, self.timeout_s, messages)
+                content = chat(self._http, self.url.rstrip("/") + "/chat/completions", self.model, self.key_env,
+                               self.timeout_s, messages, max_tokens=2048)
             except PlannerError as exc:
                 self.note(f"LLM designer: {exc}")
                 return None

@@ -32,6 +32,29 @@ from agentjet.apps.research.state import StudyState, config_summaries
 MAX_REPLY_CHARS = 20_000
 
 
+
+def chat(http: httpx.Client, endpoint: str, model: str, key_env: str, timeout_s: float,
+         messages: list[dict[str, str]], max_tokens: int) -> str:
+    """One chat completion from an OpenAI-compatible ``endpoint`` (``.../chat/completions``), the key from the
+    environment variable ``key_env``; its text, cut to ``MAX_REPLY_CHARS``, or a ``PlannerError`` saying why not.
+    The planner's and the study designer's one call."""
+    key = os.environ.get(key_env)
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    body = {"model": model, "messages": messages, "temperature": 0.7, "max_tokens": max_tokens}
+    try:
+        r = http.post(endpoint, json=body, headers=headers, timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        raise PlannerError(f"cannot reach {endpoint}: {exc!r}") from exc
+    if r.status_code != 200:
+        raise PlannerError(f"{endpoint} answered HTTP {r.status_code}: {r.text[:300]}")
+    try:
+        content = r.json()["choices"][0]["message"]["content"]
+    except (ValueError, KeyError, IndexError, TypeError) as exc:
+        raise PlannerError("the answer is not an OpenAI chat completion") from exc
+    if not isinstance(content, str) or not content.strip():
+        raise PlannerError("the reply is empty")
+    return content[:MAX_REPLY_CHARS]
+
 class PlannerError(RuntimeError):
     pass
 
@@ -209,22 +232,8 @@ class LLMPlanner:
         return out
 
     def _chat(self, messages: list[dict[str, str]]) -> str:
-        key = os.environ.get(self.spec.planner.api_key_env)
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
-        body = {"model": self.spec.planner.model, "messages": messages, "temperature": 0.7, "max_tokens": 1024}
-        try:
-            r = self._http.post(self.url, json=body, headers=headers, timeout=self.spec.planner.timeout_s)
-        except httpx.HTTPError as exc:
-            raise PlannerError(f"cannot reach {self.url}: {exc!r}") from exc
-        if r.status_code != 200:
-            raise PlannerError(f"{self.url} answered HTTP {r.status_code}: {r.text[:300]}")
-        try:
-            content = r.json()["choices"][0]["message"]["content"]
-        except (ValueError, KeyError, IndexError, TypeError) as exc:
-            raise PlannerError("the answer is not an OpenAI chat completion") from exc
-        if not isinstance(content, str) or not content.strip():
-            raise PlannerError("the reply is empty")
-        return content[:MAX_REPLY_CHARS]
+        p = self.spec.planner
+        return chat(self._http, self.url, p.model, p.api_key_env, p.timeout_s, messages, max_tokens=1024)
 
     def close(self) -> None:
         self._http.close()
