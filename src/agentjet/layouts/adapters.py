@@ -17,12 +17,12 @@ eagerly), a trainer group as the other half (refused with the setting to change)
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, cast
 
 from agentjet.engines.model import check_adapter_name
 from agentjet.generators.hf import HFGenerator, load_policy_model
 from agentjet.generators.hf.adapters import AdapterGenerator
-from agentjet.layouts.composed import ComposedEngine
+from agentjet.layouts.composed import ComposedEngine, NamedEngines
 from agentjet.learners.inprocess import InProcessLearner
 from agentjet.settings import (
     EngineKind,
@@ -34,26 +34,6 @@ from agentjet.settings import (
 from agentjet.weights.sync import InPlace, WeightSync
 
 AdapterEngine = ComposedEngine[InProcessLearner, AdapterGenerator]
-E = TypeVar("E", bound=ComposedEngine[Any, Any])
-
-
-class NamedEngines(Generic[E]):
-    """The lookup both adapter layouts share (embedded here, vLLM in ``layouts/vllm_adapters.py``): one engine
-    per adapter name, in the order the adapters were added."""
-
-    _engines: dict[str, E]
-
-    def names(self) -> list[str]:
-        """The adapters served now, in the order they were added."""
-        return list(self._engines)
-
-    def engine(self, name: str) -> E:
-        """Adapter ``name``'s engine (generate, train_step, save, load, exports); a ValueError naming the adapters
-        when there is none of that name."""
-        engine = self._engines.get(name)
-        if engine is None:
-            raise ValueError(f"no LoRA adapter {name!r}: the adapters are {self.names()}")
-        return engine
 
 
 def _version_setter(view: AdapterGenerator) -> Any:

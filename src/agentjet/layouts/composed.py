@@ -157,3 +157,26 @@ class ComposedEngine(Generic[L, G]):
         await self.seam.close()
         await self.learner.close()
         await self.generator.close()
+
+
+E = TypeVar("E", bound=ComposedEngine[Any, Any])
+
+
+class NamedEngines(Generic[E]):
+    """The lookup every adapter layout shares (embedded: ``layouts/adapters.py``, vLLM:
+    ``layouts/vllm_adapters.py``, null: ``layouts/null.py``): one engine per adapter name, in the order the adapters
+    were added."""
+
+    _engines: dict[str, E]
+
+    def names(self) -> list[str]:
+        """The adapters served now, in the order they were added."""
+        return list(self._engines)
+
+    def engine(self, name: str) -> E:
+        """Adapter ``name``'s engine (generate, train_step, save, load, exports); a ValueError naming the adapters
+        when there is none of that name."""
+        engine = self._engines.get(name)
+        if engine is None:
+            raise ValueError(f"no LoRA adapter {name!r}: the adapters are {self.names()}")
+        return engine

@@ -22,7 +22,7 @@ from agentjet.engines.base import (
     TokenCallback,
     TrainSample,
 )
-from agentjet.layouts.composed import ComposedEngine
+from agentjet.layouts.composed import ComposedEngine, NamedEngines
 from agentjet.weights.checkpoints import LEARNER_STATE, read_policy_version
 from agentjet.weights.sync import WeightSync
 
@@ -143,7 +143,7 @@ def null_engine(tokenizer: Any, reply: str = "ok", delay_s: float = 0.0, reply_i
     return compose_null(NullGenerator(tokenizer, reply, delay_s, reply_ids, update_at_token), NullLearner())
 
 
-class NullAdapters:
+class NullAdapters(NamedEngines[ComposedEngine[NullLearner, NullGenerator]]):
     """Several null engines under adapter names: the server's adapter lanes without a model (protocol tests and
     benchmarks of the routing and the per-adapter training cores). Each adapter is its own null pair."""
 
@@ -154,14 +154,6 @@ class NullAdapters:
         self._engines: dict[str, ComposedEngine[NullLearner, NullGenerator]] = {}
         for name in names:
             self._engines[name] = null_engine(tokenizer, reply, delay_s)
-
-    def names(self) -> list[str]:
-        return list(self._engines)
-
-    def engine(self, name: str) -> ComposedEngine[NullLearner, NullGenerator]:
-        if name not in self._engines:
-            raise ValueError(f"no adapter {name!r}; the adapters are {', '.join(self._engines)}")
-        return self._engines[name]
 
     async def add(self, name: str, rank: int | None = None) -> ComposedEngine[NullLearner, NullGenerator]:
         if name in self._engines:

@@ -21,8 +21,7 @@ from agentjet.engines.model import PolicyModel, add_lora_adapter, check_adapter_
 from agentjet.engines.worker import EngineWorker
 from agentjet.generators.vllm.adapters import VLLMAdapterReload, VLLMAdapterView
 from agentjet.generators.vllm.engine import VLLMGenerator
-from agentjet.layouts.adapters import NamedEngines
-from agentjet.layouts.composed import ComposedEngine
+from agentjet.layouts.composed import ComposedEngine, NamedEngines
 from agentjet.learners.inprocess import InProcessLearner
 from agentjet.runtime.blocking import run_blocking
 from agentjet.settings import ServerConfig

@@ -88,8 +88,11 @@ class AdapterRouter:
     lanes: dict[str, Lane]
     default: str | None = None
 
+    def _find(self, agent: str) -> Lane | None:
+        return self.lanes.get(agent) or (self.lanes.get(self.default) if self.default else None)
+
     def lane(self, agent: str) -> Lane:
-        found = self.lanes.get(agent) or (self.lanes.get(self.default) if self.default else None)
+        found = self._find(agent)
         if found is None:
             raise unknown_agent(agent, sorted(self.lanes))
         return found
@@ -107,7 +110,7 @@ class AdapterRouter:
         """agent -> adapter, for the agents that still route (an adapter removed since its calls is left out)."""
         out = {}
         for agent in agents:
-            lane = self.lanes.get(agent) or (self.lanes.get(self.default) if self.default else None)
+            lane = self._find(agent)
             if lane is not None and lane.name is not None:
                 out[agent] = lane.name
         return out
