@@ -77,15 +77,21 @@ def report_only(spec: StudySpec, out_dir: Path) -> Path:
     return write_report(spec, state, out_dir)
 
 
-def resolve_spec(study: str, base: Path | None, space: list[str], client: list[str],
-                 overrides: Mapping[str, object]) -> StudySpec:
-    """A study from a file (with command-line overrides), or from a question, ``--base`` and ``--space``."""
-    client_settings: dict[str, object] = {}
-    for item in client:
+def parse_client(items: list[str]) -> dict[str, object]:
+    """``--client key=value`` items as the study's client settings (values parsed as scalars)."""
+    out: dict[str, object] = {}
+    for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise StudySpecError(f"--client {item!r} must look like steps=6")
-        client_settings[key.strip()] = parse_scalar(value)
+        out[key.strip()] = parse_scalar(value)
+    return out
+
+
+def resolve_spec(study: str, base: Path | None, space: list[str], client: list[str],
+                 overrides: Mapping[str, object]) -> StudySpec:
+    """A study from a file (with command-line overrides), or from a question, ``--base`` and ``--space``."""
+    client_settings = parse_client(client)
     path = Path(study)
     if path.suffix in (".yaml", ".yml", ".json") or path.exists():
         if not path.exists():
@@ -146,12 +152,7 @@ def is_topic(study: str, space: list[str]) -> bool:
 def topic_extra(client: list[str], overrides: Mapping[str, object]) -> dict[str, object]:
     """The command line's settings that a designed study takes as given (the client, seeds, parallel, minutes)."""
     extra: dict[str, object] = {}
-    client_settings: dict[str, object] = {}
-    for item in client:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise StudySpecError(f"--client {item!r} must look like steps=6")
-        client_settings[key.strip()] = parse_scalar(value)
+    client_settings = parse_client(client)
     if client_settings:
         extra["client"] = client_settings
     for key in ("seeds", "parallel"):
