@@ -10,14 +10,15 @@
 # Stages (each under its own time cap, cut to what is left of BUDGET_S; one that no longer fits is skipped):
 #   tests    pytest -m cuda: CUDA graphs across a train step, fp32 exact / bf16 bounded logprobs, LoRA, the NCCL group
 #   gen135   the embedded engine at SmolLM2-135M shapes, bf16, c1 and c64 (and hf-generate on the same requests)
-#   server   ajet server end to end at c64 against the same generations engine-direct
+#   server   ajet server end to end at c64 against the same generations engine-direct: servers with
+#            generator.join_wait_ms 0 (the default), 10 and 30; prefills and decode steps counted on each side
 #   train    the train step at 135M against the bare-torch floor (the learner sizes its micro-batch itself)
 #   server512  the same at 512 new tokens a request (is the server's cost per request or per token?)
 #   train8k  the train step with 8,192-token logprob chunks instead of 1,024 (both train stages profile a step)
 #   group    the trainer group (1 rank, NCCL) sharing the GPU with the generator (--colocate) beside the in-process
 #            learner: step and push times
 #   gen17    the embedded engine at SmolLM2-1.7B shapes, c1 and c64: last, in whatever time is left
-#   train17  the train step at 1.7B shapes (gradient checkpointing): not run by default
+#   train17  the train step at 1.7B shapes (gradient checkpointing on both sides), in whatever time is left
 #
 # Everything lands in $OUT (default /tmp/gpu-check) as it is made, at most 8 files: summary.json (device,
 # versions, each stage's status and seconds, the figures the CUDA tests report; rewritten after every stage),
@@ -103,8 +104,8 @@ stage() {
     gen135) run_stage gen135 100 python3 benchmarks/serving/engine.py --device $DEV --model $MODEL \
               --concurrency $GEN_C --variants continuous,hf-generate --workloads fixed --repeats 2 "${NEW[@]}" \
               --output "$OUT/engine_cuda_135m.json" ;;
-    server) run_stage server 120 python3 benchmarks/serving/server_throughput.py --device $DEV --model $MODEL \
-              --concurrency $SRV_C --repeats 2 --output "$OUT/server_cuda_135m.json" ;;
+    server) run_stage server 150 python3 benchmarks/serving/server_throughput.py --device $DEV --model $MODEL \
+              --concurrency $SRV_C --repeats 3 --join-wait-ms 0,10,30 --output "$OUT/server_cuda_135m.json" ;;
     server512) run_stage server512 120 python3 benchmarks/serving/server_throughput.py --device $DEV --model $MODEL \
                  --concurrency $SRV_C --repeats 2 --max-tokens 512 --output "$OUT/server_cuda_135m_512.json" ;;
     train) run_stage train 90 python3 benchmarks/serving/engine.py --device $DEV --model $MODEL --train "${TRAIN[@]}" \
@@ -124,7 +125,7 @@ stage() {
 summary
 say "$(python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__, "cuda", torch.cuda.is_available())' 2>&1)"
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(tests gen135 server train group gen17)  # gen17: if time is left
+[ ${#stages[@]} -eq 0 ] && stages=(tests gen135 server train group train17 gen17)  # the last ones: if time is left
 for s in "${stages[@]}"; do stage "$s"; done
 say "done; files in $OUT:"
 ls -la "$OUT" | tee -a "$LOG"

@@ -66,3 +66,30 @@ def test_bf16_weights_train_through_fp32_masters(tiny_model_path: Path, chat_ids
 def test_fp32_weights_have_no_masters(tiny_engine: ComposedEngine, chat_ids) -> None:
     asyncio.run(tiny_engine.train_step(_batch(tiny_engine, chat_ids)))
     assert tiny_engine.learner.masters == []
+
+
+def test_foreach_master_path_matches_the_per_tensor_path() -> None:
+    """The foreach cast and copy-back (one call each over all tensors) step the bf16 weights exactly as the
+    per-tensor loop does, a weight without a grad included (it keeps its value)."""
+    from agentjet.learners.policy_step import PolicyOptimizer, StepConfig
+
+    config = StepConfig(learning_rate=1e-2, weight_decay=0.01, max_grad_norm=0.5, micro_batch_tokens=None,
+                        logprob_chunk_tokens=1024, bf16=False)
+    torch.manual_seed(0)
+    start = [torch.randn(4, 3), torch.randn(7), torch.randn(2, 2)]
+    grads = [[torch.randn(4, 3), torch.randn(7), None] for _ in range(3)]
+    weights = []
+    for foreach in (True, False):
+        params = [torch.nn.Parameter(t.to(torch.bfloat16)) for t in start]
+        opt = PolicyOptimizer(params, config)
+        opt._foreach = foreach
+        for step_grads in grads:
+            for p, g in zip(params, step_grads, strict=True):
+                p.grad = None if g is None else g.to(torch.bfloat16)
+            opt.step(config)
+            assert all(p.grad is None for p in params)
+        weights.append([p.detach().clone() for p in params])
+    for a, b in zip(*weights, strict=True):
+        assert torch.equal(a, b)
+    assert torch.equal(weights[0][2], start[2].to(torch.bfloat16))  # never had a grad: unchanged
+    assert not torch.equal(weights[0][0], start[0].to(torch.bfloat16))  # stepped

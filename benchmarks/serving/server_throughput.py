@@ -46,38 +46,69 @@ def messages(i: int) -> list[dict[str, str]]:
     return [{"role": "user", "content": f"Write a long, detailed text about {TOPICS[i % len(TOPICS)]} (#{i})."}]
 
 
-async def through_server(url: str, c: int, max_tokens: int, round_: int) -> tuple[int, float]:
+GENERATOR_COUNTERS = ("generate_batches", "decode_steps", "decode_rows", "graph_replays", "graph_captures",
+                      "cache_grows")
+
+
+async def generator_counters(http: httpx.AsyncClient, token: str) -> dict[str, float]:
+    """The server's generator counters from ``/metrics`` (``agentjet_generator_*``)."""
+    r = await http.get("/metrics", headers={"Authorization": f"Bearer {token}"})
+    r.raise_for_status()
+    out: dict[str, float] = {}
+    for line in r.text.splitlines():
+        if line.startswith("agentjet_generator_") and "_total " in line:
+            name, value = line.split(" ", 1)
+            out[name.removeprefix("agentjet_generator_").removesuffix("_total")] = float(value)
+    return out
+
+
+def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    return {k: after.get(k, 0) - before.get(k, 0) for k in GENERATOR_COUNTERS}
+
+
+async def through_server(url: str, token: str, c: int, max_tokens: int, round_: int) -> dict[str, Any]:
     async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(900.0),
                                  limits=httpx.Limits(max_connections=c + 8)) as http:
         eps = [(await http.post("/swarm/v1/episodes", json={"client_id": "bench", "task_id": f"t{i}"})).json()
                for i in range(c)]
+        before = await generator_counters(http, token)
 
-        async def call(i: int, ep: dict) -> int:
+        async def call(i: int, ep: dict) -> tuple[int, float]:
             body = {"model": "bench", "messages": messages(i), "max_tokens": max_tokens, "temperature": 1.0,
                     "seed": 1000 * round_ + i}
             r = await http.post("/v1/chat/completions", json=body,
                                 headers={"Authorization": f"Bearer {ep['api_key']}"})
             r.raise_for_status()
-            return int(r.json()["usage"]["completion_tokens"])
+            return int(r.json()["usage"]["completion_tokens"]), time.perf_counter()
 
         t0 = time.perf_counter()
-        tokens = await asyncio.gather(*(call(i, ep) for i, ep in enumerate(eps)))
+        done = await asyncio.gather(*(call(i, ep) for i, ep in enumerate(eps)))
         elapsed = time.perf_counter() - t0
+        after = await generator_counters(http, token)
         for ep in eps:
             await http.post(f"/swarm/v1/episodes/{ep['episode_id']}/abort", json={"reason": "benchmark"},
                             headers={"Authorization": f"Bearer {ep['api_key']}"})
-    return sum(tokens), elapsed
+    ends = sorted(t - t0 for _, t in done)
+    return {"tokens": sum(n for n, _ in done), "seconds": elapsed, "first_reply_s": ends[0],
+            "generator": delta(after, before)}
 
 
-async def direct(engine: Any, formatter: Any, c: int, max_tokens: int, round_: int) -> tuple[int, float]:
+async def direct(engine: Any, formatter: Any, c: int, max_tokens: int, round_: int) -> dict[str, Any]:
     from agentjet.engines.base import SamplingParams
 
     prompts = [formatter.prompt_ids(messages(i), None) for i in range(c)]
+    before = {k: float(v) for k, v in engine.generator.counters().items()}
+
+    async def one(i: int, p: list[int]) -> tuple[int, float]:
+        r = await engine.generate(p, SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=1000 * round_ + i))
+        return len(r.token_ids), time.perf_counter()
+
     t0 = time.perf_counter()
-    results = await asyncio.gather(*(engine.generate(p, SamplingParams(temperature=1.0, max_tokens=max_tokens,
-                                                                       seed=1000 * round_ + i))
-                                     for i, p in enumerate(prompts)))
-    return sum(len(r.token_ids) for r in results), time.perf_counter() - t0
+    done = await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+    elapsed = time.perf_counter() - t0
+    ends = sorted(t - t0 for _, t in done)
+    return {"tokens": sum(n for n, _ in done), "seconds": elapsed, "first_reply_s": ends[0],
+            "generator": delta({k: float(v) for k, v in engine.generator.counters().items()}, before)}
 
 
 def main() -> None:
@@ -88,6 +119,8 @@ def main() -> None:
     p.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=None)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--join-wait-ms", type=lambda s: [float(x) for x in s.split(",")], default=[0.0],
+                   help="server variants, one server each: generator.join_wait_ms (the direct side is unchanged)")
     p.add_argument("--output", type=Path, default=None)
     args = p.parse_args()
     cuda = args.device.startswith("cuda")
@@ -102,58 +135,82 @@ def main() -> None:
 
     path = model_path(args.model, torch.bfloat16 if cuda else torch.float32, MODEL_ROOT)
     generator, placement = {"max_batch_size": max(args.concurrency)}, {"device": args.device}
+    token = "bench-admin-token-0123456789"
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        config = ServerConfig.model_validate({
-            "model": str(path), "served_model_name": "bench", "port": free_port(), "data_dir": tmp,
-            "log_level": "WARNING", "lease_seconds": 3600, "generator": generator,
-            "placement": placement,
-            "training": {"group_size": 1024, "batch_groups": 1024, "min_group_size": 1024}})
-        server = ServerProcess("bench", config, Path(tmp) / "server.log", Path(tmp) / "server.yaml").start()
+        servers: dict[float, ServerProcess] = {}
+        for jw in args.join_wait_ms:
+            d = Path(tmp) / f"join{jw:g}"
+            config = ServerConfig.model_validate({
+                "model": str(path), "served_model_name": "bench", "port": free_port(), "data_dir": str(d),
+                "log_level": "WARNING", "lease_seconds": 3600, "generator": {**generator, "join_wait_ms": jw},
+                "placement": placement, "admin_token": token,
+                "training": {"group_size": 1024, "batch_groups": 1024, "min_group_size": 1024}})
+            servers[jw] = ServerProcess("bench", config, Path(tmp) / f"server{jw:g}.log",
+                                        Path(tmp) / f"server{jw:g}.yaml").start()
         engine = embedded_engine(path, GeneratorSettings(**generator), placement=PlacementSettings(**placement))
         formatter = ChatFormatter(engine.tokenizer)
         try:
-            server.wait_ready(600)
-            url = server.url
+            for server in servers.values():
+                server.wait_ready(600)
             for c in args.concurrency:
-                # untimed, both sides: a batch of c rows captures its CUDA graphs on first use
-                asyncio.run(through_server(url, c, 8, 98))
+                # untimed, every side: a batch of c rows captures its CUDA graphs on first use
+                for server in servers.values():
+                    asyncio.run(through_server(server.url, token, c, 8, 98))
                 asyncio.run(direct(engine, formatter, c, 8, 98))
                 for rep in range(args.repeats):
-                    sides = ("server", "direct") if rep % 2 == 0 else ("direct", "server")
-                    for side in sides:
-                        if side == "server":
-                            tokens, secs = asyncio.run(through_server(url, c, args.max_tokens, rep))
+                    sides: list[tuple[str, float | None]] = [("server", jw) for jw in servers] + [("direct", None)]
+                    if rep % 2:
+                        sides.reverse()
+                    for side, jw in sides:
+                        if jw is not None:
+                            r = asyncio.run(through_server(servers[jw].url, token, c, args.max_tokens, rep))
                         else:
-                            tokens, secs = asyncio.run(direct(engine, formatter, c, args.max_tokens, rep))
-                        rows.append({"side": side, "concurrency": c, "repeat": rep, "tokens": tokens,
-                                     "seconds": secs, "tok_s": tokens / secs})
-                        print(f"  {side:6s} c={c:<3d} {tokens:6d} tokens {secs:7.2f} s {tokens / secs:8.1f} tok/s",
+                            r = asyncio.run(direct(engine, formatter, c, args.max_tokens, rep))
+                        rows.append({"side": side, "join_wait_ms": jw, "concurrency": c, "repeat": rep, **r,
+                                     "tok_s": r["tokens"] / r["seconds"]})
+                        g = r["generator"]
+                        print(f"  {side:6s}{'' if jw is None else f' join {jw:g} ms':12s} c={c:<3d} "
+                              f"{r['tokens']:6d} tokens {r['seconds']:7.2f} s {r['tokens'] / r['seconds']:8.1f} tok/s"
+                              f"  prefills {g['generate_batches']:.0f} decode steps {g['decode_steps']:.0f}",
                               file=sys.stderr, flush=True)
         finally:
-            server.stop(grace=30)
+            for server in servers.values():
+                server.stop(grace=30)
             run_blocking(engine.close())
 
-    summary = {}
+    summary: dict[str, dict[str, Any]] = {}
     for c in args.concurrency:
-        per = {s: [r for r in rows if r["side"] == s and r["concurrency"] == c] for s in ("server", "direct")}
-        ratios = [a["tok_s"] / b["tok_s"] for a, b in zip(per["server"], per["direct"], strict=True)]
-        summary[c] = {"server_tok_s": statistics.median(r["tok_s"] for r in per["server"]),
-                      "direct_tok_s": statistics.median(r["tok_s"] for r in per["direct"]),
-                      "ratio": statistics.median(ratios), "ratios": ratios,
-                      "same_tokens": [a["tokens"] == b["tokens"] for a, b in
-                                      zip(per["server"], per["direct"], strict=True)]}
+        direct_rows = [r for r in rows if r["side"] == "direct" and r["concurrency"] == c]
+        for jw in args.join_wait_ms:
+            srv = [r for r in rows if r["side"] == "server" and r["concurrency"] == c and r["join_wait_ms"] == jw]
+            ratios = [a["tok_s"] / b["tok_s"] for a, b in zip(srv, direct_rows, strict=True)]
+            key = str(c) if len(args.join_wait_ms) == 1 else f"{c}/join{jw:g}ms"
+            summary[key] = {
+                "concurrency": c, "join_wait_ms": jw,
+                "server_tok_s": statistics.median(r["tok_s"] for r in srv),
+                "direct_tok_s": statistics.median(r["tok_s"] for r in direct_rows),
+                "ratio": statistics.median(ratios), "ratios": ratios,
+                "same_tokens": [a["tokens"] == b["tokens"] for a, b in zip(srv, direct_rows, strict=True)],
+                "server_prefills": statistics.median(r["generator"]["generate_batches"] for r in srv),
+                "direct_prefills": statistics.median(r["generator"]["generate_batches"] for r in direct_rows),
+                "server_decode_steps": statistics.median(r["generator"]["decode_steps"] for r in srv),
+                "direct_decode_steps": statistics.median(r["generator"]["decode_steps"] for r in direct_rows)}
     from rich.console import Console
     from rich.table import Table
 
     m = machine(device)
     table = Table(title=f"Through ajet server vs engine-direct: {args.model} on {m['device_name']} "
                         f"({args.device}), {args.max_tokens} max tokens, median of {args.repeats}")
-    for col in ("clients (one episode, one call each)", "server tok/s", "direct tok/s", "server / direct", "target"):
+    for col in ("clients (one episode, one call each)", "join wait (ms)", "server tok/s", "direct tok/s",
+                "server / direct", "prefills server / direct", "decode steps server / direct", "target"):
         table.add_column(col, justify="right")
-    for c, s in summary.items():
-        table.add_row(str(c), f"{s['server_tok_s']:.1f}", f"{s['direct_tok_s']:.1f}", f"{s['ratio']:.2f}x",
-                      ">= 0.9x" if c >= 8 else "")
+    for s in summary.values():
+        table.add_row(str(s["concurrency"]), f"{s['join_wait_ms']:g}", f"{s['server_tok_s']:.1f}",
+                      f"{s['direct_tok_s']:.1f}", f"{s['ratio']:.2f}x",
+                      f"{s['server_prefills']:.0f} / {s['direct_prefills']:.0f}",
+                      f"{s['server_decode_steps']:.0f} / {s['direct_decode_steps']:.0f}",
+                      ">= 0.9x" if s["concurrency"] >= 8 else "")
     Console().print(table)
     out = args.output or RESULTS / f"server_throughput_{device.type}_{args.model.replace('.', '')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -187,6 +187,11 @@ def test_status_dashboard_and_metrics_report_the_same_figures(make_server) -> No
     assert _metric(prom, "agentjet_open_episodes") == b.open_episodes
     assert _metric(prom, "agentjet_chat_calls_total") == status.throughput["calls"]
     assert _metric(prom, 'agentjet_dropped_episodes_total{reason="uniform"}') == b.dropped_uniform_episodes
+    # the generator's batching counters: every generated token came from a prefill or a decode step's row
+    gen = {k.removeprefix("generator_"): v for k, v in status.throughput.items() if k.startswith("generator_")}
+    assert gen == snap["generator"] and gen["generate_requests"] >= status.throughput["calls"]
+    assert gen["generated_tokens"] == gen["generate_requests"] + gen["decode_rows"] >= status.throughput["generated_tokens"]
+    assert _metric(prom, "agentjet_generator_decode_steps_total") == gen["decode_steps"] > 0
 
 
 def test_an_engine_without_a_seam_shows_no_weight_syncs_and_old_answers_still_parse(make_server) -> None:

@@ -142,6 +142,11 @@ class Generator(abc.ABC):
         """Requests generated concurrently (more wait in a queue)."""
         return 1
 
+    def counters(self) -> dict[str, int]:
+        """Batching counters since start (prefills, decode steps and their rows, CUDA-graph replays...), for the
+        status and Prometheus; empty for a generator that keeps none."""
+        return {}
+
     @abc.abstractmethod
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams,
                        on_token: TokenCallback | None = None, adapter: str | None = None) -> GenerationResult:

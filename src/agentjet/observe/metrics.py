@@ -172,6 +172,9 @@ class SnapshotCollector(Collector):
                                                 "committed step (the generator served the previous version)")
         for name, (value, doc) in counters.items():
             yield CounterMetricFamily(f"agentjet_{name}", doc, value=value)
+        for name, value in sorted(s.generator.items()):
+            yield CounterMetricFamily(f"agentjet_generator_{name}", f"the generator's {name.replace('_', ' ')} "
+                                      "since start", value=value)
         dropped = CounterMetricFamily("agentjet_dropped_episodes", "episodes never trained on, by reason",
                                       labels=["reason"])
         for reason, n in sorted(s.dropped.items()):

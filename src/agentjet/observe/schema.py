@@ -57,6 +57,7 @@ class RunSnapshot(BaseModel):
     task_types: dict[str, dict[str, float]] = Field(default_factory=dict)  # trained episodes, mean reward
     training_halted: str | None = None
     adapters: dict[str, AdapterStatus] = Field(default_factory=dict)  # per LoRA adapter (a server with several)
+    generator: dict[str, int] = Field(default_factory=dict)  # the generator's batching counters (Generator.counters)
 
     @computed_field  # type: ignore[prop-decorator]
     @property

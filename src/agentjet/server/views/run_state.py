@@ -156,4 +156,4 @@ def snapshot(run: RunParts) -> RunSnapshot:
         last_train_metrics=dict(t.last_metrics),
         task_types={k: {"episodes": v.episodes, "reward_mean": v.reward_mean} for k, v in list(t.by_type.items())},
         training_halted=next((lane.counters.halted_reason for lane in lanes if lane.counters.halted_reason), None),
-        adapters=adapter_statuses(run))
+        adapters=adapter_statuses(run), generator=run.engine.generator.counters())

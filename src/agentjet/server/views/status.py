@@ -28,7 +28,8 @@ def build_status(snap: RunSnapshot, eval_reward: dict[str, float], config: dict[
     throughput = {"uptime_s": snap.uptime_s, "calls": snap.calls, "generated_tokens": snap.generated_tokens,
                   "episodes_ended": snap.episodes_ended, "calls_per_s": snap.calls / snap.uptime_s,
                   "tokens_per_s": snap.generated_tokens / snap.uptime_s, **snap.tito,
-                  **{f"admission_{k}": v for k, v in snap.admission.items()}}
+                  **{f"admission_{k}": v for k, v in snap.admission.items()},
+                  **{f"generator_{k}": v for k, v in snap.generator.items()}}
     return ServerStatus(
         model=snap.model, engine=snap.engine, engine_info=snap.engine_info, engine_state=snap.engine_state,
         policy_version=snap.policy_version, learner_version=snap.learner_version,
