@@ -13,6 +13,8 @@
 #   server   ajet server end to end at c64 against the same generations engine-direct: servers with
 #            generator.join_wait_ms 0 (the default), 10 and 30; prefills and decode steps counted on each side
 #   train    the train step at 135M against the bare-torch floor (the learner sizes its micro-batch itself)
+#   serverload the same with 4 calls per client one after the other (a sustained load: the burst's arrival
+#            spread is paid once)
 #   server512  the same at 512 new tokens a request (is the server's cost per request or per token?)
 #   train8k  the train step with 8,192-token logprob chunks instead of 1,024 (both train stages profile a step)
 #   group    the trainer group (1 rank, NCCL) sharing the GPU with the generator (--colocate) beside the in-process
@@ -106,6 +108,8 @@ stage() {
               --output "$OUT/engine_cuda_135m.json" ;;
     server) run_stage server 150 python3 benchmarks/serving/server_throughput.py --device $DEV --model $MODEL \
               --concurrency $SRV_C --repeats 3 --join-wait-ms 0,10,30 --output "$OUT/server_cuda_135m.json" ;;
+    serverload) run_stage serverload 150 python3 benchmarks/serving/server_throughput.py --device $DEV --model $MODEL \
+                  --concurrency $SRV_C --repeats 2 --calls 4 --join-wait-ms 0,10 --output "$OUT/server_cuda_135m_load.json" ;;
     server512) run_stage server512 120 python3 benchmarks/serving/server_throughput.py --device $DEV --model $MODEL \
                  --concurrency $SRV_C --repeats 2 --max-tokens 512 --output "$OUT/server_cuda_135m_512.json" ;;
     train) run_stage train 90 python3 benchmarks/serving/engine.py --device $DEV --model $MODEL --train "${TRAIN[@]}" \

@@ -6,7 +6,8 @@ process (engine-direct), in one run.
 
 Server side: ``ajet server`` in its own process (continuous batching, ``--max-batch-size`` = the largest
 concurrency); ``c`` clients each begin their own episode and send one chat call (temperature 1, a seed each,
-``--max-tokens`` new tokens), all at once; tok/s = completion tokens (from ``usage``) / the wall time from the
+``--max-tokens`` new tokens), all at once (``--calls N``: N calls each, one after the other); tok/s =
+completion tokens (from ``usage``) / the wall time from the
 first call to the last reply. The episodes are aborted afterwards (nothing is trained). Direct side: an engine
 with the same settings in this process, ``engine.generate`` on the prompt ids the server's chat template makes
 from the same messages, with the same sampling parameters and seeds, all at once. Both sides generate the same
@@ -66,7 +67,7 @@ def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]
     return {k: after.get(k, 0) - before.get(k, 0) for k in GENERATOR_COUNTERS}
 
 
-async def through_server(url: str, token: str, c: int, max_tokens: int, round_: int) -> dict[str, Any]:
+async def through_server(url: str, token: str, c: int, max_tokens: int, round_: int, calls: int = 1) -> dict[str, Any]:
     async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(900.0),
                                  limits=httpx.Limits(max_connections=c + 8)) as http:
         eps = [(await http.post("/swarm/v1/episodes", json={"client_id": "bench", "task_id": f"t{i}"})).json()
@@ -74,12 +75,15 @@ async def through_server(url: str, token: str, c: int, max_tokens: int, round_: 
         before = await generator_counters(http, token)
 
         async def call(i: int, ep: dict) -> tuple[int, float]:
-            body = {"model": "bench", "messages": messages(i), "max_tokens": max_tokens, "temperature": 1.0,
-                    "seed": 1000 * round_ + i}
-            r = await http.post("/v1/chat/completions", json=body,
-                                headers={"Authorization": f"Bearer {ep['api_key']}"})
-            r.raise_for_status()
-            return int(r.json()["usage"]["completion_tokens"]), time.perf_counter()
+            n = 0
+            for k in range(calls):  # one after the other, in the client's own episode
+                body = {"model": "bench", "messages": messages(i), "max_tokens": max_tokens, "temperature": 1.0,
+                        "seed": 1000 * round_ + 100_000 * k + i}
+                r = await http.post("/v1/chat/completions", json=body,
+                                    headers={"Authorization": f"Bearer {ep['api_key']}"})
+                r.raise_for_status()
+                n += int(r.json()["usage"]["completion_tokens"])
+            return n, time.perf_counter()
 
         t0 = time.perf_counter()
         done = await asyncio.gather(*(call(i, ep) for i, ep in enumerate(eps)))
@@ -93,15 +97,19 @@ async def through_server(url: str, token: str, c: int, max_tokens: int, round_: 
             "generator": delta(after, before)}
 
 
-async def direct(engine: Any, formatter: Any, c: int, max_tokens: int, round_: int) -> dict[str, Any]:
+async def direct(engine: Any, formatter: Any, c: int, max_tokens: int, round_: int, calls: int = 1) -> dict[str, Any]:
     from agentjet.engines.base import SamplingParams
 
     prompts = [formatter.prompt_ids(messages(i), None) for i in range(c)]
     before = {k: float(v) for k, v in engine.generator.counters().items()}
 
     async def one(i: int, p: list[int]) -> tuple[int, float]:
-        r = await engine.generate(p, SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=1000 * round_ + i))
-        return len(r.token_ids), time.perf_counter()
+        n = 0
+        for k in range(calls):
+            r = await engine.generate(p, SamplingParams(temperature=1.0, max_tokens=max_tokens,
+                                                        seed=1000 * round_ + 100_000 * k + i))
+            n += len(r.token_ids)
+        return n, time.perf_counter()
 
     t0 = time.perf_counter()
     done = await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
@@ -119,6 +127,8 @@ def main() -> None:
     p.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=None)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--calls", type=int, default=1, help="calls per client, one after the other (1: one burst of "
+                   "c calls; more: a sustained load, where the burst's arrival spread is paid once)")
     p.add_argument("--join-wait-ms", type=lambda s: [float(x) for x in s.split(",")], default=[0.0],
                    help="server variants, one server each: generator.join_wait_ms (the direct side is unchanged)")
     p.add_argument("--output", type=Path, default=None)
@@ -154,19 +164,21 @@ def main() -> None:
             for server in servers.values():
                 server.wait_ready(600)
             for c in args.concurrency:
-                # untimed, every side: a batch of c rows captures its CUDA graphs on first use
+                # untimed, every side, at the timed length: a batch of c rows captures its CUDA graphs on first
+                # use, and rows that end early (EOS) visit the smaller buckets
                 for server in servers.values():
-                    asyncio.run(through_server(server.url, token, c, 8, 98))
-                asyncio.run(direct(engine, formatter, c, 8, 98))
+                    asyncio.run(through_server(server.url, token, c, args.max_tokens, 98))
+                asyncio.run(direct(engine, formatter, c, args.max_tokens, 98))
                 for rep in range(args.repeats):
                     sides: list[tuple[str, float | None]] = [("server", jw) for jw in servers] + [("direct", None)]
                     if rep % 2:
                         sides.reverse()
                     for side, jw in sides:
                         if jw is not None:
-                            r = asyncio.run(through_server(servers[jw].url, token, c, args.max_tokens, rep))
+                            r = asyncio.run(through_server(servers[jw].url, token, c, args.max_tokens, rep,
+                                                           args.calls))
                         else:
-                            r = asyncio.run(direct(engine, formatter, c, args.max_tokens, rep))
+                            r = asyncio.run(direct(engine, formatter, c, args.max_tokens, rep, args.calls))
                         rows.append({"side": side, "join_wait_ms": jw, "concurrency": c, "repeat": rep, **r,
                                      "tok_s": r["tokens"] / r["seconds"]})
                         g = r["generator"]
@@ -201,7 +213,8 @@ def main() -> None:
 
     m = machine(device)
     table = Table(title=f"Through ajet server vs engine-direct: {args.model} on {m['device_name']} "
-                        f"({args.device}), {args.max_tokens} max tokens, median of {args.repeats}")
+                        f"({args.device}), {args.max_tokens} max tokens, {args.calls} call(s) per client, "
+                        f"median of {args.repeats}")
     for col in ("clients (one episode, one call each)", "join wait (ms)", "server tok/s", "direct tok/s",
                 "server / direct", "prefills server / direct", "decode steps server / direct", "target"):
         table.add_column(col, justify="right")
