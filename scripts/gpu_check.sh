@@ -10,8 +10,8 @@
 # Stages (each under its own time cap, cut to what is left of BUDGET_S; one that no longer fits is skipped):
 #   tests    pytest -m cuda: CUDA graphs across a train step, fp32 exact / bf16 bounded logprobs, LoRA, the NCCL group
 #   gen135   the embedded engine at SmolLM2-135M shapes, bf16, c1 and c64 (and hf-generate on the same requests)
-#   server   ajet server end to end at c64 against the same generations engine-direct: servers with
-#            generator.join_wait_ms 0 (the default), 10 and 30; prefills and decode steps counted on each side
+#   server   ajet server end to end at c64 against the same generations engine-direct (prefills and decode
+#            steps counted on each side)
 #   train    the train step at 135M against the bare-torch floor (the learner sizes its micro-batch itself)
 #   serverload the same with 4 calls per client one after the other (a sustained load: the burst's arrival
 #            spread is paid once)
@@ -107,9 +107,9 @@ stage() {
               --concurrency $GEN_C --variants continuous,hf-generate --workloads fixed --repeats 2 "${NEW[@]}" \
               --output "$OUT/engine_cuda_135m.json" ;;
     server) run_stage server 150 python3 benchmarks/serving/server_throughput.py --device $DEV --model $MODEL \
-              --concurrency $SRV_C --repeats 3 --join-wait-ms 0,10,30 --output "$OUT/server_cuda_135m.json" ;;
+              --concurrency $SRV_C --repeats 3 --output "$OUT/server_cuda_135m.json" ;;
     serverload) run_stage serverload 150 python3 benchmarks/serving/server_throughput.py --device $DEV --model $MODEL \
-                  --concurrency $SRV_C --repeats 2 --calls 4 --join-wait-ms 0,10 --output "$OUT/server_cuda_135m_load.json" ;;
+                  --concurrency $SRV_C --repeats 2 --calls 4 --output "$OUT/server_cuda_135m_load.json" ;;
     server512) run_stage server512 120 python3 benchmarks/serving/server_throughput.py --device $DEV --model $MODEL \
                  --concurrency $SRV_C --repeats 2 --max-tokens 512 --output "$OUT/server_cuda_135m_512.json" ;;
     train) run_stage train 90 python3 benchmarks/serving/engine.py --device $DEV --model $MODEL --train "${TRAIN[@]}" \

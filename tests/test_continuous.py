@@ -344,39 +344,3 @@ def test_compile_matches_eager_on_cpu(make_engine, chat_ids) -> None:
     for x, y in zip(staggered(plain, prompts, params), staggered(compiled, prompts, params), strict=True):
         assert x.token_ids == y.token_ids
         assert max_diff(x.logprobs, y.logprobs) < 1e-4
-
-
-def test_join_wait_decides_when_a_trickle_is_prefilled() -> None:
-    from agentjet.generators.hf.scheduler import joins_now
-
-    assert joins_now(1, 3, decoding=False, oldest_wait_s=0.0, join_wait_s=1.0)  # idle pool: its burst wait rules
-    assert joins_now(1, 3, decoding=True, oldest_wait_s=0.0, join_wait_s=0.0)  # the default: the next step
-    assert not joins_now(1, 3, decoding=True, oldest_wait_s=0.01, join_wait_s=0.02)  # gather a trickle
-    assert joins_now(3, 3, decoding=True, oldest_wait_s=0.0, join_wait_s=0.02)  # it fills the free slots
-    assert joins_now(1, 3, decoding=True, oldest_wait_s=0.02, join_wait_s=0.02)  # waited long enough
-
-
-@pytest.mark.parametrize("join_wait_ms", [0.0, 10_000.0])
-def test_a_request_arriving_mid_decode_joins_at_once_or_waits_for_its_gather(make_engine, chat_ids,
-                                                                               join_wait_ms: float) -> None:
-    """B arrives after A's first token. By default it joins A's running batch (the decode steps overlap); with
-    a join wait far longer than A's run, it waits while A decodes and is prefilled when the pool goes idle."""
-    engine = make_engine(max_batch_size=4, join_wait_ms=join_wait_ms)
-    ids = chat_ids("hello", engine)
-
-    async def main() -> list[GenerationResult]:
-        started = asyncio.Event()
-        a = asyncio.ensure_future(engine.generate(ids, SamplingParams(max_tokens=20, seed=1),
-                                                  on_token=lambda t, lp: started.set()))
-        await started.wait()
-        b = asyncio.ensure_future(engine.generate(ids, SamplingParams(max_tokens=20, seed=2)))
-        return await asyncio.wait_for(asyncio.gather(a, b), 120)
-
-    results = asyncio.run(main())
-    assert [len(r.token_ids) for r in results] == [20, 20]
-    counters = engine.generator.counters()
-    assert counters["generate_batches"] == 2
-    if join_wait_ms:
-        assert counters["decode_steps"] >= 38  # one after the other: 19 + 19 steps
-    else:
-        assert counters["decode_steps"] < 38  # overlapped

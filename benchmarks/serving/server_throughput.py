@@ -129,8 +129,6 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--calls", type=int, default=1, help="calls per client, one after the other (1: one burst of "
                    "c calls; more: a sustained load, where the burst's arrival spread is paid once)")
-    p.add_argument("--join-wait-ms", type=lambda s: [float(x) for x in s.split(",")], default=[0.0],
-                   help="server variants, one server each: generator.join_wait_ms (the direct side is unchanged)")
     p.add_argument("--output", type=Path, default=None)
     args = p.parse_args()
     cuda = args.device.startswith("cuda")
@@ -148,66 +146,52 @@ def main() -> None:
     token = "bench-admin-token-0123456789"
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        servers: dict[float, ServerProcess] = {}
-        for jw in args.join_wait_ms:
-            d = Path(tmp) / f"join{jw:g}"
-            config = ServerConfig.model_validate({
-                "model": str(path), "served_model_name": "bench", "port": free_port(), "data_dir": str(d),
-                "log_level": "WARNING", "lease_seconds": 3600, "generator": {**generator, "join_wait_ms": jw},
-                "placement": placement, "admin_token": token,
-                "training": {"group_size": 1024, "batch_groups": 1024, "min_group_size": 1024}})
-            servers[jw] = ServerProcess("bench", config, Path(tmp) / f"server{jw:g}.log",
-                                        Path(tmp) / f"server{jw:g}.yaml").start()
+        config = ServerConfig.model_validate({
+            "model": str(path), "served_model_name": "bench", "port": free_port(), "data_dir": tmp,
+            "log_level": "WARNING", "lease_seconds": 3600, "generator": generator, "placement": placement,
+            "admin_token": token, "training": {"group_size": 1024, "batch_groups": 1024, "min_group_size": 1024}})
+        server = ServerProcess("bench", config, Path(tmp) / "server.log", Path(tmp) / "server.yaml").start()
         engine = embedded_engine(path, GeneratorSettings(**generator), placement=PlacementSettings(**placement))
         formatter = ChatFormatter(engine.tokenizer)
         try:
-            for server in servers.values():
-                server.wait_ready(600)
+            server.wait_ready(600)
             for c in args.concurrency:
                 # untimed, every side, at the timed length: a batch of c rows captures its CUDA graphs on first
                 # use, and rows that end early (EOS) visit the smaller buckets
-                for server in servers.values():
-                    asyncio.run(through_server(server.url, token, c, args.max_tokens, 98))
+                asyncio.run(through_server(server.url, token, c, args.max_tokens, 98))
                 asyncio.run(direct(engine, formatter, c, args.max_tokens, 98))
                 for rep in range(args.repeats):
-                    sides: list[tuple[str, float | None]] = [("server", jw) for jw in servers] + [("direct", None)]
-                    if rep % 2:
-                        sides.reverse()
-                    for side, jw in sides:
-                        if jw is not None:
-                            r = asyncio.run(through_server(servers[jw].url, token, c, args.max_tokens, rep,
-                                                           args.calls))
+                    for side in ("server", "direct") if rep % 2 == 0 else ("direct", "server"):
+                        if side == "server":
+                            r = asyncio.run(through_server(server.url, token, c, args.max_tokens, rep, args.calls))
                         else:
                             r = asyncio.run(direct(engine, formatter, c, args.max_tokens, rep, args.calls))
-                        rows.append({"side": side, "join_wait_ms": jw, "concurrency": c, "repeat": rep, **r,
+                        rows.append({"side": side, "concurrency": c, "repeat": rep, **r,
                                      "tok_s": r["tokens"] / r["seconds"]})
                         g = r["generator"]
-                        print(f"  {side:6s}{'' if jw is None else f' join {jw:g} ms':12s} c={c:<3d} "
+                        print(f"  {side:6s} c={c:<3d} "
                               f"{r['tokens']:6d} tokens {r['seconds']:7.2f} s {r['tokens'] / r['seconds']:8.1f} tok/s"
                               f"  prefills {g['generate_batches']:.0f} decode steps {g['decode_steps']:.0f}",
                               file=sys.stderr, flush=True)
         finally:
-            for server in servers.values():
-                server.stop(grace=30)
+            server.stop(grace=30)
             run_blocking(engine.close())
 
     summary: dict[str, dict[str, Any]] = {}
     for c in args.concurrency:
         direct_rows = [r for r in rows if r["side"] == "direct" and r["concurrency"] == c]
-        for jw in args.join_wait_ms:
-            srv = [r for r in rows if r["side"] == "server" and r["concurrency"] == c and r["join_wait_ms"] == jw]
-            ratios = [a["tok_s"] / b["tok_s"] for a, b in zip(srv, direct_rows, strict=True)]
-            key = str(c) if len(args.join_wait_ms) == 1 else f"{c}/join{jw:g}ms"
-            summary[key] = {
-                "concurrency": c, "join_wait_ms": jw,
-                "server_tok_s": statistics.median(r["tok_s"] for r in srv),
-                "direct_tok_s": statistics.median(r["tok_s"] for r in direct_rows),
-                "ratio": statistics.median(ratios), "ratios": ratios,
-                "same_tokens": [a["tokens"] == b["tokens"] for a, b in zip(srv, direct_rows, strict=True)],
-                "server_prefills": statistics.median(r["generator"]["generate_batches"] for r in srv),
-                "direct_prefills": statistics.median(r["generator"]["generate_batches"] for r in direct_rows),
-                "server_decode_steps": statistics.median(r["generator"]["decode_steps"] for r in srv),
-                "direct_decode_steps": statistics.median(r["generator"]["decode_steps"] for r in direct_rows)}
+        srv = [r for r in rows if r["side"] == "server" and r["concurrency"] == c]
+        ratios = [a["tok_s"] / b["tok_s"] for a, b in zip(srv, direct_rows, strict=True)]
+        summary[str(c)] = {
+            "concurrency": c,
+            "server_tok_s": statistics.median(r["tok_s"] for r in srv),
+            "direct_tok_s": statistics.median(r["tok_s"] for r in direct_rows),
+            "ratio": statistics.median(ratios), "ratios": ratios,
+            "same_tokens": [a["tokens"] == b["tokens"] for a, b in zip(srv, direct_rows, strict=True)],
+            "server_prefills": statistics.median(r["generator"]["generate_batches"] for r in srv),
+            "direct_prefills": statistics.median(r["generator"]["generate_batches"] for r in direct_rows),
+            "server_decode_steps": statistics.median(r["generator"]["decode_steps"] for r in srv),
+            "direct_decode_steps": statistics.median(r["generator"]["decode_steps"] for r in direct_rows)}
     from rich.console import Console
     from rich.table import Table
 
@@ -215,11 +199,11 @@ def main() -> None:
     table = Table(title=f"Through ajet server vs engine-direct: {args.model} on {m['device_name']} "
                         f"({args.device}), {args.max_tokens} max tokens, {args.calls} call(s) per client, "
                         f"median of {args.repeats}")
-    for col in ("clients (one episode, one call each)", "join wait (ms)", "server tok/s", "direct tok/s",
+    for col in ("clients (one episode each)", "server tok/s", "direct tok/s",
                 "server / direct", "prefills server / direct", "decode steps server / direct", "target"):
         table.add_column(col, justify="right")
     for s in summary.values():
-        table.add_row(str(s["concurrency"]), f"{s['join_wait_ms']:g}", f"{s['server_tok_s']:.1f}",
+        table.add_row(str(s["concurrency"]), f"{s['server_tok_s']:.1f}",
                       f"{s['direct_tok_s']:.1f}", f"{s['ratio']:.2f}x",
                       f"{s['server_prefills']:.0f} / {s['direct_prefills']:.0f}",
                       f"{s['server_decode_steps']:.0f} / {s['direct_decode_steps']:.0f}",

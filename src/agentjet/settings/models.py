@@ -466,10 +466,6 @@ class GeneratorSettings(_Section):
     max_batch_size: int = Field(8, ge=1, le=4096, description="max concurrent generations batched together")
     batch_wait_ms: float = Field(5.0, ge=0, le=10_000, description="how long an idle engine waits for more "
                                  "requests before it starts a batch")
-    join_wait_ms: float = Field(0.0, ge=0, le=10_000, description="while requests decode, how long newly "
-                                "arrived ones may wait for more to join them in one prefill (0: each decode step "
-                                "prefills whatever arrived); trades that much first-token latency for fewer "
-                                "prefills when a burst trickles in over HTTP (continuous batching)")
     batching: Literal["continuous", "static"] = Field(
         "continuous", description="continuous: a finished request frees its slot at once and a queued one joins "
         "at the next decode step; static: a batch runs until its longest request ends (the earlier engine)")

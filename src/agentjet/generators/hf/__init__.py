@@ -112,7 +112,7 @@ class HFGenerator(Generator):
                                      policy.pad_id, cuda_graphs=settings.cuda_graphs, compile=settings.compile,
                                      mixed_adapters=self.mixed_adapters)
             self.scheduler = ContinuousScheduler(self.worker, self.runner, self.rules, self.version_of,
-                                                 settings.batch_wait_ms / 1000, settings.join_wait_ms / 1000)
+                                                 settings.batch_wait_ms / 1000)
         else:
             self.generator = StaticGenerator(self.model, self.rules, self.device)
             self.batcher = RequestBatcher(self._run_batch, settings.max_batch_size, settings.batch_wait_ms / 1000)

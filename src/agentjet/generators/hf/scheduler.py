@@ -82,14 +82,6 @@ class Outbox:
                 loop.call_soon_threadsafe(_run_all, calls)
 
 
-def joins_now(queued: int, free: int, decoding: bool, oldest_wait_s: float, join_wait_s: float) -> bool:
-    """Whether queued requests are prefilled at this step: always on an idle pool (its burst wait is
-    ``pending``'s), else once they fill the free slots or the oldest has waited ``join_wait_s``. Each prefill
-    is a forward pass of its own between two decode steps; requests arriving one by one over HTTP would
-    otherwise each pay one."""
-    return not decoding or join_wait_s <= 0 or queued >= free or oldest_wait_s >= join_wait_s
-
-
 def _run_all(calls: list[Callable[[], None]]) -> None:
     for call in calls:
         try:
@@ -116,17 +108,14 @@ class _Queued:
 
 class ContinuousScheduler:
     def __init__(self, worker: EngineWorker, runner: SlotRunner, rules: RowRules,
-                 policy_version: Callable[[str | None], int], wait_s: float, join_wait_s: float = 0.0) -> None:
+                 policy_version: Callable[[str | None], int], wait_s: float) -> None:
         """``policy_version(adapter)``: the version that serves ``adapter``'s new tokens now (None: the only
-        policy); it raises (a ``GenerationError``) for an adapter the generator does not serve. ``wait_s``: how
-        long an idle engine waits for a burst to gather; ``join_wait_s``: how long requests that arrive while
-        others decode may wait for more to join them in one prefill (0: they join at the next decode step)."""
+        policy); it raises (a ``GenerationError``) for an adapter the generator does not serve."""
         self.worker = worker
         self.runner = runner
         self.rules = rules
         self.policy_version = policy_version
         self.wait_s = wait_s
-        self.join_wait_s = join_wait_s
         self.slots: list[Row | None] = [None] * runner.slots
         self._inbox: deque[_Queued] = deque()  # guarded by worker.cond
         self._solo = False  # a solo row holds the pool
@@ -205,10 +194,6 @@ class ContinuousScheduler:
         free = sum(r is None for r in self.slots)
         taken: list[_Queued] = []
         with self.worker.cond:
-            if self._inbox and not joins_now(len(self._inbox), free, free < len(self.slots),
-                                             self.worker.clock.monotonic() - self._inbox[0].arrived,
-                                             self.join_wait_s) and not self._inbox[0].solo:
-                return taken  # a trickle while rows decode: gather it into one prefill
             while self._inbox and len(taken) < free and not self._solo:
                 head = self._inbox[0]
                 if not head.req.waiting:
