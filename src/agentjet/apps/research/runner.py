@@ -189,8 +189,11 @@ class StudyRunner:
         look = a.handle.poll()
         attempt = a.run.attempt
         assert attempt is not None
+        node = attempt.node
         if a.handle.record(attempt):
             self._save()
+            if attempt.node != node and attempt.node:
+                self.display.event(f"{a.run.id} runs on node {attempt.node}")
         if look.lost is not None:
             self._lose(a, look.lost)
             return
