@@ -286,3 +286,25 @@ def test_ray_missing_is_a_clear_error_naming_the_extra(monkeypatch: pytest.Monke
     assert result.exit_code != 0
     assert "agentjet[ray]" in result.output, result.output
     assert not (tmp_path / "s").exists()
+
+
+def test_a_trial_no_node_holds_and_an_address_that_does_not_answer_are_refused(tmp_path: Path) -> None:
+    pytest.importorskip("ray")
+    import socket
+
+    from agentjet.apps.research.ray_executor import fits, reachable, trial_demand
+    from agentjet.apps.research.spec import StudySpecError
+
+    spec = make_spec(tmp_path)
+    spec = spec.model_copy(update={"ray": spec.ray.model_copy(update={"gpus_per_server": 2, "resources": {"slot": 1}})})
+    demand = trial_demand(spec)
+    assert demand == {"num_cpus": 1.0, "num_gpus": 2.0, "resources": {"slot": 1}}
+    small = {"Alive": True, "Resources": {"CPU": 8, "GPU": 1, "slot": 1}}
+    big = {"Alive": True, "Resources": {"CPU": 8, "GPU": 2, "slot": 1}}
+    assert not fits(demand, [small]) and fits(demand, [small, big]) and not fits(demand, [{**big, "Alive": False}])
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(StudySpecError, match="no Ray cluster answers"):
+        reachable(f"127.0.0.1:{port}")
+    reachable("auto")  # left to Ray

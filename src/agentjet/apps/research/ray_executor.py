@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import socket
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -214,11 +215,23 @@ def fits(demand: dict[str, Any], nodes: list[dict[str, Any]]) -> bool:
                for node in nodes if node.get("Alive"))
 
 
+def reachable(address: str, timeout_s: float = 5.0) -> None:
+    """A ``host:port`` address that does not answer is refused at once (Ray itself retries it for minutes)."""
+    host, sep, port = address.rpartition(":")
+    if address in ("auto", "local") or "://" in address or not sep or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise StudySpecError(f"--ray {address}: no Ray cluster answers there ({exc})") from exc
+
+
 class RayExecutor:
     name = "ray"
 
     def __init__(self, address: str) -> None:
         self.address = address
+        reachable(address)
         try:
             ray.init(address=None if address == "local" else address, namespace=NAMESPACE, log_to_driver=False,
                      ignore_reinit_error=True, configure_logging=False)
