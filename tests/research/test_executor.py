@@ -308,3 +308,9 @@ def test_a_trial_no_node_holds_and_an_address_that_does_not_answer_are_refused(t
     with pytest.raises(StudySpecError, match="no Ray cluster answers"):
         reachable(f"127.0.0.1:{port}")
     reachable("auto")  # left to Ray
+
+
+def test_the_trial_spec_comes_back_readable_by_its_owner_only(tmp_path: Path) -> None:
+    apply_chunks(tmp_path, [("trial.yaml", 0, b"admin_token: secret\n"), ("up.log", 0, b"log\n")])
+    assert (tmp_path / "trial.yaml").stat().st_mode & 0o077 == 0
+    assert (tmp_path / "trial.yaml").read_text() == "admin_token: secret\n"

@@ -1,7 +1,7 @@
 """`ajet research --ray` on a local two-node Ray cluster (opt-in: `make test-ray`; the ray extra).
 
-A head node and a worker node, each with one CPU: a trial reserves one CPU, so two trials run at a time, one on
-each node. A 3-run grid study on the tiny model (the embedded engine, the coin task):
+A head node and a worker node, each declaring one CPU and one ``trial_slot`` (a custom resource): a trial reserves
+half a CPU and one slot, so two trials run at a time, one on each node. A 3-run grid study on the tiny model (the embedded engine, the coin task):
 
 1. the first two runs start, one on each node (recorded per attempt in ``study.json``);
 2. the worker node is killed while its run is under way: its trial processes stop, and the run is retried on
@@ -53,7 +53,7 @@ budget: {{trials: 3}}
 planner: {{kind: grid}}
 early_stop: {{enabled: false}}
 health: {{poll_s: 0.5, stop_grace_s: 20, start_timeout_s: 300}}
-ray: {{cpus: 1}}
+ray: {{cpus: 0.5, resources: {{trial_slot: 1}}}}
 """)
     return path
 
@@ -87,8 +87,8 @@ def alive(pid: int | None, created: float | None) -> bool:
 @pytest.fixture
 def cluster():
     os.environ["PYTHONPATH"] = os.pathsep.join([str(SRC), *filter(None, [os.environ.get("PYTHONPATH")])])
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    c.add_node(num_cpus=1)
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"trial_slot": 1}})
+    c.add_node(num_cpus=1, resources={"trial_slot": 1})
     c.wait_for_nodes()
     yield c
     c.shutdown()

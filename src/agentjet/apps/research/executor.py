@@ -197,6 +197,7 @@ class LocalExecutor:
 # ---------------------------------------------------------------------- files back from another machine
 SKIP_DIRS = ("server-",)  # the servers' data dirs (checkpoints, sample stores) stay where they ran
 MAX_CHUNK = 4 << 20  # bytes per file per poll
+PRIVATE = {"trial.yaml"}  # it holds the trial servers' admin tokens: only its owner reads it, here as on the node
 
 Chunk = tuple[str, int, bytes]  # (path relative to the attempt dir, offset, bytes from there)
 
@@ -258,6 +259,8 @@ def apply_chunks(root: Path, chunks: list[Chunk]) -> None:
             old = path.read_bytes()[:offset] if offset and path.exists() else b""
             write_atomic(path, old + data)
             continue
+        if not path.exists() and rel in PRIVATE:
+            path.touch(mode=0o600)
         with open(path, "r+b" if path.exists() else "wb") as f:
             f.truncate(offset)
             f.seek(offset)

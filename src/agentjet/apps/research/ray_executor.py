@@ -145,7 +145,7 @@ class RayHandle:
         ref, self._poll_ref = self._poll_ref, None
         try:
             out = ray.get(ref)
-        except ActorUnavailableError:
+        except (ActorUnavailableError, RayTaskError):  # no answer this time; a trial that never answers stalls
             return Look()
         except RayActorError as exc:
             return self._dead(exc)

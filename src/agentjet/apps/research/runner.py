@@ -1,6 +1,7 @@
-"""Runs a study: starts runs (each an `ajet up` spec on free ports, in a directory of its own), watches
-them through their server's status API, stops the ones clearly behind, retries a crashed one, and keeps
-the study on disk after every change so that a restarted ``ajet research`` continues where it was.
+"""Runs a study: starts runs (each an `ajet up` spec on free ports, in a directory of its own, on this machine
+or on a Ray cluster: :mod:`agentjet.apps.research.executor`), watches them through their server's status API,
+stops the ones clearly behind, retries a crashed one, and keeps the study on disk after every change so that a
+restarted ``ajet research`` continues where it was.
 
 On restart: a run whose `ajet up` is still alive is re-attached to; one whose client finished meanwhile is
 collected; any other running run is restarted (a new attempt). Final runs are never started again.
