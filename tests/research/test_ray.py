@@ -85,8 +85,9 @@ def alive(pid: int | None, created: float | None) -> bool:
 
 
 @pytest.fixture
-def cluster():
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(SRC), *filter(None, [os.environ.get("PYTHONPATH")])])
+def cluster(monkeypatch: pytest.MonkeyPatch):
+    # the nodes' workers (and the driver) import this checkout's agentjet
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(SRC), *filter(None, [os.environ.get("PYTHONPATH")])]))
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"trial_slot": 1}})
     c.add_node(num_cpus=1, resources={"trial_slot": 1})
     c.wait_for_nodes()
