@@ -314,3 +314,10 @@ def test_the_trial_spec_comes_back_readable_by_its_owner_only(tmp_path: Path) ->
     apply_chunks(tmp_path, [("trial.yaml", 0, b"admin_token: secret\n"), ("up.log", 0, b"log\n")])
     assert (tmp_path / "trial.yaml").stat().st_mode & 0o077 == 0
     assert (tmp_path / "trial.yaml").read_text() == "admin_token: secret\n"
+
+
+def test_the_ray_options_of_a_topic_reach_its_designed_study() -> None:
+    from agentjet.apps.research.app import topic_extra
+
+    extra = topic_extra([], {"ray.cpus": 2.0, "ray.gpus_per_server": 1.0, "seeds": 2})
+    assert extra["ray"] == {"cpus": 2.0, "gpus_per_server": 1.0} and extra["seeds"] == 2
