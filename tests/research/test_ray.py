@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -149,6 +151,10 @@ def test_a_study_runs_on_two_nodes_survives_a_dead_node_and_a_restarted_driver(
     finally:
         if driver.poll() is None:
             driver.kill()
+        for t in load_state(out)["trials"]:  # a dead node's scratch dirs stay behind (here: in this machine's /tmp)
+            for a in t["attempts"]:
+                if a["outcome"] and a["outcome"].startswith("node lost") and a["actor"]:
+                    shutil.rmtree(Path(tempfile.gettempdir()) / "agentjet-trials" / a["actor"], ignore_errors=True)
 
     # 4. three runs, done; four attempts in all (the retry counts once: no crash); files back in the study dir
     state = load_state(out)
