@@ -1,4 +1,4 @@
-.PHONY: demo demo-agent test test-fast lint bench bench-quick bench-learn bench-vs-trl screenshots setup setup-bench setup-vllm test-vllm bench-vllm setup-verifiers test-verifiers
+.PHONY: demo demo-agent test test-fast lint bench bench-quick bench-learn bench-vs-trl screenshots setup setup-bench setup-vllm test-vllm bench-vllm setup-verifiers test-verifiers setup-ray test-ray
 
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -47,11 +47,11 @@ test: setup
 	else \
 	  echo "==> dashboard browser tests: SKIPPED: no chromium (apt-get install -y chromium)"; \
 	fi
-	$(PY) -m pytest -q --timeout=600 -rs -m "not vllm and not verifiers" -n $(TEST_WORKERS)
+	$(PY) -m pytest -q --timeout=600 -rs -m "not vllm and not verifiers and not ray" -n $(TEST_WORKERS)
 
 # Only the fast tests (tiny model).
 test-fast: setup
-	$(PY) -m pytest -q -m "not slow and not vllm and not verifiers" --timeout=300 -n $(TEST_WORKERS)
+	$(PY) -m pytest -q -m "not slow and not vllm and not verifiers and not ray" --timeout=300 -n $(TEST_WORKERS)
 
 bench: setup
 	$(PY) benchmarks/serving/engine.py
@@ -79,3 +79,13 @@ bench-vllm: setup-vllm
 # (~1 min; the harness program is set up by uv from PyPI on its first use).
 test-verifiers: setup-verifiers
 	$(PY) -m pytest -q -m verifiers --timeout=900 -rs tests/verifiers
+
+# Ray for `ajet research --ray` (the ray extra, pinned; it changes no pinned package of this venv).
+setup-ray: setup
+	$(PY) -m pip install -q -e ".[ray]"
+
+# ajet research on a local two-node Ray cluster (a head and a worker, one trial slot each; the tiny model): the
+# trials land on both nodes, the worker is killed mid-trial and its trial is retried on the head, the driver is
+# SIGKILLed and restarted and finds its trials again (~3 min on 2 cores; under the CPU lock).
+test-ray: setup-ray
+	$(PY) -m pytest -q -m ray --timeout=900 -rs -n 0 tests/research/test_ray.py

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agentjet.apps.research.runner import trial_swarm
+from agentjet.apps.research.executor import trial_swarm
 from agentjet.apps.research.spec import (
     Param,
     ParamType,

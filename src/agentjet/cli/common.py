@@ -10,6 +10,7 @@ from urllib.parse import urlparse
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from agentjet.models import agentjet_home
 from agentjet.settings.paths import local_admin_token_file
@@ -18,7 +19,7 @@ console = Console()
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
-    console.print(f"[red]error:[/red] {message}", soft_wrap=True)
+    console.print(f"[red]error:[/red] {escape(message)}", soft_wrap=True)  # plain text: agentjet[ray] stays
     raise typer.Exit(code)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import typer
@@ -30,6 +31,12 @@ def research(
                                              "report, until --trials or --hours is spent"),
     hours: float | None = typer.Option(None, min=0.0, help="with --program: the program's budget in hours"),
     dry_run: bool = typer.Option(False, help="with a topic: design the study, show it and write spec.yaml; run nothing"),
+    ray: str | None = typer.Option(None, help="run each trial as a Ray actor on this cluster: its address "
+                                              "(host:port), auto (the `ray start` cluster here) or local (needs "
+                                              "the ray extra)"),
+    ray_cpus: float | None = typer.Option(None, min=0.0, help="with --ray: CPUs each trial reserves (default 1)"),
+    ray_gpus_per_server: float | None = typer.Option(None, min=0.0, help="with --ray: GPUs each of a trial's "
+                                                                         "servers reserves (default 0)"),
 ) -> None:
     """Plan, run, watch and report an RL study on the swarm (resumable; see docs/research.md)."""
     try:
@@ -38,12 +45,15 @@ def research(
         fail(f"{exc}; install the research extra: pip install 'agentjet[research]'")
     overrides = {k: v for k, v in {"seeds": seeds, "parallel": parallel, "budget.trials": trials,
                                    "budget.minutes": minutes, "planner.kind": planner, "planner.url": planner_url,
-                                   "planner.model": planner_model}.items() if v is not None}
+                                   "planner.model": planner_model, "ray.cpus": ray_cpus,
+                                   "ray.gpus_per_server": ray_gpus_per_server}.items() if v is not None}
+    if ray is not None and importlib.util.find_spec("ray") is None:
+        fail("--ray needs Ray, which is not installed: pip install 'agentjet[ray]'")
     from agentjet.apps.research.app import is_topic, topic_main
 
     if is_topic(study, space) and not report_only:
-        code = topic_main(study, base, client, overrides, out, program, hours, dry_run, console)
+        code = topic_main(study, base, client, overrides, out, program, hours, dry_run, console, ray)
     else:
-        code = research_main(study, base, space, client, overrides, out, report_only, console)
+        code = research_main(study, base, space, client, overrides, out, report_only, console, ray)
     if code:
         raise typer.Exit(code)

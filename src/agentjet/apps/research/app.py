@@ -8,8 +8,10 @@ from pathlib import Path
 
 import yaml
 from rich.console import Console
+from rich.markup import escape
 
 from agentjet.apps.research.display import Display
+from agentjet.apps.research.executor import LocalExecutor, TrialExecutor
 from agentjet.apps.research.planner import OptunaPlanner, Planner
 from agentjet.apps.research.program import Designer, OfflineDesigner, ProgramBudget, run_program
 from agentjet.apps.research.report import write_report
@@ -48,15 +50,31 @@ def build_planners(spec: StudySpec, display: Display) -> tuple[Planner, OptunaPl
     return offline, offline
 
 
-def run_study(spec: StudySpec, out_dir: Path, console: Console | None = None) -> Path:
-    """Run (or continue) the study in ``out_dir``; returns the report's path."""
+def make_executor(ray: str | None) -> TrialExecutor:
+    """Where the runs execute: this machine, or the Ray cluster at ``ray`` (an address, ``auto`` or ``local``)."""
+    if ray is None:
+        return LocalExecutor()
+    try:
+        from agentjet.apps.research.ray_executor import RayExecutor
+    except ImportError as exc:
+        raise StudySpecError(f"--ray needs Ray ({exc}); install the ray extra: pip install 'agentjet[ray]'") from exc
+    return RayExecutor(ray)
+
+
+def run_study(spec: StudySpec, out_dir: Path, console: Console | None = None,
+              executor: TrialExecutor | None = None) -> Path:
+    """Run (or continue) the study in ``out_dir`` (its runs on ``executor``: by default, this machine); returns
+    the report's path."""
     display = Display(console, spec)
     planner, offline = build_planners(spec, display)
-    runner = StudyRunner(spec, out_dir, planner, offline, display)
+    if executor is not None:
+        executor.check(spec)
+    runner = StudyRunner(spec, out_dir, planner, offline, display, executor=executor)
     if console is not None:
         resumed = runner.state.sessions > 1
+        where = f" on the Ray cluster {getattr(executor, 'address', '')}" if executor and executor.name == "ray" else ""
         console.print(f"[bold]ajet research[/bold]: {spec.question}\n"
-                      f"{'continuing' if resumed else 'starting'} the study in {out_dir} "
+                      f"{'continuing' if resumed else 'starting'} the study in {out_dir}{where} "
                       f"(session {runner.state.sessions})")
     try:
         state = runner.run()
@@ -122,23 +140,29 @@ def resolve_spec(study: str, base: Path | None, space: list[str], client: list[s
 
 
 def main(study: str, base: Path | None, space: list[str], client: list[str], overrides: Mapping[str, object],
-         out: Path | None, report: bool, console: Console) -> int:
-    """The ``ajet research`` command; returns the exit code (2: bad input, 1: the study was aborted)."""
+         out: Path | None, report: bool, console: Console, ray: str | None = None) -> int:
+    """The ``ajet research`` command; returns the exit code (2: bad input, 1: the study was aborted). ``ray``: run
+    the trials on that Ray cluster."""
     if overrides.get("planner.url") and "planner.kind" not in overrides:
         overrides = {**overrides, "planner.kind": "llm"}
+    executor: TrialExecutor | None = None
     try:
         spec = resolve_spec(study, base, space, client, overrides)
         out_dir = out or default_out_dir(spec)
         if report:
             console.print(f"report: {report_only(spec, out_dir)}")
         else:
-            run_study(spec, out_dir, console)
+            executor = make_executor(ray)
+            run_study(spec, out_dir, console, executor)
     except (StudySpecError, StudyBusy, FileNotFoundError) as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
         return 2
     except StudyAborted as exc:
-        console.print(f"[red]study aborted:[/red] {exc}")
+        console.print(f"[red]study aborted:[/red] {escape(str(exc))}")
         return 1
+    finally:
+        if executor is not None:
+            executor.close()
     return 0
 
 
@@ -160,6 +184,9 @@ def topic_extra(client: list[str], overrides: Mapping[str, object]) -> dict[str,
             extra[key] = overrides[key]
     if "budget.minutes" in overrides:
         extra["budget"] = {"minutes": overrides["budget.minutes"]}
+    ray = {k.removeprefix("ray."): v for k, v in overrides.items() if k.startswith("ray.")}
+    if ray:
+        extra["ray"] = ray
     return extra
 
 
@@ -194,8 +221,10 @@ def design_study(topic: str, out_dir: Path, designer: Designer, trials: int | No
 
 
 def topic_main(topic: str, base: Path | None, client: list[str], overrides: Mapping[str, object], out: Path | None,
-               program: bool, hours: float | None, dry_run: bool, console: Console) -> int:
-    """``ajet research "a topic"``: design a study (or a program of studies) from the topic and run it."""
+               program: bool, hours: float | None, dry_run: bool, console: Console, ray: str | None = None) -> int:
+    """``ajet research "a topic"``: design a study (or a program of studies) from the topic and run it (``ray``: its
+    trials on that Ray cluster)."""
+    executor: TrialExecutor | None = None
     try:
         base_raw = base_mapping(base)
         extra = topic_extra(client, overrides)
@@ -203,10 +232,12 @@ def topic_main(topic: str, base: Path | None, client: list[str], overrides: Mapp
         trials = trials if isinstance(trials, int) else None
         designer = make_designer(topic, overrides, lambda m: console.print(f"[yellow]{m}[/yellow]"))
         slug = re.sub(r"[^a-z0-9]+", "-", topic.lower()).strip("-")[:48] or "topic"
+        if not dry_run:
+            executor = make_executor(ray)
         if program:
             root = out or Path("runs/research") / f"program-{slug}"
             state = run_program(topic, root, designer, lambda d: design_or_error(d, base_raw, extra),
-                                lambda spec, d: run_study(spec, d, console),
+                                lambda spec, d: run_study(spec, d, console, executor),
                                 ProgramBudget(trials=trials, hours=hours),
                                 note=lambda m: console.print(f"[bold]program[/bold]: {m}"))
             console.print(f"program {'finished' if state.finished else 'stopped'}: {root / 'program.md'}")
@@ -218,11 +249,14 @@ def topic_main(topic: str, base: Path | None, client: list[str], overrides: Mapp
         StudyStore(out_dir).save_spec(spec)
         console.print(f"the study: {out_dir / 'spec.yaml'} (rerun it with `ajet research {out_dir / 'spec.yaml'}`)")
         if not dry_run:
-            run_study(spec, out_dir, console)
+            run_study(spec, out_dir, console, executor)
     except (StudySpecError, DesignError, StudyBusy, FileNotFoundError) as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
         return 2
     except StudyAborted as exc:
-        console.print(f"[red]study aborted:[/red] {exc}")
+        console.print(f"[red]study aborted:[/red] {escape(str(exc))}")
         return 1
+    finally:
+        if executor is not None:
+            executor.close()
     return 0

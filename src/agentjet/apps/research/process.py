@@ -46,9 +46,13 @@ class TrialProcess:
 
     @classmethod
     def launch(cls, swarm_file: Path, log_path: Path, env: dict[str, str] | None = None,
-               timer: Timer = REAL_TIME) -> TrialProcess:
+               timer: Timer = REAL_TIME, die_with_owner: bool = False) -> TrialProcess:
+        """Start `ajet up` in a session of its own. ``die_with_owner``: SIGTERM it when the launching thread
+        dies (a Ray actor whose node goes away must not leave a trial behind; `ajet up` then stops its
+        servers, which die with it too)."""
         child = Child.spawn([sys.executable, "-m", "agentjet.cli", "up", str(swarm_file)], log_path,
-                            env={**os.environ, **(env or {})}, timer=timer)
+                            env={**os.environ, **(env or {})}, timer=timer,
+                            parent_death_signal=signal.SIGTERM if die_with_owner else None)
         try:
             created = psutil.Process(child.pid).create_time()
         except psutil.Error:  # it already exited: alive() says so
@@ -85,12 +89,12 @@ class TrialProcess:
                 os.kill(self.pid, signal.SIGTERM)
             self.timer.wait_until(lambda: not self.alive(), grace_s)
         for pid, created in [(self.pid, self.create_time), *self.children]:
-            _kill_if_same(pid, created)
+            kill_if_same(pid, created)
         if self._child is not None:  # reap it
             self._child.kill()
 
 
-def _kill_if_same(pid: int, create_time: float) -> None:
+def kill_if_same(pid: int, create_time: float) -> None:
     try:
         p = psutil.Process(pid)
         if abs(p.create_time() - create_time) <= START_TIME_TOLERANCE_S and p.status() != psutil.STATUS_ZOMBIE:

@@ -1,6 +1,7 @@
-"""Runs a study: starts runs (each an `ajet up` spec on free ports, in a directory of its own), watches
-them through their server's status API, stops the ones clearly behind, retries a crashed one, and keeps
-the study on disk after every change so that a restarted ``ajet research`` continues where it was.
+"""Runs a study: starts runs (each an `ajet up` spec on free ports, in a directory of its own, on this machine
+or on a Ray cluster: :mod:`agentjet.apps.research.executor`), watches them through their server's status API,
+stops the ones clearly behind, retries a crashed one, and keeps the study on disk after every change so that a
+restarted ``ajet research`` continues where it was.
 
 On restart: a run whose `ajet up` is still alive is re-attached to; one whose client finished meanwhile is
 collected; any other running run is restarted (a new attempt). Final runs are never started again.
@@ -10,21 +11,13 @@ re-attached to).
 
 from __future__ import annotations
 
-import json
-import secrets
-import shutil
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import httpx
-import yaml
-from pydantic import ValidationError
 
 from agentjet.apps.research.display import Display, RunView
+from agentjet.apps.research.executor import LocalExecutor, TrialExecutor, TrialHandle
 from agentjet.apps.research.monitor import (
     Health,
     Limits,
@@ -32,63 +25,26 @@ from agentjet.apps.research.monitor import (
     Watch,
     eval_points,
     judge,
-    parse_status,
-    read_result,
     result_points,
 )
 from agentjet.apps.research.planner import OptunaPlanner, Planner
-from agentjet.apps.research.process import TrialProcess
-from agentjet.apps.research.spec import StudySpec, StudySpecError, split_params
+from agentjet.apps.research.spec import StudySpec, StudySpecError
 from agentjet.apps.research.state import Attempt, StudyState, StudyStore, TrialRecord, TrialState
-from agentjet.apps.up import ClientSpec
-from agentjet.protocol import SWARM_PREFIX, ServerStatus
 from agentjet.runtime.clock import Clock, SystemClock
-from agentjet.runtime.launch import free_port
+
+# a run whose node died this many times fails (a cluster that keeps losing nodes)
+MAX_LOST = 3
 
 
 class StudyAborted(RuntimeError):
     """The study cannot go on (every run fails before its server starts, say); the message says why."""
 
 
-def trial_swarm(spec: StudySpec, run: TrialRecord, attempt_dir: Path, ports: dict[str, int]) -> dict[str, Any]:
-    """The `ajet up` spec of one attempt: the base spec on fresh ports and data dirs, the run's server
-    settings on the primary server, and the built-in trial client unless the base names clients."""
-    server_params, client_params = split_params(run.params)
-    servers = {}
-    for name, raw in spec.base.servers.items():
-        options = {**spec.base.options(name), **(server_params if name == spec.primary else {})}
-        servers[name] = {**raw, "port": ports[name], "data_dir": str(attempt_dir / f"server-{name}"),
-                         "options": options, "admin_token": raw.get("admin_token") or secrets.token_urlsafe(32)}
-    admin = {"AGENTJET_ADMIN_TOKEN": str(servers[spec.primary]["admin_token"])}  # the client pauses for evals
-    url = f"http://{spec.base.host(spec.primary)}:{ports[spec.primary]}"
-    if spec.base.clients:
-        marks = {"{server_url}": url, "{trial_dir}": str(attempt_dir), "{seed}": str(run.seed),
-                 **{f"{{url:{n}}}": f"http://{spec.base.host(n)}:{ports[n]}" for n in servers}}
-        env = {"AJET_SERVER_URL": url, "AJET_TRIAL_DIR": str(attempt_dir), "AJET_TRIAL_SEED": str(run.seed),
-               "AJET_TRIAL_PARAMS": json.dumps(client_params), **admin}
-        clients = {n: ClientSpec(command=[_fill(part, marks) for part in c.command],
-                                 env={**{k: _fill(v, marks) for k, v in c.env.items()}, **env})
-                   for n, c in spec.base.clients.items()}
-    else:
-        clients = {"trial": ClientSpec(command=[sys.executable, "-m", "agentjet.apps.research.trial_client", "--server",
-                                                url, "--settings", str(attempt_dir / "client.json"), "--seed",
-                                                str(run.seed), "--out", str(attempt_dir)], env=admin)}
-    return {"servers": servers, "clients": {n: c.model_dump(mode="json") for n, c in clients.items()},
-            "log_dir": str(attempt_dir / "logs")}
-
-
-def _fill(text: str, marks: dict[str, str]) -> str:
-    for key, value in marks.items():
-        text = text.replace(key, value)
-    return text
-
-
 @dataclass
 class ActiveRun:
     run: TrialRecord
-    proc: TrialProcess
+    handle: TrialHandle
     watch: Watch
-    url: str
     dir: Path
     train_steps: int = 0
 
@@ -96,7 +52,7 @@ class ActiveRun:
 class StudyRunner:
     def __init__(self, spec: StudySpec, root: Path, planner: Planner, optuna: OptunaPlanner,
                  display: Display | None = None, clock: Clock | None = None,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep, executor: TrialExecutor | None = None) -> None:
         self.spec = spec
         self.store = StudyStore(root)
         self.planner = planner
@@ -106,7 +62,8 @@ class StudyRunner:
         self.sleep = sleep
         self.active: dict[str, ActiveRun] = {}
         self.exhausted = False
-        self._http = httpx.Client(timeout=5.0)
+        self.executor: TrialExecutor = executor or LocalExecutor()
+        self._own_executor = executor is None  # one given is shared (the studies of a program) and closed by its owner
         h = spec.health
         self.limits = Limits(h.start_timeout_s, h.stall_s, spec.run_timeout_s())
         self.state = self._open()
@@ -172,7 +129,8 @@ class StudyRunner:
             finally:
                 self._save()
                 self.store.write_results(self.state, self.spec)
-                self._http.close()
+                if self._own_executor:
+                    self.executor.close()
                 self.store.release()
         return self.state
 
@@ -206,55 +164,45 @@ class StudyRunner:
         number = len(run.attempts) + 1
         adir = self.store.attempt_dir(run, number)
         adir.mkdir(parents=True, exist_ok=True)
-        ports = {name: free_port(self.spec.base.host(name)) for name in self.spec.base.servers}
-        swarm = trial_swarm(self.spec, run, adir, ports)
-        trial_file = adir / "trial.yaml"
-        trial_file.touch(mode=0o600)  # it holds the trial servers' admin tokens
-        trial_file.write_text(yaml.safe_dump(swarm, sort_keys=False))
-        if not self.spec.base.clients:
-            _, client_params = split_params(run.params)
-            settings = self.spec.client.model_copy(update=client_params)
-            (adir / "client.json").write_text(settings.model_dump_json(indent=1))
-        proc = TrialProcess.launch(adir / "trial.yaml", adir / "up.log")
-        run.attempts.append(Attempt(number=number, started_at=time.time(), port=ports[self.spec.primary],
-                                    pid=proc.pid, create_time=proc.create_time))
+        attempt = Attempt(number=number, started_at=time.time(), port=0)
+        handle = self.executor.launch(self.spec, run, attempt, adir)
+        run.attempts.append(attempt)
         run.points = []
         run.move(TrialState.RUNNING)
         self.optuna.begin(run)
-        self.active[run.id] = ActiveRun(run, proc, Watch(started=self.clock.monotonic()),
-                                        f"http://{self.spec.base.host(self.spec.primary)}:{ports[self.spec.primary]}",
-                                        adir)
+        self.active[run.id] = ActiveRun(run, handle, Watch(started=self.clock.monotonic()), adir)
         self._save()
-        self.display.event(f"{run.id} started (attempt {number}, seed {run.seed}): {run.params}")
+        where = f" on {attempt.node}" if attempt.node else ""
+        self.display.event(f"{run.id} started (attempt {number}, seed {run.seed}{where}): {run.params}")
 
     def _stop(self, active: ActiveRun, outcome: str) -> None:
-        active.proc.stop(self.spec.health.stop_grace_s)
+        active.handle.stop(self.spec.health.stop_grace_s, self.spec.health.keep_checkpoints)
         attempt = active.run.attempt
         if attempt is not None:
+            active.handle.record(attempt)
             attempt.ended_at = time.time()
             attempt.outcome = outcome
-            attempt.children = list(active.proc.children)
             active.run.seconds += attempt.ended_at - attempt.started_at
         self.active.pop(active.run.id, None)
-        if not self.spec.health.keep_checkpoints:
-            for ckpt in active.dir.glob("server-*/checkpoints"):
-                shutil.rmtree(ckpt, ignore_errors=True)
 
     # ------------------------------------------------------------------ watching
-    def _status(self, url: str) -> ServerStatus | None:
-        try:
-            r = self._http.get(f"{url}{SWARM_PREFIX}/status")
-            return parse_status(r.json()) if r.status_code == 200 else None
-        except (httpx.HTTPError, ValueError, ValidationError):
-            return None
-
     def _poll(self, a: ActiveRun) -> None:
-        status = self._status(a.url)
-        a.watch.observe(status, self.clock.monotonic())
+        look = a.handle.poll()
         attempt = a.run.attempt
         assert attempt is not None
-        if a.proc.refresh_children():
-            attempt.children = list(a.proc.children)
+        node = attempt.node
+        if a.handle.record(attempt):
+            self._save()
+            if attempt.node != node and attempt.node:
+                self.display.event(f"{a.run.id} runs on node {attempt.node}")
+        if look.lost is not None:
+            self._lose(a, look.lost)
+            return
+        if look.waiting is not None:  # not placed yet: its clocks start when it starts
+            a.watch = Watch(started=self.clock.monotonic())
+            return
+        status = look.status
+        a.watch.observe(status, self.clock.monotonic())
         if status is not None:
             attempt.ready = True
             a.train_steps = status.train_steps
@@ -262,8 +210,8 @@ class StudyRunner:
                 if a.run.add_point(step, value) and self.optuna.report(a.run, step, value):
                     self._prune(a, step, value)
                     return
-        result = read_result(a.dir)
-        health = judge(a.watch, a.proc.alive(), result, self.clock.monotonic(), self.limits)
+        result = look.result
+        health = judge(a.watch, look.alive, result, self.clock.monotonic(), self.limits)
         if health is Health.FINISHED:
             assert result is not None
             self._finish(a, result)
@@ -274,6 +222,23 @@ class StudyRunner:
         elif health.retryable:
             detail = f" ({result.stop_reason})" if result is not None else ""
             self._crash(a, f"{health.value}{detail}")
+
+    def _lose(self, a: ActiveRun, why: str) -> None:
+        """The node that ran the attempt is gone: its processes are stopped (where the node still answers), its
+        points are dropped, and a new attempt starts wherever the cluster has room. Not a crash: only the retry
+        counts."""
+        self._stop(a, f"node lost: {why}")
+        run = a.run
+        run.lost += 1
+        self.optuna.abandon(run)
+        if run.lost > MAX_LOST:
+            run.move(TrialState.FAILED, f"its node was lost {run.lost} times; last: {why}")
+            self.optuna.finish(run)
+            self.display.event(f"{run.id} failed: {run.reason}")
+            self._save()
+            return
+        self.note(f"{run.id} lost its node ({why}); restarting it elsewhere (not counted as a crash)")
+        self._start(run)
 
     def _prune(self, a: ActiveRun, step: int, value: float) -> None:
         best = self.optuna.best_other(a.run, step)
@@ -333,19 +298,19 @@ class StudyRunner:
             attempt = run.attempt
             assert attempt is not None
             adir = self.store.attempt_dir(run, attempt.number)
-            proc = TrialProcess.attach(attempt.pid or 0, attempt.create_time or 0.0, attempt.children)
-            result = read_result(adir)
+            handle = self.executor.attach(self.spec, run, attempt, adir)
+            look = handle.poll()
             ago = max(0.0, time.time() - attempt.started_at)
-            host = self.spec.base.host(self.spec.primary)
-            active = ActiveRun(run, proc, Watch(started=self.clock.monotonic() - ago), f"http://{host}:{attempt.port}", adir)
-            if result is not None and result.ok:
+            active = ActiveRun(run, handle, Watch(started=self.clock.monotonic() - ago), adir)
+            if look.lost is None and look.result is not None and look.result.ok:
                 self.optuna.begin(run)
                 self.display.event(f"{run.id} finished while the study was stopped; collecting it")
-                self._finish(active, result)
-            elif proc.alive():
+                self._finish(active, look.result)
+            elif look.lost is None and (look.alive or look.waiting is not None):
                 self.optuna.begin(run)
                 self.active[run.id] = active
-                self.display.event(f"{run.id} is still running (pid {proc.pid}): re-attached")
+                where = attempt.actor or f"pid {attempt.pid}"
+                self.display.event(f"{run.id} is still running ({where}): re-attached")
             else:
                 self._stop(active, "interrupted")
                 self.display.event(f"{run.id} was interrupted: restarting it")

@@ -232,6 +232,16 @@ class HealthSettings(_Strict):
     keep_checkpoints: bool = Field(False, description="keep each trial server's checkpoints (large)")
 
 
+class RaySettings(_Strict):
+    """What each trial reserves on a Ray cluster (``ajet research --ray ADDRESS``; unused without it)."""
+
+    cpus: float = Field(1.0, ge=0, description="CPUs each trial reserves on its node")
+    gpus_per_server: float = Field(0.0, ge=0, description="GPUs each server of a trial reserves (a trial "
+                                                          "reserves this times its servers)")
+    resources: dict[str, float] = Field(default_factory=dict, description="custom Ray resources each trial "
+                                        "reserves, e.g. {trial_slot: 1}")
+
+
 class TrialClientSettings(_Strict):
     """The built-in trial client (``agentjet.apps.research.trial_client``): train on a task's train split, evaluate
     on its held-out split every ``eval_every`` train steps (training paused meanwhile)."""
@@ -290,6 +300,7 @@ class StudySpec(_Strict):
     planner: PlannerSettings = Field(default_factory=PlannerSettings)
     early_stop: EarlyStopSettings = Field(default_factory=EarlyStopSettings)
     health: HealthSettings = Field(default_factory=HealthSettings)
+    ray: RaySettings = Field(default_factory=RaySettings)
 
     @field_validator("base", mode="before")
     @classmethod

@@ -83,6 +83,8 @@ class Attempt(_Model):
     outcome: str | None = None
     children: list[tuple[int, float]] = Field(default_factory=list, description="(pid, start time) of its "
                                               "servers and clients, to stop them if `ajet up` dies first")
+    node: str | None = Field(None, description="where it ran, on a Ray cluster: the node's address and id")
+    actor: str | None = Field(None, description="on a Ray cluster: the name of the actor that runs it")
 
 
 class TrialRecord(_Model):
@@ -93,6 +95,7 @@ class TrialRecord(_Model):
     state: TrialState = TrialState.PLANNED
     attempts: list[Attempt] = Field(default_factory=list)
     crashes: int = 0
+    lost: int = Field(0, description="attempts whose node died (on a Ray cluster): retried, not counted as crashes")
     points: list[EvalPoint] = Field(default_factory=list, description="the run's metric at each eval point "
                                     "(reward: the metric, which may be the train reward); stored as step and value")
     reason: str = ""
