@@ -34,7 +34,13 @@ from agentjet.observe.bench_records import (
     load_baseline,
     load_history,
 )
-from agentjet.observe.learncurve import LearnCurve, curve_from_demo, eval_at_step, steps_to_target
+from agentjet.observe.learncurve import (
+    LearnCurve,
+    curve_from_demo,
+    decline_after_target,
+    eval_at_step,
+    steps_to_target,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -110,7 +116,8 @@ def test_the_learning_gate_catches_lr_over_100_and_passes_a_repeat_and_a_slower_
     repeat = record_from_demo(demo_result("next", [0.27, 0.47, 0.69, 0.83, 0.88, 0.90], [0, 1, 3, 4, 6, 7]))
     results = by_name(gate(repeat, runs, rule))
     assert set(results) == {"learn/addition/steps_to_target", "learn/addition/eval_at_step_2",
-                            "learn/addition/eval_at_step_4"}  # minutes and the final eval are recorded, not gated
+                            "learn/addition/eval_at_step_4",  # minutes and the final eval are recorded, not gated
+                            "learn/addition/decline_after_target"}  # an absolute bound, not the baseline's
     assert not any(r.regressed for r in results.values())
     # the same steps on a machine twice as slow (evals 2 training minutes apart): more minutes than any baseline
     # run, yet the step figures pass
@@ -123,6 +130,22 @@ def test_the_learning_gate_catches_lr_over_100_and_passes_a_repeat_and_a_slower_
     failed = by_name(gate(flat, runs, rule))
     assert failed["learn/addition/steps_to_target"].regressed and failed["learn/addition/steps_to_target"].value is None
     assert failed["learn/addition/eval_at_step_4"].regressed and failed["learn/addition/eval_at_step_2"].regressed
+
+
+def test_a_late_decline_fails_the_gate_with_or_without_a_baseline() -> None:
+    """Learning that holds (issue 38): the eval may not end more than 0.06 below its best since it reached 0.75."""
+    holds = record_from_demo(demo_result("holds", [0.27, 0.6, 0.8, 0.93, 0.9, 0.91], [0, 1, 3, 4, 6, 7]))
+    slides = record_from_demo(demo_result("slides", [0.27, 0.6, 0.8, 0.98, 0.93, 0.89], [0, 1, 3, 4, 6, 7]))
+    never = record_from_demo(demo_result("never", [0.27, 0.4, 0.5, 0.45], [0, 1, 3, 4]))
+    name = "learn/addition/decline_after_target"
+    assert holds.metrics[name].value == pytest.approx(0.02) and slides.metrics[name].value == pytest.approx(0.09)
+    assert name not in never.metrics and decline_after_target(curve_from_demo(
+        demo_result("never", [0.27, 0.4, 0.5, 0.45], [0, 1, 3, 4]))) is None
+    no_baseline = Baseline()
+    assert [(g.name, g.regressed, g.limit) for g in gate(holds, [], no_baseline)] == [(name, False, 0.06)]
+    assert [(g.name, g.regressed) for g in gate(slides, [], no_baseline)] == [(name, True)]
+    rule = Baseline(modes={"learn": BaselineRef(commit="base")})
+    assert by_name(gate(slides, baseline_runs(learn_history(), rule, "learn"), rule))[name].regressed
 
 
 def test_steps_to_target_and_eval_at_step_interpolate_between_evals() -> None:

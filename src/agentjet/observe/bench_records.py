@@ -21,6 +21,7 @@ class BenchMetric(BaseModel):
     unit: str = ""
     higher_is_better: bool = True
     gated: bool = True  # compared with the baseline; False: recorded and plotted only
+    max_value: float | None = None  # an absolute bound: the run fails above it, with or without a baseline
     note: str = ""
 
 
@@ -66,7 +67,7 @@ class GateResult(BaseModel):
     std: float  # sample standard deviation of the baseline values (0 for one run)
     spread: float  # max(std, std_floor x |mean|)
     limit: float  # the worst value that passes
-    k: int  # baseline runs with this figure
+    k: int  # baseline runs with this figure (0: an absolute bound, BenchMetric.max_value)
     regressed: bool
 
     @property

@@ -9,7 +9,8 @@ The gate (docs/benchmarks.md, "The bench gate"): the baseline is k >= ``Baseline
 one mode; per gated figure their mean and sample standard deviation. A later run fails where its figure is worse
 than the mean by more than ``sigmas`` x max(std, ``std_floor`` x |mean|): the floor keeps k identical runs (a
 deterministic figure) from making the gate infinitely strict. A figure every baseline run has but the candidate
-lacks (a learning target not reached) fails too.
+lacks (a learning target not reached) fails too. A figure with an absolute bound (``BenchMetric.max_value``: a
+task's ``max_decline``, learning that holds) fails above it, with or without a baseline.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from agentjet.observe.curveplot import Line, Panel, plot_curves
 from agentjet.observe.learncurve import (
     LearnCurve,
     curve_from_demo,
+    decline_after_target,
     eval_at_step,
     spec_for,
     steps_to_target,
@@ -52,9 +54,15 @@ def baseline_runs(history: list[BenchRecord], baseline: Baseline, mode: str,
 
 
 def gate(record: BenchRecord, runs: list[BenchRecord], baseline: Baseline) -> list[GateResult]:
-    """Each figure gated in every baseline run, against their mean and spread (see the module docstring)."""
-    if not runs:
-        return []
+    """Each figure gated in every baseline run, against their mean and spread (see the module docstring); and
+    each figure of the record with an absolute bound (``max_value``), against it, with or without a baseline."""
+    bounded = [GateResult(name=n, value=m.value, mean=m.max_value, std=0.0, spread=0.0, limit=m.max_value, k=0,
+                          regressed=not m.value <= m.max_value)
+               for n, m in sorted(record.metrics.items()) if m.max_value is not None]
+    return bounded + _against_baseline(record, runs, baseline) if runs else bounded
+
+
+def _against_baseline(record: BenchRecord, runs: list[BenchRecord], baseline: Baseline) -> list[GateResult]:
     names = sorted({n for r in runs for n, m in r.metrics.items() if m.gated})
     out = []
     for name in names:
@@ -106,6 +114,13 @@ def learn_figures(curve: LearnCurve) -> dict[str, BenchMetric]:
             out[p + "train_minutes_to_target"] = BenchMetric(
                 value=minutes, unit="min", higher_is_better=False, gated=False,
                 note=f"training minutes to held-out eval {curve.target:g} (recorded, not gated)")
+    decline = decline_after_target(curve)
+    if decline is not None and not coarse:
+        out[p + "decline_after_target"] = BenchMetric(
+            value=decline, higher_is_better=False, gated=False, max_value=spec.max_decline,
+            note=f"best held-out eval since it reached {curve.target:g} minus the final one (learning that holds"
+                 + (f"; at most {spec.max_decline:g}, whatever the baseline)" if spec.max_decline is not None
+                    else "; recorded)"))
     for s in spec.at_steps:
         value = eval_at_step(curve, s)
         if value is not None:

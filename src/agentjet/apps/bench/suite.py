@@ -497,7 +497,7 @@ def run_bench(opts: BenchOptions, console: Console | None = None,
         _print_gate(console, record, results)
         if not runs:
             console.print(f"[yellow]no {mode} baseline runs for this record in {opts.baseline} and "
-                          f"{opts.history}: nothing compared (--set-baseline)[/yellow]")
+                          f"{opts.history}: nothing compared with a baseline (--set-baseline)[/yellow]")
         elif len(runs) < baseline.min_runs:
             console.print(f"[yellow]the {mode} baseline has {len(runs)} run(s); the rule asks for "
                           f"{baseline.min_runs} (--repeat {baseline.min_runs} --set-baseline): its spread is "
@@ -505,8 +505,8 @@ def run_bench(opts: BenchOptions, console: Console | None = None,
         regressions = [c for c in results if c.regressed]
         if regressions:
             failed += 1
-            console.print(f"[red]{len(regressions)} regression(s) beyond {baseline.sigmas:g} standard deviations of "
-                          f"the baseline:[/red] " + ", ".join(
+            console.print(f"[red]{len(regressions)} regression(s) (beyond {baseline.sigmas:g} standard deviations "
+                          f"of the baseline, or over an absolute bound):[/red] " + ", ".join(
                               f"{c.name} {'missing' if c.value is None else f'{c.value:.4g}'} (limit {c.limit:.4g})"
                               for c in regressions))
     if opts.report_dir is not None:
@@ -527,7 +527,8 @@ def _print_gate(console: Console, record: BenchRecord, results: list[GateResult]
         verdict = ("[red]REGRESSION[/red]" if c.regressed else "ok") if c else (
             "not gated" if m is not None and not m.gated else "")
         table.add_row(name, "missing" if m is None else f"{m.value:.4g}", m.unit if m else "",
-                      f"{c.mean:.3g}±{c.std:.2g} ({c.k})" if c else "", f"{c.limit:.4g}" if c else "", verdict)
+                      ("absolute bound" if c.k == 0 else f"{c.mean:.3g}±{c.std:.2g} ({c.k})") if c else "",
+                      f"{c.limit:.4g}" if c else "", verdict)
     console.print(table)
 
 
