@@ -48,7 +48,7 @@ def messages(i: int) -> list[dict[str, str]]:
 
 
 GENERATOR_COUNTERS = ("generate_batches", "decode_steps", "decode_rows", "graph_replays", "graph_captures",
-                      "cache_grows")
+                      "cache_grows", "admit_us", "decode_us")
 
 
 async def generator_counters(http: httpx.AsyncClient, token: str) -> dict[str, float]:
@@ -117,6 +117,16 @@ async def direct(engine: Any, formatter: Any, c: int, max_tokens: int, round_: i
     ends = sorted(t - t0 for _, t in done)
     return {"tokens": sum(n for n, _ in done), "seconds": elapsed, "first_reply_s": ends[0],
             "generator": delta({k: float(v) for k, v in engine.generator.counters().items()}, before)}
+
+
+def _per_step_ms(row: dict[str, Any]) -> float:
+    g = row["generator"]
+    return g["decode_us"] / 1e3 / max(g["decode_steps"], 1)
+
+
+def _busy(row: dict[str, Any]) -> float:
+    g = row["generator"]
+    return (g["admit_us"] + g["decode_us"]) / 1e6 / row["seconds"]
 
 
 def main() -> None:
@@ -191,7 +201,13 @@ def main() -> None:
             "server_prefills": statistics.median(r["generator"]["generate_batches"] for r in srv),
             "direct_prefills": statistics.median(r["generator"]["generate_batches"] for r in direct_rows),
             "server_decode_steps": statistics.median(r["generator"]["decode_steps"] for r in srv),
-            "direct_decode_steps": statistics.median(r["generator"]["decode_steps"] for r in direct_rows)}
+            "direct_decode_steps": statistics.median(r["generator"]["decode_steps"] for r in direct_rows),
+            # the engine thread's time per decode step (sampling and the host sync included), and its busy share
+            # of the wall time (admission + decode): a slower step, or time spent elsewhere
+            "server_ms_per_decode_step": statistics.median(_per_step_ms(r) for r in srv),
+            "direct_ms_per_decode_step": statistics.median(_per_step_ms(r) for r in direct_rows),
+            "server_busy_share": statistics.median(_busy(r) for r in srv),
+            "direct_busy_share": statistics.median(_busy(r) for r in direct_rows)}
     from rich.console import Console
     from rich.table import Table
 
@@ -200,13 +216,16 @@ def main() -> None:
                         f"({args.device}), {args.max_tokens} max tokens, {args.calls} call(s) per client, "
                         f"median of {args.repeats}")
     for col in ("clients (one episode each)", "server tok/s", "direct tok/s",
-                "server / direct", "prefills server / direct", "decode steps server / direct", "target"):
+                "server / direct", "prefills server / direct", "decode steps server / direct",
+                "ms per decode step server / direct", "engine thread busy server / direct", "target"):
         table.add_column(col, justify="right")
     for s in summary.values():
         table.add_row(str(s["concurrency"]), f"{s['server_tok_s']:.1f}",
                       f"{s['direct_tok_s']:.1f}", f"{s['ratio']:.2f}x",
                       f"{s['server_prefills']:.0f} / {s['direct_prefills']:.0f}",
                       f"{s['server_decode_steps']:.0f} / {s['direct_decode_steps']:.0f}",
+                      f"{s['server_ms_per_decode_step']:.2f} / {s['direct_ms_per_decode_step']:.2f}",
+                      f"{s['server_busy_share']:.0%} / {s['direct_busy_share']:.0%}",
                       ">= 0.9x" if s["concurrency"] >= 8 else "")
     Console().print(table)
     out = args.output or RESULTS / f"server_throughput_{device.type}_{args.model.replace('.', '')}.json"

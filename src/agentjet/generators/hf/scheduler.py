@@ -37,6 +37,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -122,7 +123,11 @@ class ContinuousScheduler:
         self.outbox = Outbox()
         self.stats = {"generate_batches": 0, "generate_requests": 0, "generated_tokens": 0, "decode_steps": 0,
                       "decode_rows": 0, "isolated_failures": 0, "requests": 0, "batches": 0,
-                      "mixed_adapter_steps": 0}  # decode steps whose rows used two adapters or more
+                      "mixed_adapter_steps": 0,  # decode steps whose rows used two adapters or more
+                      # wall time on the worker thread in admission (preparing and prefilling joiners) and in decode
+                      # steps (sampling and the host sync included): against a run's wall time, what is left is
+                      # time the thread spent elsewhere (idle, train jobs, waiting for the GIL)
+                      "admit_us": 0, "decode_us": 0}
         worker.attach(self)
 
     # ------------------------------------------------------------------ the event loop's side
@@ -155,11 +160,15 @@ class ContinuousScheduler:
         return head.arrived + self.wait_s - now  # an idle engine waits a little for a burst to gather
 
     def step(self) -> None:
+        start = time.perf_counter()
         try:
             self._drop_cancelled()
             self._admit()
+            admitted = time.perf_counter()
+            self.stats["admit_us"] += int((admitted - start) * 1e6)
             if any(r is not None for r in self.slots):
                 self._decode()
+                self.stats["decode_us"] += int((time.perf_counter() - admitted) * 1e6)
         finally:
             self.outbox.flush()
 
