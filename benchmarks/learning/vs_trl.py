@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,35 @@ EVAL_POINTS_MIN = (1, 2, 3, 4, 5, 7.5, 10, 12.5, 15, 17.5, 20, 25, 30)
 # The settings both sides share.
 SHARED = {"learning_rate": 2e-5, "num_generations": 8, "prompts_per_step": 4, "max_tokens": 10,
           "temperature": 0.7, "top_p": 1.0}
+
+
+# The plateau ablation (issue 38; docs/benchmarks.md, "The plateau ablation"): AgentJet arms that each change one
+# suspected cause of the late plateau, run with `--sides agentjet --arms ...`. "as-is" is the demo's behaviour.
+@dataclass(frozen=True)
+class Arm:
+    why: str
+    curriculum: bool = True
+    revisit: float | None = None  # the curriculum's chance to revisit a solved task (None: its default, 0.05)
+    config: dict[str, dict[str, Any]] = field(default_factory=dict)  # live settings set at the start
+    lr_end: float | None = None  # the learning rate decays linearly to this by the end of the budget
+
+
+ARMS: dict[str, Arm] = {
+    "as-is": Arm("the demo as it is: curriculum (solved tasks revisited 5 %), uniform groups skipped, constant "
+                 "learning rate, no KL"),
+    "revisit-0.3": Arm("solved tasks stay in the mix: the curriculum revisits them 30 % of the time", revisit=0.3),
+    "no-curriculum": Arm("no curriculum: the pool is cycled in order, solved or not", curriculum=False),
+    "keep-uniform": Arm("uniform groups are trained on (zero advantage: they only dilute the step)",
+                        config={"training": {"drop_uniform_groups": False}}),
+    "lr-decay": Arm("the learning rate decays linearly to a tenth by the end (set at each checkpoint pause)",
+                    lr_end=SHARED["learning_rate"] / 10),
+    "kl-0.05": Arm("a k3 KL penalty to the initial weights, coefficient 0.05", config={"loss": {"kl_coef": 0.05}}),
+}
+
+
+def side_label(side: str, arm: str) -> str:
+    """A run's label in the results: ``agentjet`` for the demo as it is, ``agentjet:<arm>`` for an ablation arm."""
+    return side if side != "agentjet" or arm == "as-is" else f"agentjet:{arm}"
 
 
 # Every GRPOConfig setting that differs from TRL 1.16's default, with the reason. Sources: the GRPOConfig and
@@ -127,7 +157,8 @@ def evaluate_checkpoint(path: str, tasks: list[dict[str, Any]]) -> float:
 
 
 # ---------------------------------------------------------------------------- AgentJet side
-def run_agentjet(model: str, seed: int, budget_s: float, points_s: list[float], ckpt_dir: Path) -> dict[str, Any]:
+def run_agentjet(model: str, seed: int, budget_s: float, points_s: list[float], ckpt_dir: Path,
+                 arm: str = "as-is") -> dict[str, Any]:
     import secrets
     import sqlite3
 
@@ -137,8 +168,10 @@ def run_agentjet(model: str, seed: int, budget_s: float, points_s: list[float], 
     from agentjet.client.scheduled import ScheduleSettings, run_scheduled
     from agentjet.protocol import SWARM_PREFIX
     from agentjet.runtime.launch import ServerProcess, free_port
-    from agentjet.schedule import Curriculum
+    from agentjet.schedule import Curriculum, CurriculumSettings
     from agentjet.tasks import addition
+
+    a = ARMS[arm]
 
     work = Path(tempfile.mkdtemp(prefix="vs-trl-aj-"))
     s = DemoSettings(model=model, out_dir=work, concurrency=32)
@@ -158,19 +191,28 @@ def run_agentjet(model: str, seed: int, budget_s: float, points_s: list[float], 
         async def main() -> Any:
             pool = train_pool(addition)
             async with SwarmClient(url, token=token, client_id="vs-trl") as client:
+                if a.config:
+                    await client.request("POST", f"{SWARM_PREFIX}/control/config", json=a.config)
+
                 async def checkpoint(train_s: float) -> None:
+                    if a.lr_end is not None:  # the rate for the stretch up to the next pause
+                        lr0 = SHARED["learning_rate"]
+                        lr = lr0 + (a.lr_end - lr0) * min(train_s / budget_s, 1.0)
+                        await client.request("POST", f"{SWARM_PREFIX}/control/config",
+                                             json={"learner": {"learning_rate": lr}})
                     r = await client.request("POST", f"{SWARM_PREFIX}/control/checkpoint")
                     dest = ckpt_dir / f"agentjet-{len(points):02d}"
                     await asyncio.to_thread(shutil.copytree, r["path"], dest,
                                             ignore=shutil.ignore_patterns("optimizer.pt"))
                     points.append({"train_s": train_s, "step": r["train_step"], "path": str(dest)})
 
+                cur = CurriculumSettings(**({"revisit": a.revisit} if a.revisit is not None else {}))
+                curriculum = Curriculum([str(t["task_id"]) for t in pool], cur, seed=seed) if a.curriculum else None
                 settings = ScheduleSettings(group_size=SHARED["num_generations"], concurrency=s.concurrency,
                                             time_budget_s=budget_s, eval_every_s=None, eval_at_s=tuple(points_s))
                 run = await run_scheduled(client, task_workflow(addition, sampling, model="demo"),
                                           task_workflow(addition, sampling, model="demo"),
-                                          pool, [], settings, curriculum=Curriculum([str(t["task_id"]) for t in pool],
-                                                                                    seed=seed),
+                                          pool, [], settings, curriculum=curriculum,
                                           at_pause=checkpoint)
                 st = await client.status()
                 return run, st
@@ -187,7 +229,7 @@ def run_agentjet(model: str, seed: int, budget_s: float, points_s: list[float], 
     return {"points": points, "train_s": run.train_seconds, "wall_s": wall, "steps": st.train_steps,
             "generated_tokens": st.throughput["generated_tokens"], "trained_tokens": trained,
             "episodes": run.train.episodes, "groups": run.groups, "uniform_groups": run.uniform_groups,
-            "stop_reason": run.stop_reason}
+            "stop_reason": run.stop_reason, "arm": arm, "arm_why": a.why}
 
 
 # ---------------------------------------------------------------------------- TRL side
@@ -256,9 +298,11 @@ def run_trl(model: str, seed: int, budget_s: float, points_s: list[float], ckpt_
 
 # ---------------------------------------------------------------------------- orchestration
 def _side_main(args: argparse.Namespace) -> None:
-    fn = run_agentjet if args.side == "agentjet" else run_trl
-    out = fn(args.model, args.seed, args.budget_s, [float(x) for x in args.points.split(",") if x],
-             Path(args.ckpt_dir))
+    points = [float(x) for x in args.points.split(",") if x]
+    if args.side == "agentjet":
+        out = run_agentjet(args.model, args.seed, args.budget_s, points, Path(args.ckpt_dir), args.arm)
+    else:
+        out = run_trl(args.model, args.seed, args.budget_s, points, Path(args.ckpt_dir))
     Path(args.out).write_text(json.dumps(out, indent=2, default=str))
 
 
@@ -287,9 +331,26 @@ def _time_to(run: dict[str, Any], target: float) -> float | None:
     return next((p.train_minutes for p in run_curve(run).points if p.reward >= target), None)
 
 
+LATE_FROM_MIN = 5.0  # "late": the checkpoints from this training minute on (issue 38)
+
+
+def late_figures(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Learning that holds, per run and averaged: the mean eval of the checkpoints from minute 5 on, and how far
+    the last one sits below the best of them (the pre-registered rule in docs/benchmarks.md reads these)."""
+    means, declines = [], []
+    for r in runs:
+        late = [p["eval"] for p in r["points"] if p["train_s"] / 60 >= LATE_FROM_MIN - 1e-9]
+        if late:
+            means.append(statistics.mean(late))
+            declines.append(max(late) - late[-1])
+    ok = len(means) == len(runs) and means
+    return {"late_mean_eval": statistics.mean(means) if ok else None, "late_mean_eval_by_seed": means,
+            "late_decline": statistics.mean(declines) if ok else None, "late_decline_by_seed": declines}
+
+
 def summarize(runs: list[dict[str, Any]], minutes: list[float]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for side in ("agentjet", "trl"):
+    for side in dict.fromkeys(r["side"] for r in runs):
         mine = [r for r in runs if r["side"] == side]
         if not mine:
             continue
@@ -306,6 +367,7 @@ def summarize(runs: list[dict[str, Any]], minutes: list[float]) -> dict[str, Any
             "steps_per_min": statistics.mean(r["steps"] / m for r, m in zip(mine, mins, strict=True)),
             "generated_tokens_per_min": statistics.mean(r["generated_tokens"] / m for r, m in zip(mine, mins, strict=True)),
             "trained_tokens_per_min": statistics.mean(r["trained_tokens"] / m for r, m in zip(mine, mins, strict=True)),
+            **late_figures(mine),
         }
     if "agentjet" in out and "trl" in out:
         a, t = out["agentjet"]["time_to_target_min"], out["trl"]["time_to_target_min"]
@@ -316,11 +378,15 @@ def summarize(runs: list[dict[str, Any]], minutes: list[float]) -> dict[str, Any
 def plot(runs: list[dict[str, Any]], base: float, path: Path, title: str) -> None:
     from agentjet.observe.curveplot import Line, Panel, plot_curves
 
+    sides = list(dict.fromkeys(r["side"] for r in runs))
+    palette = ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:gray"]
     colors = {"agentjet": "tab:blue", "trl": "tab:orange"}
-    lines = [Line(run_curve(r, base), label=f"{'AgentJet' if r['side'] == 'agentjet' else 'TRL GRPOTrainer'} "
-                                            f"seed {r['seed']}",
+    for side in sides:
+        colors.setdefault(side, next(c for c in palette if c not in colors.values()))
+    names = {"agentjet": "AgentJet", "trl": "TRL GRPOTrainer"}
+    lines = [Line(run_curve(r, base), label=f"{names.get(r['side'], r['side'])} seed {r['seed']}",
                   style={"marker": "o", "color": colors[r["side"]], "alpha": 0.8,
-                         "linestyle": "-" if r["seed"] == 0 else "--"}) for r in runs]
+                         "linestyle": ["-", "--", ":", "-."][r["seed"] % 4]}) for r in runs]
     plot_curves(Panel(lines, x="train_minutes", target=TARGET, target_label=f"target {TARGET}",
                       xlabel="training wall-clock minutes (checkpoint saves excluded)",
                       ylabel="held-out eval reward (44 episodes, T=0.7)", ylim=(0, 1.02), legend_fontsize=8),
@@ -333,18 +399,23 @@ def save(args: argparse.Namespace, runs: list[dict[str, Any]], minutes: list[flo
     summary = summarize(runs, [m for m in (5, 10, 20) if m <= args.budget_min] or minutes)
     commit = os.environ.get("AGENTJET_COMMIT") or subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
                                                                    text=True, cwd=ROOT).stdout.strip()
+    import importlib.metadata
+
     import torch
     import transformers
-    import trl
 
+    with_trl = "trl" in args.sides  # an AgentJet-only run (the plateau ablation) needs no TRL installed
+    versions = {"torch": torch.__version__, "transformers": transformers.__version__}
+    if with_trl:
+        versions["trl"] = importlib.metadata.version("trl")
     result = {"machine": platform.machine(), "cpus": os.cpu_count(), "device": "cpu", "commit": commit,
-              "torch_threads": torch.get_num_threads(), "versions": {"torch": torch.__version__,
-              "transformers": transformers.__version__, "trl": trl.__version__},
+              "torch_threads": torch.get_num_threads(), "versions": versions,
               "model": args.model, "budget_min": args.budget_min, "seeds": args.seeds, "eval_n": args.eval_n,
               "eval_points_min": minutes, "base_eval": base, "target": TARGET, "shared": SHARED,
               "trl_overrides": {k: {"value": v, "reason": why} for k, (v, why) in TRL_OVERRIDES.items()},
-              "trl_config": trl_full_config(trl_config(tempfile.mkdtemp(prefix="vs-trl-cfg-"), 0)),
-              "runs": runs, "summary": summary, "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+              "trl_config": trl_full_config(trl_config(tempfile.mkdtemp(prefix="vs-trl-cfg-"), 0)) if with_trl else None,
+              "arms": {a: ARMS[a].why for a in args.arms} if "agentjet" in args.sides else {},
+              "late_from_min": LATE_FROM_MIN, "runs": runs, "summary": summary, "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     plot(runs, base, args.out.with_suffix(".png"), f"{args.model} on addition: AgentJet vs TRL GRPOTrainer (CPU)")
     result["complete"] = complete
@@ -357,6 +428,8 @@ def main() -> None:
     p.add_argument("--budget-min", type=float, default=20)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     p.add_argument("--sides", nargs="+", default=["agentjet", "trl"], choices=["agentjet", "trl"])
+    p.add_argument("--arms", nargs="+", default=["as-is"], choices=list(ARMS),
+                   help="AgentJet arms of the plateau ablation (each run for every seed; as-is: the demo)")
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--eval-n", type=int, default=44)
     p.add_argument("--quick", action="store_true", help="tiny model, 40 s budget, 4 eval tasks: plumbing only")
@@ -364,6 +437,7 @@ def main() -> None:
     # one side (internal: the orchestrator runs each side in a subprocess)
     p.add_argument("--side", choices=["agentjet", "trl"], help=argparse.SUPPRESS)
     p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--arm", default="as-is", choices=list(ARMS), help=argparse.SUPPRESS)
     p.add_argument("--budget-s", type=float, default=0, help=argparse.SUPPRESS)
     p.add_argument("--points", default="", help=argparse.SUPPRESS)
     p.add_argument("--ckpt-dir", default="", help=argparse.SUPPRESS)
@@ -389,40 +463,42 @@ def main() -> None:
     print(f"base model: held-out eval {base:.3f} ({args.eval_n} episodes)", flush=True)
     runs: list[dict[str, Any]] = []
     for seed in args.seeds:
-        for side in args.sides:
+        for side, arm in [(s, a) for s in args.sides for a in (args.arms if s == "agentjet" else ["as-is"])]:
+            label = side_label(side, arm)
             ckpt = Path(tempfile.mkdtemp(prefix=f"vs-trl-{side}-{seed}-"))
             side_out = ckpt / "side.json"
-            cmd = [sys.executable, __file__, "--side", side, "--seed", str(seed), "--model", model,
+            cmd = [sys.executable, __file__, "--side", side, "--arm", arm, "--seed", str(seed), "--model", model,
                    "--budget-s", str(args.budget_min * 60), "--points", ",".join(str(m * 60) for m in minutes),
                    "--ckpt-dir", str(ckpt), "--side-out", str(side_out)]
-            print(f"== {side}, seed {seed}: {args.budget_min:g} min of training ...", flush=True)
+            print(f"== {label}, seed {seed}: {args.budget_min:g} min of training ...", flush=True)
             t0 = time.monotonic()
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.budget_min * 60 + 900)
             if proc.returncode != 0:
                 print(proc.stdout[-3000:], proc.stderr[-5000:])
-                raise SystemExit(f"{side} seed {seed} failed (exit {proc.returncode})")
+                raise SystemExit(f"{label} seed {seed} failed (exit {proc.returncode})")
             r = json.loads(side_out.read_text())
             for i, pt in enumerate(r["points"]):
                 pt["target_min"] = minutes[i] if i < len(minutes) else None
                 pt["eval"] = evaluate_checkpoint(pt.pop("path"), eval_tasks)
                 print(f"   {pt['train_s'] / 60:5.2f} min  step {pt['step']:3d}  eval {pt['eval']:.3f}", flush=True)
             shutil.rmtree(ckpt, ignore_errors=True)
-            r.update(side=side, seed=seed, process_wall_s=time.monotonic() - t0)
+            r.update(side=label, seed=seed, process_wall_s=time.monotonic() - t0)
             runs.append(r)
             print(f"   {r['steps']} steps, {r['generated_tokens']} tokens generated, {r['trained_tokens']} trained",
                   flush=True)
             save(args, runs, minutes, base, complete=False)
     summary = save(args, runs, minutes, base, complete=True)
-    cols = next(iter(summary[s]["eval_at_min"] for s in ("agentjet", "trl") if s in summary))
+    labels = list(dict.fromkeys(r["side"] for r in runs))
+    cols = summary[labels[0]]["eval_at_min"]
     print("\n| | " + " | ".join(f"eval @ {float(m):g} min" for m in cols)
-          + f" | min to {TARGET} | steps/min | gen tok/min | trained tok/min |")
-    for side in ("agentjet", "trl"):
-        if side not in summary:
-            continue
+          + f" | min to {TARGET} | late mean eval | late decline | steps/min | gen tok/min | trained tok/min |")
+    for side in labels:
         sm = summary[side]
+        late = "-" if sm["late_mean_eval"] is None else f"{sm['late_mean_eval']:.3f} | {sm['late_decline']:.3f}"
         evals = " | ".join(f"{v:.3f}" if v is not None else "-" for k, v in sm["eval_at_min"].items())
         ttt = f"{sm['time_to_target_min']:.2f}" if sm["time_to_target_min"] is not None else "not reached"
-        print(f"| {side} | {evals} | {ttt} | {sm['steps_per_min']:.2f} | {sm['generated_tokens_per_min']:.0f} | "
+        late = late if sm["late_mean_eval"] is not None else "- | -"
+        print(f"| {side} | {evals} | {ttt} | {late} | {sm['steps_per_min']:.2f} | {sm['generated_tokens_per_min']:.0f} | "
               f"{sm['trained_tokens_per_min']:.0f} |")
     print(f"saved {args.out} and {args.out.with_suffix('.png')}")
 
