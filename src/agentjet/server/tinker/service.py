@@ -28,6 +28,7 @@ from agentjet.learners.tinker_ops import (
     prompt_logprobs,
     save_adapter_state,
 )
+from agentjet.protocol import TinkerClientStatus, TinkerStatus
 from agentjet.runtime.clock import Clock
 from agentjet.server.training.lanes import AdapterSet
 
@@ -70,8 +71,9 @@ class TinkerModel:
     base_model: str
     next_seq: int | None = None  # the seq_id the next request must carry (None: the first sets it)
     turn: asyncio.Condition = field(default_factory=asyncio.Condition)
-    steps: int = 0
-    last_loss: float | None = None
+    steps: int = 0  # optim_step calls done
+    forward_backward_calls: int = 0
+    last_loss: float | None = None  # the latest forward_backward's loss (a sum over tokens)
 
 
 @dataclass
@@ -170,6 +172,17 @@ class TinkerService:
             log.info("tinker session %s expired", sid)
         return gone
 
+    def status(self) -> TinkerStatus:
+        """Sessions and training clients, for the run's snapshot (the status, the dashboard, Prometheus). It may
+        run in a worker thread: the dicts the event loop changes are copied in one call before they are read."""
+        models = list(self.models.values())
+        return TinkerStatus(
+            sessions=len(self.sessions), sampling_clients=len(self.samplers),
+            training_clients={m.model_id: TinkerClientStatus(
+                session_id=m.session_id, rank=m.rank, steps=m.steps, forward_backward_calls=m.forward_backward_calls,
+                last_loss=m.last_loss if m.last_loss is not None and math.isfinite(m.last_loss) else None)
+                for m in models})
+
     # ------------------------------------------------------------------ models
     async def create_model(self, session_id: str, base_model: str, rank: int | None,
                            flags: dict[str, bool]) -> TinkerModel:
@@ -215,6 +228,7 @@ class TinkerService:
         check_batch(data, loss_fn, int(learner.policy.causal_lm.get_output_embeddings().weight.shape[0]))
         result = await learner.worker.run(forward_backward, learner, data, loss_fn, config, backward)
         if backward:
+            model.forward_backward_calls += 1
             model.last_loss = result.loss_sum
         return result
 
