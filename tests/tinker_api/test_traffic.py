@@ -39,7 +39,7 @@ def swarm_chat(url: str, n: int, errors: list[BaseException]) -> list[threading.
 
 def test_a_stop_string_ends_a_sample_with_stop(service_client) -> None:
     tc = service_client().create_lora_training_client(base_model="tiny", rank=4).result()
-    sc = tc.save_weights_and_get_sampling_client()
+    sc = tc.save_weights_and_get_sampling_client().result()
     tok = tc.get_tokenizer()
     a = sc.sample(PROMPT, 1, types.SamplingParams(max_tokens=12, temperature=1.0, seed=5)).result().sequences[0]
     assert a.stop_reason == "length"
@@ -56,7 +56,7 @@ def test_a_seed_reproduces_a_sample_under_concurrent_swarm_traffic(tinker_server
     srv = tinker_server(training={"admission": False})  # six episodes open at once
     tc = tinker.ServiceClient(base_url=srv.url, api_key="tml-test-key-0123456789").create_lora_training_client(
         base_model="tiny", rank=4).result()
-    sc = tc.save_weights_and_get_sampling_client()
+    sc = tc.save_weights_and_get_sampling_client().result()
     params = types.SamplingParams(max_tokens=16, temperature=1.0, top_p=0.95, seed=21)
     alone = sc.sample(PROMPT, 2, params).result().sequences
     errors: list[BaseException] = []

@@ -21,6 +21,7 @@ from agentjet.learners.tinker_ops import (
     FwdBwdResult,
     TinkerDatum,
     check_batch,
+    checkpoint_rank,
     copy_adapter,
     forward_backward,
     load_adapter_state,
@@ -109,6 +110,7 @@ BASE_ADAPTER = "tinker-base"  # a rank-1 adapter at zero: the base's outputs, fo
 class Future:
     request_id: str
     model_id: str | None
+    seq_id: int | None = None  # its place in its model's order (None: runs at once)
     done: asyncio.Event = field(default_factory=asyncio.Event)
     result: Any = None  # a JSON-able dict, or protobuf bytes
     error: TinkerError | None = None
@@ -251,7 +253,7 @@ class TinkerService:
         snap = f"snap-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
         await adapters.add(snap, model.rank)
         await learner.worker.run(copy_adapter, learner, model.adapter, snap)
-        path = f"tinker://{model.model_id}/sampler_weights/{name}" if name else None
+        path = f"tinker://{model.adapter}/sampler_weights/{name}" if name else None
         sampler = Sampler(f"sampler-{snap}", snap, model.base_model, path, model.model_id)
         self.samplers[sampler.sampler_id] = sampler
         if path is not None:
@@ -333,7 +335,7 @@ class TinkerService:
         if not _NAME.match(name):
             raise TinkerError("a checkpoint name is letters, digits, _ . and - (at most 100)")
         learner = self.learner(model)
-        path = f"tinker://{model.model_id}/weights/{name}"
+        path = f"tinker://{model.adapter}/weights/{name}"  # the adapter's name: a path segment (a model id may not be)
         await learner.worker.run(save_adapter_state, learner, self._state_file(path))
         return {"type": "save_weights", "path": path}
 
@@ -344,6 +346,33 @@ class TinkerService:
         learner = self.learner(model)
         await learner.worker.run(load_adapter_state, learner, file, optimizer)
         return {"type": "load_weights", "path": path, "model_id": model.model_id}
+
+    async def create_from_state(self, session_id: str, model_seq_id: int, path: str, optimizer: bool,
+                                base_model: str | None) -> TinkerModel:
+        """``create_training_client_from_state[_with_optimizer]``: a new training client of the saved state's rank,
+        loaded from it. Its model id is the one the SDK derives, ``<session id>:train:<model_seq_id>``."""
+        session = self.session(session_id)
+        if base_model is not None and base_model not in (self.served_name, self.model_path):
+            raise TinkerError(f"base model {base_model!r} is not served here: this server serves "
+                              f"{self.served_name!r}")
+        file = self._state_file(path)
+        if not file.is_file():
+            raise TinkerError(f"no checkpoint at {path!r}", 404)
+        adapters = self._need_adapters()
+        mid = f"{session_id}:train:{model_seq_id}"
+        if mid in self.models:
+            raise TinkerError(f"model {mid!r} exists already (model_seq_id {model_seq_id} is taken)", 409)
+        rank = await asyncio.to_thread(checkpoint_rank, file)
+        adapter = f"tinker-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
+        await adapters.add(adapter, rank)
+        model = self.models[mid] = TinkerModel(mid, session_id, adapter, rank, self.served_name)
+        session.models.append(mid)
+        try:
+            await self.load_state(model, path, optimizer)
+        except BaseException:
+            await self._drop_model(mid)
+            raise
+        return model
 
     async def _drop_model(self, model_id: str) -> None:
         m = self.models.pop(model_id, None)
@@ -360,7 +389,7 @@ class TinkerService:
         """Run ``work`` in the background (in ``seq_id`` order within its model) and return the request id the
         SDK polls with ``retrieve_future``."""
         rid = f"req-{uuid.uuid4().hex}"
-        fut = self.futures[rid] = Future(rid, model_id)
+        fut = self.futures[rid] = Future(rid, model_id, seq_id)
         self._spawn(self._run(fut, work, seq_id))
         return rid
 
@@ -403,6 +432,12 @@ class TinkerService:
             if not fut.done.is_set():
                 return None
         return fut
+
+    def waiting_turn(self, fut: Future) -> bool:
+        """The future waits for its turn: its seq_id is ahead of its model's next one (it runs once that comes)."""
+        model = self.models.get(fut.model_id) if fut.model_id else None
+        return (not fut.done.is_set() and model is not None and fut.seq_id is not None
+                and model.next_seq is not None and fut.seq_id > model.next_seq)
 
     def forget(self, request_id: str) -> None:
         self.futures.pop(request_id, None)
