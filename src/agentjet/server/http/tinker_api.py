@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from dataclasses import replace
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -357,6 +358,13 @@ async def asample(request: Request) -> Response:
         n = _int(body, "num_samples", 1) or 1
         if not 1 <= n <= 128:
             raise TinkerError("num_samples must be in 1..128")
+        topk = _int(body, "topk_sample_logprobs", 0) or 0
+        if not 0 <= topk <= 20:
+            raise TinkerError("topk_sample_logprobs must be in 0..20")
+        if _int(body, "topk_prompt_logprobs", 0):
+            raise TinkerError("topk_prompt_logprobs is not supported here (prompt_logprobs and topk_sample_logprobs "
+                              "are)")
+        params = replace(params, top_logprobs=topk)
         want_plp = bool(body.get("prompt_logprobs"))
         last_n = _int(body, "prompt_logprobs_last_n")
         if last_n is not None and last_n < 0:

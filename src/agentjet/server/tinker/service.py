@@ -93,6 +93,7 @@ class SampledSequence:
     tokens: list[int]
     logprobs: list[float]
     stop: bool
+    topk: list[list[tuple[int, float]]] | None = None  # per sampled token, the k likeliest (topk_sample_logprobs)
 
 
 @dataclass
@@ -321,8 +322,10 @@ class TinkerService:
             plp = [math.nan, *await learner.worker.run(prompt_logprobs, learner, prompt)]
             if last_n is not None:
                 plp = [math.nan if i < len(plp) - last_n else x for i, x in enumerate(plp)]
-        return SampleResult([SampledSequence(list(r.token_ids), list(r.logprobs),
-                                             r.finish_reason is FinishReason.STOP) for r in results], plp)
+        return SampleResult([SampledSequence(
+            list(r.token_ids), list(r.logprobs), r.finish_reason is FinishReason.STOP,
+            [list(top) for top in r.top_logprobs] if params.top_logprobs and r.top_logprobs is not None else None)
+            for r in results], plp)
 
     # ------------------------------------------------------------------ checkpoints
     def _state_file(self, path: str) -> Path:
