@@ -83,10 +83,7 @@ class TinkerSide:
 def run_round(side: str, chat: ChatSide, tk: TinkerSide, seeds: list[int], pool: ThreadPoolExecutor
               ) -> dict[str, Any]:
     t0 = time.perf_counter()
-    if side == "chat":
-        got = list(pool.map(chat.one, range(len(seeds)), seeds))
-    else:
-        got = tk.many(seeds)
+    got = list(pool.map(chat.one, range(len(seeds)), seeds)) if side == "chat" else tk.many(seeds)
     wall = time.perf_counter() - t0
     tokens = sum(c for _, c in got)
     return {"side": side, "wall_s": wall, "tokens": tokens, "tokens_per_s": tokens / wall,
