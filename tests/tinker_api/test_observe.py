@@ -54,3 +54,35 @@ def test_without_a_key_there_are_no_tinker_figures(make_server) -> None:
     status = httpx.get(f"{srv.url}/swarm/v1/status", headers={"Authorization": f"Bearer {ADMIN}"}).json()
     assert status["tinker"] is None
     assert "agentjet_tinker_" not in httpx.get(f"{srv.url}/metrics", headers={"Authorization": f"Bearer {READ}"}).text
+
+
+@pytest.mark.browser
+def test_the_run_page_shows_a_table_of_tinker_clients(tinker_server, service_client) -> None:
+    from tests.observe.browser import CHROMIUM_ARGS, chromium_path, skip_reason
+
+    if skip_reason() is not None:
+        pytest.skip(skip_reason() or "")
+    from playwright.sync_api import sync_playwright
+
+    srv = tinker_server(admin_token=ADMIN, observe=ObserveSettings(read_token=READ))
+    tc = service_client(srv).create_lora_training_client(base_model="tiny", rank=4).result()
+    data = [types.Datum(model_input=types.ModelInput.from_ints([1, 5, 9]),
+                        loss_fn_inputs={"target_tokens": [5, 9, 13], "weights": [1.0] * 3})]
+    tc.forward_backward(data, "cross_entropy").result()
+    tc.optim_step(types.AdamParams(learning_rate=1e-3)).result()
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_context().new_page()
+            page.goto(srv.url + "/dashboard/run")
+            page.fill("#token", READ)
+            page.click("button[type=submit]")
+            page.wait_for_url(lambda u: u.endswith("/dashboard/run"))
+            table = page.locator("#tinker")
+            table.locator("td", has_text=tc.model_id).wait_for(timeout=15000)
+            text = table.inner_text()
+            assert "1 sessions, 1 training clients" in text and "Tinker training client" in text
+            row = table.locator("tr", has_text=tc.model_id).locator("td").all_inner_texts()
+            assert row[2:5] == ["4", "1", "1"]  # rank, steps, forward_backward calls
+        finally:
+            browser.close()
