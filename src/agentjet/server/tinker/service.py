@@ -386,6 +386,10 @@ class TinkerService:
                 await self.adapters.remove(m.adapter)
             except Exception:  # noqa: BLE001 - freeing is best effort; the session is gone either way
                 log.exception("freeing tinker adapter %s", m.adapter)
+        if m is not None:  # requests waiting for a seq_id that will never come now run, and fail: no adapter
+            async with m.turn:
+                m.next_seq = None
+                m.turn.notify_all()
 
     # ------------------------------------------------------------------ futures
     def submit(self, model_id: str | None, work: Callable[[], Awaitable[Any]], seq_id: int | None = None) -> str:
