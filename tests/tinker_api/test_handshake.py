@@ -114,3 +114,11 @@ def test_calls_not_served_get_a_404_naming_them(tinker_server, method: str, rout
     r = httpx.request(method, f"{srv.url}/api/v1/{route}", headers={"X-API-Key": KEY}, json={})
     assert r.status_code == 404 and "not served" in r.json()["error"] and names in r.json()["error"], r.text
     assert httpx.request(method, f"{srv.url}/api/v1/{route}", json={}).status_code == 401  # the key first
+
+
+def test_a_served_route_with_the_wrong_method_is_a_405_naming_the_method(tinker_server) -> None:
+    srv = tinker_server()
+    r = httpx.get(f"{srv.url}/api/v1/create_session", headers={"X-API-Key": KEY})
+    assert r.status_code == 405 and "takes POST" in r.json()["error"], r.text
+    r = httpx.post(f"{srv.url}/api/v1/samplers/x", headers={"X-API-Key": KEY})
+    assert r.status_code == 405 and "takes GET" in r.json()["error"], r.text

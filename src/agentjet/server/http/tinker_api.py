@@ -14,6 +14,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 
 from agentjet.engines.base import SamplingParams
 from agentjet.server.swarm import SwarmServer
@@ -450,6 +451,10 @@ async def not_served(rest: str, request: Request) -> Response:
     service = _service(request)
     if isinstance(service, JSONResponse):
         return service
+    allowed = sorted({m for r in router.routes if isinstance(r, APIRoute) and r.path_regex.match(request.url.path)
+                      and r.endpoint is not not_served for m in r.methods})
+    if allowed:
+        return _error(405, f"{request.method} /api/v1/{rest}: this route takes {', '.join(allowed)}")
     why = NOT_SERVED.get(rest.split("/", 1)[0], "this server does not serve it")
     return _error(404, f"{request.method} /api/v1/{rest} is not served by AgentJet's Tinker API: {why} "
                        "(see docs/tinker.md)")
