@@ -452,7 +452,7 @@ async def not_served(rest: str, request: Request) -> Response:
     if isinstance(service, JSONResponse):
         return service
     allowed = sorted({m for r in router.routes if isinstance(r, APIRoute) and r.path_regex.match(request.url.path)
-                      and r.endpoint is not not_served for m in r.methods})
+                      and r.endpoint is not not_served for m in (r.methods or ())})
     if allowed:
         return _error(405, f"{request.method} /api/v1/{rest}: this route takes {', '.join(allowed)}")
     why = NOT_SERVED.get(rest.split("/", 1)[0], "this server does not serve it")
