@@ -160,6 +160,25 @@ class AdapterStatus(_Reply):
     training_halted: str | None = None
 
 
+class TinkerClientStatus(_Reply):
+    """One Tinker training client (``docs/tinker.md``): its own LoRA adapter on the served base."""
+
+    session_id: str
+    rank: int
+    steps: int = Field(description="optim_step calls done")
+    forward_backward_calls: int = 0
+    last_loss: float | None = Field(None, description="the loss (a sum over tokens) of its latest forward_backward")
+
+
+class TinkerStatus(_Reply):
+    """The Tinker training API's clients, on a server started with ``--tinker-key``."""
+
+    sessions: int = Field(description="open SDK sessions (each holds a lease renewed by its heartbeat)")
+    sampling_clients: int = Field(description="sampling sessions held (snapshots and the base)")
+    training_clients: dict[str, TinkerClientStatus] = Field(default_factory=dict, description="by model id (its "
+                                                            "adapter's name)")
+
+
 class ServerStatus(_Reply):
     model: str
     engine: str
@@ -190,6 +209,8 @@ class ServerStatus(_Reply):
     adapters: dict[str, AdapterStatus] = Field(default_factory=dict, description="per LoRA adapter, on a server "
                                                "that hosts several (train_steps above is their sum, policy_version "
                                                "the oldest of theirs); empty with one policy")
+    tinker: TinkerStatus | None = Field(None, description="the Tinker API's sessions and training clients; null "
+                                        "when it is off (no --tinker-key)")
 
 
 class ConfigChange(_Request):

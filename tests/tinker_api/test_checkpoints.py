@@ -51,3 +51,24 @@ def test_load_state_after_a_restart_gives_back_weights_and_optimizer_state(tinke
     with pytest.raises(t.RequestFailedError, match="rank"):
         client2.create_lora_training_client(base_model="tiny", rank=8).result().load_state(path).result()
     assert np.isfinite(seq_logprob(tc3, TOKENS))
+
+
+def test_create_training_client_from_state_with_and_without_the_optimizer(service_client) -> None:
+    client = service_client()
+    tc = client.create_lora_training_client(base_model="tiny", rank=3).result()
+    step(tc)
+    path = tc.save_state("s1").result().path
+    saved = seq_logprob(tc, TOKENS)
+    step(tc)
+    reference = seq_logprob(tc, TOKENS)  # a second step from the saved state, optimizer state included
+
+    with_opt = client.create_training_client_from_state_with_optimizer(path).result()
+    assert with_opt.get_info().lora_rank == 3 and with_opt.model_id != tc.model_id
+    assert seq_logprob(with_opt, TOKENS) == pytest.approx(saved, abs=1e-5)
+    step(with_opt)
+    assert seq_logprob(with_opt, TOKENS) == pytest.approx(reference, abs=1e-4)
+
+    weights_only = client.create_training_client_from_state(path).result()
+    assert seq_logprob(weights_only, TOKENS) == pytest.approx(saved, abs=1e-5)
+    with pytest.raises(Exception, match="no checkpoint"):
+        client.create_training_client_from_state(path.replace("s1", "nope")).result()

@@ -102,3 +102,23 @@ def test_a_5_mb_forward_backward_chunk_fits_the_body_limit(tinker_server) -> Non
     r = httpx.post(srv.url + "/api/v1/forward_backward", content=body, timeout=60,
                    headers={"X-API-Key": KEY, "Content-Type": "application/x-protobuf"})
     assert r.status_code == 404 and "nope" in r.text  # read whole and parsed: not a 413
+
+
+@pytest.mark.parametrize("method,route,names", [
+    ("POST", "retrieve_futures", "retrieve_future"), ("POST", "join_sampling_session", "join_sampling_session"),
+    ("GET", "training_runs", "training runs"), ("GET", "training_runs/x/checkpoints", "checkpoints"),
+    ("POST", "weights_info", "weights_info"), ("POST", "cancel_future", "cancelled"),
+    ("POST", "no_such_call", "no_such_call")])
+def test_calls_not_served_get_a_404_naming_them(tinker_server, method: str, route: str, names: str) -> None:
+    srv = tinker_server()
+    r = httpx.request(method, f"{srv.url}/api/v1/{route}", headers={"X-API-Key": KEY}, json={})
+    assert r.status_code == 404 and "not served" in r.json()["error"] and names in r.json()["error"], r.text
+    assert httpx.request(method, f"{srv.url}/api/v1/{route}", json={}).status_code == 401  # the key first
+
+
+def test_a_served_route_with_the_wrong_method_is_a_405_naming_the_method(tinker_server) -> None:
+    srv = tinker_server()
+    r = httpx.get(f"{srv.url}/api/v1/create_session", headers={"X-API-Key": KEY})
+    assert r.status_code == 405 and "takes POST" in r.json()["error"], r.text
+    r = httpx.post(f"{srv.url}/api/v1/samplers/x", headers={"X-API-Key": KEY})
+    assert r.status_code == 405 and "takes GET" in r.json()["error"], r.text

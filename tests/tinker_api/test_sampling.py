@@ -77,3 +77,20 @@ def test_named_sampler_path_and_base_model_sampling(training_client) -> None:
     with pytest.raises(Exception, match="unknown sampler path"):
         client.create_sampling_client(model_path="tinker://nope/sampler_weights/x").sample(
             PROMPT, 1, types.SamplingParams(max_tokens=3)).result()
+
+
+def test_topk_sample_logprobs_and_a_clear_refusal_of_topk_prompt_logprobs(training_client) -> None:
+    _, tc = training_client
+    sc = tc.save_weights_and_get_sampling_client().result()
+    params = types.SamplingParams(max_tokens=5, temperature=1.0, seed=4)
+    plain = sc.sample(PROMPT, 1, params).result().sequences[0]
+    seq = sc.sample(PROMPT, 1, params, topk_sample_logprobs=3).result().sequences[0]
+    assert seq.tokens == plain.tokens and plain.topk_logprobs is None
+    assert seq.topk_logprobs is not None and len(seq.topk_logprobs) == len(seq.tokens)
+    for row, tok, lp in zip(seq.topk_logprobs, seq.tokens, seq.logprobs, strict=True):
+        assert row is not None and len(row) == 3
+        lps = [x for _, x in row]
+        assert lps == sorted(lps, reverse=True) and lp <= lps[0] + 1e-4
+        assert tok not in [t for t, _ in row] or dict(row)[tok] == pytest.approx(lp, abs=1e-3)
+    with pytest.raises(Exception, match="topk_prompt_logprobs is not supported"):
+        sc.sample(PROMPT, 1, params, topk_prompt_logprobs=2).result()

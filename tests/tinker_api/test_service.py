@@ -104,3 +104,22 @@ def test_failed_futures_carry_an_error_and_a_category(tmp_path: Path) -> None:
         assert f2 is not None and f2.error is not None and f2.error.category == "server"
 
     asyncio.run(go())
+
+
+def test_requests_waiting_for_a_seq_id_that_never_comes_fail_when_the_session_ends(tmp_path: Path) -> None:
+    async def go() -> None:
+        clock, adapters = FakeClock(), FakeAdapters()
+        s = service(tmp_path, clock, adapters)
+        a = s.create_session([])
+        model = await s.create_model(a.session_id, "tiny", 4, {})
+        first = s.submit(model.model_id, lambda: asyncio.sleep(0, {"ok": 1}), seq_id=1)
+        ahead = s.submit(model.model_id, lambda: s.optim_step(model, {}), seq_id=10**6)  # a bad seq_id
+        done = await s.retrieve(first, wait_s=1)
+        assert done is not None and done.result == {"ok": 1}
+        assert await s.retrieve(ahead, wait_s=5) is None and s.waiting_turn(s.futures[ahead])
+        await s.finish(a.session_id)
+        fut = await s.retrieve(ahead, wait_s=5)
+        assert fut is not None and fut.error is not None and fut.error.category == "user"
+        assert "no adapter" in fut.error.message
+
+    asyncio.run(go())

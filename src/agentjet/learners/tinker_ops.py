@@ -200,6 +200,15 @@ def save_adapter_state(learner: InProcessLearner, path: Path) -> None:
         torch.save(state, tmp)
 
 
+def checkpoint_rank(path: Path) -> int:
+    """The LoRA rank of a saved state (``save_adapter_state``): its first LoRA tensor's smaller side (A is r x in,
+    B is out x r)."""
+    params = torch.load(path, map_location="cpu", weights_only=False)["params"]
+    if not params:
+        raise ValueError(f"the checkpoint {path.name} holds no LoRA weights")
+    return int(min(params[0].shape))
+
+
 def load_adapter_state(learner: InProcessLearner, path: Path, optimizer: bool) -> None:
     """On the worker thread: the adapter's weights (and with ``optimizer`` its optimizer state) from ``path``."""
     state = torch.load(path, map_location="cpu", weights_only=False)

@@ -186,6 +186,7 @@ class SnapshotCollector(Collector):
             tracking.add_metric([what], n)
         yield tracking
         yield from _adapter_metrics(s)
+        yield from _tinker_metrics(s)
 
 
 def _adapter_metrics(s: RunSnapshot) -> Iterator[Metric]:
@@ -207,6 +208,31 @@ def _adapter_metrics(s: RunSnapshot) -> Iterator[Metric]:
         for field, family in families.items():
             family.add_metric([name], getattr(adapter, field))
     yield from families.values()
+
+
+def _tinker_metrics(s: RunSnapshot) -> Iterator[Metric]:
+    """The Tinker API's clients (a server with ``--tinker-key``): sessions, and per training client (labelled
+    ``model_id``, its adapter's name) its steps and latest loss."""
+    if s.tinker is None:
+        return
+    t = s.tinker
+    yield GaugeMetricFamily("agentjet_tinker_sessions", "open Tinker SDK sessions", value=t.sessions)
+    yield GaugeMetricFamily("agentjet_tinker_training_clients", "Tinker training clients (each a LoRA adapter)",
+                            value=len(t.training_clients))
+    yield GaugeMetricFamily("agentjet_tinker_sampling_clients", "Tinker sampling sessions held",
+                            value=t.sampling_clients)
+    steps = CounterMetricFamily("agentjet_tinker_optim_steps", "a Tinker training client's optim_step calls",
+                                labels=["model_id"])
+    fwdbwd = CounterMetricFamily("agentjet_tinker_forward_backward", "a Tinker training client's forward_backward "
+                                 "calls", labels=["model_id"])
+    loss = GaugeMetricFamily("agentjet_tinker_last_loss", "a Tinker training client's latest forward_backward loss "
+                             "(a sum over tokens)", labels=["model_id"])
+    for model_id, c in sorted(t.training_clients.items()):
+        steps.add_metric([model_id], c.steps)
+        fwdbwd.add_metric([model_id], c.forward_backward_calls)
+        if c.last_loss is not None:
+            loss.add_metric([model_id], c.last_loss)
+    yield from (steps, fwdbwd, loss)
 
 
 class MetricsHub:

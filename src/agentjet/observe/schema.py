@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
-from agentjet.protocol import AdapterStatus
+from agentjet.protocol import AdapterStatus, TinkerStatus
 
 
 class DropReason(enum.StrEnum):
@@ -58,6 +58,7 @@ class RunSnapshot(BaseModel):
     training_halted: str | None = None
     adapters: dict[str, AdapterStatus] = Field(default_factory=dict)  # per LoRA adapter (a server with several)
     generator: dict[str, int] = Field(default_factory=dict)  # the generator's batching counters (Generator.counters)
+    tinker: TinkerStatus | None = None  # the Tinker API's sessions and training clients (None: it is off)
 
     @computed_field  # type: ignore[prop-decorator]
     @property

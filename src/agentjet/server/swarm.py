@@ -148,12 +148,20 @@ class SwarmServer:
         self.chat = Chat(config, self.engine, self.formatter, self.keys, self.registry, self.ingest,
                          engine_for=None if self.router is None else self._engine_for)
         self.episodes = Episodes(config, self.engine, self.registry, self.keys, self.teams, self.admission)
+        self.tinker: TinkerService | None = None  # the Tinker training API (/api/v1), with --tinker-key
+        tinker_key = ServerConfig.secret(config.tinker_key)
+        if tinker_key is not None:
+            self.tinker = TinkerService(
+                key=tinker_key, served_name=config.name, adapters=self.adapters, clock=self.clock,
+                model_path=str(getattr(self.engine.tokenizer, "name_or_path", "") or config.model),
+                base_rank=config.learner.lora.rank, max_context=self.engine.max_context, data_dir=data_dir)
         trainlog = TrainLog(data_dir / TRAINLOG_FILE)
         self.run = RunParts(config=config, engine=self.engine, clock=self.clock, registry=self.registry,
                             store=self.store, reader=self.reader,
                             stored=StoredCounts(self.reader, counters, self.lanes, self.teams, self.clock),
                             pool=self.pool, train_loop=self.train_loop, admission=self.admission, teams=self.teams, counters=counters,
-                            trainlog=trainlog, lifecycle=self.lifecycle)
+                            trainlog=trainlog, lifecycle=self.lifecycle,
+                            tinker=None if self.tinker is None else self.tinker.status)
         self.observe = ServerSource(self.run)
         self.metrics = MetricsHub(config.observe, data_dir, self.observe.snapshot, self.public_config(),
                                   trainlog=trainlog)
@@ -163,13 +171,6 @@ class SwarmServer:
             self.control.adapters = AdapterLanes(self.adapters, self.router, self.train_loop, self._new_adapter_lane)
         for lane in self.lanes:
             lane.step.observer = self.metrics
-        self.tinker: TinkerService | None = None  # the Tinker training API (/api/v1), with --tinker-key
-        tinker_key = ServerConfig.secret(config.tinker_key)
-        if tinker_key is not None:
-            self.tinker = TinkerService(
-                key=tinker_key, served_name=config.name, adapters=self.adapters, clock=self.clock,
-                model_path=str(getattr(self.engine.tokenizer, "name_or_path", "") or config.model),
-                base_rank=config.learner.lora.rank, max_context=self.engine.max_context, data_dir=data_dir)
         self.train_loop.on_capacity = self.admission.pump
 
     def _config(self) -> ServerConfig:

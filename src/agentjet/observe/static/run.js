@@ -7,8 +7,9 @@
   const title = el("h1", { text: "Run" });
   const tiles = el("div", { class: "tiles" });
   const adapters = el("table", { id: "adapters", hidden: true });
+  const tinker = el("table", { id: "tinker", hidden: true });
   const grid = el("div", { class: "grid" });
-  main.append(title, tiles, adapters, grid);
+  main.append(title, tiles, adapters, tinker, grid);
 
   const charts = {
     reward: new Chart(grid, "Train reward per task type"),
@@ -77,6 +78,21 @@
       num(a.last_train_metrics.reward_mean), num(a.last_train_metrics.loss))));
   }
 
+  // the Tinker API's clients (a server with --tinker-key): one row per training client, its own LoRA adapter
+  function renderTinker(s) {
+    const t = s.tinker;
+    tinker.hidden = !t;
+    if (!t) return;
+    const rows = Object.entries(t.training_clients || {});
+    const cols = ["Tinker training client", "session", "rank", "steps", "forward_backward", "loss (last)"];
+    const head = el("tr", {}, ...cols.map((c, i) => el("th", { class: i > 1 ? "num" : null, text: c })));
+    const num = (v) => el("td", { class: "num", text: v === null || v === undefined ? "–" : fmt(v) });
+    const summary = el("tr", {}, el("td", { text: `${fmt(t.sessions)} sessions, ${fmt(rows.length)} training clients, `
+      + `${fmt(t.sampling_clients)} sampling clients`, colspan: cols.length }));
+    tinker.replaceChildren(summary, head, ...rows.map(([id, c]) => el("tr", {}, el("td", { text: id }),
+      el("td", { text: c.session_id }), num(c.rank), num(c.steps), num(c.forward_backward_calls), num(c.last_loss))));
+  }
+
   function renderCharts() {
     const xs = steps.map((s) => s.step);
     charts.reward.set(xs, { ...pick("reward/", (k) => k.slice(7)), mean: steps.map((s) => s.metrics.reward_mean ?? null) });
@@ -111,6 +127,7 @@
     const data = await api(`/dashboard/api/run?after=${last}&evals=${wantEvals}`);
     renderTiles(data.snapshot);
     renderAdapters(data.snapshot);
+    renderTinker(data.snapshot);
     for (const s of data.steps) { steps.push(s); last = s.step; }
     if (data.steps.length || !charts.reward.plot) renderCharts();
     if (data.evals) { evals = data.evals; renderEvals(); }

@@ -9,10 +9,12 @@ from __future__ import annotations
 import json
 import logging
 import re
+from dataclasses import replace
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 
 from agentjet.engines.base import SamplingParams
 from agentjet.server.swarm import SwarmServer
@@ -231,13 +233,30 @@ async def optim_step(request: Request) -> Response:
             raise TinkerError("adam_params must be an object")
         if adam.get("type", "adam") != "adam":
             raise TinkerError(f"optimizer {adam.get('type')!r} is not supported: Adam only")
+        params = _adam(adam)
         seq_id = _int(body, "seq_id")
 
         async def work() -> dict[str, Any]:
-            return await s.optim_step(model, adam)
+            return await s.optim_step(model, params)
 
         return {"request_id": s.submit(model.model_id, work, seq_id), "model_id": model.model_id}
     return await _handle(request, h)
+
+
+ADAM_FIELDS = ("learning_rate", "beta1", "beta2", "eps", "weight_decay", "grad_clip_norm")
+
+
+def _adam(adam: dict[str, Any]) -> dict[str, float]:
+    """Adam's parameters as numbers (a field left out or null takes its default in ``tinker_ops.optim_step``)."""
+    out: dict[str, float] = {}
+    for k in ADAM_FIELDS:
+        v = adam.get(k)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            raise TinkerError(f"adam_params.{k} must be a number (got {type(v).__name__})")
+        out[k] = float(v)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- sampling
@@ -333,9 +352,20 @@ async def asample(request: Request) -> Response:
                 raise TinkerError("name a sampling_session_id, a model_path or a base_model")
             sampler = await s.create_sampler(path, base)
         prompt, params = _prompt(body), _sampling(body)
+        room = None if s.max_context is None else s.max_context - len(prompt)
+        if room is not None and params.max_tokens > room:
+            raise TinkerError(f"max_tokens={params.max_tokens} plus the prompt's {len(prompt)} tokens exceeds the "
+                              f"model's context of {s.max_context} tokens (at most {max(room, 0)})")
         n = _int(body, "num_samples", 1) or 1
         if not 1 <= n <= 128:
             raise TinkerError("num_samples must be in 1..128")
+        topk = _int(body, "topk_sample_logprobs", 0) or 0
+        if not 0 <= topk <= 20:
+            raise TinkerError("topk_sample_logprobs must be in 0..20")
+        if _int(body, "topk_prompt_logprobs", 0):
+            raise TinkerError("topk_prompt_logprobs is not supported here (prompt_logprobs and topk_sample_logprobs "
+                              "are)")
+        params = replace(params, top_logprobs=topk)
         want_plp = bool(body.get("prompt_logprobs"))
         last_n = _int(body, "prompt_logprobs_last_n")
         if last_n is not None and last_n < 0:
@@ -366,9 +396,8 @@ async def save_weights(request: Request) -> Response:
 @router.post("/load_weights")
 async def load_weights(request: Request) -> Response:
     async def h(s: TinkerService, body: dict[str, Any]) -> dict[str, Any]:
-        if not isinstance(body.get("model_id"), str):
-            raise TinkerError("load_weights needs a model_id: create_training_client_from_state is not supported "
-                              "here; create a LoRA training client and call load_state(path) on it")
+        if body.get("model_id") is None:  # create_training_client_from_state: a new client from a saved state
+            return _from_state(s, body)
         model = s.model(_str(body, "model_id"))
         path = _str(body, "path")
         optimizer = bool(body.get("optimizer", False))
@@ -378,3 +407,54 @@ async def load_weights(request: Request) -> Response:
 
         return {"request_id": s.submit(model.model_id, work, _int(body, "seq_id")), "model_id": model.model_id}
     return await _handle(request, h)
+
+
+def _from_state(s: TinkerService, body: dict[str, Any]) -> dict[str, Any]:
+    session_id, path = _str(body, "session_id"), _str(body, "path")
+    s.session(session_id)
+    seq = _int(body, "model_seq_id")
+    if seq is None or seq < 0:
+        raise TinkerError("load_weights without a model_id (create_training_client_from_state) needs a model_seq_id")
+    base = body.get("base_model")
+    if base is not None and not isinstance(base, str):
+        raise TinkerError("base_model must be a string")
+    optimizer = bool(body.get("optimizer", False))
+
+    async def work() -> dict[str, Any]:
+        model = await s.create_from_state(session_id, seq, path, optimizer, base)
+        return {"type": "load_weights", "path": path, "model_id": model.model_id}
+
+    return {"request_id": s.submit(None, work)}
+
+
+# ---------------------------------------------------------------------------------------------- not served
+# SDK calls this server does not serve, each with what to do instead (docs/tinker.md, "Not supported").
+NOT_SERVED = {
+    "retrieve_futures": "the session-wide future poller is off here (client/config sets sample_use_retrieve_futures "
+                        "false): the SDK polls retrieve_future",
+    "join_sampling_session": "joining sampling sessions is off here (client/config sets sample_join_sampling_session "
+                             "false)",
+    "create_custom_loss": "custom losses are not supported: use cross_entropy, importance_sampling or ppo",
+    "cancel_future": "futures cannot be cancelled here",
+    "copy_weights": "copying weights between projects is not supported",
+    "save_weights_external": "external weights are not supported: save_state(name) writes tinker://.../weights/...",
+    "training_runs": "listing training runs and their checkpoints (the REST client) is not supported",
+    "checkpoints": "listing checkpoints (the REST client) is not supported: save_state returns each path",
+    "weights_info": "weights_info (the REST client) is not supported",
+    "sessions": "listing sessions (the REST client) is not supported",
+}
+
+
+@router.api_route("/{rest:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
+async def not_served(rest: str, request: Request) -> Response:
+    """Any other ``/api/v1`` path: a 404 naming the call (after the key check, as every route)."""
+    service = _service(request)
+    if isinstance(service, JSONResponse):
+        return service
+    allowed = sorted({m for r in router.routes if isinstance(r, APIRoute) and r.path_regex.match(request.url.path)
+                      and r.endpoint is not not_served for m in (r.methods or ())})
+    if allowed:
+        return _error(405, f"{request.method} /api/v1/{rest}: this route takes {', '.join(allowed)}")
+    why = NOT_SERVED.get(rest.split("/", 1)[0], "this server does not serve it")
+    return _error(404, f"{request.method} /api/v1/{rest} is not served by AgentJet's Tinker API: {why} "
+                       "(see docs/tinker.md)")

@@ -21,6 +21,7 @@ from agentjet.learners.tinker_ops import (
     FwdBwdResult,
     TinkerDatum,
     check_batch,
+    checkpoint_rank,
     copy_adapter,
     forward_backward,
     load_adapter_state,
@@ -28,6 +29,7 @@ from agentjet.learners.tinker_ops import (
     prompt_logprobs,
     save_adapter_state,
 )
+from agentjet.protocol import TinkerClientStatus, TinkerStatus
 from agentjet.runtime.clock import Clock
 from agentjet.server.training.lanes import AdapterSet
 
@@ -70,8 +72,9 @@ class TinkerModel:
     base_model: str
     next_seq: int | None = None  # the seq_id the next request must carry (None: the first sets it)
     turn: asyncio.Condition = field(default_factory=asyncio.Condition)
-    steps: int = 0
-    last_loss: float | None = None
+    steps: int = 0  # optim_step calls done
+    forward_backward_calls: int = 0
+    last_loss: float | None = None  # the latest forward_backward's loss (a sum over tokens)
 
 
 @dataclass
@@ -90,6 +93,7 @@ class SampledSequence:
     tokens: list[int]
     logprobs: list[float]
     stop: bool
+    topk: list[list[tuple[int, float]]] | None = None  # per sampled token, the k likeliest (topk_sample_logprobs)
 
 
 @dataclass
@@ -107,6 +111,7 @@ BASE_ADAPTER = "tinker-base"  # a rank-1 adapter at zero: the base's outputs, fo
 class Future:
     request_id: str
     model_id: str | None
+    seq_id: int | None = None  # its place in its model's order (None: runs at once)
     done: asyncio.Event = field(default_factory=asyncio.Event)
     result: Any = None  # a JSON-able dict, or protobuf bytes
     error: TinkerError | None = None
@@ -170,6 +175,17 @@ class TinkerService:
             log.info("tinker session %s expired", sid)
         return gone
 
+    def status(self) -> TinkerStatus:
+        """Sessions and training clients, for the run's snapshot (the status, the dashboard, Prometheus). It may
+        run in a worker thread: the dicts the event loop changes are copied in one call before they are read."""
+        models = list(self.models.values())
+        return TinkerStatus(
+            sessions=len(self.sessions), sampling_clients=len(self.samplers),
+            training_clients={m.model_id: TinkerClientStatus(
+                session_id=m.session_id, rank=m.rank, steps=m.steps, forward_backward_calls=m.forward_backward_calls,
+                last_loss=m.last_loss if m.last_loss is not None and math.isfinite(m.last_loss) else None)
+                for m in models})
+
     # ------------------------------------------------------------------ models
     async def create_model(self, session_id: str, base_model: str, rank: int | None,
                            flags: dict[str, bool]) -> TinkerModel:
@@ -215,6 +231,7 @@ class TinkerService:
         check_batch(data, loss_fn, int(learner.policy.causal_lm.get_output_embeddings().weight.shape[0]))
         result = await learner.worker.run(forward_backward, learner, data, loss_fn, config, backward)
         if backward:
+            model.forward_backward_calls += 1
             model.last_loss = result.loss_sum
         return result
 
@@ -237,7 +254,7 @@ class TinkerService:
         snap = f"snap-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
         await adapters.add(snap, model.rank)
         await learner.worker.run(copy_adapter, learner, model.adapter, snap)
-        path = f"tinker://{model.model_id}/sampler_weights/{name}" if name else None
+        path = f"tinker://{model.adapter}/sampler_weights/{name}" if name else None
         sampler = Sampler(f"sampler-{snap}", snap, model.base_model, path, model.model_id)
         self.samplers[sampler.sampler_id] = sampler
         if path is not None:
@@ -305,8 +322,10 @@ class TinkerService:
             plp = [math.nan, *await learner.worker.run(prompt_logprobs, learner, prompt)]
             if last_n is not None:
                 plp = [math.nan if i < len(plp) - last_n else x for i, x in enumerate(plp)]
-        return SampleResult([SampledSequence(list(r.token_ids), list(r.logprobs),
-                                             r.finish_reason is FinishReason.STOP) for r in results], plp)
+        return SampleResult([SampledSequence(
+            list(r.token_ids), list(r.logprobs), r.finish_reason is FinishReason.STOP,
+            [list(top) for top in r.top_logprobs] if params.top_logprobs and r.top_logprobs is not None else None)
+            for r in results], plp)
 
     # ------------------------------------------------------------------ checkpoints
     def _state_file(self, path: str) -> Path:
@@ -319,7 +338,7 @@ class TinkerService:
         if not _NAME.match(name):
             raise TinkerError("a checkpoint name is letters, digits, _ . and - (at most 100)")
         learner = self.learner(model)
-        path = f"tinker://{model.model_id}/weights/{name}"
+        path = f"tinker://{model.adapter}/weights/{name}"  # the adapter's name: a path segment (a model id may not be)
         await learner.worker.run(save_adapter_state, learner, self._state_file(path))
         return {"type": "save_weights", "path": path}
 
@@ -331,6 +350,33 @@ class TinkerService:
         await learner.worker.run(load_adapter_state, learner, file, optimizer)
         return {"type": "load_weights", "path": path, "model_id": model.model_id}
 
+    async def create_from_state(self, session_id: str, model_seq_id: int, path: str, optimizer: bool,
+                                base_model: str | None) -> TinkerModel:
+        """``create_training_client_from_state[_with_optimizer]``: a new training client of the saved state's rank,
+        loaded from it. Its model id is the one the SDK derives, ``<session id>:train:<model_seq_id>``."""
+        session = self.session(session_id)
+        if base_model is not None and base_model not in (self.served_name, self.model_path):
+            raise TinkerError(f"base model {base_model!r} is not served here: this server serves "
+                              f"{self.served_name!r}")
+        file = self._state_file(path)
+        if not file.is_file():
+            raise TinkerError(f"no checkpoint at {path!r}", 404)
+        adapters = self._need_adapters()
+        mid = f"{session_id}:train:{model_seq_id}"
+        if mid in self.models:
+            raise TinkerError(f"model {mid!r} exists already (model_seq_id {model_seq_id} is taken)", 409)
+        rank = await asyncio.to_thread(checkpoint_rank, file)
+        adapter = f"tinker-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
+        await adapters.add(adapter, rank)
+        model = self.models[mid] = TinkerModel(mid, session_id, adapter, rank, self.served_name)
+        session.models.append(mid)
+        try:
+            await self.load_state(model, path, optimizer)
+        except BaseException:
+            await self._drop_model(mid)
+            raise
+        return model
+
     async def _drop_model(self, model_id: str) -> None:
         m = self.models.pop(model_id, None)
         for sampler in [x for x in self.samplers.values() if x.owner == model_id and x.model_path is None]:
@@ -340,13 +386,17 @@ class TinkerService:
                 await self.adapters.remove(m.adapter)
             except Exception:  # noqa: BLE001 - freeing is best effort; the session is gone either way
                 log.exception("freeing tinker adapter %s", m.adapter)
+        if m is not None:  # requests waiting for a seq_id that will never come now run, and fail: no adapter
+            async with m.turn:
+                m.next_seq = None
+                m.turn.notify_all()
 
     # ------------------------------------------------------------------ futures
     def submit(self, model_id: str | None, work: Callable[[], Awaitable[Any]], seq_id: int | None = None) -> str:
         """Run ``work`` in the background (in ``seq_id`` order within its model) and return the request id the
         SDK polls with ``retrieve_future``."""
         rid = f"req-{uuid.uuid4().hex}"
-        fut = self.futures[rid] = Future(rid, model_id)
+        fut = self.futures[rid] = Future(rid, model_id, seq_id)
         self._spawn(self._run(fut, work, seq_id))
         return rid
 
@@ -389,6 +439,12 @@ class TinkerService:
             if not fut.done.is_set():
                 return None
         return fut
+
+    def waiting_turn(self, fut: Future) -> bool:
+        """The future waits for its turn: its seq_id is ahead of its model's next one (it runs once that comes)."""
+        model = self.models.get(fut.model_id) if fut.model_id else None
+        return (not fut.done.is_set() and model is not None and fut.seq_id is not None
+                and model.next_seq is not None and fut.seq_id > model.next_seq)
 
     def forget(self, request_id: str) -> None:
         self.futures.pop(request_id, None)

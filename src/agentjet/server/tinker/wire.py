@@ -98,13 +98,26 @@ def encode_forward_backward(result: FwdBwdResult) -> bytes:
     return bytes(out.SerializeToString())
 
 
+def _topk(pb: Any, rows: list[list[tuple[int, float]]]) -> Any:
+    """The schema's dense N x K top-k matrices; empty cells are token 0, logprob -99999."""
+    k = max((len(r) for r in rows), default=0)
+    ids = np.zeros((len(rows), k), dtype=np.int32)
+    lps = np.full((len(rows), k), -99999.0, dtype=np.float32)
+    for i, row in enumerate(rows):
+        for j, (tok, lp) in enumerate(row):
+            ids[i, j], lps[i, j] = tok, lp
+    return pb.TopkLogprobs(token_ids=ids.tobytes(), logprobs=lps.tobytes(), k=k, length=len(rows))
+
+
 def encode_sample(result: SampleResult) -> bytes:
     pb = _pb()
     out = pb.SampleResponse()
     for seq in result.sequences:
-        out.sequences.add(stop_reason=pb.STOP_REASON_STOP if seq.stop else pb.STOP_REASON_LENGTH,
-                          tokens=np.asarray(seq.tokens, dtype=np.int32).tobytes(),
-                          logprobs=np.asarray(seq.logprobs, dtype=np.float32).tobytes())
+        s = out.sequences.add(stop_reason=pb.STOP_REASON_STOP if seq.stop else pb.STOP_REASON_LENGTH,
+                              tokens=np.asarray(seq.tokens, dtype=np.int32).tobytes(),
+                              logprobs=np.asarray(seq.logprobs, dtype=np.float32).tobytes())
+        if seq.topk is not None:
+            s.topk_sampled_logprobs.CopyFrom(_topk(pb, seq.topk))
     if result.prompt_logprobs is not None:
         out.prompt_logprobs = np.asarray(result.prompt_logprobs, dtype=np.float32).tobytes()
     return bytes(out.SerializeToString())

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from agentjet.layouts.composed import ComposedEngine
 from agentjet.observe.schema import DropReason, RunSnapshot
 from agentjet.observe.trainlog import TrainLog
-from agentjet.protocol import AdapterStatus
+from agentjet.protocol import AdapterStatus, TinkerStatus
 from agentjet.runtime.clock import Clock
 from agentjet.server.counters import RunCounters
 from agentjet.server.episodes.admission import Admission
@@ -77,6 +77,7 @@ class RunParts:
     counters: RunCounters
     trainlog: TrainLog
     lifecycle: Lifecycle
+    tinker: Callable[[], TinkerStatus] | None = None  # the Tinker API's clients (``TinkerService.status``), if on
 
     def engine_state(self) -> str:
         """The run's state as every view shows it: ``paused`` while training is paused, else the server's
@@ -156,4 +157,5 @@ def snapshot(run: RunParts) -> RunSnapshot:
         last_train_metrics=dict(t.last_metrics),
         task_types={k: {"episodes": v.episodes, "reward_mean": v.reward_mean} for k, v in list(t.by_type.items())},
         training_halted=next((lane.counters.halted_reason for lane in lanes if lane.counters.halted_reason), None),
-        adapters=adapter_statuses(run), generator=run.engine.generator.counters())
+        adapters=adapter_statuses(run), generator=run.engine.generator.counters(),
+        tinker=run.tinker() if run.tinker is not None else None)
