@@ -8,13 +8,17 @@ Any server that speaks Tinker's API runs it unchanged. No AgentJet import: see d
 import argparse
 import random
 import re
+import time
 
 import tinker
 from tinker import types
 
+PAIRS = [(a, b) for a in range(10) for b in range(10)]
+HELD_OUT = [(a, b) for a, b in PAIRS if (a + 3 * b) % 5 == 0]  # 20 pairs never trained on
+TRAIN = [(a, b) for a, b in PAIRS if (a + 3 * b) % 5 != 0]
 
-def problems(rng: random.Random, n: int) -> list[tuple[str, int]]:
-    pairs = [(rng.randint(0, 9), rng.randint(0, 9)) for _ in range(n)]
+
+def problems(pairs: list[tuple[int, int]]) -> list[tuple[str, int]]:
     return [(f"What is {a} + {b}? Reply with only the number.", a + b) for a, b in pairs]
 
 
@@ -42,18 +46,21 @@ def main() -> None:
     prompt_ids = lambda q: tok.apply_chat_template([{"role": "user", "content": q}],  # noqa: E731
                                                    add_generation_prompt=True, tokenize=True, return_dict=False)
     params = types.SamplingParams(max_tokens=args.max_tokens, temperature=1.0, stop=[tok.eos_token_id])
-    held_out = problems(random.Random(0), 32)
-    rng = random.Random(1)
+    rng, start = random.Random(1), time.monotonic()
 
-    def evaluate(sampler) -> float:
-        futs = [(sampler.sample(types.ModelInput.from_ints(prompt_ids(q)), 1, params), a) for q, a in held_out]
-        return sum(reward(tok.decode(f.result().sequences[0].tokens), a) for f, a in futs) / len(futs)
+    def evaluate(sampler) -> float:  # two samples of each held-out problem
+        futs = [(sampler.sample(types.ModelInput.from_ints(prompt_ids(q)), 2, params), a) for q, a in problems(HELD_OUT)]
+        rewards = [reward(tok.decode(s.tokens), a) for f, a in futs for s in f.result().sequences]
+        return sum(rewards) / len(rewards)
+
+    def report(label: str, sampler) -> None:
+        print(f"{label} ({(time.monotonic() - start) / 60:.2f} min): held-out reward {evaluate(sampler):.3f}", flush=True)
 
     for step in range(args.steps):
         sampler = trainer.save_weights_and_get_sampling_client()
         if step % 5 == 0:
-            print(f"step {step}: held-out reward {evaluate(sampler):.2f}", flush=True)
-        batch = problems(rng, args.batch)
+            report(f"step {step}", sampler)
+        batch = problems(rng.choices(TRAIN, k=args.batch))
         futs = [(sampler.sample(types.ModelInput.from_ints(prompt_ids(q)), args.group, params), q, a) for q, a in batch]
         data = []
         for fut, q, a in futs:
@@ -71,7 +78,7 @@ def main() -> None:
         if data:
             trainer.forward_backward(data, "importance_sampling").result()
             trainer.optim_step(types.AdamParams(learning_rate=args.lr)).result()
-    print(f"final: held-out reward {evaluate(trainer.save_weights_and_get_sampling_client()):.2f}", flush=True)
+    report(f"final, step {args.steps}", trainer.save_weights_and_get_sampling_client())
 
 
 if __name__ == "__main__":

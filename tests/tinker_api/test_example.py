@@ -20,5 +20,5 @@ def test_the_rl_loop_example_runs(tinker_server) -> None:
                           "--api-key", KEY, "--steps", "2", "--batch", "2", "--group", "2", "--max-tokens", "3"],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "step 0: held-out reward" in out.stdout and "final: held-out reward" in out.stdout
+    assert "step 0 (" in out.stdout and "final, step 2 (" in out.stdout and "held-out reward" in out.stdout
     assert "agentjet" not in (ROOT / "examples/tinker_rl_loop.py").read_text().split('"""')[2]
