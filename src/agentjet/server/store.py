@@ -8,6 +8,7 @@ On resume from a checkpoint taken at step k, episodes consumed after step k go b
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import json
@@ -15,7 +16,7 @@ import sqlite3
 import threading
 import time
 from array import array
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -255,24 +256,35 @@ class SampleStore:
             raise StoreError(f"the sample store could not write episode {ep.episode_id}: {exc}") from exc
         return True
 
-    def mark_consumed(self, statuses: dict[str, StoredStatus], step: int | None,
-                      step_record: tuple[int, dict[str, float]] | None = None) -> None:
-        """Move pending episodes to their final status, together with the step that consumed them."""
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[sqlite3.Cursor]:
+        """One write transaction under the store's lock: ``BEGIN IMMEDIATE``, then ``COMMIT``, or ``ROLLBACK`` on
+        any error (for the adapters' views of the store, ``LaneStore``, as for the store's own writes)."""
         with self._lock:
             cur = self._db.cursor()
             cur.execute("BEGIN IMMEDIATE")
             try:
-                cur.executemany(
-                    "UPDATE episodes SET status=?, consumed_step=? WHERE episode_id=? AND status='pending'",
-                    [(st.value, step, eid) for eid, st in statuses.items()])
-                if step_record is not None and step is not None:
-                    version, metrics = step_record
-                    cur.execute("INSERT OR REPLACE INTO steps VALUES (?,?,?,?)",
-                                (step, version, json.dumps(metrics), time.time()))
+                yield cur
                 cur.execute("COMMIT")
             except BaseException:
                 cur.execute("ROLLBACK")
                 raise
+
+    def query(self, sql: str, args: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
+        """Rows of one read under the store's lock."""
+        with self._lock:
+            return self._db.execute(sql, args).fetchall()
+
+    def mark_consumed(self, statuses: dict[str, StoredStatus], step: int | None,
+                      step_record: tuple[int, dict[str, float]] | None = None) -> None:
+        """Move pending episodes to their final status, together with the step that consumed them."""
+        with self.transaction() as cur:
+            cur.executemany("UPDATE episodes SET status=?, consumed_step=? WHERE episode_id=? AND status='pending'",
+                            [(st.value, step, eid) for eid, st in statuses.items()])
+            if step_record is not None and step is not None:
+                version, metrics = step_record
+                cur.execute("INSERT OR REPLACE INTO steps VALUES (?,?,?,?)",
+                            (step, version, json.dumps(metrics), time.time()))
 
     def resolve_prepared(self, episode_id: str, commit: bool) -> tuple[StoredEpisode, bool]:
         """Phase two: a prepared episode becomes trainable (commit) or aborted. On the coordinator, the team's
@@ -333,6 +345,11 @@ class SampleStore:
     # ----------------------------------------------------------------- reads
     _COL_NAMES = tuple(f.name for f in dataclasses.fields(StoredEpisode))  # the episodes columns, by name
     _COLS = ", ".join(_COL_NAMES)
+
+    def episodes_where(self, sql: str, args: tuple[Any, ...] = ()) -> list[StoredEpisode]:
+        """The episodes of ``SELECT <every column of e> FROM episodes e <sql>`` (joins, conditions, order)."""
+        cols = ", ".join(f"e.{c}" for c in self._COL_NAMES)
+        return [self._episode(r) for r in self.query(f"SELECT {cols} FROM episodes e {sql}", args)]
 
     def _episode(self, r: sqlite3.Row) -> StoredEpisode:
         row = {name: r[name] for name in self._COL_NAMES}
@@ -451,13 +468,8 @@ class LaneStore:
         return self.store.path
 
     def pending_episodes(self) -> list[StoredEpisode]:
-        s = self.store
-        cols = ", ".join(f"e.{c}" for c in s._COL_NAMES)
-        with s._lock:
-            rows = s._db.execute(
-                f"SELECT {cols} FROM episodes e JOIN lane_episodes l ON l.episode_id=e.episode_id WHERE "
-                "l.adapter=? AND l.status='pending' AND e.status='pending' ORDER BY e.seq", (self.adapter,)).fetchall()
-        return [s._episode(r) for r in rows]
+        return self.store.episodes_where("JOIN lane_episodes l ON l.episode_id=e.episode_id WHERE l.adapter=? AND "
+                                         "l.status='pending' AND e.status='pending' ORDER BY e.seq", (self.adapter,))
 
     def samples_for(self, episode_ids: list[str]) -> dict[str, list[EpisodeSample]]:
         return self.store.samples_for(episode_ids, adapter=self.adapter)
@@ -466,58 +478,44 @@ class LaneStore:
                       step_record: tuple[int, dict[str, float]] | None = None) -> None:
         """This adapter consumed ``statuses``' episodes at ``step``; an episode every adapter has consumed leaves
         ``pending`` in the same transaction."""
-        s = self.store
-        with s._lock:
-            cur = s._db.cursor()
-            cur.execute("BEGIN IMMEDIATE")
-            try:
-                cur.executemany("UPDATE lane_episodes SET status=?, consumed_step=? WHERE episode_id=? AND "
-                                "adapter=? AND status='pending'",
-                                [(st.value, step, eid, self.adapter) for eid, st in statuses.items()])
-                for eid, st in statuses.items():
-                    lanes = [r["status"] for r in cur.execute("SELECT status FROM lane_episodes WHERE episode_id=?",
-                                                              (eid,))]
-                    if "pending" not in lanes:
-                        final = StoredStatus.TRAINED.value if StoredStatus.TRAINED.value in lanes else st.value
-                        cur.execute("UPDATE episodes SET status=?, consumed_step=? WHERE episode_id=? AND "
-                                    "status='pending'", (final, step, eid))
-                if step_record is not None and step is not None:
-                    version, metrics = step_record
-                    cur.execute("INSERT OR REPLACE INTO lane_steps VALUES (?,?,?,?,?)",
-                                (self.adapter, step, version, json.dumps(metrics), time.time()))
-                cur.execute("COMMIT")
-            except BaseException:
-                cur.execute("ROLLBACK")
-                raise
+        with self.store.transaction() as cur:
+            cur.executemany("UPDATE lane_episodes SET status=?, consumed_step=? WHERE episode_id=? AND "
+                            "adapter=? AND status='pending'",
+                            [(st.value, step, eid, self.adapter) for eid, st in statuses.items()])
+            for eid, st in statuses.items():
+                lanes = [r["status"] for r in cur.execute("SELECT status FROM lane_episodes WHERE episode_id=?",
+                                                          (eid,))]
+                if "pending" not in lanes:
+                    final = StoredStatus.TRAINED.value if StoredStatus.TRAINED.value in lanes else st.value
+                    cur.execute("UPDATE episodes SET status=?, consumed_step=? WHERE episode_id=? AND "
+                                "status='pending'", (final, step, eid))
+            if step_record is not None and step is not None:
+                version, metrics = step_record
+                cur.execute("INSERT OR REPLACE INTO lane_steps VALUES (?,?,?,?,?)",
+                            (self.adapter, step, version, json.dumps(metrics), time.time()))
 
     def rewind_to_step(self, step: int) -> int:
         """Resume: what this adapter consumed after ``step`` is pending for it again (and so for the episode)."""
-        s = self.store
         consumed = (StoredStatus.TRAINED.value, StoredStatus.DROPPED_STALE.value, StoredStatus.DROPPED_UNIFORM.value)
-        with s._lock:
-            cur = s._db.execute("UPDATE lane_episodes SET status='pending', consumed_step=NULL WHERE adapter=? AND "
-                                "consumed_step IS NOT NULL AND consumed_step > ?", (self.adapter, step))
-            s._db.execute("UPDATE episodes SET status='pending', consumed_step=NULL WHERE status IN (?,?,?) AND "
-                          "episode_id IN (SELECT episode_id FROM lane_episodes WHERE status='pending')", consumed)
-            s._db.execute("DELETE FROM lane_steps WHERE adapter=? AND step > ?", (self.adapter, step))
-            return cur.rowcount
+        with self.store.transaction() as cur:
+            rewound = cur.execute("UPDATE lane_episodes SET status='pending', consumed_step=NULL WHERE adapter=? AND "
+                                  "consumed_step IS NOT NULL AND consumed_step > ?", (self.adapter, step)).rowcount
+            cur.execute("UPDATE episodes SET status='pending', consumed_step=NULL WHERE status IN (?,?,?) AND "
+                        "episode_id IN (SELECT episode_id FROM lane_episodes WHERE status='pending')", consumed)
+            cur.execute("DELETE FROM lane_steps WHERE adapter=? AND step > ?", (self.adapter, step))
+        return rewound
 
     def consumed_steps(self) -> dict[str, list[int]]:
         """episode id -> the steps of this adapter that consumed it (each list has length 1: exactly once)."""
-        s = self.store
-        with s._lock:
-            rows = s._db.execute("SELECT episode_id, consumed_step FROM lane_episodes WHERE adapter=? AND "
-                                 "consumed_step IS NOT NULL", (self.adapter,)).fetchall()
         out: dict[str, list[int]] = {}
-        for r in rows:
+        for r in self.store.query("SELECT episode_id, consumed_step FROM lane_episodes WHERE adapter=? AND "
+                                  "consumed_step IS NOT NULL", (self.adapter,)):
             out.setdefault(r["episode_id"], []).append(r["consumed_step"])
         return out
 
     def step_metrics(self) -> list[tuple[int, int, dict[str, float], float]]:
-        s = self.store
-        with s._lock:
-            rows = s._db.execute("SELECT step, policy_version, metrics, created_at FROM lane_steps WHERE adapter=? "
-                                 "ORDER BY step", (self.adapter,)).fetchall()
+        rows = self.store.query("SELECT step, policy_version, metrics, created_at FROM lane_steps WHERE adapter=? "
+                                "ORDER BY step", (self.adapter,))
         return [(r["step"], r["policy_version"], json.loads(r["metrics"]), r["created_at"]) for r in rows]
 
     def episode_adapters(self, episode_id: str) -> list[str]:
