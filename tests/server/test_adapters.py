@@ -283,6 +283,13 @@ def test_each_adapter_is_observed_on_its_own(adapters_server) -> None:
     rows = run["snapshot"]["adapters"]  # the run page's one row per adapter
     assert (rows["planner"]["train_steps"], rows["executor"]["train_steps"]) == (1, 0)
     assert rows["planner"]["last_train_metrics"]["reward_mean"] == 0.5
+    # the step curves are one adapter's: by default the first (the default adapter), or the one asked for
+    assert [(s["step"], s["metrics"]["reward_mean"]) for s in run["steps"]] == [(1, 0.5)]  # the planner's
+    admin = {"Authorization": "Bearer adm1n"}
+    executor = httpx.get(f"{srv.url}/dashboard/api/run", params={"adapter": "executor"}, headers=admin).json()
+    assert executor["steps"] == []  # it has not stepped
+    missing = httpx.get(f"{srv.url}/dashboard/api/run", params={"adapter": "critic"}, headers=admin)
+    assert missing.status_code == 404 and "critic" in missing.json()["error"]["message"]
     lines = [json.loads(x) for x in (srv.server.data_dir / "metrics.jsonl").read_text().splitlines()]
     assert [(x["adapter"], x["step"]) for x in lines] == [("planner", 1)]
 
@@ -300,3 +307,42 @@ def test_a_begin_that_declares_its_agents_counts_only_against_their_adapters(ada
     admission = srv.server.admission
     assert admission.capacity(["executor"]) == 1 and admission.capacity(None) == 1  # (0 + 0 + 1) * 2 - 1
     assert admission.capacity(["planner"]) == 2  # the planner's own bound: it has accepted nothing
+
+
+@pytest.mark.browser
+def test_the_run_page_draws_the_step_curves_of_the_adapter_picked(adapters_server) -> None:
+    from tests.observe.browser import CHROMIUM_ARGS, chromium_path, skip_reason
+
+    if skip_reason() is not None:
+        pytest.skip(skip_reason() or "")
+    from playwright.sync_api import sync_playwright
+
+    srv, _ = adapters_server(admin_token="adm1n")
+
+    async def main() -> None:
+        async with SwarmClient(srv.url) as client:
+            for _ in range(2):
+                await asyncio.gather(*[episode(client, "p", r, agents=["planner"]) for r in (1.0, 0.0)])
+
+    asyncio.run(main())
+    wait_until(lambda: srv.server.status().adapters["planner"].train_steps == 2)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_context().new_page()
+            page.goto(srv.url + "/dashboard/run")
+            page.fill("#token", "adm1n")
+            page.click("button[type=submit]")
+            page.wait_for_url(lambda u: u.endswith("/dashboard/run"))
+            pick = page.locator("#adapter-pick")
+            pick.locator("option", has_text="executor").wait_for(state="attached", timeout=15000)
+            assert pick.locator("option").all_inner_texts() == ["planner", "executor"]
+            chart = page.locator('.card[data-title="Train reward per task type"]')
+            points = "el => Number(el.dataset.points) {}"
+            page.wait_for_function(points.format("> 0"), arg=chart.element_handle(), timeout=15000)  # the planner's
+            pick.select_option("executor")  # no step yet: the curves empty
+            page.wait_for_function(points.format("=== 0"), arg=chart.element_handle(), timeout=15000)
+            pick.select_option("planner")
+            page.wait_for_function(points.format("> 0"), arg=chart.element_handle(), timeout=15000)
+        finally:
+            browser.close()

@@ -549,10 +549,15 @@ class StoreReader:
     def count_by_status(self) -> dict[str, int]:
         return {r["status"]: r["n"] for r in self._query("SELECT status, COUNT(*) AS n FROM episodes GROUP BY status")}
 
-    def steps(self, after: int, limit: int) -> list[dict[str, Any]]:
-        """``{step, policy_version, metrics, created_at}`` of the steps after ``after``, oldest first."""
-        rows = self._query("SELECT step, policy_version, metrics, created_at FROM steps WHERE step > ? "
-                           "ORDER BY step LIMIT ?", (after, limit))
+    def steps(self, after: int, limit: int, adapter: str | None = None) -> list[dict[str, Any]]:
+        """``{step, policy_version, metrics, created_at}`` of the steps after ``after``, oldest first: the one
+        policy's, or one LoRA adapter's (a server with several keeps each adapter's steps apart)."""
+        if adapter is None:
+            rows = self._query("SELECT step, policy_version, metrics, created_at FROM steps WHERE step > ? "
+                               "ORDER BY step LIMIT ?", (after, limit))
+        else:
+            rows = self._query("SELECT step, policy_version, metrics, created_at FROM lane_steps WHERE adapter=? AND "
+                               "step > ? ORDER BY step LIMIT ?", (adapter, after, limit))
         return [{**dict(r), "metrics": json.loads(r["metrics"])} for r in rows]
 
     def eval_rewards(self) -> list[tuple[int, str, float | dict[str, float]]]:

@@ -8,8 +8,11 @@
   const tiles = el("div", { class: "tiles" });
   const adapters = el("table", { id: "adapters", hidden: true });
   const tinker = el("table", { id: "tinker", hidden: true });
+  // a server with several LoRA adapters: the step curves are one adapter's (each trains on its own steps)
+  const adapterPick = el("select", { id: "adapter-pick" });
+  const pickLabel = el("label", { hidden: true }, "step curves of adapter ", adapterPick);
   const grid = el("div", { class: "grid" });
-  main.append(title, tiles, adapters, tinker, grid);
+  main.append(title, tiles, adapters, tinker, pickLabel, grid);
 
   const charts = {
     reward: new Chart(grid, "Train reward per task type"),
@@ -28,6 +31,12 @@
   const steps = [];
   let last = -1;
   let evalCount = -1;
+  let adapter = null; // the adapter whose steps the curves show (null: the server's one policy)
+  adapterPick.addEventListener("change", () => {
+    adapter = adapterPick.value;
+    steps.length = 0;
+    last = -1;
+  });
   let evals = [];
 
   function pick(prefix, rename) {
@@ -68,7 +77,14 @@
   function renderAdapters(s) {
     const rows = Object.entries(s.adapters || {});
     adapters.hidden = rows.length === 0;
+    pickLabel.hidden = rows.length === 0;
     if (!rows.length) return;
+    const names = rows.map(([name]) => name);
+    if (names.join("\n") !== [...adapterPick.options].map((o) => o.value).join("\n")) {
+      const current = adapter || names[0];
+      adapterPick.replaceChildren(...names.map((n) => el("option", { value: n, selected: n === current, text: n })));
+      adapter = current;
+    }
     const cols = ["adapter", "policy version", "train steps", "trained episodes", "pending", "reward (last step)",
       "loss (last step)"];
     const head = el("tr", {}, ...cols.map((c, i) => el("th", { class: i ? "num" : null, text: c })));
@@ -124,12 +140,15 @@
 
   poll(async () => {
     const wantEvals = evalCount < 0;
-    const data = await api(`/dashboard/api/run?after=${last}&evals=${wantEvals}`);
+    const asked = adapter;
+    const which = asked === null ? "" : `&adapter=${encodeURIComponent(asked)}`;
+    const data = await api(`/dashboard/api/run?after=${last}&evals=${wantEvals}${which}`);
     renderTiles(data.snapshot);
     renderAdapters(data.snapshot);
     renderTinker(data.snapshot);
+    if (asked !== adapter) return; // the adapter changed while this poll was in flight: the next one asks again
     for (const s of data.steps) { steps.push(s); last = s.step; }
-    if (data.steps.length || !charts.reward.plot) renderCharts();
+    if (data.steps.length || !charts.reward.plot || last === -1) renderCharts();
     if (data.evals) { evals = data.evals; renderEvals(); }
     // fetch the eval curves again only when new eval episodes arrived
     evalCount = data.evals ? data.snapshot.eval_episodes : (data.snapshot.eval_episodes !== evalCount ? -1 : evalCount);

@@ -159,18 +159,25 @@ class Dashboard:
         @r.get("/dashboard/api/run")
         async def run(request: Request, after: Annotated[int, Query(ge=-1)] = -1,
                       limit: Annotated[int, Query(ge=1, le=5000)] = 2000,
-                      evals: bool = True) -> dict[str, Any]:
-            """The snapshot, the train steps after ``after`` and (unless ``evals=false``) the eval curves."""
+                      evals: bool = True, adapter: Annotated[str | None, Query(max_length=64)] = None) -> Any:
+            """The snapshot, the train steps after ``after`` (one LoRA adapter's on a server with several:
+            ``adapter``, by default the first) and (unless ``evals=false``) the eval curves."""
             self.require(request)
 
-            def read() -> dict[str, Any]:
-                out: dict[str, Any] = {"snapshot": self.source.snapshot().model_dump(mode="json"),
-                                       "steps": [s.model_dump() for s in self.source.steps(after, limit)]}
+            def read() -> dict[str, Any] | None:
+                snap = self.source.snapshot()
+                if adapter is not None and adapter not in snap.adapters:
+                    return None
+                out: dict[str, Any] = {"snapshot": snap.model_dump(mode="json"),
+                                       "steps": [s.model_dump() for s in self.source.steps(after, limit, adapter)]}
                 if evals:
                     out["evals"] = [e.model_dump() for e in self.source.evals()]
                 return out
 
-            return await asyncio.to_thread(read)
+            out = await asyncio.to_thread(read)
+            if out is None:
+                return _error(404, f"this server hosts no adapter {adapter!r}", "not_found_error", "not_found")
+            return out
 
         @r.get("/dashboard/api/clients")
         async def clients(request: Request) -> dict[str, Any]:

@@ -54,9 +54,14 @@ class ServerSource:
         """The run's one snapshot (``run_state.snapshot``), the same that ``GET /swarm/v1/status`` renders."""
         return snapshot(self.run)
 
-    def steps(self, after: int, limit: int) -> list[StepRow]:
+    def steps(self, after: int, limit: int, adapter: str | None = None) -> list[StepRow]:
+        """The train steps after ``after``: the one policy's, or on a server with several LoRA adapters the named
+        adapter's (by default its first, the default adapter)."""
+        names = [lane.name for lane in list(self.run.train_loop.lanes) if lane.name is not None]
+        if names and adapter is None:
+            adapter = names[0]
         return [StepRow(step=r["step"], policy_version=r["policy_version"], metrics=r["metrics"], time=r["created_at"])
-                for r in self.reader.steps(after, limit)]
+                for r in self.reader.steps(after, limit, adapter)]
 
     def evals(self) -> list[EvalRow]:
         acc: dict[tuple[int, str, str], list[float]] = defaultdict(list)
