@@ -15,6 +15,8 @@
 #   train    the train step at 135M against the bare-torch floor (the learner sizes its micro-batch itself)
 #   serverload the same with 4 calls per client one after the other (a sustained load: the burst's arrival
 #            spread is paid once)
+#   serverload_gil1 the same with the server's GIL switch interval at 1 ms instead of Python's 5 (is the
+#            server's slower decode step the engine thread waiting for the GIL behind the event loop?)
 #   server512  the same at 512 new tokens a request (is the server's cost per request or per token?)
 #   train8k  the train step with 8,192-token logprob chunks instead of 1,024 (both train stages profile a step)
 #   group    the trainer group (1 rank, NCCL) sharing the GPU with the generator (--colocate) beside the in-process
@@ -110,6 +112,9 @@ stage() {
               --concurrency $SRV_C --repeats 3 --output "$OUT/server_cuda_135m.json" ;;
     serverload) run_stage serverload 150 python3 benchmarks/serving/server_throughput.py --device $DEV --model $MODEL \
                   --concurrency $SRV_C --repeats 2 --calls 4 --output "$OUT/server_cuda_135m_load.json" ;;
+    serverload_gil1) run_stage serverload_gil1 150 python3 benchmarks/serving/server_throughput.py --device $DEV \
+                       --model $MODEL --concurrency $SRV_C --repeats 2 --calls 4 \
+                       --server-generator '{"gil_switch_interval_ms": 1}' --output "$OUT/server_cuda_135m_load_gil1.json" ;;
     server512) run_stage server512 120 python3 benchmarks/serving/server_throughput.py --device $DEV --model $MODEL \
                  --concurrency $SRV_C --repeats 2 --max-tokens 512 --output "$OUT/server_cuda_135m_512.json" ;;
     train) run_stage train 90 python3 benchmarks/serving/engine.py --device $DEV --model $MODEL --train "${TRAIN[@]}" \
@@ -129,7 +134,7 @@ stage() {
 summary
 say "$(python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__, "cuda", torch.cuda.is_available())' 2>&1)"
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(tests gen135 server train group train17 gen17)  # the last ones: if time is left
+[ ${#stages[@]} -eq 0 ] && stages=(tests gen135 serverload serverload_gil1 server train group train17 gen17)  # the last ones: if time is left
 for s in "${stages[@]}"; do stage "$s"; done
 say "done; files in $OUT:"
 ls -la "$OUT" | tee -a "$LOG"

@@ -234,3 +234,22 @@ def test_start_ready_picks_another_port_when_its_first_was_taken(make_server, tm
         assert server.config.port != taken and server.poll() is None
     finally:
         server.stop(grace=10)
+
+
+def test_the_server_process_takes_its_gil_switch_interval_from_the_settings(tmp_path: Path) -> None:
+    import httpx
+
+    from agentjet.runtime.launch import ServerProcess, start_ready
+    from agentjet.settings import ServerConfig
+
+    def make(port: int) -> ServerProcess:
+        config = ServerConfig(model="tiny-random", port=port, data_dir=tmp_path / "data",
+                              generator={"gil_switch_interval_ms": 1.5})
+        return ServerProcess("gil", config, tmp_path / "server.log", tmp_path / "server.yaml")
+
+    server = start_ready(make, timeout=120)
+    try:
+        info = httpx.get(f"{server.url}/swarm/v1/status", timeout=30).json()["engine_info"]
+        assert info["gil_switch_interval_ms"] == 1.5  # Python's default is 5
+    finally:
+        server.stop(grace=10)

@@ -139,6 +139,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--calls", type=int, default=1, help="calls per client, one after the other (1: one burst of "
                    "c calls; more: a sustained load, where the burst's arrival spread is paid once)")
+    p.add_argument("--server-generator", default="{}", type=json.loads,
+                   help='JSON: generator settings for the server only, e.g. {"gil_switch_interval_ms": 1}')
     p.add_argument("--output", type=Path, default=None)
     args = p.parse_args()
     cuda = args.device.startswith("cuda")
@@ -158,7 +160,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         config = ServerConfig.model_validate({
             "model": str(path), "served_model_name": "bench", "port": free_port(), "data_dir": tmp,
-            "log_level": "WARNING", "lease_seconds": 3600, "generator": generator, "placement": placement,
+            "log_level": "WARNING", "lease_seconds": 3600, "generator": {**generator, **args.server_generator},
+            "placement": placement,
             "admin_token": token, "training": {"group_size": 1024, "batch_groups": 1024, "min_group_size": 1024}})
         server = ServerProcess("bench", config, Path(tmp) / "server.log", Path(tmp) / "server.yaml").start()
         engine = embedded_engine(path, GeneratorSettings(**generator), placement=PlacementSettings(**placement))

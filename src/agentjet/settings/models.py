@@ -472,6 +472,11 @@ class GeneratorSettings(_Section):
     kv_cache_tokens: int = Field(512, ge=16, le=10_000_000, description="KV cache columns per slot, allocated "
                                  "up front (continuous batching); doubled, up to max_context, when a request "
                                  "needs more")
+    gil_switch_interval_ms: float | None = Field(None, gt=0, le=100, description="Python's thread switch interval "
+                                                 "in the ajet server process (sys.setswitchinterval; default: "
+                                                 "Python's 5 ms): the engine thread and the HTTP event loop share "
+                                                 "the GIL, and a shorter interval hands it back to a decode step "
+                                                 "sooner (restart to change)")
     cuda_graphs: bool = Field(True, description="replay the decode step from captured CUDA graphs (CUDA only)")
     compile: bool = Field(False, description="torch.compile the decode step (continuous batching)")
     max_context: int | None = Field(None, ge=2, le=10_000_000, description="cap on prompt + reply tokens "

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -154,7 +155,9 @@ class HFGenerator(Generator):
             else None,
             "gradient_checkpointing": self.policy.gradient_checkpointing,
             "max_batch_size": self.settings.max_batch_size, "max_context": self._max_context,
-            "batching": self.batching}
+            "batching": self.batching,
+            # the process's, which the engine thread shares with the HTTP event loop (generator.gil_switch_interval_ms)
+            "gil_switch_interval_ms": round(sys.getswitchinterval() * 1000, 3)}
         if self.runner is not None:
             info["kv_cache_tokens"] = self.runner.capacity
             info["cuda_graphs"] = self.runner.use_graphs

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable
@@ -60,7 +61,9 @@ def create_app(server: SwarmServer) -> FastAPI:
 
 
 def serve(config: ServerConfig, engine: ComposedEngine | None = None) -> None:
-    """Run the server in the foreground until interrupted."""
+    """Run the server in the foreground until interrupted (its process: the GIL's switch interval is set here)."""
+    if config.generator.gil_switch_interval_ms is not None:
+        sys.setswitchinterval(config.generator.gil_switch_interval_ms / 1000)
     server = SwarmServer(config, engine or build_engine(config))
     runner = uvicorn.Server(uvicorn.Config(create_app(server), host=config.host, port=config.port,
                                            log_level="warning"))
