@@ -123,3 +123,30 @@ def test_requests_waiting_for_a_seq_id_that_never_comes_fail_when_the_session_en
         assert "no adapter" in fut.error.message
 
     asyncio.run(go())
+
+
+def test_a_finished_future_nobody_retrieves_is_dropped_after_its_keep_time(tmp_path: Path) -> None:
+    from agentjet.server.tinker.service import FUTURE_KEEP_S
+
+    async def go() -> None:
+        clock = FakeClock()
+        s = service(tmp_path, clock)
+        session = s.create_session([])
+
+        async def work() -> dict:
+            return {"ok": True}
+
+        early = s.submit(None, work)
+        await asyncio.sleep(0.01)  # it finishes
+        clock.advance(FUTURE_KEEP_S / 2)
+        late = s.submit(None, work)
+        await asyncio.sleep(0.01)
+        clock.advance(FUTURE_KEEP_S / 2 + 1)
+        s.heartbeat(session.session_id)  # the reap pass (expire) runs on every heartbeat too
+        assert early not in s.futures and late in s.futures  # only the one finished longer ago than the keep time
+        fut = await s.retrieve(late)
+        assert fut is not None and fut.result == {"ok": True}
+        with pytest.raises(TinkerError, match="unknown request id"):
+            await s.retrieve(early)
+
+    asyncio.run(go())

@@ -40,6 +40,7 @@ _STATE_PATH = re.compile(r"^tinker://(?P<model>[A-Za-z0-9_-]{1,100})/weights/(?P
 
 # A long poll of retrieve_future holds at most this long before answering try_again (the SDK's read timeout is 45 s).
 LONG_POLL_S = 30.0
+FUTURE_KEEP_S = 600.0  # a finished future nobody retrieved is dropped this long after it finished (server clock)
 
 
 class TinkerError(Exception):
@@ -115,6 +116,7 @@ class Future:
     done: asyncio.Event = field(default_factory=asyncio.Event)
     result: Any = None  # a JSON-able dict, or protobuf bytes
     error: TinkerError | None = None
+    finished_at: float | None = None  # the server clock when it finished
 
 
 class TinkerService:
@@ -167,12 +169,17 @@ class TinkerService:
 
     def expire(self) -> list[str]:
         """Sessions past their lease (no heartbeat for ``lease_seconds`` on the server's clock): dropped, their
-        models' adapters freed (in the background)."""
+        models' adapters freed (in the background). Finished futures nobody retrieved for ``FUTURE_KEEP_S``
+        are dropped too (a client that died between submitting and retrieving would otherwise keep them)."""
         now = self.clock.monotonic()
         gone = [sid for sid, s in self.sessions.items() if now - s.last_seen > self.lease_seconds]
         for sid in gone:
             self._spawn(self.finish(sid))
             log.info("tinker session %s expired", sid)
+        stale = [rid for rid, f in list(self.futures.items())
+                 if f.finished_at is not None and now - f.finished_at > FUTURE_KEEP_S]
+        for rid in stale:
+            self.futures.pop(rid, None)
         return gone
 
     def status(self) -> TinkerStatus:
@@ -423,6 +430,7 @@ class TinkerService:
             log.exception("tinker request %s failed", fut.request_id)
             fut.error = TinkerError(f"{type(e).__name__}: {e}", 500, "server")
         finally:
+            fut.finished_at = self.clock.monotonic()
             fut.done.set()
 
     async def retrieve(self, request_id: str, wait_s: float = LONG_POLL_S) -> Future | None:
