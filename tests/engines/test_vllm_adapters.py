@@ -106,6 +106,8 @@ def test_add_and_remove_and_refusals(make_adapters):
         run_blocking(adapters.add("big", rank=128))
     with pytest.raises(ValueError, match="exists already"):
         run_blocking(adapters.add("alpha"))
+    with pytest.raises(ValueError, match="train_unembed"):  # no LoRA on the output layer through vLLM
+        run_blocking(adapters.add("head", unembed=True))
     c = run_blocking(adapters.add("c", rank=2))
     assert adapters.names() == ["alpha", "c"] and lora_calls(adapters) == [("load_lora_adapter", "c-v0")]
     res = run_blocking(c.generate(prompt(c), SamplingParams(max_tokens=2)))

@@ -21,7 +21,7 @@ class FakeAdapters:
     def names(self) -> list[str]:
         return list(self.live)
 
-    async def add(self, name: str, rank: int | None = None) -> None:
+    async def add(self, name: str, rank: int | None = None, unembed: bool = False) -> None:
         self.live.append(name)
 
     async def remove(self, name: str) -> None:

@@ -90,3 +90,34 @@ def test_bad_training_input_fails_the_future_cleanly_and_never_5xx(training_clie
         tc.forward_backward([datum([1, 2, 3])], "importance_sampling").result()
     # the client still works after its bad requests
     tc.forward_backward([datum([1, 2, 3], weights=[1.0, 1.0])], "cross_entropy").result()
+
+
+def test_train_unembed_puts_lora_on_the_output_layer_and_trains_it(tinker_server, service_client) -> None:
+    """The SDK's default train_unembed=True: the client's adapter carries LoRA on the output layer too, its
+    logprobs go through it (forward equals sample) and a step moves it; train_unembed=False leaves it off."""
+    from agentjet.engines.model import adapter_has_unembed
+
+    srv = tinker_server()
+    client = service_client(srv)
+    with_head = client.create_lora_training_client(base_model="tiny", rank=4).result()
+    without = client.create_lora_training_client(base_model="tiny", rank=4, train_unembed=False).result()
+    service = srv.server.tinker
+    model = service.adapters.engine(service.model(with_head.model_id).adapter).learner.policy.model
+    head = model.get_output_embeddings()
+    name = service.model(with_head.model_id).adapter
+    assert adapter_has_unembed(model, name)
+    assert not adapter_has_unembed(model, service.model(without.model_id).adapter)
+    before = head.lora_B[name].weight.detach().clone()  # B starts at zero: the adapter changes nothing yet
+    tokens = [1, 5, 9, 13, 17, 21]
+    for _ in range(2):
+        with_head.forward_backward([datum(tokens, weights=[1.0] * 5)], "cross_entropy").result()
+        with_head.optim_step(ADAM).result()
+    assert float((head.lora_B[name].weight.detach() - before).abs().max()) > 0  # the output layer's LoRA trained
+    # what the sampler sees is what forward computes, through the output layer's LoRA
+    sampler = with_head.save_weights_and_get_sampling_client()
+    params = types.SamplingParams(max_tokens=4, temperature=1.0, seed=3)
+    seq = sampler.sample(types.ModelInput.from_ints(tokens), 1, params).result().sequences[0]
+    out = with_head.forward([datum(tokens + list(seq.tokens), weights=[1.0] * (len(tokens) + len(seq.tokens) - 1))],
+                            "cross_entropy").result()
+    forward_lps = out.loss_fn_outputs[0]["logprobs"].to_numpy()[len(tokens) - 1:]
+    assert np.allclose(forward_lps, np.array(seq.logprobs), atol=1e-3)

@@ -118,9 +118,9 @@ def model_stop_ids(generation_config: Any, tokenizer: Any) -> set[int]:
     return ids
 
 
-def lora_config(lora: LoraSettings, rank: int | None = None) -> Any:
+def lora_config(lora: LoraSettings, rank: int | None = None, extra_targets: Sequence[str] = ()) -> Any:
     """PEFT's ``LoraConfig`` for the learner's LoRA settings; ``rank`` overrides the settings' rank (an adapter
-    added at run time with its own)."""
+    added at run time with its own); ``extra_targets``: module names adapted besides ``lora.targets``."""
     from peft import LoraConfig
 
     r = lora.rank if rank is None else rank
@@ -128,7 +128,43 @@ def lora_config(lora: LoraSettings, rank: int | None = None) -> Any:
         raise ValueError(f"a LoRA adapter needs a rank > 0 (got {r}): set --lora-rank N")
     # peft types lora_alpha as int; it scales by alpha / r, a float is fine
     return LoraConfig(r=r, lora_alpha=cast(int, lora.alpha), lora_dropout=lora.dropout,
-                      target_modules=list(lora.targets), task_type="CAUSAL_LM")
+                      target_modules=list(dict.fromkeys([*lora.targets, *extra_targets])), task_type="CAUSAL_LM")
+
+
+def output_layer_name(model: Any) -> str:
+    """The output layer's module name (``lm_head`` for Llama-style models), the last part of its path."""
+    head = model.get_output_embeddings()
+    for name, module in model.named_modules():
+        if module is head:
+            return name.rsplit(".", 1)[-1]
+    raise ValueError("the model has no output layer among its modules")
+
+
+def adapter_has_unembed(model: Any, name: str) -> bool:
+    """Whether adapter ``name`` carries LoRA on the output layer (added with ``unembed``)."""
+    from peft.tuners.lora.layer import LoraLayer
+
+    head = model.get_output_embeddings()
+    return isinstance(head, LoraLayer) and name in head.lora_A
+
+
+def output_weight(causal_lm: Any) -> torch.Tensor:
+    """The unembedding the logits use: the output layer's weight, plus the active LoRA adapter's ``B A * scaling``
+    where that layer carries one (an adapter added with ``unembed``: the Tinker SDK's ``train_unembed``). The
+    learner's logprobs read this, so they match the generator's logits, and the adapter's output-layer weights
+    get their gradients through it. (LoRA dropout is not applied here: as in eval mode.)"""
+    from peft.tuners.lora.layer import LoraLayer
+
+    head: Any = causal_lm.get_output_embeddings()
+    if not isinstance(head, LoraLayer) or head.disable_adapters or head.merged:
+        return cast(torch.Tensor, head.weight)
+    weight = cast(torch.Tensor, head.get_base_layer().weight)
+    for name in head.active_adapters:
+        if name in head.lora_A:
+            a = cast(torch.Tensor, head.lora_A[name].weight)
+            b = cast(torch.Tensor, head.lora_B[name].weight)
+            weight = weight + (b @ a * head.scaling[name]).to(weight.dtype)
+    return weight
 
 
 def with_lora(causal_lm: Any, lora: LoraSettings, adapters: Sequence[str] = ()) -> Any:
@@ -152,14 +188,17 @@ def with_lora(causal_lm: Any, lora: LoraSettings, adapters: Sequence[str] = ()) 
     return get_peft_model(causal_lm, lora_config(lora)).eval()  # a learner's step switches to training mode
 
 
-def add_lora_adapter(peft_model: Any, name: str, lora: LoraSettings, rank: int | None = None) -> None:
-    """Add a fresh LoRA adapter (``lora``'s settings, its own ``rank`` when given) beside the others; the active
-    adapter stays as it was. On the thread that runs the module's forwards (a new adapter's layers appear)."""
+def add_lora_adapter(peft_model: Any, name: str, lora: LoraSettings, rank: int | None = None,
+                     unembed: bool = False) -> None:
+    """Add a fresh LoRA adapter (``lora``'s settings, its own ``rank`` when given; with ``unembed``, on the output
+    layer too) beside the others; the active adapter stays as it was. On the thread that runs the module's
+    forwards (a new adapter's layers appear)."""
     check_adapter_name(name)
     if name in peft_model.peft_config:
         raise ValueError(f"adapter {name!r} exists already (adapters: {sorted(peft_model.peft_config)})")
     active = peft_model.active_adapter
-    peft_model.add_adapter(name, lora_config(lora, rank))
+    extra = [output_layer_name(peft_model)] if unembed else []
+    peft_model.add_adapter(name, lora_config(lora, rank, extra))
     peft_model.set_adapter(active)  # PEFT freezes every adapter but the active one
 
 

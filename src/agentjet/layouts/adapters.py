@@ -65,12 +65,13 @@ class AdapterEngines(NamedEngines[AdapterEngine]):
         return ComposedEngine(view, trainer, cast(WeightSync[InProcessLearner, AdapterGenerator], InPlace()))
 
     # ------------------------------------------------------------------ the adapters
-    async def add(self, name: str, rank: int | None = None) -> AdapterEngine:
-        """A fresh adapter (the learner's LoRA settings; its own ``rank`` when given), added between decode steps
-        while other adapters generate and train; served and trained from version 0."""
+    async def add(self, name: str, rank: int | None = None, unembed: bool = False) -> AdapterEngine:
+        """A fresh adapter (the learner's LoRA settings; its own ``rank`` when given; with ``unembed``, on the
+        output layer too), added between decode steps while other adapters generate and train; served and trained
+        from version 0."""
         if name in self._engines:
             raise ValueError(f"adapter {name!r} exists already: the adapters are {self.names()}")
-        await self.generator.add_adapter(name, rank)
+        await self.generator.add_adapter(name, rank, unembed)
         engine = await self.generator.worker.run(self._compose, name)  # reads the module: between decode steps
         self._engines[name] = engine
         return engine

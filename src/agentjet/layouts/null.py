@@ -155,7 +155,8 @@ class NullAdapters(NamedEngines[ComposedEngine[NullLearner, NullGenerator]]):
         for name in names:
             self._engines[name] = null_engine(tokenizer, reply, delay_s)
 
-    async def add(self, name: str, rank: int | None = None) -> ComposedEngine[NullLearner, NullGenerator]:
+    async def add(self, name: str, rank: int | None = None,
+                  unembed: bool = False) -> ComposedEngine[NullLearner, NullGenerator]:
         if name in self._engines:
             raise ValueError(f"adapter {name!r} exists already")
         self._engines[name] = engine = null_engine(self._tokenizer, self._reply, self._delay_s)

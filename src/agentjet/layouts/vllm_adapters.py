@@ -80,9 +80,13 @@ class VLLMAdapters(NamedEngines[VLLMAdapterEngine]):
                              f"slots each, but vLLM's --max-loras is {slots} (generator.vllm.max_loras, fixed when "
                              "vLLM started)")
 
-    async def add(self, name: str, rank: int | None = None) -> VLLMAdapterEngine:
+    async def add(self, name: str, rank: int | None = None, unembed: bool = False) -> VLLMAdapterEngine:
         """A fresh adapter (the learner's LoRA settings; its own ``rank`` when given), loaded in vLLM as
-        ``<name>-v0`` and served and trained from version 0."""
+        ``<name>-v0`` and served and trained from version 0. LoRA on the output layer (``unembed``) is refused:
+        this adapter path loads LoRA on the decoder's linear layers only."""
+        if unembed:
+            raise ValueError("LoRA on the output layer (train_unembed) is not served with the vLLM generator: "
+                             "pass train_unembed=False, or use the embedded engine")
         self.check_new(name, rank)
         assert self.policy.lora is not None
         await self.worker.run(add_lora_adapter, self.policy.model, name, self.policy.lora, rank)

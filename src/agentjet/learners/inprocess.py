@@ -31,7 +31,7 @@ import torch
 
 from agentjet.engines.base import Learner, StepOutput, TrainSample
 from agentjet.engines.memory import auto_micro_batch_tokens
-from agentjet.engines.model import PolicyModel, adapter_parameters
+from agentjet.engines.model import PolicyModel, adapter_parameters, output_weight
 from agentjet.engines.worker import EngineWorker
 from agentjet.learners.policy_step import (
     PolicyOptimizer,
@@ -164,7 +164,7 @@ class InProcessLearner(Learner):
         """Logprobs of every trained token (loss_mask == 1) in ``samples``, flattened in row-major order."""
         lm = lm if lm is not None else self.policy.causal_lm
         batch = collate(samples, self.policy.pad_id, self.policy.device)
-        return trained_token_logprobs(lm.base_model, lm.get_output_embeddings().weight, batch,
+        return trained_token_logprobs(lm.base_model, output_weight(lm), batch,
                                       self.config.logprob_chunk_tokens, self.config.bf16)
 
     def _reference_logprobs(self, samples: list[TrainSample]) -> torch.Tensor:

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from agentjet.engines.logprobs import chunked_token_logprobs
+from agentjet.engines.model import adapter_has_unembed, output_weight
 from agentjet.files import atomic_file
 from agentjet.learners.inprocess import InProcessLearner
 
@@ -114,7 +115,7 @@ def _logprobs(learner: InProcessLearner, data: list[TinkerDatum]) -> list[torch.
     lm = policy.causal_lm
     hidden = lm.base_model(input_ids=ids, attention_mask=attn).last_hidden_state
     mask = attn.bool()
-    flat = chunked_token_logprobs(hidden[mask], lm.get_output_embeddings().weight, targets[mask],
+    flat = chunked_token_logprobs(hidden[mask], output_weight(lm), targets[mask],
                                   torch.ones(int(mask.sum()), device=policy.device),
                                   learner.config.logprob_chunk_tokens)
     return list(torch.split(flat, [len(d.tokens) for d in data]))
@@ -195,18 +196,20 @@ def save_adapter_state(learner: InProcessLearner, path: Path) -> None:
     """On the worker thread: the adapter's LoRA weights and (after a step) its optimizer state, to ``path``."""
     state = {"params": [p.detach().cpu().clone() for p in learner.params],
              "optimizer": learner.optimizer.state_dict() if learner.has_optimizer else None,
-             "version": learner.policy_version}
+             "version": learner.policy_version,
+             "unembed": learner.adapter is not None and adapter_has_unembed(learner.policy.model, learner.adapter)}
     with atomic_file(path) as tmp:  # the one atomic writer: a crash never leaves a torn state file
         torch.save(state, tmp)
 
 
-def checkpoint_rank(path: Path) -> int:
-    """The LoRA rank of a saved state (``save_adapter_state``): its first LoRA tensor's smaller side (A is r x in,
-    B is out x r)."""
-    params = torch.load(path, map_location="cpu", weights_only=False)["params"]
+def checkpoint_shape(path: Path) -> tuple[int, bool]:
+    """The LoRA rank of a saved state (``save_adapter_state``: its first LoRA tensor's smaller side, A being r x in
+    and B out x r), and whether it has LoRA on the output layer (train_unembed; states saved before that: no)."""
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    params = state["params"]
     if not params:
         raise ValueError(f"the checkpoint {path.name} holds no LoRA weights")
-    return int(min(params[0].shape))
+    return int(min(params[0].shape)), bool(state.get("unembed", False))
 
 
 def load_adapter_state(learner: InProcessLearner, path: Path, optimizer: bool) -> None:
@@ -214,7 +217,8 @@ def load_adapter_state(learner: InProcessLearner, path: Path, optimizer: bool) -
     state = torch.load(path, map_location="cpu", weights_only=False)
     params = state["params"]
     if [p.shape for p in params] != [p.shape for p in learner.params]:
-        raise ValueError(f"the checkpoint's LoRA shapes do not fit this training client (another rank or base?): "
+        raise ValueError(f"the checkpoint's LoRA shapes do not fit this training client (another rank, base or "
+                         f"train_unembed?): "
                          f"{len(params)} tensors")
     with torch.no_grad():
         for p, saved in zip(learner.params, params, strict=True):

@@ -185,16 +185,17 @@ class HFGenerator(Generator):
             raise GenerationError(f"no LoRA adapter {adapter!r} on this engine: {served}", param="model")
         return version
 
-    async def add_adapter(self, name: str, rank: int | None = None) -> None:
-        """A fresh LoRA adapter (the learner's LoRA settings; its own ``rank`` when given), served at version 0 from
-        the next decode step on. Between decode steps, on the worker thread."""
+    async def add_adapter(self, name: str, rank: int | None = None, unembed: bool = False) -> None:
+        """A fresh LoRA adapter (the learner's LoRA settings; its own ``rank`` when given; with ``unembed``, on the
+        output layer too), served at version 0 from the next decode step on. Between decode steps, on the worker
+        thread."""
         if not self.mixed_adapters:
             raise ValueError("this engine was not built with named LoRA adapters (layouts.adapter_engines)")
-        await self.worker.run(self._add_adapter, name, rank)
+        await self.worker.run(self._add_adapter, name, rank, unembed)
 
-    def _add_adapter(self, name: str, rank: int | None) -> None:
+    def _add_adapter(self, name: str, rank: int | None, unembed: bool) -> None:
         assert self.policy.lora is not None
-        add_lora_adapter(self.model, name, self.policy.lora, rank)
+        add_lora_adapter(self.model, name, self.policy.lora, rank, unembed)
         if self.runner is not None:
             self.runner.adapters_changed()
         self.adapter_versions[name] = 0

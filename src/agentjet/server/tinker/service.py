@@ -21,7 +21,7 @@ from agentjet.learners.tinker_ops import (
     FwdBwdResult,
     TinkerDatum,
     check_batch,
-    checkpoint_rank,
+    checkpoint_shape,
     copy_adapter,
     forward_backward,
     load_adapter_state,
@@ -71,6 +71,7 @@ class TinkerModel:
     adapter: str
     rank: int
     base_model: str
+    unembed: bool = False  # LoRA on the output layer too (the SDK's train_unembed)
     next_seq: int | None = None  # the seq_id the next request must carry (None: the first sets it)
     turn: asyncio.Condition = field(default_factory=asyncio.Condition)
     steps: int = 0  # optim_step calls done
@@ -205,15 +206,19 @@ class TinkerService:
                               "adapters; start it with --lora-rank N (and --adapters NAME for the swarm's own)")
         if rank is None:
             raise TinkerError("only LoRA training clients are served: create_lora_training_client(rank=...)")
-        refused = [k for k, v in flags.items() if not v]
+        refused = [k for k in ("train_mlp", "train_attn") if not flags.get(k, True)]
         if refused:
-            raise TinkerError(f"{', '.join(sorted(refused))}=False is not supported: adapters here train every "
-                              "LoRA target module of the served base (leave these flags at True)")
+            raise TinkerError(f"{', '.join(refused)}=False is not supported: adapters here train every LoRA target "
+                              "module of the served base (leave these flags at True)")
         if not 1 <= rank <= 1024:
             raise TinkerError(f"LoRA rank {rank} is out of range (1..1024)")
         mid = f"tinker-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
-        await self.adapters.add(mid, rank)
-        model = TinkerModel(mid, session_id, mid, rank, base_model)
+        unembed = flags.get("train_unembed", True)  # the SDK's default: LoRA on the output layer too
+        try:
+            await self.adapters.add(mid, rank, unembed=unembed)
+        except ValueError as exc:  # the engine's refusal (vLLM: no LoRA on the output layer)
+            raise TinkerError(str(exc)) from exc
+        model = TinkerModel(mid, session_id, mid, rank, base_model, unembed)
         self.models[mid] = model
         session.models.append(mid)
         return model
@@ -259,7 +264,7 @@ class TinkerService:
         adapters = self._need_adapters()
         learner = self.learner(model)
         snap = f"snap-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
-        await adapters.add(snap, model.rank)
+        await adapters.add(snap, model.rank, unembed=model.unembed)
         await learner.worker.run(copy_adapter, learner, model.adapter, snap)
         path = f"tinker://{model.adapter}/sampler_weights/{name}" if name else None
         sampler = Sampler(f"sampler-{snap}", snap, model.base_model, path, model.model_id)
@@ -372,10 +377,10 @@ class TinkerService:
         mid = f"{session_id}:train:{model_seq_id}"
         if mid in self.models:
             raise TinkerError(f"model {mid!r} exists already (model_seq_id {model_seq_id} is taken)", 409)
-        rank = await asyncio.to_thread(checkpoint_rank, file)
+        rank, unembed = await asyncio.to_thread(checkpoint_shape, file)
         adapter = f"tinker-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
-        await adapters.add(adapter, rank)
-        model = self.models[mid] = TinkerModel(mid, session_id, adapter, rank, self.served_name)
+        await adapters.add(adapter, rank, unembed=unembed)
+        model = self.models[mid] = TinkerModel(mid, session_id, adapter, rank, self.served_name, unembed)
         session.models.append(mid)
         try:
             await self.load_state(model, path, optimizer)
