@@ -146,14 +146,19 @@ def test_the_generator_size_grows_until_the_eval_split_holds_50() -> None:
 def test_the_prompt_states_the_answer_format() -> None:
     source = get_task(EASY)
     task = source.generate_tasks("eval", 1)[0]
-    system, example, shown, asked = task["messages"]
+    system, *shots, asked = task["messages"]
     assert system["role"] == "system" and "<answer>" in system["content"] and "</answer>" in system["content"]
     assert asked == {"role": "user", "content": task["question"]}
-    # the worked example is a train question, answered in the format the reward extracts, and scores 1
+    # the worked examples are distinct train questions, answered in the format the reward extracts, and score 1
     dataset = source.datasets[task["dataset"]]
-    assert example["content"] in dataset.splits["train"] and example["content"] not in dataset.splits["eval"]
-    assert shown["role"] == "assistant" and shown["content"].startswith("<answer>")
-    assert source.reward({**task, "entry": dataset.entries[example["content"]]}, shown["content"]) == 1.0
+    assert len(shots) == 2 * rg.EXAMPLES
+    examples = [m["content"] for m in shots[::2]]
+    assert len(set(examples)) == rg.EXAMPLES
+    for example, shown in zip(shots[::2], shots[1::2], strict=True):
+        assert example["role"] == "user" and shown["role"] == "assistant"
+        assert example["content"] in dataset.splits["train"] and example["content"] not in dataset.splits["eval"]
+        assert shown["content"].startswith("<answer>")
+        assert source.reward({**task, "entry": dataset.entries[example["content"]]}, shown["content"]) == 1.0
 
 
 @NEEDS_RG
