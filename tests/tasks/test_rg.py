@@ -267,6 +267,10 @@ async def test_the_task_workflow_scores_a_reply_with_the_rg_reward() -> None:
         def openai(self) -> Any:
             return type("O", (), {"chat": type("Ch", (), {"completions": Completions()})})
 
-    reward = await task_workflow(task_src, task_src.EVAL_SAMPLING, model="m")(task, Episode())  # type: ignore[arg-type]
+    traces: list[tuple[dict[str, Any], Any]] = []
+    reward = await task_workflow(task_src, task_src.EVAL_SAMPLING, model="m", traces=traces)(task, Episode())  # type: ignore[arg-type]
     assert reward == 1.0
     assert sent[0]["messages"] == task["messages"] and sent[0]["seed"] == task_src.EVAL_SAMPLING["seed"]
+    # with traces, the demo keeps the reply and its reward (its transcripts and per-type eval)
+    [(traced, trace)] = traces
+    assert traced is task and trace.reward == 1.0 and trace.transcript == [f"Sure. <answer>{task['answer']}</answer>"]
