@@ -13,8 +13,9 @@ Names (docs/environments.md):
 - ``rg:path/to/mix.yaml`` (or ``.json``): ``datasets: {NAME: {knob: value, ...}, ...}``, for knobs the name
   cannot carry (lists, strings with ``+ , :``).
 
-Each question gets a system-free user prompt: the question, then the answer format (``<answer>...</answer>``,
-reasoning-gym's "direct" prompt). The reward extracts the answer (``reasoning_gym.utils.extract_answer``: the last
+Each question's prompt: the answer format as the system prompt (``<answer>...</answer>``, reasoning-gym's "direct"
+prompt), ``EXAMPLES`` worked examples from the train split (question, then the answer in that format), then the
+question. The reward extracts the answer (``reasoning_gym.utils.extract_answer``: the last
 ``<answer>`` block; none gives 0.0) and scores it with the dataset's own ``score_answer(answer, entry)``.
 
 Splits: a dataset's distinct questions are split by a hash of the question text: those hashing into the lowest
