@@ -204,11 +204,22 @@ def eval_every_s(s: DemoSettings, rec: Recommended) -> float | None:
 
 
 def train_pool(task_mod: TaskSource, n: int = 1024) -> list[dict[str, Any]]:
-    """The distinct train tasks among the first ``n`` the task generates (the curriculum's pool)."""
+    """The distinct train tasks among the first ``n`` the task generates (the curriculum's pool). With several
+    task types (a cocktail) the pool keeps as many of each type as the smallest type has, types in turn, so the
+    curriculum's uniform draws give each type an equal share of the groups, as the server's equal quotas ask.
+    Unequal draws starve the batch: with 533 tasks of which 50 were ``products``, the demo's 4 groups in flight
+    all waited on types ahead of their share while no ``products`` group was drawn, and training stopped after 2
+    steps (docs/environments.md)."""
     seen: dict[str, dict[str, Any]] = {}
     for t in task_mod.generate_tasks("train", n, seed=0):
         seen.setdefault(str(t["task_id"]), t)
-    return list(seen.values())
+    by_type: dict[str, list[dict[str, Any]]] = {}
+    for t in seen.values():
+        by_type.setdefault(str(t.get("task_type", "")), []).append(t)
+    if len(by_type) < 2:
+        return list(seen.values())
+    keep = min(len(ts) for ts in by_type.values())
+    return [ts[i] for i in range(keep) for ts in by_type.values()]
 
 
 async def _client_side(s: DemoSettings, task_mod: TaskSource, rec: Recommended, steps: int, url: str,
