@@ -274,3 +274,23 @@ async def test_the_task_workflow_scores_a_reply_with_the_rg_reward() -> None:
     # with traces, the demo keeps the reply and its reward (its transcripts and per-type eval)
     [(traced, trace)] = traces
     assert traced is task and trace.reward == 1.0 and trace.transcript == [f"Sure. <answer>{task['answer']}</answer>"]
+
+
+@NEEDS_RG
+def test_the_demo_draws_a_cocktails_types_equally() -> None:
+    """The demo's train pool holds as many tasks of each dataset, types in turn, so the curriculum's uniform draws
+    match the equal quotas (unequal draws stalled a cocktail run: docs/environments.md)."""
+    from collections import Counter
+
+    from agentjet.apps.demo import train_pool
+
+    source = get_task(MIX)
+    pool = train_pool(source)
+    counts = Counter(t["task_type"] for t in pool)
+    smallest = min(len(d.splits["train"]) for d in source.datasets.values())
+    assert set(counts) == set(source.datasets) and set(counts.values()) == {smallest}
+    assert [t["task_type"] for t in pool[:3]] == list(source.datasets)
+    assert len({t["task_id"] for t in pool}) == len(pool)
+    assert all(t["split"] == "train" for t in pool)
+    single = get_task(EASY)  # one type: every distinct train task
+    assert len(train_pool(single)) == len(single.datasets["chain_sum"].splits["train"])
