@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -104,6 +105,36 @@ def test_the_demo_plot_draws_through_plot_curves(tmp_path: Path) -> None:
     assert result.curve().points == evals
     assert save_plot(result, tmp_path / "reward_curve.png")
     assert (tmp_path / "reward_curve.png").stat().st_size > 5000
+
+
+def test_the_demo_keeps_and_draws_a_cocktails_eval_per_task_type(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("matplotlib")
+    from agentjet.apps.demo import by_type
+    from agentjet.client.runner import ReplyTrace
+
+    done = [({"task_type": "a"}, ReplyTrace(1.0)), ({"task_type": "b"}, ReplyTrace(0.0)),
+            ({"task_type": "a"}, ReplyTrace(0.0)), ({}, ReplyTrace(0.5))]
+    assert by_type(done) == ({"a": 0.5, "b": 0.0, "task": 0.5}, {"a": 2, "b": 1, "task": 1})
+    evals = [EvalPoint(train_steps=s, policy_version=s, reward=r, seconds=60.0 * s) for s, r in [(0, 0.2), (2, 0.6)]]
+    rows = [{"minutes": 0.0, "train_steps": 0, "rewards": {"a": 0.1, "b": 0.3}, "episodes": {"a": 2, "b": 2}},
+            {"minutes": 2.0, "train_steps": 2, "rewards": {"a": 0.5, "b": 0.7}, "episodes": {"a": 2, "b": 2}}]
+    result = DemoResult(eval_before=0.2, eval_after=0.6, train_steps=2, policy_version=2, train_episodes=32,
+                        failed_episodes=0, seconds=120.0, reward_by_version={1: 0.3, 2: 0.5},
+                        settings={"model": "m", "task": "rg:a+b"}, evals=evals, eval_by_type=rows)
+    assert json.loads(json.dumps(result.to_json()))["eval_by_type"] == rows
+    drawn: list[Any] = []
+    from agentjet.apps import demo
+
+    def plot(panels: list[Any], path: Path, **kw: Any) -> bool:
+        drawn.extend(panels)
+        return real(panels, path, **kw)
+
+    real = demo.plot_curves
+    monkeypatch.setattr(demo, "plot_curves", plot)
+    assert save_plot(result, tmp_path / "reward_curve.png")
+    per_type = drawn[-1]
+    assert [line.label for line in per_type.lines] == ["a (held-out)", "b (held-out)"]
+    assert [list(line.xy) for line in per_type.lines] == [[(0.0, 0.1), (2.0, 0.5)], [(0.0, 0.3), (2.0, 0.7)]]
 
 
 def _script(name: str) -> ModuleType:

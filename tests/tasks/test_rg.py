@@ -146,14 +146,19 @@ def test_the_generator_size_grows_until_the_eval_split_holds_50() -> None:
 def test_the_prompt_states_the_answer_format() -> None:
     source = get_task(EASY)
     task = source.generate_tasks("eval", 1)[0]
-    system, example, shown, asked = task["messages"]
+    system, *shots, asked = task["messages"]
     assert system["role"] == "system" and "<answer>" in system["content"] and "</answer>" in system["content"]
     assert asked == {"role": "user", "content": task["question"]}
-    # the worked example is a train question, answered in the format the reward extracts, and scores 1
+    # the worked examples are distinct train questions, answered in the format the reward extracts, and score 1
     dataset = source.datasets[task["dataset"]]
-    assert example["content"] in dataset.splits["train"] and example["content"] not in dataset.splits["eval"]
-    assert shown["role"] == "assistant" and shown["content"].startswith("<answer>")
-    assert source.reward({**task, "entry": dataset.entries[example["content"]]}, shown["content"]) == 1.0
+    assert len(shots) == 2 * rg.EXAMPLES
+    examples = [m["content"] for m in shots[::2]]
+    assert len(set(examples)) == rg.EXAMPLES
+    for example, shown in zip(shots[::2], shots[1::2], strict=True):
+        assert example["role"] == "user" and shown["role"] == "assistant"
+        assert example["content"] in dataset.splits["train"] and example["content"] not in dataset.splits["eval"]
+        assert shown["content"].startswith("<answer>")
+        assert source.reward({**task, "entry": dataset.entries[example["content"]]}, shown["content"]) == 1.0
 
 
 @NEEDS_RG
@@ -262,6 +267,30 @@ async def test_the_task_workflow_scores_a_reply_with_the_rg_reward() -> None:
         def openai(self) -> Any:
             return type("O", (), {"chat": type("Ch", (), {"completions": Completions()})})
 
-    reward = await task_workflow(task_src, task_src.EVAL_SAMPLING, model="m")(task, Episode())  # type: ignore[arg-type]
+    traces: list[tuple[dict[str, Any], Any]] = []
+    reward = await task_workflow(task_src, task_src.EVAL_SAMPLING, model="m", traces=traces)(task, Episode())  # type: ignore[arg-type]
     assert reward == 1.0
     assert sent[0]["messages"] == task["messages"] and sent[0]["seed"] == task_src.EVAL_SAMPLING["seed"]
+    # with traces, the demo keeps the reply and its reward (its transcripts and per-type eval)
+    [(traced, trace)] = traces
+    assert traced is task and trace.reward == 1.0 and trace.transcript == [f"Sure. <answer>{task['answer']}</answer>"]
+
+
+@NEEDS_RG
+def test_the_demo_draws_a_cocktails_types_equally() -> None:
+    """The demo's train pool holds as many tasks of each dataset, types in turn, so the curriculum's uniform draws
+    match the equal quotas (unequal draws stalled a cocktail run: docs/environments.md)."""
+    from collections import Counter
+
+    from agentjet.apps.demo import train_pool
+
+    source = get_task(MIX)
+    pool = train_pool(source)
+    counts = Counter(t["task_type"] for t in pool)
+    smallest = min(len(d.splits["train"]) for d in source.datasets.values())
+    assert set(counts) == set(source.datasets) and set(counts.values()) == {smallest}
+    assert [t["task_type"] for t in pool[:3]] == list(source.datasets)
+    assert len({t["task_id"] for t in pool}) == len(pool)
+    assert all(t["split"] == "train" for t in pool)
+    single = get_task(EASY)  # one type: every distinct train task
+    assert len(train_pool(single)) == len(single.datasets["chain_sum"].splits["train"])

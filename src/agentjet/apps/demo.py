@@ -4,7 +4,8 @@
 2. Evaluate on the held-out split (eval episodes: never trained on).
 3. Train (``agentjet.client.scheduled``): a curriculum draws each group's task, the held-out eval runs every
    ``eval_every_s``, and training stops at ``steps``, the time budget, or an eval plateau / solved task.
-4. Evaluate again, print before/after, save a reward-curve PNG (steps and wall-clock minutes) and a JSON summary.
+4. Evaluate again, print before/after, save a reward-curve PNG (steps and wall-clock minutes; with several task
+   types, a cocktail, also the held-out eval of each type) and a JSON summary.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 from rich.console import Console
 
 from agentjet.client.client import SwarmClient
-from agentjet.client.runner import task_workflow
+from agentjet.client.runner import ReplyTrace, task_workflow
 from agentjet.client.scheduled import EvalPoint, ScheduleSettings, StepPoint, run_scheduled
 from agentjet.models import DEFAULT_MODEL
 from agentjet.observe.curveplot import Line, Panel, plot_curves
@@ -86,6 +87,9 @@ class DemoResult:
     # at the first and the last eval
     tool_use: list[dict[str, Any]] = field(default_factory=list)
     transcripts: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    # each held-out eval by task type (a cocktail's datasets): minutes, train_steps, {type: mean reward},
+    # {type: episodes}
+    eval_by_type: list[dict[str, Any]] = field(default_factory=list)
 
     def curve(self) -> LearnCurve:
         """The held-out eval curve."""
@@ -99,7 +103,16 @@ class DemoResult:
         return data
 
 
-TRANSCRIPTS = 5  # eval tasks whose transcripts the demo keeps (first and last eval)
+TRANSCRIPTS = 5  # eval tasks whose multi-turn transcripts the demo keeps (first and last eval); single-call
+# tasks keep every eval reply
+
+
+def by_type(done: list[tuple[dict[str, Any], Any]]) -> tuple[dict[str, float], dict[str, int]]:
+    """The mean eval reward and episode count of each task type (``task_type``, else the task's name)."""
+    rewards: dict[str, list[float]] = {}
+    for task, trace in done:
+        rewards.setdefault(str(task.get("task_type", "task")), []).append(float(trace.reward))
+    return {t: sum(r) / len(r) for t, r in rewards.items()}, {t: len(r) for t, r in rewards.items()}
 
 
 def server_config(s: DemoSettings, port: int, rec: Recommended, admin_token: str | None = None) -> ServerConfig:
@@ -127,7 +140,14 @@ def save_plot(result: DemoResult, path: Path) -> bool:
                           label="train reward (trained batches: mixed groups)", style={"marker": ".", "alpha": 0.7}),
                      Line(curve, label="held-out eval", style=evals)],
                     x="minutes", xlabel="wall-clock minutes (evals included)")
-    return plot_curves([by_step, by_time], path, cols=2, figsize=(11, 4), dpi=120,
+    panels = [by_step, by_time]
+    types = sorted({t for row in result.eval_by_type for t in row["rewards"]})
+    if len(types) > 1:  # a cocktail: the held-out eval of each task type
+        panels.append(Panel([Line(xy=[(row["minutes"] or 0.0, row["rewards"][t]) for row in result.eval_by_type
+                                      if t in row["rewards"]], label=f"{t} (held-out)", style={"marker": "s"})
+                             for t in types], x="minutes", xlabel="wall-clock minutes (evals included)",
+                            ylabel="held-out eval reward", title="held-out eval per task type", legend="best"))
+    return plot_curves(panels, path, cols=len(panels), figsize=(5.5 * len(panels), 4), dpi=120,
                        title=f"AgentJet demo: {result.settings.get('model')} on {result.settings.get('task')} "
                              f"(eval {result.eval_before:.3f} -> {result.eval_after:.3f}, {result.seconds / 60:.1f} min)")
 
@@ -184,11 +204,22 @@ def eval_every_s(s: DemoSettings, rec: Recommended) -> float | None:
 
 
 def train_pool(task_mod: TaskSource, n: int = 1024) -> list[dict[str, Any]]:
-    """The distinct train tasks among the first ``n`` the task generates (the curriculum's pool)."""
+    """The distinct train tasks among the first ``n`` the task generates (the curriculum's pool). With several
+    task types (a cocktail) the pool keeps as many of each type as the smallest type has, types in turn, so the
+    curriculum's uniform draws give each type an equal share of the groups, as the server's equal quotas ask.
+    Unequal draws starve the batch: with 533 tasks of which 50 were ``products``, the demo's 4 groups in flight
+    all waited on types ahead of their share while no ``products`` group was drawn, and training stopped after 2
+    steps (docs/environments.md)."""
     seen: dict[str, dict[str, Any]] = {}
     for t in task_mod.generate_tasks("train", n, seed=0):
         seen.setdefault(str(t["task_id"]), t)
-    return list(seen.values())
+    by_type: dict[str, list[dict[str, Any]]] = {}
+    for t in seen.values():
+        by_type.setdefault(str(t.get("task_type", "")), []).append(t)
+    if len(by_type) < 2:
+        return list(seen.values())
+    keep = min(len(ts) for ts in by_type.values())
+    return [ts[i] for i in range(keep) for ts in by_type.values()]
 
 
 async def _client_side(s: DemoSettings, task_mod: TaskSource, rec: Recommended, steps: int, url: str,
@@ -204,20 +235,29 @@ async def _client_side(s: DemoSettings, task_mod: TaskSource, rec: Recommended, 
     eval_traces: list[tuple[dict[str, Any], Any]] = []
     tool_use: list[dict[str, Any]] = []
     transcripts: dict[str, list[dict[str, Any]]] = {}
+    eval_types: list[dict[str, Any]] = []
 
     def on_eval(p: EvalPoint) -> None:
         console.print(f"  [green]eval[/green] at {p.minutes or 0.0:4.1f} min, step {p.train_steps:3d}: held-out reward "
                       f"{p.reward:.3f} ({p.episodes} tasks, {p.eval_seconds:.0f}s)")
-        if not eval_traces or not hasattr(task_mod, "tool_use_summary"):
+        if not eval_traces:
             return
         done = sorted(eval_traces, key=lambda tt: int(tt[0].get("index", 0)))
+        eval_traces.clear()
+        rewards, counts = by_type(done)
+        eval_types.append({"minutes": p.minutes, "train_steps": p.train_steps, "rewards": rewards,
+                           "episodes": counts})
+        if len(rewards) > 1:
+            console.print("        by task type: " + ", ".join(f"{t} {r:.3f}" for t, r in sorted(rewards.items())))
+        kept = done if all(isinstance(tr, ReplyTrace) for _, tr in done) else done[:TRANSCRIPTS]
+        transcripts["before" if len(eval_types) == 1 else "after"] = [
+            {"task_id": t["task_id"], "question": t["messages"][-1]["content"], "answer": t.get("answer"),
+             "reward": tr.reward, "transcript": list(tr.transcript)} for t, tr in kept]
+        if not hasattr(task_mod, "tool_use_summary"):
+            return
         row = task_mod.tool_use_summary([t for t, _ in done], [tr for _, tr in done])
         tool_use.append({"minutes": p.minutes, "train_minutes": p.train_minutes,
                          "train_steps": p.train_steps, **row})
-        transcripts["before" if len(tool_use) == 1 else "after"] = [
-            {"task_id": t["task_id"], "question": t["messages"][-1]["content"], "answer": t.get("answer"),
-             "reward": tr.reward, "transcript": list(tr.transcript)} for t, tr in done[:TRANSCRIPTS]]
-        eval_traces.clear()
         console.print(f"        tool use: {row['tool_call_share']:.0%} of episodes call a tool, "
                       f"{row['correct_call_share']:.0%} call it correctly; {row['turns_per_episode']:.2f} turns "
                       "per episode")
@@ -260,4 +300,4 @@ async def _client_side(s: DemoSettings, task_mod: TaskSource, rec: Recommended, 
         stop_reason=run.stop_reason, groups=run.groups, uniform_groups=run.uniform_groups,
         merge_ratio=run.merge_ratio, curriculum=run.curriculum,
         provenance={"engine": status.engine, "device": str(status.engine_info.get("device", "unknown"))},
-        tool_use=tool_use, transcripts=transcripts)
+        tool_use=tool_use, transcripts=transcripts, eval_by_type=eval_types)

@@ -64,12 +64,22 @@ class RunSummary:
         return self.calls / self.samples if self.samples else float("nan")
 
 
+@dataclass
+class ReplyTrace:
+    """One single-call episode as ``task_workflow`` saw it: the reply and its reward (the trace of a task without
+    a multi-turn ``rollout``)."""
+
+    reward: float = 0.0
+    transcript: list[str] = field(default_factory=list)  # the one reply
+
+
 def task_workflow(task_mod: TaskSource, sampling: dict[str, Any], *, model: str = "agent",
                   traces: list[tuple[dict[str, Any], Any]] | None = None) -> Workflow:
     """The workflow of a task module (``agentjet.tasks``' interface): the task's own multi-turn
     ``rollout(task, ep, sampling)`` if it has one, else one chat call scored by ``reward(task, text)``. A task
-    with an ``index`` gets ``sampling``'s seed plus its index. With ``traces`` and a task that traces its episodes
-    (``EpisodeTrace``), each episode's (task, trace) is appended there."""
+    with an ``index`` gets ``sampling``'s seed plus its index. With ``traces``, each episode's (task, trace) is
+    appended there: the task's own ``EpisodeTrace`` for a multi-turn task that traces its episodes, a
+    ``ReplyTrace`` (the reply and its reward) for a single-call task."""
     rollout = getattr(task_mod, "rollout", None)
     trace_cls = getattr(task_mod, "EpisodeTrace", None) if traces is not None else None
 
@@ -85,7 +95,10 @@ def task_workflow(task_mod: TaskSource, sampling: dict[str, Any], *, model: str 
             reward = float(await rollout(task, ep, params))
         else:
             reply = await ep.openai().chat.completions.create(model=model, messages=task["messages"], **params)
-            reward = float(task_mod.reward(task, reply.choices[0].message.content or ""))
+            text = reply.choices[0].message.content or ""
+            reward = float(task_mod.reward(task, text))
+            if traces is not None and rollout is None:
+                traces.append((task, ReplyTrace(reward=reward, transcript=[text])))
         return reward
 
     return workflow

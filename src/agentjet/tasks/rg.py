@@ -13,8 +13,9 @@ Names (docs/environments.md):
 - ``rg:path/to/mix.yaml`` (or ``.json``): ``datasets: {NAME: {knob: value, ...}, ...}``, for knobs the name
   cannot carry (lists, strings with ``+ , :``).
 
-Each question gets a system-free user prompt: the question, then the answer format (``<answer>...</answer>``,
-reasoning-gym's "direct" prompt). The reward extracts the answer (``reasoning_gym.utils.extract_answer``: the last
+Each question's prompt: the answer format as the system prompt (``<answer>...</answer>``, reasoning-gym's "direct"
+prompt), ``EXAMPLES`` worked examples from the train split (question, then the answer in that format), then the
+question. The reward extracts the answer (``reasoning_gym.utils.extract_answer``: the last
 ``<answer>`` block; none gives 0.0) and scores it with the dataset's own ``score_answer(answer, entry)``.
 
 Splits: a dataset's distinct questions are split by a hash of the question text: those hashing into the lowest
@@ -55,6 +56,7 @@ DEFAULT_SIZE = 1000  # questions generated per dataset (the generator's ``size``
 MAX_SIZE = 16_000  # the generator's size is doubled up to this while the eval split is short
 DEFAULT_SEED = 0  # the generator's seed (reasoning-gym's own default is a random one)
 LEVEL = "level"  # the knob that picks a curriculum level
+EXAMPLES = 2  # worked examples (train questions with their answers) every prompt shows before its question
 
 SAMPLING: dict[str, Any] = {"temperature": 0.7, "top_p": 1.0, "max_tokens": 48}
 EVAL_SAMPLING: dict[str, Any] = {"temperature": 0.7, "top_p": 1.0, "max_tokens": 48, "seed": 10_000}
@@ -257,11 +259,11 @@ class Dataset:
         eval_set = set(held)
         return {"eval": sorted(eval_set), "train": sorted(q for q in ranked if q not in eval_set)}
 
-    def example(self) -> tuple[str, str]:
-        """The worked example every prompt shows: the train question with the highest hash, and its answer (never
-        an eval question)."""
-        question = max(self.splits["train"], key=question_hash)
-        return question, str(self.entries[question].get("answer"))
+    def examples(self, n: int = EXAMPLES) -> list[tuple[str, str]]:
+        """The worked examples every prompt shows: the ``n`` train questions with the highest hash, and their
+        answers (never an eval question)."""
+        questions = sorted(self.splits["train"], key=question_hash, reverse=True)[:n]
+        return [(q, str(self.entries[q].get("answer"))) for q in questions]
 
     def score(self, text: str, entry: dict[str, Any]) -> float:
         """The extracted answer scored by the dataset's own ``score_answer`` (no answer block: 0.0)."""
@@ -308,14 +310,14 @@ class ReasoningGymTask:
                 "answer": entry.get("answer"), "entry": entry, "messages": self.messages(data, question)}
 
     def messages(self, data: Dataset, question: str) -> list[dict[str, str]]:
-        """The answer format as the system prompt, one worked example from the train split, then the question.
-        Without the example SmolLM2-135M never used the answer block (0 of 8 chain_sum replies, reward 0.0, so no
-        GRPO group had a signal); with it about half did (docs/environments.md)."""
-        example, answer = data.example()
-        return [{"role": "system", "content": self._prompt},
-                {"role": "user", "content": example},
-                {"role": "assistant", "content": f"<answer>{answer}</answer>"},
-                {"role": "user", "content": question}]
+        """The answer format as the system prompt, ``EXAMPLES`` (2) worked examples from the train split, then the
+        question. Without an example SmolLM2-135M never used the answer block (0 of 8 chain_sum replies, reward
+        0.0, so no GRPO group had a signal); with one about half did, and the other half wrote the sum outside it
+        (``0 + 4 = 4``); with two, 48 of 48 did (docs/environments.md)."""
+        shots = []
+        for example, answer in data.examples():
+            shots += [{"role": "user", "content": example}, {"role": "assistant", "content": f"<answer>{answer}</answer>"}]
+        return [{"role": "system", "content": self._prompt}, *shots, {"role": "user", "content": question}]
 
     def generate_tasks(self, split: str, n: int, seed: int = 0) -> list[dict[str, Any]]:
         """``n`` tasks from ``split``, the datasets in turn (equal shares); each dataset cycles through a seeded
