@@ -64,6 +64,7 @@ def test_over_represented_type_is_deferred_with_retry_after(make_server) -> None
     begin = lambda t, wait=0.0: httpx.post(f"{srv.url}/swarm/v1/episodes",  # noqa: E731
                                            json={"client_id": "c", "task_id": f"{t}-1", "task_type": t,
                                                  "wait_s": wait})
+    assert begin("code").status_code == 200  # code is present: math keeps to its own share
     for _ in range(4):  # two batches' worth of math's share (1 group x 2 episodes x 2)
         assert begin("math").status_code == 200
     r = begin("math")
@@ -111,6 +112,40 @@ def test_absent_type_policy(make_server, policy: str, trains: bool) -> None:
     assert srv.server.counters.training.train_steps == (1 if trains else 0)
     if trains:
         assert step_shares(srv) == [{"share/math": 1.0}]
+
+
+def test_a_type_left_alone_fills_the_batches_of_the_absent_types_instead_of_waiting_on_itself(make_server) -> None:
+    """The deadlock a three-dataset cocktail hit (issue 36): math had two groups pending, its cap (two batches'
+    worth of its one-group share) deferred its next begin, and a batch of three groups could never fill while
+    code and poetry sent nothing (their groups all dropped as uniform, their clients stuck on math's
+    deferrals). Once the others are absent, their shares count as math's: it begins again and trains."""
+    clock = FakeClock()
+    srv = make_server(clock=clock, training={"group_size": 2, "batch_groups": 3, "absent_after_s": 30,
+                                             "task_ratios": {"math": 1 / 3, "code": 1 / 3, "poetry": 1 / 3}})
+    for t in ("code", "poetry"):  # they began once (present), then stopped
+        r = httpx.post(f"{srv.url}/swarm/v1/episodes", json={"client_id": "c", "task_id": f"{t}-0", "task_type": t})
+        httpx.post(f"{srv.url}/swarm/v1/episodes/{r.json()['episode_id']}/abort", json={},
+                   headers={"Authorization": f"Bearer {r.json()['api_key']}"})
+    counter = itertools.count()
+    begin = lambda: httpx.post(f"{srv.url}/swarm/v1/episodes",  # noqa: E731
+                               json={"client_id": "c", "task_id": "math-x", "task_type": "math", "wait_s": 0})
+
+    async def math_groups(n: int) -> None:
+        async with SwarmClient(srv.url) as client:
+            await groups_of(client, "math", n, counter)
+
+    asyncio.run(math_groups(2))
+    settle(srv)
+    r = begin()
+    assert r.status_code == 429 and r.json()["error"]["code"] == "deferred"  # the others are still present
+    clock.advance(31)  # code and poetry are absent now
+    r = begin()
+    assert r.status_code == 200  # their shares count as math's
+    httpx.post(f"{srv.url}/swarm/v1/episodes/{r.json()['episode_id']}/abort", json={},
+               headers={"Authorization": f"Bearer {r.json()['api_key']}"})
+    asyncio.run(math_groups(1))
+    settle(srv)
+    assert srv.server.counters.training.train_steps == 1 and step_shares(srv) == [{"share/math": 1.0}]
 
 
 def test_two_producers_at_70_30(make_server) -> None:

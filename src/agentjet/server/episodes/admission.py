@@ -325,11 +325,14 @@ class Admission:
                         headers={"Retry-After": "1", "Retry-After-Ms": str(retry_ms)})
 
     def _ahead_of_share(self, task_type: str) -> bool:
-        """Cocktail training: a type that already has two batches' worth of its share in flight waits."""
+        """Cocktail training: a type that already has two batches' worth of its share in flight waits. Its share
+        takes in the absent types' under the fill policy: else a type left alone (the others' clients gone, or
+        all their groups dropped as uniform and their clients stuck on this type's deferrals) could never fill
+        a batch, and would wait on itself."""
         settings = self.config.training
         if not settings.task_ratios or task_type not in settings.task_ratios:
             return False
-        quota = max(self.pool.quotas().get(task_type, 0), 1) * settings.group_size
+        quota = max(self.pool.share_with_absent(task_type), 1) * settings.group_size
         outstanding = self.registry.open_by_type[task_type] + self.pool.pending_by_type().get(task_type, 0)
         return outstanding >= 2 * quota
 

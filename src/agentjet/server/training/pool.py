@@ -238,6 +238,16 @@ class GroupPool:
             self.counters.drop_uniform(sum(g.size for g in uniform))
         return [g for g in groups if not is_uniform(g)]
 
+    def share_with_absent(self, task_type: str) -> int:
+        """Groups per batch that ``task_type`` may have to supply: its own share, plus under the fill policy the
+        shares of the absent types (their places in a batch go to present groups, of any type). Admission lets a
+        type have two of these in flight, so a present type can fill whole batches while the others are away."""
+        quotas = self.quotas()
+        own = quotas.get(task_type, 0)
+        if self.settings.absent_policy is AbsentPolicy.STRICT:
+            return own
+        return own + sum(q for t, q in quotas.items() if t != task_type and self._absent(t))
+
     def _absent(self, task_type: str) -> bool:
         seen = self.last_begin.get(task_type)
         return seen is None or self.clock.monotonic() - seen > self.settings.absent_after_s
