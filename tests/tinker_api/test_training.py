@@ -121,3 +121,27 @@ def test_train_unembed_puts_lora_on_the_output_layer_and_trains_it(tinker_server
                             "cross_entropy").result()
     forward_lps = out.loss_fn_outputs[0]["logprobs"].to_numpy()[len(tokens) - 1:]
     assert np.allclose(forward_lps, np.array(seq.logprobs), atol=1e-3)
+
+
+def test_a_client_side_custom_loss_runs_as_forward_then_weighted_cross_entropy(training_client) -> None:
+    """``forward_backward_custom`` with a Python loss: the SDK runs ``forward``, differentiates the loss on the
+    client and sends ``weights = -dC/dlogprobs`` (negative where the loss wants a logprob lower) to a
+    cross-entropy backward. Minimising ``-logprob`` of one sequence and ``+logprob`` of another moves them apart."""
+    import torch
+
+    _, tc = training_client
+    up, down = [1, 5, 9, 13, 17], [2, 4, 6, 8, 10]
+    before = seq_logprob(tc, up), seq_logprob(tc, down)
+
+    def loss_fn(data, logprobs):
+        loss = -logprobs[0].sum() + logprobs[1].sum()
+        return loss, {"custom": float(loss.detach())}
+
+    for _ in range(3):
+        out = tc.forward_backward_custom([datum(up, weights=[1.0] * 4), datum(down, weights=[1.0] * 4)],
+                                         loss_fn).result()
+        tc.optim_step(ADAM).result()
+    assert "custom" in out.metrics
+    after = seq_logprob(tc, up), seq_logprob(tc, down)
+    assert after[0] > before[0] + 1e-3 and after[1] < before[1] - 1e-3
+    assert torch.isfinite(torch.tensor(after)).all()
