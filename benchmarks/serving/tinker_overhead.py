@@ -48,7 +48,7 @@ def main() -> None:
                            advantages=[0.0] * n_p + [0.5] * args.reply) for s in seqs]
     adapters = srv.server.adapters
     assert adapters is not None
-    srv.call(adapters.add("bench", 8))
+    srv.call(adapters.add("bench", 8, unembed=True))  # the same adapter shape as the SDK client's (train_unembed)
     learner = adapters.engine("bench").learner
 
     def sdk_step() -> None:

@@ -145,3 +145,39 @@ def test_a_client_side_custom_loss_runs_as_forward_then_weighted_cross_entropy(t
     after = seq_logprob(tc, up), seq_logprob(tc, down)
     assert after[0] > before[0] + 1e-3 and after[1] < before[1] - 1e-3
     assert torch.isfinite(torch.tensor(after)).all()
+
+
+def test_positions_without_a_gradient_are_computed_without_the_graph_and_the_gradients_are_the_same(
+        tinker_server, service_client) -> None:
+    """forward_backward keeps the graph only where a weight or an advantage is non-zero (a prompt's positions are
+    computed without it): the logprobs and the adapter's gradients equal those of the whole graph."""
+    import torch
+
+    from agentjet.learners.tinker_ops import TinkerDatum, _graded, _logprobs
+
+    srv = tinker_server()
+    tc = service_client(srv).create_lora_training_client(base_model="tiny", rank=4).result()
+    tc.forward_backward([datum([1, 5, 9, 13], weights=[1.0] * 3)], "cross_entropy").result()
+    tc.optim_step(ADAM).result()  # B moves off zero: every LoRA weight has a gradient
+    service = srv.server.tinker
+    learner = service.learner(service.model(tc.model_id))
+    data = [TinkerDatum(tokens=[1, 5, 9, 13, 17], target_tokens=[5, 9, 13, 17, 21], logprobs=[-1.0] * 5,
+                        advantages=[0.0, 0.0, 0.5, -1.0, 0.25]),
+            TinkerDatum(tokens=[2, 4, 6], target_tokens=[4, 6, 8], logprobs=[-2.0] * 3, advantages=[0.0, 1.0, 0.0])]
+
+    def run(graded):
+        learner.activate()
+        params = learner.params
+        lps = _logprobs(learner, data, graded)
+        loss = sum(-(torch.exp(lp - torch.tensor(d.logprobs)) * torch.tensor(d.advantages)).sum()
+                   for lp, d in zip(lps, data, strict=True))
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+        return [lp.detach() for lp in lps], [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads, strict=True)]
+
+    with_graph = learner.worker.submit(run, None).result()
+    split = learner.worker.submit(run, [_graded(d, "importance_sampling") for d in data]).result()
+    for a, b in zip(with_graph[0], split[0], strict=True):
+        assert torch.allclose(a, b, atol=1e-6)
+    assert any(float(g.abs().max()) > 0 for g in split[1])
+    for a, b in zip(with_graph[1], split[1], strict=True):
+        assert torch.allclose(a, b, atol=1e-6, rtol=1e-5)

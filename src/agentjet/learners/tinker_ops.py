@@ -99,8 +99,18 @@ def _micro_batches(data: Sequence[TinkerDatum], max_tokens: int) -> list[list[in
     return groups
 
 
-def _logprobs(learner: InProcessLearner, data: list[TinkerDatum]) -> list[torch.Tensor]:
-    """Each datum's logprobs of its target tokens (with the graph when grad is enabled)."""
+def _graded(d: TinkerDatum, loss_fn: str) -> list[bool]:
+    """The target positions whose loss term can have a gradient: a non-zero weight (cross-entropy; no weights:
+    all) or a non-zero advantage (the policy losses). Elsewhere the term is 0 whatever the logprob."""
+    values = d.weights if loss_fn == "cross_entropy" else d.advantages
+    return [True] * len(d.target_tokens) if values is None else [v != 0 for v in values]
+
+
+def _logprobs(learner: InProcessLearner, data: list[TinkerDatum],
+              graded: list[list[bool]] | None = None) -> list[torch.Tensor]:
+    """Each datum's logprobs of its target tokens (with the graph when grad is enabled). With ``graded``, only
+    those positions keep the graph: the others (a prompt's, say) are computed without it, which saves their share
+    of the vocabulary projection's backward, the larger part of a step on a small model."""
     policy = learner.policy
     width = max(len(d.tokens) for d in data)
     ids = torch.full((len(data), width), policy.pad_id, dtype=torch.long)
@@ -115,9 +125,16 @@ def _logprobs(learner: InProcessLearner, data: list[TinkerDatum]) -> list[torch.
     lm = policy.causal_lm
     hidden = lm.base_model(input_ids=ids, attention_mask=attn).last_hidden_state
     mask = attn.bool()
-    flat = chunked_token_logprobs(hidden[mask], output_weight(lm), targets[mask],
-                                  torch.ones(int(mask.sum()), device=policy.device),
-                                  learner.config.logprob_chunk_tokens)
+    h, t, weight, chunk = hidden[mask], targets[mask], output_weight(lm), learner.config.logprob_chunk_tokens
+    ones = torch.ones(h.shape[0], device=policy.device)
+    if graded is None or not torch.is_grad_enabled():
+        flat = chunked_token_logprobs(h, weight, t, ones, chunk)
+    else:
+        g = torch.tensor([x for row in graded for x in row], dtype=torch.bool, device=policy.device)
+        flat = torch.zeros(h.shape[0], dtype=torch.float32, device=policy.device)
+        with torch.no_grad():
+            flat[~g] = chunked_token_logprobs(h[~g], weight, t[~g], ones[~g], chunk)
+        flat[g] = chunked_token_logprobs(h[g], weight, t[g], ones[g], chunk)
     return list(torch.split(flat, [len(d.tokens) for d in data]))
 
 
@@ -133,7 +150,7 @@ def forward_backward(learner: InProcessLearner, data: list[TinkerDatum], loss_fn
     for group in _micro_batches(data, learner.micro_batch_tokens):
         part = [data[i] for i in group]
         with torch.set_grad_enabled(backward):
-            lps = _logprobs(learner, part)
+            lps = _logprobs(learner, part, [_graded(d, loss_fn) for d in part])
             losses = [_loss(loss_fn, lp.float(), d, config) for lp, d in zip(lps, part, strict=True)]
             loss = torch.stack([x.sum() for x in losses]).sum()
             if backward:
