@@ -19,6 +19,8 @@ from typing import Any
 import httpx
 import pytest
 
+from agentjet.runtime import provenance
+
 SWARM_TOKEN = "fuzz-swarm-token-0123456789abcdef"
 ADMIN_TOKEN = "fuzz-admin-token-fedcba9876543210"
 REPLY = 'Sure. <tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>'  # parsed as a call when tools are given
@@ -75,7 +77,9 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     if os.environ.get("AGENTJET_FUZZ_RECORD"):
         COUNT_FILE.parent.mkdir(parents=True, exist_ok=True)
         COUNT_FILE.write_text(json.dumps({
-            "date": time.strftime("%Y-%m-%d"), "fuzz_cases": cases, "setup_requests": other,
+            "date": time.strftime("%Y-%m-%d"), "commit": provenance.git_commit(ROOT),
+            "machine": provenance.machine(), "device": provenance.device(),
+            "fuzz_cases": cases, "setup_requests": other,
             "by_group": dict(sorted(counts.items())),
             "by_group_and_status": {f"{g} {c}": n for (g, c), n in sorted(config.stash[_STATUSES].items())},
             "examples_per_endpoint": examples(), "failing_tests": failed,
