@@ -145,25 +145,40 @@ def main(study: str, base: Path | None, space: list[str], client: list[str], ove
     the trials on that Ray cluster."""
     if overrides.get("planner.url") and "planner.kind" not in overrides:
         overrides = {**overrides, "planner.kind": "llm"}
-    executor: TrialExecutor | None = None
-    try:
+
+    def body(executor: Callable[[], TrialExecutor]) -> int:
         spec = resolve_spec(study, base, space, client, overrides)
         out_dir = out or default_out_dir(spec)
         if report:
             console.print(f"report: {report_only(spec, out_dir)}")
         else:
-            executor = make_executor(ray)
-            run_study(spec, out_dir, console, executor)
-    except (StudySpecError, StudyBusy, FileNotFoundError) as exc:
+            run_study(spec, out_dir, console, executor())
+        return 0
+
+    return run_guarded(console, ray, body)
+
+
+def run_guarded(console: Console, ray: str | None, body: Callable[[Callable[[], TrialExecutor]], int]) -> int:
+    """Run a command's ``body`` with a getter of its trial executor (made on first use, for ``ray`` or this
+    machine, and closed at the end); its exit code, 2 for bad input (printed) and 1 for an aborted study."""
+    made: list[TrialExecutor] = []
+
+    def executor() -> TrialExecutor:
+        if not made:
+            made.append(make_executor(ray))
+        return made[0]
+
+    try:
+        return body(executor)
+    except (StudySpecError, DesignError, StudyBusy, FileNotFoundError) as exc:
         console.print(f"[red]error:[/red] {escape(str(exc))}")
         return 2
     except StudyAborted as exc:
         console.print(f"[red]study aborted:[/red] {escape(str(exc))}")
         return 1
     finally:
-        if executor is not None:
-            executor.close()
-    return 0
+        for e in made:
+            e.close()
 
 
 # ---------------------------------------------------------------------- from a topic
@@ -224,8 +239,8 @@ def topic_main(topic: str, base: Path | None, client: list[str], overrides: Mapp
                program: bool, hours: float | None, dry_run: bool, console: Console, ray: str | None = None) -> int:
     """``ajet research "a topic"``: design a study (or a program of studies) from the topic and run it (``ray``: its
     trials on that Ray cluster)."""
-    executor: TrialExecutor | None = None
-    try:
+
+    def body(executor: Callable[[], TrialExecutor]) -> int:
         base_raw = base_mapping(base)
         extra = topic_extra(client, overrides)
         trials = overrides.get("budget.trials")
@@ -233,11 +248,11 @@ def topic_main(topic: str, base: Path | None, client: list[str], overrides: Mapp
         designer = make_designer(topic, overrides, lambda m: console.print(f"[yellow]{m}[/yellow]"))
         slug = re.sub(r"[^a-z0-9]+", "-", topic.lower()).strip("-")[:48] or "topic"
         if not dry_run:
-            executor = make_executor(ray)
+            executor()  # a bad --ray fails here, before any design
         if program:
             root = out or Path("runs/research") / f"program-{slug}"
             state = run_program(topic, root, designer, lambda d: design_or_error(d, base_raw, extra),
-                                lambda spec, d: run_study(spec, d, console, executor),
+                                lambda spec, d: run_study(spec, d, console, None if dry_run else executor()),
                                 ProgramBudget(trials=trials, hours=hours),
                                 note=lambda m: console.print(f"[bold]program[/bold]: {m}"))
             console.print(f"program {'finished' if state.finished else 'stopped'}: {root / 'program.md'}")
@@ -249,14 +264,7 @@ def topic_main(topic: str, base: Path | None, client: list[str], overrides: Mapp
         StudyStore(out_dir).save_spec(spec)
         console.print(f"the study: {out_dir / 'spec.yaml'} (rerun it with `ajet research {out_dir / 'spec.yaml'}`)")
         if not dry_run:
-            run_study(spec, out_dir, console, executor)
-    except (StudySpecError, DesignError, StudyBusy, FileNotFoundError) as exc:
-        console.print(f"[red]error:[/red] {escape(str(exc))}")
-        return 2
-    except StudyAborted as exc:
-        console.print(f"[red]study aborted:[/red] {escape(str(exc))}")
-        return 1
-    finally:
-        if executor is not None:
-            executor.close()
-    return 0
+            run_study(spec, out_dir, console, executor())
+        return 0
+
+    return run_guarded(console, ray, body)
