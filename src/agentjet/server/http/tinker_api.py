@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any
 
@@ -19,6 +20,7 @@ from fastapi.routing import APIRoute
 from agentjet.engines.base import SamplingParams
 from agentjet.server.swarm import SwarmServer
 from agentjet.server.tinker import TinkerError, TinkerService
+from agentjet.server.tinker.service import TinkerModel
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +71,12 @@ def _int(body: dict[str, Any], key: str, default: int | None = None) -> int | No
     if isinstance(v, bool) or not isinstance(v, int):
         raise TinkerError(f"{key} must be an integer")
     return v
+
+
+def _queued(s: TinkerService, model: TinkerModel, body: dict[str, Any],
+            work: Callable[[], Awaitable[Any]]) -> dict[str, Any]:
+    """Queue ``work`` in ``model``'s ``seq_id`` order; the answer the SDK polls ``retrieve_future`` with."""
+    return {"request_id": s.submit(model.model_id, work, _int(body, "seq_id")), "model_id": model.model_id}
 
 
 async def _handle(request: Request, handler: Any) -> Response:
@@ -234,12 +242,11 @@ async def optim_step(request: Request) -> Response:
         if adam.get("type", "adam") != "adam":
             raise TinkerError(f"optimizer {adam.get('type')!r} is not supported: Adam only")
         params = _adam(adam)
-        seq_id = _int(body, "seq_id")
 
         async def work() -> dict[str, Any]:
             return await s.optim_step(model, params)
 
-        return {"request_id": s.submit(model.model_id, work, seq_id), "model_id": model.model_id}
+        return _queued(s, model, body, work)
     return await _handle(request, h)
 
 
@@ -273,7 +280,7 @@ async def save_weights_for_sampler(request: Request) -> Response:
         async def work() -> dict[str, Any]:
             return await s.save_for_sampler(model, name)
 
-        return {"request_id": s.submit(model.model_id, work, _int(body, "seq_id")), "model_id": model.model_id}
+        return _queued(s, model, body, work)
     return await _handle(request, h)
 
 
@@ -389,7 +396,7 @@ async def save_weights(request: Request) -> Response:
         async def work() -> dict[str, Any]:
             return await s.save_state(model, name)
 
-        return {"request_id": s.submit(model.model_id, work, _int(body, "seq_id")), "model_id": model.model_id}
+        return _queued(s, model, body, work)
     return await _handle(request, h)
 
 
@@ -405,7 +412,7 @@ async def load_weights(request: Request) -> Response:
         async def work() -> dict[str, Any]:
             return await s.load_state(model, path, optimizer)
 
-        return {"request_id": s.submit(model.model_id, work, _int(body, "seq_id")), "model_id": model.model_id}
+        return _queued(s, model, body, work)
     return await _handle(request, h)
 
 
