@@ -224,34 +224,26 @@ class SampleStore:
                ep.team_secret, json.dumps(tracking, default=str) if tracking is not None else None,
                ep.max_policy_version)
         try:
-            with self._lock:
-                cur = self._db.cursor()
-                cur.execute("BEGIN IMMEDIATE")
-                try:
-                    if cur.execute("SELECT 1 FROM episodes WHERE episode_id=?", (ep.episode_id,)).fetchone():
-                        cur.execute("ROLLBACK")
-                        return False
-                    cur.execute(
-                        "INSERT INTO episodes (episode_id, key_hash, client_id, task_id, task_type, group_key, "
-                        "reward, metadata, status, n_calls, n_samples, begin_policy_version, min_policy_version, "
-                        "ended_at, commit_status, team_id, team_coordinator, team_secret, tracking, "
-                        "max_policy_version) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", row)
-                    cur.executemany(
-                        "INSERT INTO samples (episode_id, agent, temperature, min_policy_version, input_ids, "
-                        "loss_mask, logprobs, call_indices, stats, weight, token_versions, adapter) "
-                        "VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-                        [(ep.episode_id, s.agent, s.temperature, s.min_policy_version,
-                          array("q", s.input_ids).tobytes(), array("q", s.loss_mask).tobytes(),
-                          array("d", s.behaviour_logprobs).tobytes(), json.dumps(s.call_indices),
-                          json.dumps(s.stats, default=str), s.weight, array("q", s.versions).tobytes(),
-                          adapters.get(s.agent)) for s in samples])
-                    cur.executemany("INSERT INTO lane_episodes VALUES (?,?,'pending',NULL)",
-                                    [(ep.episode_id, a) for a in sorted({adapters[s.agent] for s in samples
-                                                                         if s.agent in adapters})])
-                    cur.execute("COMMIT")
-                except BaseException:
-                    cur.execute("ROLLBACK")
-                    raise
+            with self.transaction() as cur:
+                if cur.execute("SELECT 1 FROM episodes WHERE episode_id=?", (ep.episode_id,)).fetchone():
+                    return False  # nothing written
+                cur.execute(
+                    "INSERT INTO episodes (episode_id, key_hash, client_id, task_id, task_type, group_key, "
+                    "reward, metadata, status, n_calls, n_samples, begin_policy_version, min_policy_version, "
+                    "ended_at, commit_status, team_id, team_coordinator, team_secret, tracking, "
+                    "max_policy_version) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", row)
+                cur.executemany(
+                    "INSERT INTO samples (episode_id, agent, temperature, min_policy_version, input_ids, "
+                    "loss_mask, logprobs, call_indices, stats, weight, token_versions, adapter) "
+                    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                    [(ep.episode_id, s.agent, s.temperature, s.min_policy_version,
+                      array("q", s.input_ids).tobytes(), array("q", s.loss_mask).tobytes(),
+                      array("d", s.behaviour_logprobs).tobytes(), json.dumps(s.call_indices),
+                      json.dumps(s.stats, default=str), s.weight, array("q", s.versions).tobytes(),
+                      adapters.get(s.agent)) for s in samples])
+                cur.executemany("INSERT INTO lane_episodes VALUES (?,?,'pending',NULL)",
+                                [(ep.episode_id, a) for a in sorted({adapters[s.agent] for s in samples
+                                                                     if s.agent in adapters})])
         except sqlite3.Error as exc:
             raise StoreError(f"the sample store could not write episode {ep.episode_id}: {exc}") from exc
         return True
@@ -259,7 +251,7 @@ class SampleStore:
     @contextlib.contextmanager
     def transaction(self) -> Iterator[sqlite3.Cursor]:
         """One write transaction under the store's lock: ``BEGIN IMMEDIATE``, then ``COMMIT``, or ``ROLLBACK`` on
-        any error (for the adapters' views of the store, ``LaneStore``, as for the store's own writes)."""
+        any error (the store's own writes and the adapters' views of it, ``LaneStore``)."""
         with self._lock:
             cur = self._db.cursor()
             cur.execute("BEGIN IMMEDIATE")
@@ -289,34 +281,26 @@ class SampleStore:
     def resolve_prepared(self, episode_id: str, commit: bool) -> tuple[StoredEpisode, bool]:
         """Phase two: a prepared episode becomes trainable (commit) or aborted. On the coordinator, the team's
         decision is recorded in the same transaction. Idempotent: returns (episode, whether this call changed it)."""
-        with self._lock:
-            cur = self._db.cursor()
-            cur.execute("BEGIN IMMEDIATE")
-            try:
-                r = cur.execute(f"SELECT {self._COLS} FROM episodes WHERE episode_id=?", (episode_id,)).fetchone()
-                if r is None:
-                    raise KeyError(episode_id)
-                ep = self._episode(r)
-                if ep.status is StoredStatus.PREPARED:
-                    if ep.team_coordinator is None and ep.team_id:  # the coordinator decides for the team
-                        row = cur.execute("SELECT decision FROM teams WHERE team_id=?", (ep.team_id,)).fetchone()
-                        if row is not None:
-                            commit = row["decision"] == "committed"  # decided before (e.g. expired): keep it
-                        else:
-                            cur.execute("INSERT INTO teams VALUES (?,?,?,?)", (
-                                ep.team_id, digest(ep.team_secret or ""), "committed" if commit else "aborted",
-                                time.time()))
-                    new = (ep.commit_status or StoredStatus.PENDING) if commit else StoredStatus.ABORTED
-                    cur.execute("UPDATE episodes SET status=? WHERE episode_id=?", (new.value, episode_id))
-                    ep = self._episode(cur.execute(f"SELECT {self._COLS} FROM episodes WHERE episode_id=?",
-                                                   (episode_id,)).fetchone())
-                    cur.execute("COMMIT")
-                    return ep, True
-                cur.execute("COMMIT")
-                return ep, False
-            except BaseException:
-                cur.execute("ROLLBACK")
-                raise
+        with self.transaction() as cur:
+            r = cur.execute(f"SELECT {self._COLS} FROM episodes WHERE episode_id=?", (episode_id,)).fetchone()
+            if r is None:
+                raise KeyError(episode_id)
+            ep = self._episode(r)
+            if ep.status is StoredStatus.PREPARED:
+                if ep.team_coordinator is None and ep.team_id:  # the coordinator decides for the team
+                    row = cur.execute("SELECT decision FROM teams WHERE team_id=?", (ep.team_id,)).fetchone()
+                    if row is not None:
+                        commit = row["decision"] == "committed"  # decided before (e.g. expired): keep it
+                    else:
+                        cur.execute("INSERT INTO teams VALUES (?,?,?,?)", (
+                            ep.team_id, digest(ep.team_secret or ""), "committed" if commit else "aborted",
+                            time.time()))
+                new = (ep.commit_status or StoredStatus.PENDING) if commit else StoredStatus.ABORTED
+                cur.execute("UPDATE episodes SET status=? WHERE episode_id=?", (new.value, episode_id))
+                ep = self._episode(cur.execute(f"SELECT {self._COLS} FROM episodes WHERE episode_id=?",
+                                               (episode_id,)).fetchone())
+                return ep, True
+            return ep, False
 
     def team_decision(self, team_id: str, secret: str) -> str | None:
         """The coordinator's decision for a team ('committed' / 'aborted'); None while undecided or when the
