@@ -28,6 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))  # workloads.py
 
+import torch  # noqa: E402
 from workloads import RESULTS, machine  # noqa: E402
 
 KEY = "tml-bench-tinker-vs-demo"
@@ -89,7 +90,7 @@ def main() -> None:
         loop, stdout = run_tinker_loop(args.model, Path(tmp), args.steps, args.lr, args.quick)
         loop_s = time.monotonic() - t1
         print(stdout, flush=True)
-    result = {"machine": machine(__import__("torch").device("cpu")), "model": args.model,
+    result = {"machine": machine(torch.device("cpu")), "model": args.model,
               "demo": {"points": demo, "seconds": demo_s, "eval": "the addition task's eval split, 44 episodes, "
                        "temperature 0.7 (ajet demo's periodic evals)"},
               "tinker_loop": {"points": loop, "seconds": loop_s, "steps": args.steps, "lr": args.lr,
