@@ -11,11 +11,13 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 import pytest
 
 from agentjet import SwarmClient
 from agentjet.client.client import SwarmError
 from agentjet.client.driver import Budget, Driver, DriverSettings, PauseAt, PauseEvery, Stop, held_out
+from agentjet.client.runner import begin_unless_stopped, run_workflow
 from agentjet.protocol import PauseState
 from agentjet.runtime.clock import FakeClock
 from agentjet.tasks import addition
@@ -40,8 +42,11 @@ class FakeEpisode:
     def reward(self, value: float) -> None:
         pass
 
-    async def __aenter__(self) -> FakeEpisode:
+    async def begin(self) -> FakeEpisode:
         self.server.log.append(("begin", self.eval, self.server.stopped()))
+        return self
+
+    async def __aenter__(self) -> FakeEpisode:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -318,3 +323,77 @@ def test_a_run_with_begins_held_for_capacity_ends_when_it_stops(make_server) -> 
     assert run.stop_reason == Stop.STEPS and run.train.failed == 0 and run.evals[-1].train_steps >= 3
     assert srv.server.admission.counters.held > 0  # begins were held at the stop or before it
     assert not srv.server.train_loop.paused
+
+
+class _WaitingEpisode:
+    """An episode whose begin never gets an answer (a begin held by the server, or deferred again and again)."""
+
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+
+    async def begin(self) -> _WaitingEpisode:
+        self.log.append("waiting")
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.log.append("given up")
+            raise
+        raise AssertionError("unreachable")
+
+
+def test_the_stop_gives_up_begins_still_waiting_on_the_server() -> None:
+    """A cocktail run whose type was deferred waited out the client's defer timeout (an hour) after its budget
+    ended (found by the reasoning-gym cocktail). The stop now gives up every begin not yet answered."""
+    log: list[str] = []
+
+    class Client:
+        def group_size(self, requested: int | None = None) -> int:
+            return 2
+
+        def episode(self, **_: Any) -> _WaitingEpisode:
+            return _WaitingEpisode(log)
+
+    async def never(task: dict[str, Any], ep: Any) -> float:
+        raise AssertionError("no episode begins")
+
+    async def main():
+        stop = asyncio.Event()
+        run = asyncio.create_task(run_workflow(Client(), never, itertools.cycle(TASKS), concurrency=4,  # type: ignore[arg-type]
+                                               stop=stop))
+        while log.count("waiting") < 4:
+            await asyncio.sleep(0)
+        stop.set()
+        return await asyncio.wait_for(run, 5)
+
+    summary = asyncio.run(main())
+    assert log.count("given up") == 4 and summary.not_begun == 4
+    assert summary.failed == 0 and summary.episodes == 0  # not failures: these episodes never existed
+
+
+def test_a_begin_deferred_by_a_cocktail_quota_is_given_up_at_the_stop(make_server) -> None:
+    """Against a real server: math is two batches ahead of its share, so its begin is deferred (429
+    ``deferred``) and the client waits it out (defer timeout 600 s) until the stop."""
+    srv = make_server(training={"group_size": 2, "batch_groups": 2, "task_ratios": {"math": 0.5, "code": 0.5}})
+
+    async def main() -> tuple[bool, list[int]]:
+        async with SwarmClient(srv.url, defer_timeout=600, admission_wait_s=0) as client:
+            await client.episode(task_id="code-1", task_type="code").begin()  # code is present
+            for _ in range(4):
+                await client.episode(task_id="math-1", task_type="math").begin()
+            answers: list[int] = []
+
+            async def record(resp: httpx.Response) -> None:
+                answers.append(resp.status_code)
+
+            client._http.event_hooks["response"].append(record)
+            stop = asyncio.Event()
+            deferred = asyncio.create_task(begin_unless_stopped(client.episode(task_id="math-2", task_type="math"),
+                                                                stop))
+            while len(answers) < 2:  # deferred twice, 500 ms apart, and waiting for its next try
+                await asyncio.sleep(0.05)
+            stop.set()
+            return await asyncio.wait_for(deferred, 5), answers
+
+    begun, answers = asyncio.run(main())
+    assert not begun and answers and set(answers) == {429}
+    assert srv.server.status().buffer.open_episodes == 5  # the four math and one code: the deferred one never began

@@ -301,7 +301,7 @@ class Episode:
                                   json={"reason": reason[:2000]}, key=self.api_key)
 
     async def __aenter__(self) -> Episode:
-        return await self.begin()
+        return self if self.info is not None else await self.begin()  # begun already: ``begin_unless_stopped``
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
         try:

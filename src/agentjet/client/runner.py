@@ -8,6 +8,7 @@ restarted runner resumes where it stopped.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import inspect
 import json
@@ -35,6 +36,7 @@ Workflow = Callable[[dict[str, Any], Episode], Awaitable[Reward]]
 class RunSummary:
     episodes: int = 0
     failed: int = 0
+    not_begun: int = 0  # episodes whose begin was still waiting (admission, a quota deferral) when the run stopped
     rewards: list[float] = field(default_factory=list)
     failures_by_task: Counter[str] = field(default_factory=Counter)
     failure_kinds: Counter[str] = field(default_factory=Counter)
@@ -46,6 +48,7 @@ class RunSummary:
     def merge(self, other: RunSummary) -> None:
         self.episodes += other.episodes
         self.failed += other.failed
+        self.not_begun += other.not_begun
         self.rewards += other.rewards
         self.failures_by_task.update(other.failures_by_task)
         self.failure_kinds.update(other.failure_kinds)
@@ -161,11 +164,39 @@ class Cursor:
             write_atomic(self.path, json.dumps({"done": sorted(self.done)}))
 
 
-async def run_episode(client: SwarmClient, workflow: Workflow, task: dict[str, Any], summary: RunSummary,
-                      eval: bool = False) -> float | None:
+async def begin_unless_stopped(ep: Episode, stop: asyncio.Event | None) -> bool:
+    """Begin ``ep``, unless ``stop`` is set first: a begin still waiting on the server (its admission long poll, or
+    a cocktail quota's deferral, which the client waits out for up to ``defer_timeout``) is given up, so a run's
+    budget ends it at once. False: not begun. A begin the server answered as the stop came is kept (True)."""
+    if stop is None:
+        await ep.begin()
+        return True
+    if stop.is_set():
+        return False
+    begin, halt = asyncio.ensure_future(ep.begin()), asyncio.ensure_future(stop.wait())
     try:
-        async with client.episode(task_id=str(task["task_id"]), task_type=str(task.get("task_type", "default")),
-                                  eval=eval) as ep:
+        await asyncio.wait({begin, halt}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        halt.cancel()
+    if not begin.done():
+        begin.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await begin
+    if begin.cancelled():
+        return False
+    begin.result()  # a refused begin raises here
+    return True
+
+
+async def run_episode(client: SwarmClient, workflow: Workflow, task: dict[str, Any], summary: RunSummary,
+                      eval: bool = False, stop: asyncio.Event | None = None) -> float | None:
+    """One episode of ``task``; its reward, or None when it failed (counted) or ``stop`` came before it began."""
+    ep = client.episode(task_id=str(task["task_id"]), task_type=str(task.get("task_type", "default")), eval=eval)
+    try:
+        if not await begin_unless_stopped(ep, stop):
+            summary.not_begun += 1
+            return None
+        async with ep:
             reward = await workflow(task, ep)
             if reward is None:
                 raise ValueError("the workflow returned no reward")
@@ -176,15 +207,15 @@ async def run_episode(client: SwarmClient, workflow: Workflow, task: dict[str, A
             summary.samples += ep.result.samples
         value = reward_mean(reward)
         summary.rewards.append(value)
+        summary.episodes += 1
         return value
     except Exception as exc:
+        summary.episodes += 1
         summary.failed += 1
         summary.failures_by_task[str(task["task_id"])] += 1
         summary.failure_kinds[type(exc).__name__] += 1
         log.warning("episode of task %s failed: %r", task.get("task_id"), exc)
         return None
-    finally:
-        summary.episodes += 1
 
 
 async def run_workflow(
@@ -217,7 +248,7 @@ async def run_workflow(
             task, position = item
             if stop is not None and stop.is_set():
                 continue
-            await run_episode(client, workflow, task, summary, eval=eval)
+            await run_episode(client, workflow, task, summary, eval=eval, stop=stop)
             remaining[position] -= 1
             if remaining[position] == 0:
                 del remaining[position]
