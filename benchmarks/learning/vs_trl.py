@@ -393,12 +393,30 @@ def plot(runs: list[dict[str, Any]], base: float, path: Path, title: str) -> Non
                 path, title, figsize=(8, 4.5), dpi=120)
 
 
+def _commit() -> str:
+    return os.environ.get("AGENTJET_COMMIT") or subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
+                                                               text=True, cwd=ROOT).stdout.strip()
+
+
+def _resumed(args: argparse.Namespace) -> tuple[list[dict[str, Any]], float | None]:
+    """The runs and base eval already in ``args.out``, when it measured the same thing (else none: start over)."""
+    if not args.out.exists():
+        return [], None
+    prev = json.loads(args.out.read_text())
+    same = {k: prev.get(k) for k in ("model", "budget_min", "eval_n")} == {
+        "model": args.model, "budget_min": args.budget_min, "eval_n": args.eval_n}
+    if not same:
+        raise SystemExit(f"--resume: {args.out} measured model {prev.get('model')}, {prev.get('budget_min')} min, "
+                         f"{prev.get('eval_n')} eval episodes; this run asks for {args.model}, {args.budget_min} min, "
+                         f"{args.eval_n}: give another --out")
+    return prev["runs"], prev["base_eval"]
+
+
 def save(args: argparse.Namespace, runs: list[dict[str, Any]], minutes: list[float], base: float,
          complete: bool) -> dict[str, Any]:
     """Write the JSON and the figure (after every run, so a cut-short session keeps what finished)."""
     summary = summarize(runs, [m for m in (5, 10, 20) if m <= args.budget_min] or minutes)
-    commit = os.environ.get("AGENTJET_COMMIT") or subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
-                                                                   text=True, cwd=ROOT).stdout.strip()
+    commit = _commit()
     import importlib.metadata
 
     import torch
@@ -410,11 +428,12 @@ def save(args: argparse.Namespace, runs: list[dict[str, Any]], minutes: list[flo
         versions["trl"] = importlib.metadata.version("trl")
     result = {"machine": platform.machine(), "cpus": os.cpu_count(), "device": "cpu", "commit": commit,
               "torch_threads": torch.get_num_threads(), "versions": versions,
-              "model": args.model, "budget_min": args.budget_min, "seeds": args.seeds, "eval_n": args.eval_n,
+              "model": args.model, "budget_min": args.budget_min, "seeds": sorted({r["seed"] for r in runs} | set(args.seeds)), "eval_n": args.eval_n,
               "eval_points_min": minutes, "base_eval": base, "target": TARGET, "shared": SHARED,
               "trl_overrides": {k: {"value": v, "reason": why} for k, (v, why) in TRL_OVERRIDES.items()},
               "trl_config": trl_full_config(trl_config(tempfile.mkdtemp(prefix="vs-trl-cfg-"), 0)) if with_trl else None,
-              "arms": {a: ARMS[a].why for a in args.arms} if "agentjet" in args.sides else {},
+              "arms": {a: ARMS[a].why for a in dict.fromkeys([*(r["arm"] for r in runs if r.get("arm")),
+                                                                *(args.arms if "agentjet" in args.sides else [])])},
               "late_from_min": LATE_FROM_MIN, "runs": runs, "summary": summary, "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     plot(runs, base, args.out.with_suffix(".png"), f"{args.model} on addition: AgentJet vs TRL GRPOTrainer (CPU)")
@@ -434,6 +453,9 @@ def main() -> None:
     p.add_argument("--eval-n", type=int, default=44)
     p.add_argument("--quick", action="store_true", help="tiny model, 40 s budget, 4 eval tasks: plumbing only")
     p.add_argument("--out", type=Path, default=RESULTS / "vs_trl.json")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the runs already in --out (same model, budget and eval size) and run only the missing "
+                        "ones: a long ablation can span sessions; each run records its own commit")
     # one side (internal: the orchestrator runs each side in a subprocess)
     p.add_argument("--side", choices=["agentjet", "trl"], help=argparse.SUPPRESS)
     p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
@@ -459,12 +481,18 @@ def main() -> None:
     if args.budget_min not in minutes:
         minutes.append(args.budget_min)
     eval_tasks = addition.generate_tasks("eval", args.eval_n, seed=0)
-    base = evaluate_checkpoint(model, eval_tasks)
+    runs, base = _resumed(args) if args.resume else ([], None)
+    if base is None:
+        base = evaluate_checkpoint(model, eval_tasks)
     print(f"base model: held-out eval {base:.3f} ({args.eval_n} episodes)", flush=True)
-    runs: list[dict[str, Any]] = []
+    done = {(r["side"], r["seed"]) for r in runs}
+    commit = _commit()
     for seed in args.seeds:
         for side, arm in [(s, a) for s in args.sides for a in (args.arms if s == "agentjet" else ["as-is"])]:
             label = side_label(side, arm)
+            if (label, seed) in done:
+                print(f"== {label}, seed {seed}: kept from {args.out}", flush=True)
+                continue
             ckpt = Path(tempfile.mkdtemp(prefix=f"vs-trl-{side}-{seed}-"))
             side_out = ckpt / "side.json"
             cmd = [sys.executable, __file__, "--side", side, "--arm", arm, "--seed", str(seed), "--model", model,
@@ -482,7 +510,8 @@ def main() -> None:
                 pt["eval"] = evaluate_checkpoint(pt.pop("path"), eval_tasks)
                 print(f"   {pt['train_s'] / 60:5.2f} min  step {pt['step']:3d}  eval {pt['eval']:.3f}", flush=True)
             shutil.rmtree(ckpt, ignore_errors=True)
-            r.update(side=label, seed=seed, process_wall_s=time.monotonic() - t0)
+            r.update(side=label, arm=arm if side == "agentjet" else None, seed=seed, process_wall_s=time.monotonic() - t0, commit=commit,
+                     measured_at=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
             runs.append(r)
             print(f"   {r['steps']} steps, {r['generated_tokens']} tokens generated, {r['trained_tokens']} trained",
                   flush=True)

@@ -169,3 +169,20 @@ def test_the_benchmark_scripts_read_their_result_files_into_the_one_record(tmp_p
     vs_trl.plot(data["runs"], data["base_eval"], tmp_path / "vs_trl.png", "vs TRL")
     objectives.plot(saved["runs"], saved["summary"], tmp_path / "objectives.png", "objectives")
     assert (tmp_path / "vs_trl.png").stat().st_size > 10_000 and (tmp_path / "objectives.png").stat().st_size > 10_000
+
+
+def test_an_ablation_resumes_from_its_results_file_only_when_it_measured_the_same_thing(tmp_path: Path) -> None:
+    """``vs_trl.py --resume``: the runs already in --out are kept (a 2-hour screen spans sessions); a file of
+    another model, budget or eval size is refused rather than mixed in."""
+    import argparse
+
+    vs_trl = _script("vs_trl")
+    out = tmp_path / "screen.json"
+    args = argparse.Namespace(out=out, model="smollm2-135m-instruct", budget_min=15.0, eval_n=44)
+    assert vs_trl._resumed(args) == ([], None)  # nothing yet: start over
+    runs = [{"side": "agentjet", "arm": "as-is", "seed": 0, "points": []}]
+    out.write_text(json.dumps({"model": args.model, "budget_min": 15.0, "eval_n": 44, "runs": runs,
+                               "base_eval": 0.273}))
+    assert vs_trl._resumed(args) == (runs, 0.273)
+    with pytest.raises(SystemExit, match="15.0 min.*this run asks for .* 8.0 min"):
+        vs_trl._resumed(argparse.Namespace(**{**vars(args), "budget_min": 8.0}))
