@@ -274,6 +274,26 @@ async def test_the_reward_is_the_games_own_for_the_models_player() -> None:
 
 
 @NEEDS_TA
+async def test_reward_win_pays_a_win_only_and_the_game_is_told_nothing_of_it() -> None:
+    """``reward=win``: GuessTheNumber's partial credit for a close guess (which a trained policy learned to collect
+    by ending the game early with an invalid move) pays 0; a win pays 1.0, as the game's own reward does."""
+    spec = ta.parse_name(GUESS + ":reward=win")
+    assert spec.reward is ta.GameReward.WIN and spec.knobs == {} and spec.label() == "GuessTheNumber-v0:reward=win"
+    assert ta.parse_name(GUESS).label() == "GuessTheNumber-v0"
+    with pytest.raises(TaskError, match="reward='wins' is not one of"):
+        ta.parse_name(GUESS + ":reward=wins")
+    wins, plain = get_task(GUESS + ":reward=win"), get_task(GUESS)
+    assert wins.make_task("eval", 3)["task_id"] != plain.make_task("eval", 3)["task_id"]  # another task, another id
+    for task in wins.generate_tasks("eval", 4):
+        won = ScriptedClient(lambda messages: binary_search_move(_chat_text(messages)))
+        assert await wins.rollout(task, ScriptedEpisode(won), {}) == 1.0
+        stubborn = ScriptedClient(lambda messages: "[10]")
+        partial = await plain.rollout(task, ScriptedEpisode(ScriptedClient(lambda messages: "[10]")), {})
+        assert await wins.rollout(task, ScriptedEpisode(stubborn), {}) == (1.0 if partial == 1.0 else 0.0)
+        assert partial > 0.0  # the game's own reward pays the close guess
+
+
+@NEEDS_TA
 def test_a_game_through_the_swarm_merges_its_turns_into_one_sample(make_server, tiny_model_path: Path) -> None:
     from transformers import AutoTokenizer
 

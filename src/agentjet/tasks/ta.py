@@ -5,7 +5,8 @@ its TextArena adapter (``TextArenaGame``) and the task source around it.
 
 Names (docs/environments.md): ``ta:GAME`` is a TextArena environment id (``textarena.envs.registration``);
 ``ta:GAME:k=v,...`` overrides its constructor's arguments (``ta:GuessTheNumber-v0:max_number=50``), values read
-as in ``rg:`` names. An unknown id fails with the close ids; a game that is not single-player fails (only the
+as in ``rg:`` names. One knob is the runner's, not the game's: ``reward=game`` (default: the game's own reward,
+partial credit included) or ``reward=win`` (1.0 when the game pays its full 1.0, a win; else 0.0). An unknown id fails with the close ids; a game that is not single-player fails (only the
 model's seat is played); a game that downloads data (the word games call ``nltk.download``) fails with a message
 naming the game and the data, unless that data is already on disk: no game downloads anything here.
 
@@ -24,6 +25,7 @@ imports; textarena is imported on first use.
 from __future__ import annotations
 
 import difflib
+import enum
 import hashlib
 import importlib
 import inspect
@@ -47,6 +49,7 @@ PLAYER = 0  # the model's seat: single-player games only
 TRAIN_SEEDS = 1_000_000  # train games: seeds [0, TRAIN_SEEDS)
 EVAL_SEED0 = 10_000_000  # eval games: seeds [EVAL_SEED0, EVAL_SEED0 + EVAL_SEEDS)
 EVAL_SEEDS = 1000
+WIN_REWARD = 1.0  # a game's full reward: a win (GuessTheNumber's number, TowerOfHanoi solved)
 MIN_CALLS = 64  # the runner's cap on chat calls per game, at least; twice the game's own turn limit if higher
 NLTK_CATEGORIES = ("corpora", "taggers", "tokenizers", "chunkers", "models", "grammars", "misc", "sentiment",
                    "stemmers", "help")
@@ -61,25 +64,43 @@ RECOMMENDED = Recommended(learning_rate=2e-5, group_size=8, batch_groups=2, step
 # ---- names -------------------------------------------------------------------------------------------------
 
 
+class GameReward(enum.StrEnum):
+    """What an episode is paid: the game's reward as it is, or only a win (the game's full reward, 1.0)."""
+
+    GAME = "game"
+    WIN = "win"
+
+    def of(self, game_reward: float) -> float:
+        return game_reward if self is GameReward.GAME else float(game_reward >= WIN_REWARD)
+
+
 @dataclass(frozen=True)
 class GameSpec:
-    """A ``ta:`` name: the TextArena environment id and its constructor overrides."""
+    """A ``ta:`` name: the TextArena environment id, its constructor overrides and what an episode is paid."""
 
     game: str
     knobs: dict[str, Any] = field(default_factory=dict)
+    reward: GameReward = GameReward.GAME
 
     def label(self) -> str:
-        """``GAME[:k=v,...]`` (knobs sorted): the canonical form, without the prefix."""
-        return self.game + (":" + ",".join(f"{k}={v}" for k, v in sorted(self.knobs.items())) if self.knobs else "")
+        """``GAME[:k=v,...]`` (knobs sorted, ``reward`` among them unless the default): the canonical form,
+        without the prefix."""
+        knobs = {**self.knobs, **({"reward": self.reward.value} if self.reward is not GameReward.GAME else {})}
+        return self.game + (":" + ",".join(f"{k}={v}" for k, v in sorted(knobs.items())) if knobs else "")
 
 
 def parse_name(name: str) -> GameSpec:
     """``ta:GAME[:k=v,...]`` (or the part after ``ta:``) -> its spec."""
     body = name.removeprefix(PREFIX).strip()
-    game, _, knobs = body.partition(":")
+    game, _, text = body.partition(":")
     if not game.strip():
         raise TaskError("ta: needs a TextArena game id, e.g. ta:GuessTheNumber-v0")
-    return GameSpec(game.strip(), parse_knobs(knobs, f"ta:{body}"))
+    knobs = parse_knobs(text, f"ta:{body}")
+    reward = str(knobs.pop("reward", GameReward.GAME.value))
+    if reward not in set(GameReward):
+        raise TaskError(f"ta:{body}: reward={reward!r} is not one of {[r.value for r in GameReward]} (game: the "
+                        "game's own reward; win: 1.0 for a win only)")
+    return GameSpec(game.strip(), knobs, GameReward(reward))
 
 
 # ---- textarena ---------------------------------------------------------------------------------------------
@@ -281,7 +302,7 @@ class TextArenaTask:
         except Exception as exc:
             raise TaskError(f"ta:{spec.label()} does not start here: TextArena raised {type(exc).__name__}: "
                             f"{str(exc).strip()[:300]}") from exc
-        self._id = spec.game + (f"-{hashlib.sha256(spec.label().encode()).hexdigest()[:8]}" if spec.knobs else "")
+        self._id = spec.game + (f"-{hashlib.sha256(spec.label().encode()).hexdigest()[:8]}" if spec.label() != spec.game else "")
 
     def new_game(self) -> TextArenaGame:
         return TextArenaGame(self.spec)
@@ -301,9 +322,11 @@ class TextArenaTask:
 
     async def rollout(self, task: dict[str, Any], ep: Any, sampling: dict[str, Any], *,
                       trace: GameTrace | None = None) -> float:
-        """One game on the episode's OpenAI client (``agentjet.tasks.games.play``); the game's reward."""
+        """One game on the episode's OpenAI client (``agentjet.tasks.games.play``); the game's reward (or, with
+        ``reward=win``, 1.0 for a win only)."""
         game = self.new_game()
-        return await play(game, ep.openai(), int(task["seed"]), sampling, max_calls=game.max_calls, trace=trace)
+        return self.spec.reward.of(await play(game, ep.openai(), int(task["seed"]), sampling,
+                                              max_calls=game.max_calls, trace=trace))
 
     def reward(self, task: dict[str, Any], text: str) -> float:
         """The game's reward when ``text`` is the first move at the task's seed (0.0 if the game goes on). The
@@ -311,7 +334,7 @@ class TextArenaTask:
         game = self.new_game()
         game.reset(int(task["seed"]))
         step = game.step(text)
-        return step.reward if step.done else 0.0
+        return self.spec.reward.of(step.reward) if step.done else 0.0
 
 
 @lru_cache(maxsize=16)
