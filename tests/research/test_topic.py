@@ -127,6 +127,11 @@ def test_the_next_study_follows_from_the_last_results() -> None:
     assert noisy.action == "more_seeds" and noisy.design is not None and noisy.design.seeds == 4
     assert noisy.design.knobs[0].choices == [4, 8]  # the best (8) and the default (4) again
     assert "spread ±0.141" in noisy.cites
+    assert noisy.design.trials == 8 and noisy.design.seeds_reason.startswith("4 seeds per configuration (2 before)")
+    # one seed each and the default best (tied): the runner-up is named, and it is what runs again
+    tied = designer.next(design, spec, results({4: [0.591], 2: [0.318], 8: [0.591]}), "", 10)
+    assert tied.action == "more_seeds" and tied.design is not None and tied.design.knobs[0].choices == [4, 8]
+    assert 'best {"server.group-size": 4}: 0.591 (n=1), the default; runner-up {"server.group-size": 8}' in tied.why
     # the default clearly best: hold it and add the next setting the topic matched
     best_default = designer.next(design, spec, results({4: [0.80, 0.81], 2: [0.30, 0.31], 8: [0.50, 0.52]}), "", 8)
     assert best_default.action == "add_knob" and best_default.design is not None

@@ -13,6 +13,7 @@ continued by its own study state, and the next one is designed from the last fin
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -124,8 +125,10 @@ def summary(spec: StudySpec, results: list[dict[str, Any]]) -> str:
     if best is None:
         return "no configuration finished a run"
     text = f"best {json.dumps(best['params'])}: {fmt(best['mean'])} (n={best['n_done']})"
-    if default is not None:
+    if default is not None and default is not best:
         text += f"; default {json.dumps(default['params'])}: {fmt(default['mean'])}"
+    elif (other := rival(spec, results, best, default)) is not None:
+        text += f", the default; runner-up {json.dumps(other['params'])}: {fmt(other['mean'])} (n={other['n_done']})"
     spread = noise(results)
     return text + (f"; largest spread over seeds ±{spread:.3f}" if spread is not None else "; one seed each")
 
@@ -202,9 +205,14 @@ class OfflineDesigner:
                 doubt = "the noise is unknown with one seed each" if spread is None else "the difference sits " \
                     "inside the noise"
                 knobs = [contender_choices(k, best, other) for k in design.knobs]
+                configs = math.prod(len(k.choices or []) if k.type == "choice" else 1 for k in knobs)
+                runs = design.trials if any(k.type != "choice" for k in knobs) else seeds * configs
+                update = {"seeds": seeds, "knobs": knobs, "trials": runs,
+                          "seeds_reason": f"{seeds} seeds per configuration ({design.seeds} before): {doubt}",
+                          "budget_reason": f"{seeds} seeds x {configs} configuration(s)" if runs != design.trials
+                          else design.budget_reason}
                 return NextStep(action="more_seeds", cites=cite, why=f"{doubt} ({seen}): the best and its rival "
-                                f"again with {seeds} seeds", design=design.model_copy(update={"seeds": seeds,
-                                                                                               "knobs": knobs}))
+                                f"again with {seeds} seeds", design=design.model_copy(update=update))
             return NextStep(action="stop", cites=cite, why="still inside the noise at the most seeds",
                             conclusion=f"{self.topic}: no effect found beyond the noise ({seen})")
         if best is not default:
@@ -342,8 +350,10 @@ def plan_next(state: ProgramState, root: Path, designer: Designer, make_spec: Sp
             return None
         design, why, cites = step.design, f"{step.action}: {step.why}", step.cites
         state.log.append(f"- Next, study {index} ({step.action}), because {cites}: {step.why}.")
-    if left is not None:
-        design = design.model_copy(update={"trials": max(design.seeds, min(design.trials, left))})
+    if left is not None and design.trials > left:
+        design = design.model_copy(update={"trials": max(design.seeds, left),
+                                           "budget_reason": f"{design.budget_reason}; cut to the program's {left} "
+                                                            "runs left"})
     if state.budget.hours is not None:  # a study starts no run past the program's hours
         minutes = max(1.0, state.budget.hours * 60 - state.elapsed_s / 60)
         design = design.model_copy(update={"minutes": min(design.minutes or minutes, minutes)})
