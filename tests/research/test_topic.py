@@ -15,6 +15,7 @@ from agentjet.apps.research.program import OfflineDesigner
 from agentjet.apps.research.spec import StudySpec
 from agentjet.apps.research.topic import (
     DesignError,
+    describe_design,
     offline_design,
     repair_design,
     study_from_design,
@@ -128,6 +129,10 @@ def test_the_next_study_follows_from_the_last_results() -> None:
     assert noisy.design.knobs[0].choices == [4, 8]  # the best (8) and the default (4) again
     assert "spread ±0.141" in noisy.cites
     assert noisy.design.trials == 8 and noisy.design.seeds_reason.startswith("4 seeds per configuration (2 before)")
+    # replicates are not pruned (a spread of the lucky seeds is no spread); a new comparison is again
+    assert not study_from_design(noisy.design, BASE).early_stop.enabled and "Early stopping.** off" in \
+        describe_design(noisy.design)
+    assert clear.design.prune and study_from_design(clear.design, BASE).early_stop.min_delta == 0.15
     # one seed each and the default best (tied): the runner-up is named, and it is what runs again
     tied = designer.next(design, spec, results({4: [0.591], 2: [0.318], 8: [0.591]}), "", 10)
     assert tied.action == "more_seeds" and tied.design is not None and tied.design.knobs[0].choices == [4, 8]

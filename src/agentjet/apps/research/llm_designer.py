@@ -28,8 +28,9 @@ table (name, description, bounds, default), the tasks and the budget, reply with
  "task": "<a task name>", "task_reason": "...",
  "knobs": [{"name": "server.<flag>", "type": "float|choice", "low": x, "high": y, "choices": [...],
             "reason": "...", "matched": ["<topic words>"]}],
- "seeds": n, "seeds_reason": "...", "trials": n, "budget_reason": "..."}
-Use only settings from the table, within their bounds."""
+ "seeds": n, "seeds_reason": "...", "trials": n, "budget_reason": "...", "prune": true, "prune_reason": "..."}
+Use only settings from the table, within their bounds. "prune" stops runs clearly behind early (ASHA); set it
+false when the study repeats configurations to measure the noise."""
 
 NEXT_PROMPT = """You read an RL study's report and decide the program's next study. Reply with ONLY one JSON object:
 {"action": "narrow|add_knob|more_seeds|stop", "why": "...", "cites": "<the number from the report that motivates

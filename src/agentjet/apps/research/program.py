@@ -24,6 +24,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from agentjet.apps.research.spec import Direction, StudySpec
 from agentjet.apps.research.state import StudyStore, config_summaries
 from agentjet.apps.research.topic import (
+    PRUNE_MARGIN,
+    PRUNE_REASON,
+    REPLICATE_REASON,
     KnobDesign,
     StudyDesign,
     describe_design,
@@ -179,6 +182,9 @@ def next_knob(topic: str, design: StudyDesign) -> KnobDesign | None:
     return None
 
 
+PRUNING: dict[str, Any] = {"prune": True, "prune_margin": PRUNE_MARGIN, "prune_reason": PRUNE_REASON}  # a new comparison
+
+
 class OfflineDesigner:
     """Designs from the settings table (``topic.offline_design``) and reads results by fixed rules."""
 
@@ -207,7 +213,8 @@ class OfflineDesigner:
                 knobs = [contender_choices(k, best, other) for k in design.knobs]
                 configs = math.prod(len(k.choices or []) if k.type == "choice" else 1 for k in knobs)
                 runs = design.trials if any(k.type != "choice" for k in knobs) else seeds * configs
-                update = {"seeds": seeds, "knobs": knobs, "trials": runs,
+                update = {"seeds": seeds, "knobs": knobs, "trials": runs, "prune": False,
+                          "prune_reason": REPLICATE_REASON,
                           "seeds_reason": f"{seeds} seeds per configuration ({design.seeds} before): {doubt}",
                           "budget_reason": f"{seeds} seeds x {configs} configuration(s)" if runs != design.trials
                           else design.budget_reason}
@@ -222,7 +229,7 @@ class OfflineDesigner:
                                 f"(gap {gap:.3f} > spread {spread:.3f})" if default else seen,
                                 why=f"the best configuration {json.dumps(best['params'])} beats the default by more "
                                     "than the noise: look closer around it",
-                                design=design.model_copy(update={"knobs": knobs}))
+                                design=design.model_copy(update={"knobs": knobs, **PRUNING}))
         extra = next_knob(self.topic, design)
         conclusion = f"{self.topic}: {'the default' if best is default else json.dumps(best['params'])} is best " \
                      f"({seen})"
@@ -234,7 +241,8 @@ class OfflineDesigner:
                  for k in design.knobs]
         return NextStep(action="add_knob", cites=f"best ahead by {gap:.3f}, spread ±{spread:.3f}",
                         why=f"{conclusion}; hold it there and try the next setting {extra.name}",
-                        design=design.model_copy(update={"knobs": [*fixed, extra]}), conclusion=conclusion)
+                        design=design.model_copy(update={"knobs": [*fixed, extra], **PRUNING}),
+                        conclusion=conclusion)
 
 
 # ---------------------------------------------------------------------- the program

@@ -51,6 +51,12 @@ class KnobDesign(BaseModel):
     matched: list[str] = Field(default_factory=list, description="the topic's words that matched this setting")
 
 
+PRUNE_MARGIN = 0.15
+PRUNE_REASON = ("a run is stopped early only when it trails the best run at the same step by more than 0.15: about "
+                "two sampling errors of one 44-episode eval near 0.5 (±0.075), so one unlucky eval does not end it")
+REPLICATE_REASON = "replicates measure the noise: none is stopped early, or the spread would be of the lucky ones"
+
+
 class StudyDesign(BaseModel):
     """A proposed study, each choice with its reason (``design.json`` next to the study's ``spec.yaml``)."""
 
@@ -66,6 +72,9 @@ class StudyDesign(BaseModel):
     trials: int = Field(8, ge=1, le=1000)
     minutes: float | None = Field(None, gt=0, description="no new run starts after this much study time")
     budget_reason: str = ""
+    prune: bool = Field(True, description="early stopping (ASHA) of runs clearly behind the best at the same step")
+    prune_margin: float = Field(PRUNE_MARGIN, ge=0, le=1, description="'clearly behind': by more than this")
+    prune_reason: str = PRUNE_REASON
     planner: str = "offline"
     notes: list[str] = Field(default_factory=list, description="what was repaired, and why")
 
@@ -381,7 +390,8 @@ def study_from_design(design: StudyDesign, base: dict[str, Any], extra: dict[str
                            "client": {"task": design.task}, "space": space, "seeds": design.seeds,
                            "budget": {"trials": max(design.trials, design.seeds)}
                            | ({"minutes": design.minutes} if design.minutes else {}),
-                           "planner": {"kind": "grid" if all(k.type == "choice" for k in design.knobs) else "tpe"}}
+                           "planner": {"kind": "grid" if all(k.type == "choice" for k in design.knobs) else "tpe"},
+                           "early_stop": {"enabled": design.prune, "min_delta": design.prune_margin}}
     for key, value in (extra or {}).items():
         raw[key] = {**raw[key], **value} if isinstance(value, dict) and isinstance(raw.get(key), dict) else value
     return validate_spec(raw, "the planned study", Path.cwd())
@@ -402,7 +412,9 @@ def describe_design(design: StudyDesign) -> str:
             f"{k.type} in [{k.low:g}, {k.high:g}]" + (" (log)" if k.log else "")
         lines.append(f"- `{k.name}`: {span}, default {k.default}. Matched words: {k.matched or 'none'}. {k.reason}")
     lines += ["", f"**Seeds.** {design.seeds}: {design.seeds_reason}", "",
-              f"**Budget.** {design.trials} runs: {design.budget_reason}", "", f"Planner: {design.planner}."]
+              f"**Budget.** {design.trials} runs: {design.budget_reason}", "",
+              f"**Early stopping.** {'on' if design.prune else 'off'}: {design.prune_reason}", "",
+              f"Planner: {design.planner}."]
     if design.notes:
         lines += ["", "**Repairs.**", "", *[f"- {n}" for n in design.notes]]
     return "\n".join(lines) + "\n"
