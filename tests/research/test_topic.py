@@ -119,10 +119,18 @@ def test_the_next_study_follows_from_the_last_results() -> None:
     design = offline_design(topic, trials=12, cpus=2)
     spec = study_from_design(design, BASE)
     designer = OfflineDesigner(topic)
-    # group size 8 clearly ahead of the default 4: narrow around 8
+    # group size 8 clearly ahead of the default 4, on the edge of {2, 4, 8}: past the edge, 8 against 16
     clear = designer.next(design, spec, results({4: [0.40, 0.42], 2: [0.30, 0.31], 8: [0.70, 0.72]}), "", 8)
-    assert clear.action == "narrow" and clear.design is not None
-    assert clear.design.knobs[0].choices == [4, 8] and "0.710" in clear.cites and "0.410" in clear.cites
+    assert clear.action == "extend" and clear.design is not None
+    assert clear.design.knobs[0].choices == [8, 16] and clear.design.knobs[0].default == 8
+    assert "0.710" in clear.cites and "0.410" in clear.cites and "beats the default" in clear.conclusion
+    # clearly ahead inside the range (4 of {2, 4, 8}, the default 2): no edge, nothing to narrow: held at 4, and
+    # the next setting the topic matched is added, never a sibling of the knob (min-group-size, group-timeout)
+    mid = designer.next(design, spec.model_copy(update={"space": {"server.group-size": spec.space[
+        "server.group-size"].model_copy(update={"default": 2})}}),
+        results({2: [0.40, 0.42], 4: [0.70, 0.72], 8: [0.50, 0.51]}), "", 8)
+    assert mid.action == "add_knob" and mid.design is not None and mid.design.knobs[0].choices == [4]
+    assert "group" not in mid.design.knobs[1].name
     # all inside the noise: the same knob with more seeds
     noisy = designer.next(design, spec, results({4: [0.40, 0.60], 2: [0.45, 0.55], 8: [0.50, 0.52]}), "", 8)
     assert noisy.action == "more_seeds" and noisy.design is not None and noisy.design.seeds == 4
@@ -133,6 +141,10 @@ def test_the_next_study_follows_from_the_last_results() -> None:
     assert not study_from_design(noisy.design, BASE).early_stop.enabled and "Early stopping.** off" in \
         describe_design(noisy.design)
     assert clear.design.prune and study_from_design(clear.design, BASE).early_stop.min_delta == 0.15
+    # the extended study's default is the best so far; clearly better again at 16: further still
+    ext_spec = study_from_design(clear.design, BASE)
+    again = designer.next(clear.design, ext_spec, results({8: [0.70, 0.71], 16: [0.90, 0.91]}), "", 8)
+    assert again.action == "extend" and again.design is not None and again.design.knobs[0].choices == [16, 32]
     # one seed each and the default best (tied): the runner-up is named, and it is what runs again
     tied = designer.next(design, spec, results({4: [0.591], 2: [0.318], 8: [0.591]}), "", 10)
     assert tied.action == "more_seeds" and tied.design is not None and tied.design.knobs[0].choices == [4, 8]
@@ -205,3 +217,15 @@ def test_the_programs_hours_cap_each_study(tmp_path: Path) -> None:
     assert entry is not None and entry.design.minutes == 30
     assert study_from_design(entry.design, BASE).budget.minutes == 30
     assert (tmp_path / entry.dir / "design.md").exists() and "Asked" in state.log[0]
+
+
+def test_a_best_value_on_the_edge_of_a_number_range_moves_the_range_past_it() -> None:
+    from agentjet.apps.research.program import extended
+
+    lr = offline_design("Which learning rate is best for the calculator task?", trials=8, cpus=2).knobs[0]
+    assert (lr.name, lr.low, lr.high, lr.log) == ("server.learning-rate", 2.5e-6, 4e-5, True)
+    top = extended(lr, 4e-5)
+    assert top is not None and top.default == 4e-5 and top.low == pytest.approx(2e-5) and top.high == pytest.approx(6.4e-4)
+    bottom = extended(lr, 2.6e-6)
+    assert bottom is not None and bottom.high == pytest.approx(5.2e-6) and bottom.low < 2.5e-6
+    assert extended(lr, 1e-5) is None  # inside the range: narrow, not extend

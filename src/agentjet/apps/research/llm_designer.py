@@ -33,7 +33,7 @@ Use only settings from the table, within their bounds. "prune" stops runs clearl
 false when the study repeats configurations to measure the noise."""
 
 NEXT_PROMPT = """You read an RL study's report and decide the program's next study. Reply with ONLY one JSON object:
-{"action": "narrow|add_knob|more_seeds|stop", "why": "...", "cites": "<the number from the report that motivates
+{"action": "narrow|extend|add_knob|more_seeds|stop", "why": "...", "cites": "<the number from the report that motivates
 this>", "design": <a study design as before, or null when stopping>, "conclusion": "<what is concluded, if anything>"}"""
 
 

@@ -1,5 +1,5 @@
 """A program of studies from one topic: design a study, run it, read its results, design the next one (narrow a
-range, add a knob, more seeds, or stop with a conclusion) until the program's budget is spent.
+range, extend it past an edge the best sits on, add a knob, more seeds, or stop with a conclusion) until the program's budget is spent.
 
     <program dir>/program.json     the program state (written, then renamed, after every change)
     <program dir>/log.md           the research log: what was asked, found, tried next and why
@@ -28,7 +28,9 @@ from agentjet.apps.research.topic import (
     PRUNE_REASON,
     REPLICATE_REASON,
     KnobDesign,
+    Setting,
     StudyDesign,
+    bounds,
     describe_design,
     knob_range,
     offline_design,
@@ -44,7 +46,7 @@ class NextStep(BaseModel):
     """What the planner does after a study: another study (with the number that motivated it) or stop."""
 
     model_config = ConfigDict(extra="forbid")
-    action: Literal["narrow", "add_knob", "more_seeds", "stop"]
+    action: Literal["narrow", "extend", "add_knob", "more_seeds", "stop"]
     why: str = Field(min_length=1)
     cites: str = Field(min_length=1, description="the number from the last report that motivated this step")
     design: StudyDesign | None = None
@@ -160,6 +162,47 @@ def narrowed(knob: KnobDesign, value: Any) -> KnobDesign | None:
     return knob.model_copy(update={"low": low, "high": high, "default": default})
 
 
+def _setting(name: str) -> Setting | None:
+    return next((s for s in settings_catalog() if s.space_name == name), None)
+
+
+def extended(knob: KnobDesign, value: Any) -> KnobDesign | None:
+    """When the best ``value`` sits on an edge of a numeric knob's range and the setting's bounds go further: the
+    range past that edge, with ``value`` as the baseline (a choice of ints doubles or halves it; a number range
+    moves a quarter of its span back and its whole span on). None: not on an edge, or nothing beyond it."""
+    setting = _setting(knob.name)
+    if setting is None or setting.field.choices is not None or isinstance(value, bool) or \
+            not isinstance(value, int | float):
+        return None
+    lo, hi, _ = bounds(setting.field)
+    lo, hi = -math.inf if lo is None else lo, math.inf if hi is None else hi
+    if knob.type == "choice":
+        numbers = [c for c in knob.choices or [] if isinstance(c, int | float) and not isinstance(c, bool)]
+        if len(numbers) < 2 or value not in (min(numbers), max(numbers)) or not isinstance(value, int):
+            return None
+        beyond = value * 2 if value == max(numbers) else value // 2
+        if beyond == value or not lo <= beyond <= hi:
+            return None
+        return knob.model_copy(update={"choices": sorted({value, beyond}), "default": value,
+                                       "reason": f"{value}, the best, sat on the edge of {numbers}: {value} against "
+                                                 f"{beyond}, past it (bounds {setting.field.bounds_text()})"})
+    if knob.low is None or knob.high is None:
+        return None
+    span = math.log(knob.high / knob.low) if knob.log and knob.low > 0 else knob.high - knob.low
+    at = (math.log(value / knob.low) if knob.log and value > 0 else value - knob.low) / span if span else 0.5
+    if 0.25 < at < 0.75:
+        return None
+    step = (lambda v, d: v * math.exp(d)) if knob.log and knob.low > 0 else (lambda v, d: v + d)
+    low, high = (step(value, -span / 4), min(hi, step(value, span))) if at >= 0.75 else \
+        (max(lo, step(value, -span)), step(value, span / 4))
+    if (at >= 0.75 and high <= knob.high) or (at <= 0.25 and low >= knob.low) or not low < high:
+        return None
+    return knob.model_copy(update={"low": low, "high": high, "default": value,
+                                   "reason": f"{value:g}, the best, sat at the {'top' if at >= 0.75 else 'bottom'} of "
+                                             f"[{knob.low:g}, {knob.high:g}]: the range moves past it "
+                                             f"(bounds {setting.field.bounds_text()})"})
+
+
 def contender_choices(knob: KnobDesign, best: dict[str, Any], other: dict[str, Any] | None) -> KnobDesign:
     """A choice knob cut to the best's and its rival's values (more seeds where they are, none elsewhere)."""
     if knob.type != "choice" or other is None:
@@ -171,8 +214,9 @@ def contender_choices(knob: KnobDesign, best: dict[str, Any], other: dict[str, A
 def next_knob(topic: str, design: StudyDesign) -> KnobDesign | None:
     """The best-matching setting of the topic that the design does not search yet."""
     have = {k.name for k in design.knobs}
+    siblings = frozenset().union(*(s.name_words for k in design.knobs if (s := _setting(k.name)) is not None))
     for _, setting, matched in rank_settings(topic, settings_catalog()):
-        if setting.space_name in have:
+        if setting.space_name in have or setting.name_words & siblings:  # group-size, then min-group-size: no
             continue
         knob = knob_range(setting)
         if knob is not None:
@@ -220,8 +264,24 @@ class OfflineDesigner:
                           else design.budget_reason}
                 return NextStep(action="more_seeds", cites=cite, why=f"{doubt} ({seen}): the best and its rival "
                                 f"again with {seeds} seeds", design=design.model_copy(update=update))
+            versus = f"{json.dumps(best['params'])} and {json.dumps(other['params'])} do not differ" if other \
+                else "no effect found"
             return NextStep(action="stop", cites=cite, why="still inside the noise at the most seeds",
-                            conclusion=f"{self.topic}: no effect found beyond the noise ({seen})")
+                            conclusion=f"{self.topic}: {versus} beyond the noise at {design.seeds} seeds ({seen})")
+        if best is not default and default is not None:
+            edge = [extended(k, best["params"].get(k.name)) for k in design.knobs]
+            if any(e is not None for e in edge):
+                knobs = [e if e is not None else
+                         k.model_copy(update={"type": "choice", "choices": [best["params"][k.name]], "low": None,
+                                              "high": None, "log": False, "default": best["params"][k.name]})
+                         for k, e in zip(design.knobs, edge, strict=True)]
+                found = f"{json.dumps(best['params'])} beats the default {json.dumps(default['params'])} " \
+                        f"({fmt(best['mean'])} vs {fmt(default['mean'])}, beyond the spread ±{spread:.3f})"
+                return NextStep(action="extend", cites=f"best {fmt(best['mean'])} vs default {fmt(default['mean'])} "
+                                f"(gap {gap:.3f} > spread {spread:.3f})",
+                                why=f"{found}, and it sits on the edge of the range searched: try past it, against "
+                                    "it as the new baseline", conclusion=f"{self.topic}: {found}",
+                                design=design.model_copy(update={"knobs": knobs, **PRUNING}))
         if best is not default:
             knobs = [narrowed(k, best["params"].get(k.name)) or k for k in design.knobs]
             if any(a != b for a, b in zip(knobs, design.knobs, strict=True)):
