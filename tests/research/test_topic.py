@@ -145,6 +145,15 @@ def test_the_next_study_follows_from_the_last_results() -> None:
     ext_spec = study_from_design(clear.design, BASE)
     again = designer.next(clear.design, ext_spec, results({8: [0.70, 0.71], 16: [0.90, 0.91]}), "", 8)
     assert again.action == "extend" and again.design is not None and again.design.knobs[0].choices == [16, 32]
+    # at the most seeds, inside the noise, but pruning left 16 with two finished runs of four: the two again,
+    # none pruned (the program of docs/research/ stopped here before this rule)
+    four = clear.design.model_copy(update={"seeds": 4})
+    short = results({8: [0.75, 0.70, 0.80, 0.73], 16: [0.82, 0.70]})
+    retry = designer.next(four, study_from_design(four, BASE), short, "", 8)
+    assert retry.action == "more_seeds" and retry.design is not None and retry.design.seeds == 4
+    assert not retry.design.prune and "2 finished run(s)" in retry.why
+    done = designer.next(retry.design, study_from_design(retry.design, BASE), short, "", 8)
+    assert done.action == "stop" and "do not differ beyond the noise" in done.conclusion
     # one seed each and the default best (tied): the runner-up is named, and it is what runs again
     tied = designer.next(design, spec, results({4: [0.591], 2: [0.318], 8: [0.591]}), "", 10)
     assert tied.action == "more_seeds" and tied.design is not None and tied.design.knobs[0].choices == [4, 8]

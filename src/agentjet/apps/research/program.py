@@ -250,10 +250,13 @@ class OfflineDesigner:
         seen = summary(spec, results)
         if gap is None or spread is None or abs(gap) <= spread:
             cite = f"best ahead by {fmt(gap)}, spread ±{fmt(spread)}"
-            if design.seeds < MAX_SEEDS:
-                seeds = min(MAX_SEEDS, design.seeds * 2)
+            finished = min(best["n_done"], other["n_done"]) if other is not None else best["n_done"]
+            cut = design.prune and finished < design.seeds  # pruning left a contender short of its seeds
+            if design.seeds < MAX_SEEDS or cut:
+                seeds = min(MAX_SEEDS, design.seeds * 2) if design.seeds < MAX_SEEDS else design.seeds
                 doubt = "the noise is unknown with one seed each" if spread is None else "the difference sits " \
-                    "inside the noise"
+                    "inside the noise" + (f", with {finished} finished run(s) of a contender (the others pruned)"
+                                          if cut else "")
                 knobs = [contender_choices(k, best, other) for k in design.knobs]
                 configs = math.prod(len(k.choices or []) if k.type == "choice" else 1 for k in knobs)
                 runs = design.trials if any(k.type != "choice" for k in knobs) else seeds * configs
@@ -267,7 +270,7 @@ class OfflineDesigner:
             versus = f"{json.dumps(best['params'])} and {json.dumps(other['params'])} do not differ" if other \
                 else "no effect found"
             return NextStep(action="stop", cites=cite, why="still inside the noise at the most seeds",
-                            conclusion=f"{self.topic}: {versus} beyond the noise at {design.seeds} seeds ({seen})")
+                            conclusion=f"{self.topic}: {versus} beyond the noise ({seen})")
         if best is not default and default is not None:
             edge = [extended(k, best["params"].get(k.name)) for k in design.knobs]
             if any(e is not None for e in edge):
