@@ -294,6 +294,26 @@ async def test_reward_win_pays_a_win_only_and_the_game_is_told_nothing_of_it() -
 
 
 @NEEDS_TA
+async def test_the_runner_traces_each_game_so_the_demo_keeps_its_transcript() -> None:
+    """A game task's episodes are traced (``EpisodeTrace``): the demo's JSON keeps the first eval games' chats
+    (before, it kept none, and the transcripts had to be decoded from the server's store)."""
+    from agentjet.apps.demo import question_of
+    from agentjet.client.runner import task_workflow
+
+    wins = get_task(GUESS + ":reward=win")
+    traces: list[tuple[dict[str, Any], Any]] = []
+    workflow = task_workflow(wins, {}, traces=traces)
+    task = wins.generate_tasks("eval", 1)[0]
+    paid = await workflow(task, ScriptedEpisode(ScriptedClient(lambda messages: "[10]")))  # type: ignore[arg-type]
+    (_, trace), = traces
+    assert isinstance(trace, games.GameTrace) and trace.reward == paid  # what the task paid
+    assert trace.transcript[0].startswith("user: ") and "assistant: [10]" in trace.transcript
+    assert trace.transcript[-1].startswith("end: ") and f"game reward {trace.game_reward:g}" in trace.transcript[-1]
+    assert (paid == 1.0) == (trace.game_reward == 1.0) and question_of(task) == f"GuessTheNumber-v0:reward=win at " \
+        f"seed {task['seed']}"
+
+
+@NEEDS_TA
 def test_a_game_through_the_swarm_merges_its_turns_into_one_sample(make_server, tiny_model_path: Path) -> None:
     from transformers import AutoTokenizer
 

@@ -103,6 +103,13 @@ class DemoResult:
         return data
 
 
+def question_of(task: dict[str, Any]) -> str:
+    """What a transcript is an answer to: a chat task's last message, or a game and its seed."""
+    if "messages" in task:
+        return str(task["messages"][-1]["content"])
+    return f"{task.get('game', task['task_id'])} at seed {task.get('seed')}"
+
+
 TRANSCRIPTS = 5  # eval tasks whose multi-turn transcripts the demo keeps (first and last eval); single-call
 # tasks keep every eval reply
 
@@ -251,7 +258,7 @@ async def _client_side(s: DemoSettings, task_mod: TaskSource, rec: Recommended, 
             console.print("        by task type: " + ", ".join(f"{t} {r:.3f}" for t, r in sorted(rewards.items())))
         kept = done if all(isinstance(tr, ReplyTrace) for _, tr in done) else done[:TRANSCRIPTS]
         transcripts["before" if len(eval_types) == 1 else "after"] = [
-            {"task_id": t["task_id"], "question": t["messages"][-1]["content"], "answer": t.get("answer"),
+            {"task_id": t["task_id"], "question": question_of(t), "answer": t.get("answer"),
              "reward": tr.reward, "transcript": list(tr.transcript)} for t, tr in kept]
         if not hasattr(task_mod, "tool_use_summary"):
             return

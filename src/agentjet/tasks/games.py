@@ -48,13 +48,21 @@ class TextGame(Protocol):
 @dataclass
 class GameTrace:
     """What happened in one game: the chat (every message the model saw, and its moves), the number of chat
-    calls, the game's reward and its reason for ending."""
+    calls, the reward (the game's; a task that pays otherwise, e.g. ``ta:...:reward=win``, puts its own here and
+    keeps the game's in ``game_reward``) and the game's reason for ending."""
 
     messages: list[dict[str, str]] = field(default_factory=list)
     calls: int = 0
     reward: float = 0.0
     reason: str = ""
     done: bool = False
+    game_reward: float = 0.0
+
+    @property
+    def transcript(self) -> list[str]:
+        """The game as read by a person: each message after the system prompt, ``role: text``, then the end."""
+        lines = [f"{m['role']}: {m['content']}" for m in self.messages if m["role"] != "system"]
+        return [*lines, f"end: {self.reason or 'not ended'} (game reward {self.game_reward:g})"]
 
 
 def reply_text(reply: Any) -> str:
@@ -78,6 +86,7 @@ async def play(game: TextGame, client: Any, seed: int, sampling: dict[str, Any],
         step = game.step(action)
         if step.done:
             trace.reward, trace.reason, trace.done = float(step.reward), step.reason, True
+            trace.game_reward = trace.reward
             return trace.reward
         messages.append({"role": "user", "content": step.observation})
     trace.reward, trace.reason = 0.0, TURN_CAP_REASON

@@ -291,6 +291,7 @@ class TextArenaTask:
     SAMPLING = SAMPLING
     EVAL_SAMPLING = EVAL_SAMPLING
     RECOMMENDED = RECOMMENDED
+    EpisodeTrace = GameTrace  # the runner traces each game (the demo keeps the first eval games' transcripts)
 
     def __init__(self, spec: GameSpec, name: str | None = None) -> None:
         self.NAME = name or PREFIX + spec.label()
@@ -325,8 +326,11 @@ class TextArenaTask:
         """One game on the episode's OpenAI client (``agentjet.tasks.games.play``); the game's reward (or, with
         ``reward=win``, 1.0 for a win only)."""
         game = self.new_game()
-        return self.spec.reward.of(await play(game, ep.openai(), int(task["seed"]), sampling,
+        paid = self.spec.reward.of(await play(game, ep.openai(), int(task["seed"]), sampling,
                                               max_calls=game.max_calls, trace=trace))
+        if trace is not None:
+            trace.reward = paid
+        return paid
 
     def reward(self, task: dict[str, Any], text: str) -> float:
         """The game's reward when ``text`` is the first move at the task's seed (0.0 if the game goes on). The
