@@ -249,63 +249,80 @@ class OfflineDesigner:
         gap = None if other is None else abs(best["mean"] - other["mean"])
         seen = summary(spec, results)
         if gap is None or spread is None or abs(gap) <= spread:
-            cite = f"best ahead by {fmt(gap)}, spread ±{fmt(spread)}"
-            finished = min(best["n_done"], other["n_done"]) if other is not None else best["n_done"]
-            cut = design.prune and finished < design.seeds  # pruning left a contender short of its seeds
-            if design.seeds < MAX_SEEDS or cut:
-                seeds = min(MAX_SEEDS, design.seeds * 2) if design.seeds < MAX_SEEDS else design.seeds
-                doubt = "the noise is unknown with one seed each" if spread is None else "the difference sits " \
-                    "inside the noise" + (f", with {finished} finished run(s) of a contender (the others pruned)"
-                                          if cut else "")
-                knobs = [contender_choices(k, best, other) for k in design.knobs]
-                configs = math.prod(len(k.choices or []) if k.type == "choice" else 1 for k in knobs)
-                runs = design.trials if any(k.type != "choice" for k in knobs) else seeds * configs
-                update = {"seeds": seeds, "knobs": knobs, "trials": runs, "prune": False,
-                          "prune_reason": REPLICATE_REASON,
-                          "seeds_reason": f"{seeds} seeds per configuration ({design.seeds} before): {doubt}",
-                          "budget_reason": f"{seeds} seeds x {configs} configuration(s)" if runs != design.trials
-                          else design.budget_reason}
-                return NextStep(action="more_seeds", cites=cite, why=f"{doubt} ({seen}): the best and its rival "
-                                f"again with {seeds} seeds", design=design.model_copy(update=update))
+            return self._inside_the_noise(design, best, other, gap, spread, seen)
+        assert other is not None
+        if best is not default and default is not None:
+            step = self._extend(design, best, default, gap, spread)
+            if step is not None:
+                return step
+            knobs = [narrowed(k, best["params"].get(k.name)) or k for k in design.knobs]
+            if any(a != b for a, b in zip(knobs, design.knobs, strict=True)):
+                return NextStep(action="narrow", cites=f"best {fmt(best['mean'])} vs default {fmt(default['mean'])} "
+                                f"(gap {gap:.3f} > spread {spread:.3f})",
+                                why=f"the best configuration {json.dumps(best['params'])} beats the default by more "
+                                    "than the noise: look closer around it",
+                                design=design.model_copy(update={"knobs": knobs, **PRUNING}))
+        return self._add_knob(design, best, best is default, gap, spread, seen)
+
+    def _inside_the_noise(self, design: StudyDesign, best: dict[str, Any], other: dict[str, Any] | None,
+                          gap: float | None, spread: float | None, seen: str) -> NextStep:
+        """More seeds of the best and its rival (none pruned), or stop: they do not differ beyond the noise."""
+        cite = f"best ahead by {fmt(gap)}, spread ±{fmt(spread)}"
+        finished = min(best["n_done"], other["n_done"]) if other is not None else best["n_done"]
+        cut = design.prune and finished < design.seeds  # pruning left a contender short of its seeds
+        if design.seeds >= MAX_SEEDS and not cut:
             versus = f"{json.dumps(best['params'])} and {json.dumps(other['params'])} do not differ" if other \
                 else "no effect found"
             return NextStep(action="stop", cites=cite, why="still inside the noise at the most seeds",
                             conclusion=f"{self.topic}: {versus} beyond the noise ({seen})")
-        if best is not default and default is not None:
-            edge = [extended(k, best["params"].get(k.name)) for k in design.knobs]
-            if any(e is not None for e in edge):
-                knobs = [e if e is not None else
-                         k.model_copy(update={"type": "choice", "choices": [best["params"][k.name]], "low": None,
-                                              "high": None, "log": False, "default": best["params"][k.name]})
-                         for k, e in zip(design.knobs, edge, strict=True)]
-                found = f"{json.dumps(best['params'])} beats the default {json.dumps(default['params'])} " \
-                        f"({fmt(best['mean'])} vs {fmt(default['mean'])}, beyond the spread ±{spread:.3f})"
-                return NextStep(action="extend", cites=f"best {fmt(best['mean'])} vs default {fmt(default['mean'])} "
-                                f"(gap {gap:.3f} > spread {spread:.3f})",
-                                why=f"{found}, and it sits on the edge of the range searched: try past it, against "
-                                    "it as the new baseline", conclusion=f"{self.topic}: {found}",
-                                design=design.model_copy(update={"knobs": knobs, **PRUNING}))
-        if best is not default:
-            knobs = [narrowed(k, best["params"].get(k.name)) or k for k in design.knobs]
-            if any(a != b for a, b in zip(knobs, design.knobs, strict=True)):
-                return NextStep(action="narrow", cites=f"best {fmt(best['mean'])} vs default {fmt(default['mean'])} "
-                                f"(gap {gap:.3f} > spread {spread:.3f})" if default else seen,
-                                why=f"the best configuration {json.dumps(best['params'])} beats the default by more "
-                                    "than the noise: look closer around it",
-                                design=design.model_copy(update={"knobs": knobs, **PRUNING}))
+        seeds = min(MAX_SEEDS, design.seeds * 2) if design.seeds < MAX_SEEDS else design.seeds
+        doubt = "the noise is unknown with one seed each" if spread is None else "the difference sits inside the " \
+            "noise" + (f", with {finished} finished run(s) of a contender (the others pruned)" if cut else "")
+        knobs = [contender_choices(k, best, other) for k in design.knobs]
+        configs = math.prod(len(k.choices or []) if k.type == "choice" else 1 for k in knobs)
+        runs = design.trials if any(k.type != "choice" for k in knobs) else seeds * configs
+        update = {"seeds": seeds, "knobs": knobs, "trials": runs, "prune": False, "prune_reason": REPLICATE_REASON,
+                  "seeds_reason": f"{seeds} seeds per configuration ({design.seeds} before): {doubt}",
+                  "budget_reason": f"{seeds} seeds x {configs} configuration(s)" if runs != design.trials
+                  else design.budget_reason}
+        return NextStep(action="more_seeds", cites=cite, why=f"{doubt} ({seen}): the best and its rival again with "
+                        f"{seeds} seeds", design=design.model_copy(update=update))
+
+    def _extend(self, design: StudyDesign, best: dict[str, Any], default: dict[str, Any], gap: float,
+                spread: float) -> NextStep | None:
+        """The best beats the default and sits on an edge of a range: past that edge, the best as the baseline."""
+        edge = [extended(k, best["params"].get(k.name)) for k in design.knobs]
+        if all(e is None for e in edge):
+            return None
+        knobs = [e if e is not None else held(k, best["params"][k.name]) for k, e in zip(design.knobs, edge, strict=True)]
+        found = f"{json.dumps(best['params'])} beats the default {json.dumps(default['params'])} " \
+                f"({fmt(best['mean'])} vs {fmt(default['mean'])}, beyond the spread ±{spread:.3f})"
+        return NextStep(action="extend", cites=f"best {fmt(best['mean'])} vs default {fmt(default['mean'])} "
+                        f"(gap {gap:.3f} > spread {spread:.3f})",
+                        why=f"{found}, and it sits on the edge of the range searched: try past it, against it as the "
+                            "new baseline", conclusion=f"{self.topic}: {found}",
+                        design=design.model_copy(update={"knobs": knobs, **PRUNING}))
+
+    def _add_knob(self, design: StudyDesign, best: dict[str, Any], default_is_best: bool, gap: float, spread: float,
+                  seen: str) -> NextStep:
+        """Hold the knobs at the best values and add the next setting the topic matched; none left: stop."""
         extra = next_knob(self.topic, design)
-        conclusion = f"{self.topic}: {'the default' if best is default else json.dumps(best['params'])} is best " \
+        conclusion = f"{self.topic}: {'the default' if default_is_best else json.dumps(best['params'])} is best " \
                      f"({seen})"
         if extra is None:
             return NextStep(action="stop", cites=f"best ahead by {gap:.3f}", why="no setting left to add",
                             conclusion=conclusion)
-        fixed = [k.model_copy(update={"type": "choice", "choices": [best["params"][k.name]], "low": None,
-                                      "high": None, "log": False, "default": best["params"][k.name]})
-                 for k in design.knobs]
+        fixed = [held(k, best["params"][k.name]) for k in design.knobs]
         return NextStep(action="add_knob", cites=f"best ahead by {gap:.3f}, spread ±{spread:.3f}",
                         why=f"{conclusion}; hold it there and try the next setting {extra.name}",
                         design=design.model_copy(update={"knobs": [*fixed, extra], **PRUNING}),
                         conclusion=conclusion)
+
+
+def held(knob: KnobDesign, value: Any) -> KnobDesign:
+    """The knob held at one value (a choice of one)."""
+    return knob.model_copy(update={"type": "choice", "choices": [value], "low": None, "high": None, "log": False,
+                                   "default": value})
 
 
 # ---------------------------------------------------------------------- the program
