@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from agentjet.runtime.omp import prefer_passive_openmp
+from agentjet.runtime.provenance import git_commit
 
 prefer_passive_openmp()  # before torch loads, for both sides (the server does the same)
 
@@ -393,11 +394,6 @@ def plot(runs: list[dict[str, Any]], base: float, path: Path, title: str) -> Non
                 path, title, figsize=(8, 4.5), dpi=120)
 
 
-def _commit() -> str:
-    return os.environ.get("AGENTJET_COMMIT") or subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
-                                                               text=True, cwd=ROOT).stdout.strip()
-
-
 def _resumed(args: argparse.Namespace) -> tuple[list[dict[str, Any]], float | None]:
     """The runs and base eval already in ``args.out``, when it measured the same thing (else none: start over)."""
     if not args.out.exists():
@@ -416,7 +412,7 @@ def save(args: argparse.Namespace, runs: list[dict[str, Any]], minutes: list[flo
          complete: bool) -> dict[str, Any]:
     """Write the JSON and the figure (after every run, so a cut-short session keeps what finished)."""
     summary = summarize(runs, [m for m in (5, 10, 20) if m <= args.budget_min] or minutes)
-    commit = _commit()
+    commit = git_commit(ROOT)
     import importlib.metadata
 
     import torch
@@ -486,7 +482,7 @@ def main() -> None:
         base = evaluate_checkpoint(model, eval_tasks)
     print(f"base model: held-out eval {base:.3f} ({args.eval_n} episodes)", flush=True)
     done = {(r["side"], r["seed"]) for r in runs}
-    commit = _commit()
+    commit = git_commit(ROOT)
     for seed in args.seeds:
         for side, arm in [(s, a) for s in args.sides for a in (args.arms if s == "agentjet" else ["as-is"])]:
             label = side_label(side, arm)
