@@ -52,8 +52,8 @@ class KnobDesign(BaseModel):
 
 
 PRUNE_MARGIN = 0.15
-PRUNE_REASON = ("a run is stopped early only when it trails the best run at the same step by more than 0.15: about "
-                "two sampling errors of one 44-episode eval near 0.5 (±0.075), so one unlucky eval does not end it")
+PRUNE_REASON = (f"a run is stopped early only when it trails the best run at the same step by more than {PRUNE_MARGIN:g}: "
+                "about two sampling errors of one 44-episode eval near 0.5 (±0.075), so one unlucky eval does not end it")
 REPLICATE_REASON = "replicates measure the noise: none is stopped early, or the spread would be of the lucky ones"
 
 
