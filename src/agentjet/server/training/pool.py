@@ -169,7 +169,7 @@ class GroupPool:
             take = by_type[t][:q]
             batch += take
             if len(take) < q:
-                if self.settings.absent_policy is AbsentPolicy.STRICT or not self._absent(t):
+                if not self._lent(t):
                     return None  # wait for this type's share
                 short += q - len(take)
         if short:
@@ -243,10 +243,11 @@ class GroupPool:
         shares of the absent types (their places in a batch go to present groups, of any type). Admission lets a
         type have two of these in flight, so a present type can fill whole batches while the others are away."""
         quotas = self.quotas()
-        own = quotas.get(task_type, 0)
-        if self.settings.absent_policy is AbsentPolicy.STRICT:
-            return own
-        return own + sum(q for t, q in quotas.items() if t != task_type and self._absent(t))
+        return quotas.get(task_type, 0) + sum(q for t, q in quotas.items() if t != task_type and self._lent(t))
+
+    def _lent(self, task_type: str) -> bool:
+        """Whether ``task_type``'s places in a batch go to other types' groups: it is absent, under the fill policy."""
+        return self.settings.absent_policy is not AbsentPolicy.STRICT and self._absent(task_type)
 
     def _absent(self, task_type: str) -> bool:
         seen = self.last_begin.get(task_type)
