@@ -6,9 +6,10 @@ its TextArena adapter (``TextArenaGame``) and the task source around it.
 Names (docs/environments.md): ``ta:GAME`` is a TextArena environment id (``textarena.envs.registration``);
 ``ta:GAME:k=v,...`` overrides its constructor's arguments (``ta:GuessTheNumber-v0:max_number=50``), values read
 as in ``rg:`` names. One knob is the runner's, not the game's: ``reward=game`` (default: the game's own reward,
-partial credit included) or ``reward=win`` (1.0 when the game pays its full 1.0, a win; else 0.0). An unknown id fails with the close ids; a game that is not single-player fails (only the
-model's seat is played); a game that downloads data (the word games call ``nltk.download``) fails with a message
-naming the game and the data, unless that data is already on disk: no game downloads anything here.
+partial credit included) or ``reward=win`` (1.0 when the game pays its full 1.0, a win; else 0.0). An unknown id
+fails with the close ids; a game that is not single-player fails (only the model's seat is played); a game that
+downloads data (the word games call ``nltk.download``) fails with a message naming the game and the data, unless
+that data is already on disk: no game downloads anything here.
 
 One task is one game at one seed. ``train`` seeds come from ``[0, TRAIN_SEEDS)`` and ``eval`` seeds from
 ``[EVAL_SEED0, EVAL_SEED0 + EVAL_SEEDS)``: disjoint by construction. A game whose start does not depend on the
@@ -303,7 +304,8 @@ class TextArenaTask:
         except Exception as exc:
             raise TaskError(f"ta:{spec.label()} does not start here: TextArena raised {type(exc).__name__}: "
                             f"{str(exc).strip()[:300]}") from exc
-        self._id = spec.game + (f"-{hashlib.sha256(spec.label().encode()).hexdigest()[:8]}" if spec.label() != spec.game else "")
+        label = spec.label()
+        self._id = spec.game + (f"-{hashlib.sha256(label.encode()).hexdigest()[:8]}" if label != spec.game else "")
 
     def new_game(self) -> TextArenaGame:
         return TextArenaGame(self.spec)
