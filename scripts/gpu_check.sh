@@ -14,7 +14,7 @@
 #            steps counted on each side)
 #   train    the train step at 135M against the bare-torch floor (the learner sizes its micro-batch itself)
 #   serverload the same with 4 calls per client one after the other (a sustained load: the burst's arrival
-#            spread is paid once)
+#            spread is paid once), then one more round under py-spy: which thread holds the GIL
 #   serverload_gil1 the same with the server's GIL switch interval at 1 ms instead of Python's 5 (is the
 #            server's slower decode step the engine thread waiting for the GIL behind the event loop?)
 #   server512  the same at 512 new tokens a request (is the server's cost per request or per token?)
@@ -25,8 +25,10 @@
 #   train17  the train step at 1.7B shapes (gradient checkpointing on both sides), in whatever time is left
 #
 # Everything lands in $OUT (default /tmp/gpu-check) as it is made, at most 8 files: summary.json (device,
-# versions, each stage's status and seconds, the figures the CUDA tests report; rewritten after every stage),
-# log.txt, cuda_tests.xml and one JSON per benchmark stage. A run cut short keeps what the finished stages wrote.
+# versions, each stage's status and seconds, the figures the CUDA tests report, and every benchmark stage's JSON
+# under "results"; rewritten after every stage), log.txt, cuda_tests.xml, and the py-spy profiles of the server
+# process (serverload*_gil.txt, serverload*_all.txt; py-spy comes in the kit). A run cut short keeps what the
+# finished stages wrote.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-check}
@@ -35,7 +37,8 @@ REHEARSE=${REHEARSE:-0}
 KIT=${KIT:-.gpu}
 WHEELS=${WHEELS:-$KIT/wheels}
 SITE=${SITE:-/tmp/aj-site}
-mkdir -p "$OUT"
+RES=${RES:-/tmp/aj-results}  # each benchmark stage's JSON; summary.json takes them in
+mkdir -p "$OUT" && rm -rf "$RES" && mkdir -p "$RES"
 START=$(date +%s)
 LOG="$OUT/log.txt"
 : >"$LOG"
@@ -44,7 +47,7 @@ say() { echo "==> $* (t+$(($(date +%s) - START)) s)" | tee -a "$LOG"; }
 say "installing the kit ($WHEELS)"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
   "$WHEELS"/*.whl >>"$LOG" 2>&1 || { say "install of $WHEELS failed"; tail -20 "$LOG"; exit 1; }
-export PYTHONPATH="$SITE:$PWD/src:$PWD" PYTHONUNBUFFERED=1 AGENTJET_HOME=/tmp/aj-home AGENTJET_TEST_HOME=/tmp/aj-home \
+export PATH="$SITE/bin:$PATH" PYTHONPATH="$SITE:$PWD/src:$PWD" PYTHONUNBUFFERED=1 AGENTJET_HOME=/tmp/aj-home AGENTJET_TEST_HOME=/tmp/aj-home \
   AGENTJET_SMOLLM2_TOKENIZER="$PWD/$KIT/smollm2-tokenizer" AGENTJET_BENCH_MODELS=/tmp/aj-models
 export AGENTJET_CUDA_REPORT=/tmp/aj-cuda-report.jsonl  # the CUDA tests' figures; summary.json takes them in
 rm -f "$AGENTJET_CUDA_REPORT"
@@ -59,9 +62,9 @@ fi
 STAGES=/tmp/aj-gpu-stages.txt  # one line per finished stage: name, status, seconds
 : >"$STAGES"
 summary() {
-  python3 - "$OUT/summary.json" "$START" "$BUDGET_S" "$STAGES" <<'PY'
+  python3 - "$OUT/summary.json" "$START" "$BUDGET_S" "$STAGES" "$RES" <<'PY'
 import json, os, subprocess, sys, time
-path, start, budget, stages_file = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+path, start, budget, stages_file, res = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
 stages = {}
 for line in open(stages_file).read().splitlines():
     name, seconds, status = line.split(" ", 2)
@@ -70,6 +73,12 @@ env = {"elapsed_s": int(time.time()) - start, "budget_s": budget, "stages": stag
        "commit": os.environ.get("AGENTJET_COMMIT", "unknown")}
 if os.path.exists(os.environ["AGENTJET_CUDA_REPORT"]):  # the figures the CUDA tests measured
     env["cuda_report"] = [json.loads(x) for x in open(os.environ["AGENTJET_CUDA_REPORT"]) if x.strip()]
+env["results"] = {}  # every benchmark stage's JSON, by file name (the device tool brings back at most 8 files)
+for name in sorted(os.listdir(res)):
+    try:
+        env["results"][name] = json.load(open(os.path.join(res, name)))
+    except ValueError as exc:
+        env["results"][name] = {"unreadable": repr(exc)}
 try:
     import torch, transformers
     env.update(torch=torch.__version__, transformers=transformers.__version__, cuda=torch.version.cuda,
@@ -107,26 +116,28 @@ stage() {
              tests/test_engine_cuda.py tests/distributed/test_cuda_group.py ;;
     gen135) run_stage gen135 100 python3 benchmarks/serving/engine.py --device $DEV --model $MODEL \
               --concurrency $GEN_C --variants continuous,hf-generate --workloads fixed --repeats 2 "${NEW[@]}" \
-              --output "$OUT/engine_cuda_135m.json" ;;
+              --output "$RES/engine_cuda_135m.json" ;;
     server) run_stage server 150 python3 benchmarks/serving/server_throughput.py --device $DEV --model $MODEL \
-              --concurrency $SRV_C --repeats 3 --output "$OUT/server_cuda_135m.json" ;;
+              --concurrency $SRV_C --repeats 3 --output "$RES/server_cuda_135m.json" ;;
     serverload) run_stage serverload 150 python3 benchmarks/serving/server_throughput.py --device $DEV --model $MODEL \
-                  --concurrency $SRV_C --repeats 2 --calls 4 --output "$OUT/server_cuda_135m_load.json" ;;
+                  --concurrency $SRV_C --repeats 2 --calls 4 --py-spy "$OUT/serverload" \
+                  --output "$RES/server_cuda_135m_load.json" ;;
     serverload_gil1) run_stage serverload_gil1 150 python3 benchmarks/serving/server_throughput.py --device $DEV \
                        --model $MODEL --concurrency $SRV_C --repeats 2 --calls 4 \
-                       --server-generator '{"gil_switch_interval_ms": 1}' --output "$OUT/server_cuda_135m_load_gil1.json" ;;
+                       --server-generator '{"gil_switch_interval_ms": 1}' --py-spy "$OUT/serverload_gil1" \
+                       --output "$RES/server_cuda_135m_load_gil1.json" ;;
     server512) run_stage server512 120 python3 benchmarks/serving/server_throughput.py --device $DEV --model $MODEL \
-                 --concurrency $SRV_C --repeats 2 --max-tokens 512 --output "$OUT/server_cuda_135m_512.json" ;;
+                 --concurrency $SRV_C --repeats 2 --max-tokens 512 --output "$RES/server_cuda_135m_512.json" ;;
     train) run_stage train 90 python3 benchmarks/serving/engine.py --device $DEV --model $MODEL --train "${TRAIN[@]}" \
-             --profile --output "$OUT/train_cuda_135m.json" ;;
+             --profile --output "$RES/train_cuda_135m.json" ;;
     train8k) run_stage train8k 90 python3 benchmarks/serving/engine.py --device $DEV --model $MODEL --train \
-               "${TRAIN[@]}" --profile --logprob-chunk 8192 --output "$OUT/train_cuda_135m_chunk8192.json" ;;
+               "${TRAIN[@]}" --profile --logprob-chunk 8192 --output "$RES/train_cuda_135m_chunk8192.json" ;;
     group) run_stage group 150 python3 benchmarks/training/layouts.py --device $DEV --model $MODEL --procs 1 \
-             --layouts hf+in-process,hf+trainer-group --rounds 3 --no-baseline --output "$OUT/layouts_cuda_135m.json" ;;
+             --layouts hf+in-process,hf+trainer-group --rounds 3 --no-baseline --output "$RES/layouts_cuda_135m.json" ;;
     gen17) run_stage gen17 150 python3 benchmarks/serving/engine.py --device $DEV --model $MODEL17 --concurrency $GEN_C \
-             --variants continuous --workloads fixed "${NEW[@]}" --output "$OUT/engine_cuda_17b.json" ;;
+             --variants continuous --workloads fixed "${NEW[@]}" --output "$RES/engine_cuda_17b.json" ;;
     train17) run_stage train17 180 python3 benchmarks/serving/engine.py --device $DEV --model $MODEL17 --train "${TRAIN[@]}" \
-               --output "$OUT/train_cuda_17b.json" ;;
+               --output "$RES/train_cuda_17b.json" ;;
     *) say "unknown stage $1"; echo "$1 0 unknown" >>"$STAGES" ;;
   esac
 }
@@ -138,4 +149,4 @@ stages=("$@")
 for s in "${stages[@]}"; do stage "$s"; done
 say "done; files in $OUT:"
 ls -la "$OUT" | tee -a "$LOG"
-cat "$OUT/summary.json"
+python3 -c "import json,sys; d=json.load(open(sys.argv[1])); d.pop(\"results\", None); print(json.dumps(d, indent=1))" "$OUT/summary.json"

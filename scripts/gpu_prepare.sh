@@ -16,10 +16,10 @@ rm -rf .gpu && mkdir -p .gpu/wheels .gpu/smollm2-tokenizer
 # Versions as in this .venv. What the image already holds is not carried (torch, numpy, tokenizers, safetensors,
 # huggingface-hub, httpx, anyio, h11, idna, click, typer, rich, pyyaml, jinja2, peft, accelerate, uvloop,
 # prometheus-client, typing-extensions, regex, tqdm, pluggy, iniconfig, hypothesis, pytest-xdist); pytest and its
-# plugins are, since pytest-asyncio needs a newer pytest than some images have.
+# plugins are, since pytest-asyncio needs a newer pytest than some images have; py-spy profiles the server process.
 pkgs=(transformers pydantic pydantic_core annotated-types typing-inspection fastapi starlette uvicorn httptools
       openai jiter distro sniffio tenacity opentelemetry-api httpx2 httpcore2 truststore annotated-doc
-      pytest pytest-asyncio pytest-timeout)
+      pytest pytest-asyncio pytest-timeout py-spy)
 pins=()
 for p in "${pkgs[@]}"; do
   pins+=("$p==$(.venv/bin/python -c "import importlib.metadata as m; print(m.version('$p'))")")
@@ -27,7 +27,8 @@ done
 download() {  # download DIR PYTHON_VERSION
   .venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version "$2" --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-    --platform manylinux_2_27_x86_64 --platform any -d "$1" "${pins[@]}"
+    --platform manylinux_2_27_x86_64 --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 --platform any \
+    -d "$1" "${pins[@]}"
 }
 download .gpu/wheels 3.12
 if [ -n "$rehearse" ]; then

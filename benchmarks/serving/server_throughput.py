@@ -13,6 +13,12 @@ with the same settings in this process, ``engine.generate`` on the prompt ids th
 from the same messages, with the same sampling parameters and seeds, all at once. Both sides generate the same
 tokens (checked: the completion-token totals are equal), so the ratio server / direct is the server's cost.
 Rounds alternate server and direct; figures are medians. Target: >= 0.9x at c64 (CPU: c8 and c16).
+
+``--py-spy PREFIX``: after the timed rounds, one more server round at the largest concurrency (not counted) under
+two py-spy samplers attached to the server process (``py-spy`` on PATH): ``PREFIX_gil.txt``, the thread holding
+the GIL at each sample, and ``PREFIX_all.txt``, every thread, idle ones included (collapsed stacks, one per
+thread). The JSON gets each thread's share of the samples and its top frames: where the server process spends
+the GIL while the engine thread decodes.
 """
 
 from __future__ import annotations
@@ -20,7 +26,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -119,6 +127,69 @@ async def direct(engine: Any, formatter: Any, c: int, max_tokens: int, round_: i
             "generator": delta({k: float(v) for k, v in engine.generator.counters().items()}, before)}
 
 
+PY_SPY_KINDS = {"gil": ["--gil"], "all": ["--idle"]}
+
+
+def start_py_spy(pid: int, prefix: Path) -> dict[str, subprocess.Popen]:
+    """Two py-spy samplers on ``pid`` (nonblocking: the process is never paused), one per ``PY_SPY_KINDS``."""
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    return {kind: subprocess.Popen(["py-spy", "record", "--pid", str(pid), "--threads", "--nonblocking",
+                                    "--rate", "200", "--format", "raw", "--output", f"{prefix}_{kind}.txt", *extra],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            for kind, extra in PY_SPY_KINDS.items()}
+
+
+def stop_py_spy(procs: dict[str, subprocess.Popen]) -> dict[str, str]:
+    """Stop the samplers (SIGINT: py-spy writes its file on it); each one's last words."""
+    out = {}
+    for kind, proc in procs.items():
+        proc.send_signal(signal.SIGINT)
+        try:
+            _, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+        out[kind] = err.strip().splitlines()[-1] if err.strip() else f"rc={proc.returncode}"
+    return out
+
+
+def thread_shares(collapsed: str, top: int = 12) -> dict[str, Any]:
+    """From py-spy's raw output (``thread (TID): NAME;frame;...;leaf COUNT`` a line): the samples, each
+    thread's share, and each thread's most frequent innermost frames (the leaf and its caller)."""
+    per_thread: dict[str, int] = {}
+    leaves: dict[str, dict[str, int]] = {}
+    total = 0
+    for line in collapsed.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        frames = stack.split(";")
+        thread = frames[0].split(": ", 1)[-1]
+        leaf = " < ".join(reversed(frames[-2:])) if len(frames) > 2 else frames[-1]
+        per_thread[thread] = per_thread.get(thread, 0) + n
+        leaves.setdefault(thread, {})[leaf] = leaves.get(thread, {}).get(leaf, 0) + n
+        total += n
+    return {"samples": total,
+            "threads": {t: n / total for t, n in sorted(per_thread.items(), key=lambda x: -x[1])} if total else {},
+            "top_frames": {t: [[f, n / total] for f, n in sorted(fs.items(), key=lambda x: -x[1])[:top]]
+                           for t, fs in leaves.items()}}
+
+
+def profiled_round(server: Any, token: str, c: int, args: argparse.Namespace) -> dict[str, Any]:
+    """One more server round at ``c`` under py-spy (see the module doc)."""
+    procs = start_py_spy(server.pid, args.py_spy)
+    time.sleep(2.0)  # the samplers attach
+    r = asyncio.run(through_server(server.url, token, c, args.max_tokens, 97, args.calls))
+    said = stop_py_spy(procs)
+    out: dict[str, Any] = {"concurrency": c, "tok_s": r["tokens"] / r["seconds"], "generator": r["generator"],
+                           "py_spy": said}
+    for kind in PY_SPY_KINDS:
+        f = Path(f"{args.py_spy}_{kind}.txt")
+        out[kind] = thread_shares(f.read_text()) if f.exists() else None
+    return out
+
+
 def _per_step_ms(row: dict[str, Any]) -> float:
     g = row["generator"]
     return g["decode_us"] / 1e3 / max(g["decode_steps"], 1)
@@ -141,6 +212,8 @@ def main() -> None:
                    "c calls; more: a sustained load, where the burst's arrival spread is paid once)")
     p.add_argument("--server-generator", default="{}", type=json.loads,
                    help='JSON: generator settings for the server only, e.g. {"gil_switch_interval_ms": 1}')
+    p.add_argument("--py-spy", type=Path, default=None, metavar="PREFIX",
+                   help="one more server round at the largest concurrency under py-spy (see the module doc)")
     p.add_argument("--output", type=Path, default=None)
     args = p.parse_args()
     cuda = args.device.startswith("cuda")
@@ -157,6 +230,7 @@ def main() -> None:
     generator, placement = {"max_batch_size": max(args.concurrency)}, {"device": args.device}
     token = "bench-admin-token-0123456789"
     rows: list[dict[str, Any]] = []
+    profile: dict[str, Any] | None = None
     with tempfile.TemporaryDirectory() as tmp:
         config = ServerConfig.model_validate({
             "model": str(path), "served_model_name": "bench", "port": free_port(), "data_dir": tmp,
@@ -186,6 +260,13 @@ def main() -> None:
                               f"{r['tokens']:6d} tokens {r['seconds']:7.2f} s {r['tokens'] / r['seconds']:8.1f} tok/s"
                               f"  prefills {g['generate_batches']:.0f} decode steps {g['decode_steps']:.0f}",
                               file=sys.stderr, flush=True)
+            if args.py_spy is not None:
+                try:
+                    profile = profiled_round(server, token, max(args.concurrency), args)
+                except Exception as exc:  # noqa: BLE001 - a profiler that cannot attach must not lose the timed rounds
+                    profile = {"error": repr(exc), "gil": None, "tok_s": None, "py_spy": None}
+                print(f"  py-spy round: {json.dumps({k: profile[k] for k in ('tok_s', 'py_spy')})}\n"
+                      f"  GIL held by: {json.dumps((profile['gil'] or {}).get('threads'))}", file=sys.stderr, flush=True)
         finally:
             server.stop(grace=30)
             run_blocking(engine.close())
@@ -234,7 +315,7 @@ def main() -> None:
     out = args.output or RESULTS / f"server_throughput_{device.type}_{args.model.replace('.', '')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"machine": m, "args": {k: v for k, v in vars(args).items()}, "rows": rows,
-                               "summary": summary}, indent=2, default=str) + "\n")
+                               "summary": summary, "py_spy_round": profile}, indent=2, default=str) + "\n")
     print(f"wrote {out}")
 
 
