@@ -17,6 +17,8 @@
 #            spread is paid once), then one more round under py-spy: which thread holds the GIL
 #   serverload_gil1 the same with the server's GIL switch interval at 1 ms instead of Python's 5 (is the
 #            server's slower decode step the engine thread waiting for the GIL behind the event loop?)
+#   serverload_wait30 the same with an idle engine waiting up to 30 ms (not 5) for the next calls to gather: do
+#            fewer, larger prefills pay for the wait?
 #   server512  the same at 512 new tokens a request (is the server's cost per request or per token?)
 #   train8k  the train step with 8,192-token logprob chunks instead of 1,024 (both train stages profile a step)
 #   group    the trainer group (1 rank, NCCL) sharing the GPU with the generator (--colocate) beside the in-process
@@ -115,7 +117,7 @@ stage() {
              -p no:cacheprovider -o addopts="" --junitxml="$OUT/cuda_tests.xml" --timeout 150 \
              tests/test_engine_cuda.py tests/distributed/test_cuda_group.py ;;
     gen135) run_stage gen135 100 python3 benchmarks/serving/engine.py --device $DEV --model $MODEL \
-              --concurrency $GEN_C --variants continuous,hf-generate --workloads fixed --repeats 2 "${NEW[@]}" \
+              --concurrency $GEN_C --variants continuous,hf-generate --workloads fixed --repeats 3 "${NEW[@]}" \
               --output "$RES/engine_cuda_135m.json" ;;
     server) run_stage server 150 python3 benchmarks/serving/server_throughput.py --device $DEV --model $MODEL \
               --concurrency $SRV_C --repeats 3 --output "$RES/server_cuda_135m.json" ;;
@@ -126,6 +128,9 @@ stage() {
                        --model $MODEL --concurrency $SRV_C --repeats 2 --calls 4 \
                        --server-generator '{"gil_switch_interval_ms": 1}' --py-spy "$OUT/serverload_gil1" \
                        --output "$RES/server_cuda_135m_load_gil1.json" ;;
+    serverload_wait30) run_stage serverload_wait30 150 python3 benchmarks/serving/server_throughput.py --device $DEV \
+                         --model $MODEL --concurrency $SRV_C --repeats 2 --calls 4 \
+                         --server-generator '{"batch_wait_ms": 30}' --output "$RES/server_cuda_135m_load_wait30.json" ;;
     server512) run_stage server512 120 python3 benchmarks/serving/server_throughput.py --device $DEV --model $MODEL \
                  --concurrency $SRV_C --repeats 2 --max-tokens 512 --output "$RES/server_cuda_135m_512.json" ;;
     train) run_stage train 90 python3 benchmarks/serving/engine.py --device $DEV --model $MODEL --train "${TRAIN[@]}" \

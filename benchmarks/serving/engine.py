@@ -275,9 +275,11 @@ async def bench_generation(args: argparse.Namespace, device: torch.device) -> di
             if not (v.fixed_only and v.one_batch):
                 await v.run(warm, 2)
         for c in args.concurrency:
-            # each variant first serves c short requests at concurrency c, untimed: a batch of a new size captures
-            # its CUDA graphs on first use, which a running server pays once, not per request
-            warm_c = make_requests(len(tok), special, c, args.prompt_tokens, 8, seed=998)
+            # each variant first serves c requests at concurrency c at the longest timed length, untimed: a batch
+            # of a new size, or attending to a new width, captures its CUDA graphs (and new shapes pick their
+            # kernels) on first use, which a running server pays once, not per request
+            warm_c = make_requests(len(tok), special, c, args.prompt_tokens, max(map(_longest, workloads.values())),
+                                   seed=998)
             for v in variants:
                 if not (v.fixed_only and v.one_batch):
                     await v.run(warm_c, c)
@@ -317,6 +319,11 @@ async def bench_generation(args: argparse.Namespace, device: torch.device) -> di
     return {"model": args.model, "model_path": str(path), "prompt_tokens": args.prompt_tokens,
             "new_tokens": args.new_tokens, "mixed": list(args.mixed), "concurrency": args.concurrency,
             "repeats": args.repeats, "rows": rows, "summary": summarize(rows), "engine_stats": stats}
+
+
+def _longest(new: int | tuple[int, int]) -> int:
+    """A workload's longest reply: ``fixed`` is one length, ``mixed`` a (shortest, longest) range."""
+    return max(new) if isinstance(new, tuple) else new
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
