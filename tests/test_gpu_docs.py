@@ -55,7 +55,7 @@ def test_the_doc_has_the_layouts() -> None:
     assert any("--train-procs" not in a for a in SERVERS), "one GPU"
     text = DOC.read_text()
     # what was measured names the card it ran on, and what was not says so
-    assert "Measured on one H200" in text and "has not been measured on a GPU" in text
+    assert "Measured on one H100" in text and "has not been measured on a GPU" in text
 
 
 @pytest.mark.parametrize("words", COMMANDS, ids=lambda w: w[0])
