@@ -293,6 +293,36 @@ async def test_reward_win_pays_a_win_only_and_the_game_is_told_nothing_of_it() -
         assert partial > 0.0  # the game's own reward pays the close guess
 
 
+
+@NEEDS_TA
+async def test_a_mixture_of_games_is_one_task_type_per_game_with_equal_shares() -> None:
+    """``ta:A+B``: the games take turns, each keeps its own held-out games (the first of its single-game source's),
+    its own knobs and reward, and the cocktail gives each an equal share of a batch."""
+    name = f"{GUESS}:reward=win+{HANOI.removeprefix('ta:')}"
+    mix = get_task(name)
+    assert [s.label() for s in ta.parse_names(name)] == ["GuessTheNumber-v0:reward=win", "TowerOfHanoi-v0"]
+    assert mix.RECOMMENDED.task_ratios == {"GuessTheNumber-v0": 0.5, "TowerOfHanoi-v0": 0.5}
+    assert mix.RECOMMENDED.eval_n == 2 * get_task(GUESS).RECOMMENDED.eval_n
+    ev = mix.generate_tasks("eval", 10)
+    assert [t["task_type"] for t in ev] == ["GuessTheNumber-v0", "TowerOfHanoi-v0"] * 5
+    guess_alone = get_task(GUESS + ":reward=win").generate_tasks("eval", 5)
+    assert [t for t in ev if t["task_type"] == "GuessTheNumber-v0"] == guess_alone
+    assert mix.generate_tasks("eval", 10) == ev and len({t["task_id"] for t in ev}) == 10
+    # each task is played by its own game, paid by its own rule
+    hanoi = next(t for t in ev if t["task_type"] == "TowerOfHanoi-v0")
+    solved = iter(HANOI_SOLUTION)
+    assert await mix.rollout(hanoi, ScriptedEpisode(ScriptedClient(lambda messages: next(solved))), {}) == 1.0
+    guess = next(t for t in ev if t["task_type"] == "GuessTheNumber-v0")
+    stubborn = ScriptedClient(lambda messages: "[10]")
+    partial = await get_task(GUESS).rollout(guess, ScriptedEpisode(ScriptedClient(lambda messages: "[10]")), {})
+    assert await mix.rollout(guess, ScriptedEpisode(stubborn), {}) == (1.0 if partial == 1.0 else 0.0)
+    with pytest.raises(TaskError, match="is a mixture of 2 games"):
+        _ = mix.spec
+    with pytest.raises(TaskError, match=r"\['GuessTheNumber-v0'\] appear twice"):
+        ta.parse_names(f"{GUESS}+GuessTheNumber-v0:reward=win")
+    with pytest.raises(TaskError, match="an empty game id"):
+        ta.parse_names(f"{GUESS}+")
+
 @NEEDS_TA
 async def test_the_runner_traces_each_game_so_the_demo_keeps_its_transcript() -> None:
     """A game task's episodes are traced (``EpisodeTrace``): the demo's JSON keeps the first eval games' chats

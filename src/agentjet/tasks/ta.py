@@ -11,6 +11,10 @@ fails with the close ids; a game that is not single-player fails (only the model
 downloads data (the word games call ``nltk.download``) fails with a message naming the game and the data, unless
 that data is already on disk: no game downloads anything here.
 
+A mixture, ``ta:A+B[:k=v,...]`` (``ta:GuessTheNumber-v0+TowerOfHanoi-v0``), is one task source with one task type
+per game: ``generate_tasks`` takes the games in turn, and the recommended settings give each an equal share of a
+batch (``task_ratios``: the cocktail), as for ``rg:A+B``. Each game appears once in a mixture.
+
 One task is one game at one seed. ``train`` seeds come from ``[0, TRAIN_SEEDS)`` and ``eval`` seeds from
 ``[EVAL_SEED0, EVAL_SEED0 + EVAL_SEEDS)``: disjoint by construction. A game whose start does not depend on the
 seed (TowerOfHanoi) is the same game at every seed. The task id carries the seed, so a GRPO group plays one game.
@@ -90,8 +94,25 @@ class GameSpec:
         return self.game + (":" + ",".join(f"{k}={v}" for k, v in sorted(knobs.items())) if knobs else "")
 
 
+def parse_names(name: str) -> list[GameSpec]:
+    """``ta:A[:k=v,...]+B[:k=v,...]`` (or the part after ``ta:``) -> the specs of its games, each game once."""
+    body = name.removeprefix(PREFIX).strip()
+    if not body:
+        raise TaskError("ta: needs a TextArena game id, e.g. ta:GuessTheNumber-v0")
+    specs = []
+    for part in body.split("+"):
+        if not part.strip():
+            raise TaskError(f"ta:{body}: an empty game id (write ta:A+B)")
+        specs.append(parse_name(part))
+    games = [s.game for s in specs]
+    dup = sorted({g for g in games if games.count(g) > 1})
+    if dup:
+        raise TaskError(f"ta:{body}: game(s) {dup} appear twice; each game is one task type")
+    return specs
+
+
 def parse_name(name: str) -> GameSpec:
-    """``ta:GAME[:k=v,...]`` (or the part after ``ta:``) -> its spec."""
+    """``ta:GAME[:k=v,...]`` (or the part after ``ta:``) -> its spec: one game."""
     body = name.removeprefix(PREFIX).strip()
     game, _, text = body.partition(":")
     if not game.strip():
@@ -294,42 +315,74 @@ class TextArenaTask:
     RECOMMENDED = RECOMMENDED
     EpisodeTrace = GameTrace  # the runner traces each game (the demo keeps the first eval games' transcripts)
 
-    def __init__(self, spec: GameSpec, name: str | None = None) -> None:
-        self.NAME = name or PREFIX + spec.label()
-        self.spec = spec
-        try:  # fail now, at the name, on a game that cannot run here (downloads, seats, knobs, its own bugs)
-            self.new_game().reset(0)
-        except TaskError:
-            raise
-        except Exception as exc:
-            raise TaskError(f"ta:{spec.label()} does not start here: TextArena raised {type(exc).__name__}: "
-                            f"{str(exc).strip()[:300]}") from exc
+    def __init__(self, specs: GameSpec | list[GameSpec], name: str | None = None) -> None:
+        specs = [specs] if isinstance(specs, GameSpec) else list(specs)
+        if not specs:
+            raise TaskError("ta: needs a TextArena game id, e.g. ta:GuessTheNumber-v0")
+        self.NAME = name or PREFIX + "+".join(s.label() for s in specs)
+        self.specs = {s.game: s for s in specs}  # by task type: one per game
+        for spec in specs:
+            try:  # fail now, at the name, on a game that cannot run here (downloads, seats, knobs, its own bugs)
+                TextArenaGame(spec).reset(0)
+            except TaskError:
+                raise
+            except Exception as exc:
+                raise TaskError(f"ta:{spec.label()} does not start here: TextArena raised {type(exc).__name__}: "
+                                f"{str(exc).strip()[:300]}") from exc
+        if len(specs) > 1:
+            self.RECOMMENDED = RECOMMENDED.model_copy(update={"eval_n": RECOMMENDED.eval_n * len(specs),
+                                                              "task_ratios": {g: 1 / len(specs) for g in self.specs}})
+
+    @property
+    def spec(self) -> GameSpec:
+        """The one game's spec (a mixture has one per task type: ``specs``)."""
+        if len(self.specs) != 1:
+            raise TaskError(f"{self.NAME} is a mixture of {len(self.specs)} games: pick one from .specs")
+        return next(iter(self.specs.values()))
+
+    def spec_of(self, task: dict[str, Any]) -> GameSpec:
+        """The spec of the game a task plays (its task type)."""
+        return self.specs[str(task["task_type"])]
+
+    def new_game(self, game: str | None = None) -> TextArenaGame:
+        """A fresh game: the task type ``game``'s (default: the one game of a single-game source)."""
+        return TextArenaGame(self.spec if game is None else self.specs[game])
+
+    @staticmethod
+    def _id(spec: GameSpec) -> str:
         label = spec.label()
-        self._id = spec.game + (f"-{hashlib.sha256(label.encode()).hexdigest()[:8]}" if label != spec.game else "")
+        return spec.game + (f"-{hashlib.sha256(label.encode()).hexdigest()[:8]}" if label != spec.game else "")
 
-    def new_game(self) -> TextArenaGame:
-        return TextArenaGame(self.spec)
-
-    def make_task(self, split: str, seed: int) -> dict[str, Any]:
-        return {"task_id": f"ta-{self._id}-{split}-{seed}", "task_type": self.spec.game, "split": split,
-                "game": self.spec.label(), "seed": seed}
+    def make_task(self, split: str, seed: int, game: str | None = None) -> dict[str, Any]:
+        spec = self.spec if game is None else self.specs[game]
+        return {"task_id": f"ta-{self._id(spec)}-{split}-{seed}", "task_type": spec.game, "split": split,
+                "game": spec.label(), "seed": seed}
 
     def generate_tasks(self, split: str, n: int, seed: int = 0) -> list[dict[str, Any]]:
-        """``n`` games from ``split``: a seeded sample of its game seeds (cycling when ``n`` exceeds them).
-        Deterministic in (split, n, seed)."""
+        """``n`` games from ``split``, the games of a mixture in turn (equal shares); each game a seeded sample of
+        the split's seeds (cycling when its share exceeds them). Deterministic in (split, n, seed)."""
         if n < 0:
             raise ValueError("n must be >= 0")
         seeds = split_seeds(split)
-        picked = random.Random(f"ta:{self.spec.label()}:{split}:{seed}").sample(seeds, min(n, len(seeds)))
-        return [self.make_task(split, picked[i % len(picked)]) for i in range(n)]
+        games = list(self.specs)
+        shares = {g: len(range(i, n, len(games))) for i, g in enumerate(games)}
+        picked = {g: random.Random(f"ta:{self.specs[g].label()}:{split}:{seed}").sample(seeds, min(k, len(seeds)))
+                  for g, k in shares.items()}
+        out = []
+        for i in range(n):
+            game = games[i % len(games)]
+            own = picked[game]
+            out.append(self.make_task(split, own[(i // len(games)) % len(own)], game))
+        return out
 
     async def rollout(self, task: dict[str, Any], ep: Any, sampling: dict[str, Any], *,
                       trace: GameTrace | None = None) -> float:
         """One game on the episode's OpenAI client (``agentjet.tasks.games.play``); the game's reward (or, with
         ``reward=win``, 1.0 for a win only)."""
-        game = self.new_game()
-        paid = self.spec.reward.of(await play(game, ep.openai(), int(task["seed"]), sampling,
-                                              max_calls=game.max_calls, trace=trace))
+        spec = self.spec_of(task)
+        game = TextArenaGame(spec)
+        paid = spec.reward.of(await play(game, ep.openai(), int(task["seed"]), sampling,
+                                         max_calls=game.max_calls, trace=trace))
         if trace is not None:
             trace.reward = paid
         return paid
@@ -337,13 +390,14 @@ class TextArenaTask:
     def reward(self, task: dict[str, Any], text: str) -> float:
         """The game's reward when ``text`` is the first move at the task's seed (0.0 if the game goes on). The
         episode's reward is ``rollout``'s, over the whole game."""
-        game = self.new_game()
+        spec = self.spec_of(task)
+        game = TextArenaGame(spec)
         game.reset(int(task["seed"]))
         step = game.step(text)
-        return self.spec.reward.of(step.reward) if step.done else 0.0
+        return spec.reward.of(step.reward) if step.done else 0.0
 
 
 @lru_cache(maxsize=16)
 def load(name: str) -> TextArenaTask:
-    """The task source of ``ta:...`` (cached per process)."""
-    return TextArenaTask(parse_name(name), name)
+    """The task source of ``ta:...`` (cached per process): one game, or a mixture ``ta:A+B``."""
+    return TextArenaTask(parse_names(name), name)
