@@ -23,6 +23,8 @@
 #   train8k  the train step with 8,192-token logprob chunks instead of 1,024 (both train stages profile a step)
 #   group    the trainer group (1 rank, NCCL) sharing the GPU with the generator (--colocate) beside the in-process
 #            learner: step and push times
+#   snapshot the recovery snapshot's write alone (model + AdamW state, 135M): one thread and synced, as the ranks
+#            wrote it before, against several threads unsynced, as they write it now
 #   gen17    the embedded engine at SmolLM2-1.7B shapes, c1 and c64: last, in whatever time is left
 #   train17  the train step at 1.7B shapes (gradient checkpointing on both sides), in whatever time is left
 #
@@ -139,6 +141,8 @@ stage() {
                "${TRAIN[@]}" --profile --logprob-chunk 8192 --output "$RES/train_cuda_135m_chunk8192.json" ;;
     group) run_stage group 150 python3 benchmarks/training/layouts.py --device $DEV --model $MODEL --procs 1 \
              --layouts hf+in-process,hf+trainer-group --rounds 3 --no-baseline --output "$RES/layouts_cuda_135m.json" ;;
+    snapshot) run_stage snapshot 90 python3 benchmarks/training/snapshot_write.py --device $DEV --model $MODEL \
+                --output "$RES/snapshot_cuda_135m.json" ;;
     gen17) run_stage gen17 150 python3 benchmarks/serving/engine.py --device $DEV --model $MODEL17 --concurrency $GEN_C \
              --variants continuous --workloads fixed "${NEW[@]}" --output "$RES/engine_cuda_17b.json" ;;
     train17) run_stage train17 180 python3 benchmarks/serving/engine.py --device $DEV --model $MODEL17 --train "${TRAIN[@]}" \
@@ -150,7 +154,7 @@ stage() {
 summary
 say "$(python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__, "cuda", torch.cuda.is_available())' 2>&1)"
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(tests gen135 serverload serverload_gil1 server train group train17 gen17)  # the last ones: if time is left
+[ ${#stages[@]} -eq 0 ] && stages=(tests group snapshot gen135 serverload server train train17 gen17)  # the last ones: if time is left
 for s in "${stages[@]}"; do stage "$s"; done
 say "done; files in $OUT:"
 ls -la "$OUT" | tee -a "$LOG"

@@ -210,7 +210,7 @@ class RankTrainer:
         start = time.perf_counter()
         self.export(Path(step.export_path))
         exported = time.perf_counter()
-        self.save(step.snapshot_dir)
+        self.save(step.snapshot_dir, durable=multi_node())
         return {"export_seconds": exported - start, "snapshot_seconds": time.perf_counter() - exported}
 
     # ------------------------------------------------------------- state
@@ -227,10 +227,16 @@ class RankTrainer:
         model_state, optim_state = get_state_dict(self.model, self.optimizer)
         return {"model": model_state, "optim": optim_state}
 
-    def save(self, path: str) -> None:
+    def save(self, path: str, durable: bool = True) -> None:
+        """This rank's shard of model and optimizer, by ``torch.distributed.checkpoint``, written by several
+        threads (``snapshot_writer_threads``). ``durable``: the files are synced to disk, for a run's checkpoint
+        (it must outlive the machine) and for the recovery snapshot of a group over several nodes (a node that
+        reboots must find its shard). A one-node group's recovery snapshot after each step only has to outlive a
+        rank (the group restarts from it on the same machine, on /dev/shm where it fits): not synced."""
         import torch.distributed.checkpoint as dcp
 
-        dcp.save(self._state(), checkpoint_id=path)
+        writer = dcp.FileSystemWriter(path, sync_files=durable, thread_count=snapshot_writer_threads())
+        dcp.save(self._state(), storage_writer=writer)
 
     def load(self, path: str) -> None:
         """Load a sharded checkpoint written by any number of ranks (DCP reshards to this group's layout)."""
@@ -240,6 +246,17 @@ class RankTrainer:
         state = self._state()
         dcp.load(state, checkpoint_id=path)
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+
+def snapshot_writer_threads() -> int:
+    """Writer threads per rank for a checkpoint: this node's cores shared by its ranks, at most 8."""
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return max(1, min(8, (os.cpu_count() or 1) // max(1, local_ranks)))
+
+
+def multi_node() -> bool:
+    """Whether this rank's group spans several nodes (torchrun's world is larger than this node's share)."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
 
 
 # ----------------------------------------------------------------- process plumbing
