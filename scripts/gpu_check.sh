@@ -9,7 +9,8 @@
 #
 # Stages (each under its own time cap, cut to what is left of BUDGET_S; one that no longer fits is skipped):
 #   tests    pytest -m cuda: CUDA graphs across a train step, fp32 exact / bf16 bounded logprobs, LoRA, the NCCL group
-#   gen135   the embedded engine at SmolLM2-135M shapes, bf16, c1 and c64 (and hf-generate on the same requests)
+#   gen135   the embedded engine at SmolLM2-135M shapes, bf16, c1 and c64 (and hf-generate on the same requests),
+#            and one 64-row admission timed and profiled (its op calls: is a prefill dispatch-bound?)
 #   server   ajet server end to end at c64 against the same generations engine-direct (prefills and decode
 #            steps counted on each side)
 #   train    the train step at 135M against the bare-torch floor (the learner sizes its micro-batch itself)
@@ -119,7 +120,7 @@ stage() {
              -p no:cacheprovider -o addopts="" --junitxml="$OUT/cuda_tests.xml" --timeout 150 \
              tests/test_engine_cuda.py tests/distributed/test_cuda_group.py ;;
     gen135) run_stage gen135 100 python3 benchmarks/serving/engine.py --device $DEV --model $MODEL \
-              --concurrency $GEN_C --variants continuous,hf-generate --workloads fixed --repeats 3 "${NEW[@]}" \
+              --concurrency $GEN_C --variants continuous,hf-generate --workloads fixed --repeats 3 --profile "${NEW[@]}" \
               --output "$RES/engine_cuda_135m.json" ;;
     server) run_stage server 150 python3 benchmarks/serving/server_throughput.py --device $DEV --model $MODEL \
               --concurrency $SRV_C --repeats 3 --output "$RES/server_cuda_135m.json" ;;

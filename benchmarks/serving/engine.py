@@ -308,6 +308,13 @@ async def bench_generation(args: argparse.Namespace, device: torch.device) -> di
                         rows.append(row)
                         print(f"  {v.name:15s} c={c:<4d} {wname:5s} {tokens:6d} tokens {secs:7.2f} s "
                               f"{tokens / secs:9.1f} tok/s", file=sys.stderr, flush=True)
+        prefill = None
+        if args.profile:
+            first = next((v for v in variants if isinstance(v, AgentJet)), None)
+            if first is not None:
+                prompts = [r.prompt_ids for r in make_requests(len(tok), special, slots, args.prompt_tokens, 1,
+                                                               seed=997)]
+                prefill = profile_prefill(first.engine, prompts, device)
         stats = {}
         for v in variants:
             if isinstance(v, AgentJet):
@@ -318,7 +325,48 @@ async def bench_generation(args: argparse.Namespace, device: torch.device) -> di
             await v.close()
     return {"model": args.model, "model_path": str(path), "prompt_tokens": args.prompt_tokens,
             "new_tokens": args.new_tokens, "mixed": list(args.mixed), "concurrency": args.concurrency,
-            "repeats": args.repeats, "rows": rows, "summary": summarize(rows), "engine_stats": stats}
+            "repeats": args.repeats, "rows": rows, "summary": summarize(rows), "engine_stats": stats,
+            "prefill_profile": prefill}
+
+
+def profile_prefill(engine: Any, prompts: list[list[int]], device: torch.device) -> dict[str, Any]:
+    """One admission of ``prompts`` into an idle engine (``SlotRunner.prefill`` and the first token's sampling,
+    what the scheduler runs for a batch of joiners), on the engine's own thread: its wall time (median of 5 after
+    2 warm-ups), then one more under torch.profiler. The ops' own CPU time against the wall time says how much of
+    an admission is Python between the ops (the model's layers, the cache's bookkeeping) rather than the ops."""
+    from agentjet.engines.base import SamplingParams
+    from agentjet.engines.sampling import sample_next
+
+    gen = engine.generator
+    slots = list(range(len(prompts)))
+    params = [SamplingParams(temperature=1.0, max_tokens=1, seed=i) for i in slots]
+
+    def admit() -> None:
+        logits = gen.runner.prefill(slots, prompts)
+        tokens, _, _ = sample_next(logits, params, [torch.Generator().manual_seed(i) for i in slots], 0)
+        tokens.tolist()
+        gen.runner.release(slots)
+        gen.runner.restart()
+
+    def job() -> dict[str, Any]:
+        walls = []
+        for i in range(7):
+            _sync(device)
+            start = time.perf_counter()
+            admit()
+            _sync(device)
+            if i >= 2:
+                walls.append(time.perf_counter() - start)
+        totals: dict[str, float] = {}
+        top = _profile(admit, device, rows=25, totals=totals)
+        return {"rows": len(prompts), "prompt_tokens": len(prompts[0]), "wall_ms": statistics.median(walls) * 1e3,
+                "walls_ms": [w * 1e3 for w in walls], **totals, "top_ops": top}
+
+    out = gen.worker.submit(job).result()
+    print(f"  prefill of {out['rows']} x {out['prompt_tokens']} tokens: {out['wall_ms']:.1f} ms; under the "
+          f"profiler the ops' own CPU time {out['self_cpu_ms']:.1f} ms, device time {out['self_device_ms']:.1f} ms, "
+          f"{out['op_calls']} op calls", file=sys.stderr)
+    return out
 
 
 def _longest(new: int | tuple[int, int]) -> int:
@@ -456,9 +504,11 @@ def _engine_step(path: Path, device: torch.device, dtype: str, ids: torch.Tensor
     return step, engine.learner.micro_batch_tokens, profiled
 
 
-def _profile(step: Any, device: torch.device, rows: int = 20) -> list[dict[str, Any]]:
+def _profile(step: Any, device: torch.device, rows: int = 20,
+             totals: dict[str, float] | None = None) -> list[dict[str, Any]]:
     """One more step under torch.profiler: the ops that took the most device (CUDA) or CPU time, with their
-    call counts; the table goes to stderr."""
+    call counts; the table goes to stderr. ``totals``, if given, gets the sums over every op: the ops' own CPU
+    time, device time and calls."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -471,6 +521,10 @@ def _profile(step: Any, device: torch.device, rows: int = 20) -> list[dict[str, 
         print(averages.table(sort_by=key, row_limit=rows), file=sys.stderr, flush=True)
     except Exception as exc:  # noqa: BLE001 - the table is a convenience; the JSON rows below are the record
         print(f"  (no profile table: {exc!r})", file=sys.stderr)
+    if totals is not None:
+        totals.update(self_cpu_ms=sum(e.self_cpu_time_total for e in averages) / 1e3,
+                      self_device_ms=sum(getattr(e, "self_device_time_total", 0.0) for e in averages) / 1e3,
+                      op_calls=sum(e.count for e in averages))
     top = sorted(averages, key=lambda e: getattr(e, key, 0.0), reverse=True)[:rows]
     return [{"op": e.key, "calls": e.count, "cpu_ms": e.cpu_time_total / 1e3,
              "device_ms": getattr(e, "device_time_total", 0.0) / 1e3} for e in top]
@@ -651,7 +705,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--logprob-chunk", type=int, default=LearnerSettings().logprob_chunk_tokens,
                    help="--train: the learner's logprob_chunk_tokens (default: the setting's)")
     p.add_argument("--profile", action="store_true", help="--train: one more step of each side under "
-                   "torch.profiler (the top ops go to stderr and the JSON)")
+                   "torch.profiler (the top ops go to stderr and the JSON); generation: one admission of the largest "
+                   "concurrency's prompts, timed and profiled on the engine's thread")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: one per core)")
     p.add_argument("--output", type=Path, default=None)
     p.add_argument("--child", choices=["train"], help=argparse.SUPPRESS)
