@@ -293,32 +293,33 @@ def test_status_reports_the_engine(make_engine) -> None:
 
 
 class _FakeGraph:
-    """Stands in for a captured CUDA graph on CPU: replay writes the step's logits into the static buffer (plus
-    ``error``, to check that a graph that disagrees with the eager step is dropped)."""
+    """Stands in for a captured CUDA graph on CPU: replay writes the eager forward's logits into the static buffer
+    (plus ``error``, to check that a graph that disagrees with the eager forward is dropped)."""
 
-    def __init__(self, runner, n: int, w: int, error: float) -> None:
-        self.runner, self.n, self.w, self.error = runner, n, w, error
-        self.logits = runner._decode_body(n, w).clone()
+    def __init__(self, step, error: float) -> None:
+        self.step, self.error = step, error
+        self.logits = step().clone()
 
     def replay(self) -> None:
-        self.logits.copy_(self.runner._decode_body(self.n, self.w) + self.error)
+        self.logits.copy_(self.step() + self.error)
 
 
 @pytest.mark.parametrize("mode", ["good", "wrong", "capture-fails"])
 def test_graph_buckets_replay_verify_and_fall_back(make_engine, chat_ids, monkeypatch, mode: str) -> None:
     """The CUDA-graph control flow, on CPU: rows and the attention window are rounded up to buckets (the
-    columns past t are masked), each (rows, window) bucket is captured once, checked against an eager step on its
-    first replay, and dropped for the eager step when it disagrees or cannot be captured. Exact in every case."""
+    columns past t are masked), each (rows, window) bucket of a decode step or of a prefill is captured once,
+    checked against the eager forward on its first replay, and dropped for it when it disagrees or cannot be
+    captured. Exact in every case."""
     from agentjet.generators.hf.runner import _Graph
 
     engine, reference = make_engine(max_batch_size=8), make_engine(max_batch_size=8)
     runner = engine.generator.runner
-    runner.use_graphs = runner.bucketed = True
+    runner.use_graphs = runner.bucketed = runner.static_prefill = True
 
-    def capture(n: int, w: int) -> _Graph:
+    def capture(step) -> _Graph:
         if mode == "capture-fails":
             raise RuntimeError("operation not permitted when stream is capturing")
-        g = _FakeGraph(runner, n, w, 0.0 if mode == "good" else 0.5)
+        g = _FakeGraph(step, 0.0 if mode == "good" else 0.5)
         runner.stats["graph_captures"] += 1
         return _Graph(g, g.logits)
 
@@ -330,10 +331,45 @@ def test_graph_buckets_replay_verify_and_fall_back(make_engine, chat_ids, monkey
         assert x.token_ids == y.token_ids
         assert max_diff(x.logprobs, teacher_forced(engine, p, x.token_ids, 1.0)) < 1e-4
     stats = engine.generator.stats
+    assert stats["static_prefills"] >= 1
     if mode == "good":
         assert stats["graph_replays"] > stats["graph_captures"] > 0 and stats["graph_failures"] == 0
+        assert {kind for kind, _, _ in runner._graphs} == {"decode", "prefill"}
     else:
-        assert stats["graph_failures"] >= 1 and len(runner._eager_buckets) >= 1
+        assert stats["graph_failures"] >= 1 and {kind for kind, _, _ in runner._eager_buckets} == {"decode", "prefill"}
+
+
+def test_a_static_prefill_pads_rows_and_width_and_stays_exact(make_engine, chat_ids) -> None:
+    """Prefills padded to (rows, width) buckets from device buffers, as CUDA graphs capture them, run eagerly on
+    CPU: joiners of any count and length, alone or joining running rows, give the tokens of the plain prefill and
+    teacher-forced logprobs; the pad rows write only the scratch slot, which no decode step reads."""
+    engine, reference = make_engine(max_batch_size=8), make_engine(max_batch_size=8)
+    runner = engine.generator.runner
+    runner.static_prefill = True
+    prompts = [chat_ids(q, engine) for q in QUESTIONS]  # 8 prompts: blocks of 1, 3, 5... rows (pad rows)
+    params = [SamplingParams(temperature=[1.0, 0.7][i % 2], max_tokens=3 + 5 * i, seed=i) for i in range(len(prompts))]
+    got = staggered(engine, prompts, params, gaps_s=[0.0, 0.0, 0.015])
+    want = staggered(reference, prompts, params, gaps_s=[0.0, 0.0, 0.015])
+    for p, s, x, y in zip(prompts, params, got, want, strict=True):
+        assert x.token_ids == y.token_ids
+        assert max_diff(x.logprobs, teacher_forced(engine, p, x.token_ids, s.temperature)) < 1e-4
+    assert engine.generator.stats["static_prefills"] >= 2
+    assert reference.generator.stats["static_prefills"] == 0
+
+    # three rows into slots 0-2 of an idle engine: a bucket of 4 rows (one pad row) and 64 columns; the other
+    # slots' columns are untouched (the pad row wrote into the scratch slot)
+    def prefill(r) -> tuple[torch.Tensor, torch.Tensor]:
+        others = torch.stack([layer.keys[3 : r.slots].clone() for layer in r.cache.slot_layers])
+        logits = r.prefill([0, 1, 2], prompts[:3]).clone()
+        after = torch.stack([layer.keys[3 : r.slots] for layer in r.cache.slot_layers])
+        return logits, (after - others).abs().max()
+
+    before = engine.generator.stats["static_prefills"]
+    static, moved = engine.generator.worker.submit(prefill, runner).result()
+    plain, _ = reference.generator.worker.submit(prefill, reference.generator.runner).result()
+    assert engine.generator.stats["static_prefills"] == before + 1
+    assert static.shape == plain.shape == (3, plain.shape[1])
+    assert float((static - plain).abs().max()) < 1e-4 and float(moved) == 0.0
 
 
 def test_compile_matches_eager_on_cpu(make_engine, chat_ids) -> None:

@@ -9,6 +9,14 @@ use. With CUDA graphs (or ``torch.compile``), ``n`` and ``w`` are rounded up to 
 captured once and replayed. A captured graph is checked against an eager step on its first replay; a graph that
 cannot be captured or disagrees is dropped, with a warning, and that bucket runs eagerly.
 
+An eager prefill is a forward of the whole model in thousands of op calls, which at small model sizes costs the
+time of dispatching them, whatever the rows (docs/benchmarks.md, "GPU check"). With CUDA graphs a prefill is static
+too: the joining rows are padded to a row bucket and their prompts (left-padded) to a window bucket, its inputs
+copied into that bucket's device buffers, and the (rows, window) graph replayed; a block of more than
+``STATIC_PREFILL_MAX_TOKENS`` padded tokens runs eagerly. Pad rows write their keys and values into a scratch slot
+that no decode step reads (the cache has one row more than ``slots``). Checked and dropped per bucket like the decode
+graphs.
+
 Train steps update the weights in place (the optimizer writes into the same tensors), so the graphs read the new
 weights with no recapture. Compaction moves cache columns in place; only growing the cache reallocates it, and
 then every graph is captured again.
@@ -48,6 +56,9 @@ def batch_buckets(slots: int) -> list[int]:
 
 
 WINDOW_MIN = 64  # the smallest attention window bucket (graphs, compile)
+# the largest static prefill, rows x window: a graph keeps its activations in the graph pool, so a bigger block runs
+# eagerly (a prefill of many long prompts is bound by compute, not by dispatching ops, anyway)
+STATIC_PREFILL_MAX_TOKENS = 16_384
 COMPACT_MIN = 32  # compact when at least this many unused columns lead the window and they are half of it
 
 
@@ -56,6 +67,17 @@ def window_bucket(needed: int, capacity: int) -> int:
     while w < needed:
         w *= 2
     return min(w, capacity)
+
+
+@dataclass
+class _PrefillInputs:
+    """A prefill bucket's device inputs, copied in before each replay: left-padded ids ``[K, W]``, each row's prompt
+    length ``[K]`` (0: a pad row), each row's slot ``[K]`` and the block's first column."""
+
+    ids: torch.Tensor
+    lengths: torch.Tensor
+    slots: torch.Tensor
+    first_column: torch.Tensor
 
 
 @dataclass
@@ -72,7 +94,9 @@ class SlotRunner:
 
     def __init__(self, model: torch.nn.Module, config: Any, device: torch.device, dtype: torch.dtype, slots: int,
                  capacity: int, max_capacity: int, pad_id: int, cuda_graphs: bool = False,
-                 compile: bool = False, mixed_adapters: bool = False) -> None:
+                 compile: bool = False, mixed_adapters: bool = False, static_prefill: bool | None = None) -> None:
+        """``static_prefill``: prefills padded to (rows, width) buckets from device buffers (default: with CUDA
+        graphs, which then capture them; eagerly otherwise, as the CPU tests check the padding)."""
         self.model = model
         self.mixed_adapters = mixed_adapters
         self.slot_adapters = [BASE_ADAPTER] * slots  # the adapter of each slot's row (mixed_adapters)
@@ -92,7 +116,11 @@ class SlotRunner:
         self.slots = slots
         self.max_capacity = max_capacity
         self.pad_id = pad_id
-        self.cache = SlotKVCache(config, slots, min(capacity, max_capacity), dtype, device)
+        self.use_graphs = cuda_graphs and device.type == "cuda"
+        self.static_prefill = self.use_graphs if static_prefill is None else static_prefill and not mixed_adapters
+        self.scratch = slots  # the cache row that a static prefill's pad rows write into (no decode step reads it)
+        self.cache = SlotKVCache(config, slots + 1, min(capacity, max_capacity), dtype, device)
+        self._prefill_inputs: dict[tuple[int, int], _PrefillInputs] = {}
         self.tokens = torch.zeros((slots, 1), dtype=torch.long, device=device)  # each slot's next input token
         self.start = torch.full((slots,), INACTIVE_START, dtype=torch.long, device=device)
         self.starts = [INACTIVE_START] * slots  # the host's copy
@@ -100,10 +128,9 @@ class SlotRunner:
         self.column = torch.zeros(1, dtype=torch.long, device=device)
         self.t = 0  # the next column a decode step writes
         self.buckets = batch_buckets(slots)
-        self.use_graphs = cuda_graphs and device.type == "cuda"
         self.bucketed = self.use_graphs or compile  # static shapes: round n and the window up
-        self._graphs: dict[tuple[int, int], _Graph] = {}
-        self._eager_buckets: set[tuple[int, int]] = set()  # buckets whose graph failed: run eagerly
+        self._graphs: dict[tuple[str, int, int], _Graph] = {}  # ("decode" | "prefill", rows, window)
+        self._eager_buckets: set[tuple[str, int, int]] = set()  # buckets whose graph failed: run eagerly
         self._pool: Any = None
         self._step_fn: Callable[[int, int], torch.Tensor] = self._decode_body
         if compile:
@@ -111,7 +138,7 @@ class SlotRunner:
             # compilations cover every bucket (one row is a specialisation of its own)
             self._step_fn = torch.compile(self._decode_body, dynamic=None)
         self.stats = {"graph_captures": 0, "graph_replays": 0, "graph_failures": 0, "cache_grows": 0,
-                      "compactions": 0}
+                      "compactions": 0, "static_prefills": 0}
 
     @property
     def capacity(self) -> int:
@@ -192,6 +219,11 @@ class SlotRunner:
         k, width = len(prompts), max(len(p) for p in prompts)
         if width >= self.cache.capacity:
             raise ValueError(f"a prompt of {width} tokens does not fit the {self.cache.capacity}-column KV cache")
+        if self.static_prefill:
+            rows, window = next(b for b in self.buckets if b >= k), window_bucket(width, self.cache.capacity)
+            # else the eager block: it needs fewer columns, and a big block is not bound by dispatching ops
+            if max(self.t, window) < self.cache.capacity and rows * window <= STATIC_PREFILL_MAX_TOKENS:
+                return self._prefill_static(slots, prompts, rows, window)
         if self.t < width:  # make room before t
             self.cache.shift_right(width - self.t, self.t)
             self._move(width - self.t)
@@ -220,6 +252,57 @@ class SlotRunner:
             self.slot_adapters[s] = name
         starts = torch.tensor([self.starts[s] for s in slots], dtype=torch.long)
         self.start.index_copy_(0, slot_index.to(dev), starts.to(dev))
+        return out.logits[:, -1, :]
+
+    def _prefill_static(self, slots: list[int], prompts: list[list[int]], rows: int, window: int) -> torch.Tensor:
+        """The prefill of ``prompts`` padded to ``rows`` x ``window`` from that bucket's device buffers (a CUDA
+        graph's static inputs): pad rows have length 0 and write into the scratch slot."""
+        if self.t < window:  # make room before t
+            self.cache.shift_right(window - self.t, self.t)
+            self._move(window - self.t)
+        key = ("prefill", rows, window)
+        inp = self._prefill_inputs.get(key[1:])
+        if inp is None:
+            dev = self.device
+            inp = _PrefillInputs(torch.zeros((rows, window), dtype=torch.long, device=dev),
+                                 torch.zeros(rows, dtype=torch.long, device=dev),
+                                 torch.zeros(rows, dtype=torch.long, device=dev),
+                                 torch.zeros((), dtype=torch.long, device=dev))
+            self._prefill_inputs[key[1:]] = inp
+        pad = rows - len(prompts)
+        inp.ids.copy_(torch.tensor([[self.pad_id] * (window - len(p)) + list(p) for p in prompts]
+                                   + [[self.pad_id] * window] * pad, dtype=torch.long))
+        inp.lengths.copy_(torch.tensor([len(p) for p in prompts] + [0] * pad, dtype=torch.long))
+        inp.slots.copy_(torch.tensor(slots + [self.scratch] * pad, dtype=torch.long))
+        inp.first_column.fill_(self.t - window)
+        if self.use_graphs and key not in self._eager_buckets:
+            logits = self._replay(key, lambda: self._prefill_body(rows, window))
+        else:
+            logits = self._prefill_body(rows, window)
+        self.stats["static_prefills"] += 1
+        for s, p in zip(slots, prompts, strict=True):
+            self.starts[s] = self.t - len(p)
+            self.slot_adapters[s] = BASE_ADAPTER
+        starts = torch.tensor([self.starts[s] for s in slots], dtype=torch.long)
+        self.start.index_copy_(0, inp.slots[: len(slots)], starts.to(self.device))
+        return logits[: len(slots)]
+
+    def _prefill_body(self, rows: int, window: int) -> torch.Tensor:
+        """A static prefill from the bucket's device buffers alone (what a CUDA graph captures)."""
+        inp = self._prefill_inputs[(rows, window)]
+        dev = self.device
+        cols = torch.arange(window, device=dev)
+        valid = cols[None, :] >= (window - inp.lengths)[:, None]  # [rows, window]; a pad row: none
+        positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
+        causal = torch.ones((window, window), dtype=torch.bool, device=dev).tril()
+        # a pad query (or pad row) would attend to nothing: it sees itself (its output is never used)
+        mask = ((causal[None] & valid[:, None, :]) | torch.eye(window, dtype=torch.bool, device=dev)[None])[:, None]
+        self.cache.begin_prefill(inp.slots, inp.first_column + cols)
+        try:
+            out = self.model(input_ids=inp.ids, attention_mask=mask, position_ids=positions,
+                             past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+        finally:
+            self.cache.end()
         return out.logits[:, -1, :]
 
     def set_next_tokens(self, slots: torch.Tensor, tokens: torch.Tensor) -> None:
@@ -264,8 +347,9 @@ class SlotRunner:
         self._compact_if_due()
         n = self.bucket(rows)
         w = window_bucket(self.t + 1, self.cache.capacity) if self.bucketed else self.t + 1
-        if self.use_graphs and (n, w) not in self._eager_buckets:
-            logits = self._replay(n, w)
+        if self.use_graphs and ("decode", n, w) not in self._eager_buckets:
+            self.step_t.fill_(self.t)
+            logits = self._replay(("decode", n, w), lambda: self._step_fn(n, w))
         else:
             self.step_t.fill_(self.t)
             logits = self._step_fn(n, w)
@@ -273,31 +357,32 @@ class SlotRunner:
         return logits
 
     # ------------------------------------------------------------------ CUDA graphs
-    def _replay(self, n: int, w: int) -> torch.Tensor:
-        self.step_t.fill_(self.t)
-        key = (n, w)
+    def _replay(self, key: tuple[str, int, int], step: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """Replay the graph of ``key`` (``step``: the eager forward it captures), capturing it on first use. The
+        first replay is checked against ``step`` run eagerly on the same inputs (both write the same cache columns
+        with the same values, so running both is harmless); a bucket whose graph cannot be captured or disagrees
+        runs eagerly from then on."""
+        kind, n, w = key
         g = self._graphs.get(key)
         if g is None:
             try:
-                g = self._capture(n, w)
+                g = self._capture(step)
             except Exception as exc:  # noqa: BLE001 - any capture failure: run this bucket eagerly
-                log.warning("CUDA graph capture failed for %d rows x %d columns (%s: %s); running it eagerly", n, w,
-                            type(exc).__name__, exc)
+                log.warning("CUDA graph capture failed for a %s of %d rows x %d columns (%s: %s); running it eagerly",
+                            kind, n, w, type(exc).__name__, exc)
                 self.stats["graph_failures"] += 1
                 self._eager_buckets.add(key)
                 if self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)
-                return self._step_fn(n, w)
+                return step()
             self._graphs[key] = g
         g.graph.replay()
         self.stats["graph_replays"] += 1
         if not g.verified:
-            # The first replay is checked against an eager step on the same inputs (both write the same
-            # column with the same values, so running both is harmless).
-            eager = self._step_fn(n, w)
+            eager = step()
             if not _close(g.logits, eager):
-                log.warning("CUDA graph for %d rows x %d columns disagrees with the eager step (max |diff| %.3g); "
-                            "running it eagerly", n, w, float((g.logits.float() - eager.float()).abs().max()))
+                log.warning("CUDA graph for a %s of %d rows x %d columns disagrees with the eager forward (max |diff| "
+                            "%.3g); running it eagerly", kind, n, w, float((g.logits.float() - eager.float()).abs().max()))
                 self.stats["graph_failures"] += 1
                 self._graphs.pop(key)
                 self._eager_buckets.add(key)
@@ -305,18 +390,18 @@ class SlotRunner:
             g.verified = True
         return g.logits
 
-    def _capture(self, n: int, w: int) -> _Graph:
+    def _capture(self, step: Callable[[], torch.Tensor]) -> _Graph:
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
             for _ in range(2):  # warm-up: lazy initialisation, cuBLAS workspaces, compilation
-                self._step_fn(n, w)
+                step()
         torch.cuda.current_stream(self.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            logits = self._step_fn(n, w)
+            logits = step()
         self.stats["graph_captures"] += 1
         return _Graph(graph, logits)
 
