@@ -155,7 +155,7 @@ stage() {
 summary
 say "$(python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__, "cuda", torch.cuda.is_available())' 2>&1)"
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(tests group snapshot gen135 serverload server train train17 gen17)  # the last ones: if time is left
+[ ${#stages[@]} -eq 0 ] && stages=(tests gen135 serverload group snapshot server train train17 gen17)  # the last ones: if time is left
 for s in "${stages[@]}"; do stage "$s"; done
 say "done; files in $OUT:"
 ls -la "$OUT" | tee -a "$LOG"
