@@ -42,7 +42,7 @@ from typing import Any
 import yaml
 
 from agentjet.tasks.recommended import Recommended
-from agentjet.tasks.source import TaskError
+from agentjet.tasks.source import TaskError, in_turn
 
 log = logging.getLogger(__name__)
 
@@ -331,13 +331,7 @@ class ReasoningGymTask:
             questions = list(data.splits[split])
             random.Random(f"rg:{name}:{split}:{seed}").shuffle(questions)
             orders[name] = questions
-        names = list(self.datasets)
-        out = []
-        for i in range(n):
-            name = names[i % len(names)]
-            questions = orders[name]
-            out.append(self.make_task(name, questions[(i // len(names)) % len(questions)], split))
-        return out
+        return [self.make_task(name, question, split) for name, question in in_turn(orders, n)]
 
     def reward(self, task: dict[str, Any], text: str) -> float:
         """The dataset's ``score_answer`` of the answer extracted from ``text``."""

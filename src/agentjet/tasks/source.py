@@ -5,9 +5,23 @@ also has ``async rollout(task, ep, sampling) -> reward``, read with ``getattr``.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, TypeVar
 
 from agentjet.tasks.recommended import Recommended
+
+T = TypeVar("T")
+
+
+def in_turn(orders: Mapping[str, Sequence[T]], n: int) -> list[tuple[str, T]]:
+    """``n`` (name, item) pairs from the named orders in turn (equal shares, a mixture's task types), each order
+    cycling when its share exceeds it."""
+    names = list(orders)
+    out = []
+    for i in range(n):
+        name = names[i % len(names)]
+        out.append((name, orders[name][(i // len(names)) % len(orders[name])]))
+    return out
 
 
 class TaskError(ValueError):

@@ -44,7 +44,7 @@ from typing import Any
 from agentjet.tasks.games import GameTrace, Step, play
 from agentjet.tasks.recommended import Recommended
 from agentjet.tasks.rg import parse_knobs
-from agentjet.tasks.source import TaskError
+from agentjet.tasks.source import TaskError, in_turn
 
 PREFIX = "ta:"
 EXTRA_HINT = "pip install 'agentjet[ta]'"
@@ -368,12 +368,7 @@ class TextArenaTask:
         shares = {g: len(range(i, n, len(games))) for i, g in enumerate(games)}
         picked = {g: random.Random(f"ta:{self.specs[g].label()}:{split}:{seed}").sample(seeds, min(k, len(seeds)))
                   for g, k in shares.items()}
-        out = []
-        for i in range(n):
-            game = games[i % len(games)]
-            own = picked[game]
-            out.append(self.make_task(split, own[(i // len(games)) % len(own)], game))
-        return out
+        return [self.make_task(split, game_seed, game) for game, game_seed in in_turn(picked, n)]
 
     async def rollout(self, task: dict[str, Any], ep: Any, sampling: dict[str, Any], *,
                       trace: GameTrace | None = None) -> float:
