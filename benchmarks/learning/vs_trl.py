@@ -72,6 +72,9 @@ ARMS: dict[str, Arm] = {
     "lr-decay": Arm("the learning rate decays linearly to a tenth by the end (set at each checkpoint pause)",
                     lr_end=SHARED["learning_rate"] / 10),
     "kl-0.05": Arm("a k3 KL penalty to the initial weights, coefficient 0.05", config={"loss": {"kl_coef": 0.05}}),
+    # rule 3: no arm passed the screen, so the closest ones (within 0.015 of the best late mean) are combined
+    "combined": Arm("the screen's closest arms together: KL 0.05, no curriculum, the rate decaying to a tenth",
+                    curriculum=False, config={"loss": {"kl_coef": 0.05}}, lr_end=SHARED["learning_rate"] / 10),
 }
 
 
