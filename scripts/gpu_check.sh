@@ -78,7 +78,7 @@ env = {"elapsed_s": int(time.time()) - start, "budget_s": budget, "stages": stag
        "commit": os.environ.get("AGENTJET_COMMIT", "unknown")}
 if os.path.exists(os.environ["AGENTJET_CUDA_REPORT"]):  # the figures the CUDA tests measured
     env["cuda_report"] = [json.loads(x) for x in open(os.environ["AGENTJET_CUDA_REPORT"]) if x.strip()]
-env["results"] = {}  # every benchmark stage's JSON, by file name (the device tool brings back at most 8 files)
+env["results"] = {}  # every benchmark stage's JSON, by file name (one file to bring back instead of one per stage)
 for name in sorted(os.listdir(res)):
     try:
         env["results"][name] = json.load(open(os.path.join(res, name)))
