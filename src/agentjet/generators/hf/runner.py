@@ -347,11 +347,10 @@ class SlotRunner:
         self._compact_if_due()
         n = self.bucket(rows)
         w = window_bucket(self.t + 1, self.cache.capacity) if self.bucketed else self.t + 1
+        self.step_t.fill_(self.t)
         if self.use_graphs and ("decode", n, w) not in self._eager_buckets:
-            self.step_t.fill_(self.t)
             logits = self._replay(("decode", n, w), lambda: self._step_fn(n, w))
         else:
-            self.step_t.fill_(self.t)
             logits = self._step_fn(n, w)
         self.t += 1
         return logits
