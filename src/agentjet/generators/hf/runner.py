@@ -69,6 +69,18 @@ def window_bucket(needed: int, capacity: int) -> int:
     return min(w, capacity)
 
 
+def block_mask(lengths: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Position ids ``[k, width]`` and the 4D attention mask ``[k, 1, width, width]`` of a block of left-padded
+    prompts of ``lengths``, on ``lengths``' device: causal within each prompt; a pad query, which would attend to
+    nothing, sees itself (its output is never used)."""
+    cols = torch.arange(width, device=lengths.device)
+    valid = cols[None, :] >= (width - lengths)[:, None]
+    positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
+    causal = torch.ones((width, width), dtype=torch.bool, device=lengths.device).tril()
+    eye = torch.eye(width, dtype=torch.bool, device=lengths.device)
+    return positions, ((causal[None] & valid[:, None, :]) | eye[None])[:, None]
+
+
 @dataclass
 class _PrefillInputs:
     """A prefill bucket's device inputs, copied in before each replay: left-padded ids ``[K, W]``, each row's prompt
@@ -224,42 +236,48 @@ class SlotRunner:
             # else the eager block: it needs fewer columns, and a big block is not bound by dispatching ops
             if max(self.t, window) < self.cache.capacity and rows * window <= STATIC_PREFILL_MAX_TOKENS:
                 return self._prefill_static(slots, prompts, rows, window)
-        if self.t < width:  # make room before t
-            self.cache.shift_right(width - self.t, self.t)
-            self._move(width - self.t)
-        # left-padded in one tensor from one Python list (a per-row fill was a dozen ops a row: 770 at 64 rows)
-        ids = torch.tensor([[self.pad_id] * (width - len(p)) + list(p) for p in prompts], dtype=torch.long)
-        lengths = torch.tensor([len(p) for p in prompts], dtype=torch.long)
-        valid = torch.arange(width)[None, :] >= (width - lengths)[:, None]
-        positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
-        causal = torch.ones((width, width), dtype=torch.bool).tril()
-        mask = (causal[None] & valid[:, None, :])[:, None]  # [k, 1, width, width]
-        # a pad query row would attend to nothing: let it see itself (its output is never used)
-        mask |= torch.eye(width, dtype=torch.bool)[None, None]
+        self._make_room(width)
+        lengths = [len(p) for p in prompts]
+        positions, mask = block_mask(torch.tensor(lengths, dtype=torch.long), width)
         dev = self.device
-        slot_index = torch.tensor(slots, dtype=torch.long)
-        self.cache.begin_prefill(slot_index.to(dev), torch.arange(self.t - width, self.t, device=dev))
+        self.cache.begin_prefill(torch.tensor(slots, dtype=torch.long, device=dev),
+                                 torch.arange(self.t - width, self.t, device=dev))
         names = [a or BASE_ADAPTER for a in adapters] if adapters is not None else [BASE_ADAPTER] * k
         try:
             with self._adapter_rows(names) as extra:
-                out = self.model(input_ids=ids.to(dev), attention_mask=mask.to(dev),
-                                 position_ids=positions.to(dev), past_key_values=self.cache, use_cache=True,
-                                 logits_to_keep=1, **extra)
+                out = self.model(input_ids=self._left_padded(prompts, width, k).to(dev),
+                                 attention_mask=mask.to(dev), position_ids=positions.to(dev),
+                                 past_key_values=self.cache, use_cache=True, logits_to_keep=1, **extra)
         finally:
             self.cache.end()
-        for s, p, name in zip(slots, prompts, names, strict=True):
-            self.starts[s] = self.t - len(p)
-            self.slot_adapters[s] = name
-        starts = torch.tensor([self.starts[s] for s in slots], dtype=torch.long)
-        self.start.index_copy_(0, slot_index.to(dev), starts.to(dev))
+        self._seat(slots, lengths, names)
         return out.logits[:, -1, :]
+
+    def _make_room(self, width: int) -> None:
+        """A block of ``width`` columns must end right before ``t``: shift the columns in use right if ``t`` is
+        smaller."""
+        if self.t < width:
+            self.cache.shift_right(width - self.t, self.t)
+            self._move(width - self.t)
+
+    def _left_padded(self, prompts: list[list[int]], width: int, rows: int) -> torch.Tensor:
+        """``prompts`` left-padded to ``width``, plus all-pad rows up to ``rows``: one tensor from one Python list
+        (a per-row fill was a dozen ops a row, 770 at 64 rows)."""
+        return torch.tensor([[self.pad_id] * (width - len(p)) + list(p) for p in prompts]
+                            + [[self.pad_id] * width] * (rows - len(prompts)), dtype=torch.long)
+
+    def _seat(self, slots: list[int], lengths: list[int], adapters: list[str]) -> None:
+        """The joined rows' start columns (host and device copies) and adapters, after their prefill."""
+        for s, n, name in zip(slots, lengths, adapters, strict=True):
+            self.starts[s] = self.t - n
+            self.slot_adapters[s] = name
+        index = torch.tensor(slots, dtype=torch.long, device=self.device)
+        self.start.index_copy_(0, index, torch.tensor([self.starts[s] for s in slots], dtype=torch.long).to(self.device))
 
     def _prefill_static(self, slots: list[int], prompts: list[list[int]], rows: int, window: int) -> torch.Tensor:
         """The prefill of ``prompts`` padded to ``rows`` x ``window`` from that bucket's device buffers (a CUDA
         graph's static inputs): pad rows have length 0 and write into the scratch slot."""
-        if self.t < window:  # make room before t
-            self.cache.shift_right(window - self.t, self.t)
-            self._move(window - self.t)
+        self._make_room(window)
         key = ("prefill", rows, window)
         inp = self._prefill_inputs.get(key[1:])
         if inp is None:
@@ -270,9 +288,9 @@ class SlotRunner:
                                  torch.zeros((), dtype=torch.long, device=dev))
             self._prefill_inputs[key[1:]] = inp
         pad = rows - len(prompts)
-        inp.ids.copy_(torch.tensor([[self.pad_id] * (window - len(p)) + list(p) for p in prompts]
-                                   + [[self.pad_id] * window] * pad, dtype=torch.long))
-        inp.lengths.copy_(torch.tensor([len(p) for p in prompts] + [0] * pad, dtype=torch.long))
+        lengths = [len(p) for p in prompts]
+        inp.ids.copy_(self._left_padded(prompts, window, rows))
+        inp.lengths.copy_(torch.tensor(lengths + [0] * pad, dtype=torch.long))
         inp.slots.copy_(torch.tensor(slots + [self.scratch] * pad, dtype=torch.long))
         inp.first_column.fill_(self.t - window)
         if self.use_graphs and key not in self._eager_buckets:
@@ -280,24 +298,14 @@ class SlotRunner:
         else:
             logits = self._prefill_body(rows, window)
         self.stats["static_prefills"] += 1
-        for s, p in zip(slots, prompts, strict=True):
-            self.starts[s] = self.t - len(p)
-            self.slot_adapters[s] = BASE_ADAPTER
-        starts = torch.tensor([self.starts[s] for s in slots], dtype=torch.long)
-        self.start.index_copy_(0, inp.slots[: len(slots)], starts.to(self.device))
+        self._seat(slots, lengths, [BASE_ADAPTER] * len(slots))
         return logits[: len(slots)]
 
     def _prefill_body(self, rows: int, window: int) -> torch.Tensor:
         """A static prefill from the bucket's device buffers alone (what a CUDA graph captures)."""
         inp = self._prefill_inputs[(rows, window)]
-        dev = self.device
-        cols = torch.arange(window, device=dev)
-        valid = cols[None, :] >= (window - inp.lengths)[:, None]  # [rows, window]; a pad row: none
-        positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
-        causal = torch.ones((window, window), dtype=torch.bool, device=dev).tril()
-        # a pad query (or pad row) would attend to nothing: it sees itself (its output is never used)
-        mask = ((causal[None] & valid[:, None, :]) | torch.eye(window, dtype=torch.bool, device=dev)[None])[:, None]
-        self.cache.begin_prefill(inp.slots, inp.first_column + cols)
+        positions, mask = block_mask(inp.lengths, window)  # a pad row (length 0) attends to itself only
+        self.cache.begin_prefill(inp.slots, inp.first_column + torch.arange(window, device=self.device))
         try:
             out = self.model(input_ids=inp.ids, attention_mask=mask, position_ids=positions,
                              past_key_values=self.cache, use_cache=True, logits_to_keep=1)
