@@ -253,6 +253,33 @@ class PauseState(_Reply):
     train_steps: int
 
 
+class CheckpointRequest(_Request):
+    """``POST /swarm/v1/control/checkpoint``: a checkpoint of the committed step now, or, with ``best_eval``, the
+    step pinned as the run's best when that eval beats the pinned one (written only then)."""
+
+    best_eval: float | None = Field(None, allow_inf_nan=False, description="the held-out eval of the policy "
+                                    "being served, measured while training was paused: pin this step's "
+                                    "checkpoint as the run's best if the eval beats the pinned one's")
+
+
+class BestCheckpoint(_Reply):
+    """The checkpoint pinned as the run's best (``checkpoints/best.json``; never pruned)."""
+
+    path: str
+    eval: float
+    train_steps: int
+    policy_version: int
+
+
+class CheckpointResult(_Reply):
+    path: str = Field(description="the checkpoint written, or, with best_eval, the one pinned as the best")
+    train_step: int
+    policy_version: int
+    best: BestCheckpoint | None = Field(None, description="the run's best checkpoint after this call (null until "
+                                        "a client reports an eval)")
+    pinned: bool = Field(False, description="whether this call moved the best pin to this step")
+
+
 class ChangeRecord(_Reply):
     at: float
     policy_version: int = Field(description="the policy version current when the change took effect")

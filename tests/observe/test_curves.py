@@ -186,3 +186,31 @@ def test_an_ablation_resumes_from_its_results_file_only_when_it_measured_the_sam
     assert vs_trl._resumed(args) == (runs, 0.273)
     with pytest.raises(SystemExit, match="15.0 min.*this run asks for .* 8.0 min"):
         vs_trl._resumed(argparse.Namespace(**{**vars(args), "budget_min": 8.0}))
+
+
+def test_the_holding_checks_read_issue_38s_three_rules_off_the_runs() -> None:
+    """``vs_trl.holding_checks``: the time to 0.75 against half TRL's (a seed that never reaches it counts the
+    budget), the mean eval at every point from minute 5 against TRL's, and each AgentJet seed's largest fall
+    below its best so far (a drawdown, not the last point against the best)."""
+    vs_trl = _script("vs_trl")
+    minutes = [1, 5, 10, 15]
+
+    def run(side: str, seed: int, evals: list[float]) -> dict[str, Any]:
+        return {"side": side, "seed": seed, "points": [{"train_s": m * 60.0, "step": i + 1, "target_min": m,
+                                                        "eval": e} for i, (m, e) in enumerate(zip(minutes, evals, strict=True))]}
+
+    # AgentJet reaches 0.75 at minute 1 on both seeds; TRL at 5 and never (15): ratio 1 / 10
+    aj = [run("agentjet", 0, [0.8, 0.95, 0.88, 0.95]), run("agentjet", 1, [0.8, 0.9, 0.9, 0.9])]
+    trl = [run("trl", 0, [0.5, 0.8, 0.85, 0.9]), run("trl", 1, [0.5, 0.6, 0.7, 0.7])]
+    checks = vs_trl.holding_checks(aj + trl, minutes, budget_min=15)
+    assert checks["time_to_target_ratio"] == pytest.approx(1 / 10) and checks["time_to_target_ok"]
+    assert list(checks["late_points"]) == ["5", "10", "15"] and checks["late_points_ok"]
+    # seed 0 fell 0.07 below its best at minute 10 and came back: the drawdown counts, so the check fails
+    assert checks["fall_from_best_by_seed"] == pytest.approx([0.07, 0.0]) and not checks["fall_ok"]
+    assert not checks["all_ok"]
+    # TRL ahead at one late point fails the second check, whatever the others say
+    trl[1]["points"][3]["eval"] = 1.0
+    assert not vs_trl.holding_checks(aj + trl, minutes, budget_min=15)["late_points_ok"]
+    # one side alone (the ablation), or unmatched seeds: no checks
+    assert vs_trl.holding_checks(aj, minutes, budget_min=15) is None
+    assert vs_trl.holding_checks(aj + trl[:1], minutes, budget_min=15) is None

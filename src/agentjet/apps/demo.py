@@ -61,6 +61,7 @@ class DemoSettings:
     curriculum: bool = True  # draw each group's task by its recent group results (retire solved tasks)
     early_stop: bool = True  # stop on an eval plateau or when the groups stop teaching (agentjet.schedule)
     seed: int = 0  # the engine's sampling draws and the curriculum's order (a second seed: a second run)
+    keep_best: bool = False  # pin the best-evaluated step's checkpoint (a full checkpoint on disk at each new best)
 
 
 @dataclass
@@ -90,6 +91,7 @@ class DemoResult:
     # each held-out eval by task type (a cocktail's datasets): minutes, train_steps, {type: mean reward},
     # {type: episodes}
     eval_by_type: list[dict[str, Any]] = field(default_factory=list)
+    best: dict[str, Any] | None = None  # with keep_best: the pinned best checkpoint (path, eval, steps, version)
 
     def curve(self) -> LearnCurve:
         """The held-out eval curve."""
@@ -195,6 +197,10 @@ def run_demo(s: DemoSettings, console: Console | None = None) -> DemoResult:
                   f"{result.train_episodes} training episodes, {result.seconds / 60:.1f} min)")
     console.print(f"stopped: {result.stop_reason or 'done'}; {result.uniform_groups} of {result.groups} groups had "
                   f"equal rewards; calls per training sample {result.merge_ratio:.2f}")
+    if result.best is not None:
+        b = result.best
+        console.print(f"best held-out eval {b['eval']:.3f} at step {b['train_steps']}: {b['path']} (export it with "
+                      f"`ajet export {s.out_dir / 'server'} OUT --best`)", soft_wrap=True)
     console.print(f"saved {s.out_dir / 'demo_result.json'}" + (f" and {plot}" if saved else ""))
     return result
 
@@ -237,7 +243,8 @@ async def _client_side(s: DemoSettings, task_mod: TaskSource, rec: Recommended, 
     curriculum = Curriculum([str(t["task_id"]) for t in pool], seed=s.seed) if s.curriculum else None
     stopping = StoppingRule(StopSettings(**rec.stop)) if s.early_stop else None
     settings = ScheduleSettings(group_size=rec.group_size, concurrency=concurrency(s, rec), max_steps=steps,
-                                time_budget_s=s.time_budget_s, eval_every_s=eval_every_s(s, rec))
+                                time_budget_s=s.time_budget_s, eval_every_s=eval_every_s(s, rec),
+                                keep_best=s.keep_best)
 
     eval_traces: list[tuple[dict[str, Any], Any]] = []
     tool_use: list[dict[str, Any]] = []
@@ -307,4 +314,5 @@ async def _client_side(s: DemoSettings, task_mod: TaskSource, rec: Recommended, 
         stop_reason=run.stop_reason, groups=run.groups, uniform_groups=run.uniform_groups,
         merge_ratio=run.merge_ratio, curriculum=run.curriculum,
         provenance={"engine": status.engine, "device": str(status.engine_info.get("device", "unknown"))},
-        tool_use=tool_use, transcripts=transcripts, eval_by_type=eval_types)
+        tool_use=tool_use, transcripts=transcripts, eval_by_type=eval_types,
+        best=run.best.model_dump() if run.best is not None else None)

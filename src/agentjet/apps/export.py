@@ -104,12 +104,19 @@ def list_checkpoints(run_dir: Path, adapter: str | None = None) -> list[Checkpoi
 
 
 def find_checkpoint(run_dir: Path, step: int | None = None, version: int | None = None,
-                    adapter: str | None = None) -> Checkpoint:
-    """The checkpoint at ``step`` or at policy ``version`` (of ``adapter``, in a run with several), else the
-    latest."""
-    if step is not None and version is not None:
-        raise ExportError("give --step or --version, not both")
+                    adapter: str | None = None, best: bool = False) -> Checkpoint:
+    """The checkpoint at ``step``, at policy ``version`` or pinned as the run's ``best`` (of ``adapter``, in a
+    run with several), else the latest."""
+    if sum((step is not None, version is not None, best)) > 1:
+        raise ExportError("give one of --step, --version and --best")
+    pin = layout.best(checkpoint_dir(run_dir, adapter)) if best else None
+    if best and pin is None:
+        raise ExportError(f"{run_dir} has no best checkpoint pinned: a client pins one with keep_best "
+                          "(`ajet demo --keep-best`, ScheduleSettings(keep_best=True)) or POST "
+                          "/swarm/v1/control/checkpoint {\"best_eval\": ...}")
     ckpts = list_checkpoints(run_dir, adapter)
+    if pin is not None:
+        return next(c for c in ckpts if c.path.name == pin["checkpoint"])
     if step is None and version is None:
         return max(ckpts, key=lambda c: c.step)
     found = [c for c in ckpts if (c.step == step if step is not None else c.policy_version == version)]
@@ -171,12 +178,12 @@ def _write_weights(ckpt: Checkpoint, out: Path, adapter_only: bool) -> None:
 
 
 def export_checkpoint(run_dir: Path, out: Path, step: int | None = None, version: int | None = None,
-                      adapter_only: bool = False, adapter: str | None = None) -> Checkpoint:
+                      adapter_only: bool = False, adapter: str | None = None, best: bool = False) -> Checkpoint:
     """Write the chosen checkpoint of ``run_dir`` (of one ``adapter``, in a run with several) to ``out`` as a
     standalone model directory: that adapter merged into the base, or the adapter alone."""
     from transformers import AutoTokenizer
 
-    ckpt = find_checkpoint(run_dir, step, version, adapter)
+    ckpt = find_checkpoint(run_dir, step, version, adapter, best)
     if out.exists() and any(out.iterdir()):
         raise ExportError(f"{out} exists and is not empty; choose a new directory")
     out.mkdir(parents=True, exist_ok=True)

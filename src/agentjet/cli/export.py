@@ -14,6 +14,8 @@ def export(
     out: Path = typer.Argument(..., help="a new directory for the model"),
     step: int | None = typer.Option(None, min=0, help="the checkpoint at this train step (default: the latest)"),
     version: int | None = typer.Option(None, min=0, help="the checkpoint at this policy version"),
+    best: bool = typer.Option(False, "--best", help="the checkpoint pinned as the run's best held-out eval "
+                              "(checkpoints/best.json; a client's keep_best)"),
     adapter_only: bool = typer.Option(False, "--adapter-only", help="write the LoRA adapter alone, not merged "
                                       "into the base weights"),
     adapter: str | None = typer.Option(None, "--adapter", metavar="NAME", help="a run with several LoRA adapters "
@@ -27,7 +29,7 @@ def export(
     from agentjet.apps.export import ExportError, export_checkpoint, upload_to_hub
 
     try:
-        ckpt = export_checkpoint(run_dir, out, step, version, adapter_only, adapter)
+        ckpt = export_checkpoint(run_dir, out, step, version, adapter_only, adapter, best)
         what = f"adapter {adapter}'s step" if adapter else "step"
         console.print(f"exported {what} {ckpt.step} (policy version {ckpt.policy_version}) of {run_dir} to {out}",
                       soft_wrap=True)

@@ -48,6 +48,8 @@ def demo(
                                       "vLLM subprocess (make setup-vllm)"),
     train_procs: int = typer.Option(0, min=0, max=64, help="train on an FSDP2 trainer group of this many ranks "
                                     "(torchrun; gloo on CPU) instead of in the server process"),
+    keep_best: bool = typer.Option(False, help="pin the checkpoint of the best held-out eval (a checkpoint, "
+                                   "optimizer included, at each new best; `ajet export OUT_DIR/server DEST --best`)"),
 ) -> None:
     """Train SmolLM2 on a built-in task through a real swarm server and client; print eval before/after."""
     from agentjet.apps.demo import DemoSettings, run_demo
@@ -64,7 +66,7 @@ def demo(
                                    out_dir=out_dir, time_budget_s=time_budget_s, concurrency=concurrency,
                                    eval_every_s=eval_every_s, curriculum=curriculum,
                                    early_stop=early_stop, seed=seed, engine=engine.value,
-                                   train_procs=train_procs), console)
+                                   train_procs=train_procs, keep_best=keep_best), console)
     if result.eval_after <= result.eval_before:
         console.print("[yellow]the eval reward did not improve in this run[/yellow]")
 

@@ -27,6 +27,8 @@ from agentjet.protocol import (
     SWARM_PREFIX,
     BeginEpisodeRequest,
     BeginEpisodeResponse,
+    CheckpointRequest,
+    CheckpointResult,
     EndEpisodeRequest,
     EndEpisodeResponse,
     JoinRequest,
@@ -195,6 +197,13 @@ class SwarmClient:
     async def resume(self, *, admin_token: str | None = None) -> PauseState:
         return PauseState.model_validate(await self.request("POST", f"{SWARM_PREFIX}/control/resume",
                                                             key=admin_token))
+
+    async def checkpoint(self, best_eval: float | None = None, *, admin_token: str | None = None) -> CheckpointResult:
+        """A checkpoint of the committed step; with ``best_eval`` (the held-out eval of the policy served now,
+        measured with training paused), the step is pinned as the run's best if that eval beats the pinned one."""
+        body = CheckpointRequest(best_eval=best_eval).model_dump()
+        return CheckpointResult.model_validate(await self.request("POST", f"{SWARM_PREFIX}/control/checkpoint",
+                                                                  json=body, key=admin_token))
 
     def episode(self, task_id: str, task_type: str = "default", group_id: str | None = None, eval: bool = False,
                 metadata: dict[str, Any] | None = None, agents: list[str] | None = None) -> Episode:

@@ -40,7 +40,7 @@ from pydantic import BaseModel, ConfigDict
 from agentjet.client.client import Episode, SwarmClient, SwarmError
 from agentjet.client.runner import RunSummary, Workflow, run_workflow
 from agentjet.observe.learncurve import EvalPoint  # the one eval-point record (re-exported here)
-from agentjet.protocol import PauseState, Reward, ServerStatus
+from agentjet.protocol import BestCheckpoint, PauseState, Reward, ServerStatus
 from agentjet.runtime.clock import Clock, SystemClock
 
 log = logging.getLogger(__name__)
@@ -115,6 +115,9 @@ class DriverSettings:
     gate_timeout_s: float = 120.0  # longest wait for in-flight training workflows before an eval
     poll_s: float = 1.0  # status polls (a step may slip in between a poll and a pause)
     quiet_s: float = 60.0  # on_quiet after this long without a train step
+    # after each eval (training paused), ask the server to pin the step's checkpoint as the run's best when the
+    # eval beats the pinned one's (the admin token; ``ajet export RUN --best``)
+    keep_best: bool = False
 
 
 Evaluate = Callable[[], Awaitable[RunSummary]]
@@ -137,6 +140,7 @@ class DriverRun:
     stop_reason: str = ""
     train_seconds: float = 0.0  # the training clock at the end
     seconds: float = 0.0  # since training started, pauses included
+    best: BestCheckpoint | None = None  # with ``keep_best``: the run's best checkpoint, as the server last said
 
     @property
     def merge_ratio(self) -> float:
@@ -367,6 +371,8 @@ class Driver:
                 run.evals.append(point)
                 if stopping is not None:
                     stopping.observe_eval(point.reward)
+                if self.settings.keep_best:
+                    await self._keep_best(run, point)
                 if self.on_eval:
                     self.on_eval(point)
         finally:
@@ -383,6 +389,25 @@ class Driver:
         return EvalPoint(train_steps=where.train_steps, policy_version=where.policy_version,
                          reward=summary.mean_reward, episodes=summary.episodes - summary.failed, failed=summary.failed,
                          train_seconds=train_seconds, seconds=seconds, eval_seconds=self.clock.monotonic() - t0)
+
+    async def _keep_best(self, run: DriverRun, point: EvalPoint) -> None:
+        """Pin this step's checkpoint as the best if ``point`` beats the pinned eval (the server decides, so a
+        restarted client never moves the pin back). Only while training is held: else the checkpoint could be of
+        a later step than the eval. A refusal is logged; the run goes on."""
+        if not math.isfinite(point.reward):
+            return  # no eval episode finished
+        if self._hold_state is not _Hold.HELD:
+            log.warning("not pinning the best checkpoint: training was not paused for this eval")
+            return
+        try:
+            answer = await self.client.checkpoint(best_eval=point.reward, admin_token=self.admin_token)
+        except SwarmError as exc:
+            log.warning("could not pin the best checkpoint (%s)", exc)
+            return
+        run.best = answer.best
+        if answer.pinned:
+            log.info("eval %.3f at step %d: pinned as the best checkpoint (%s)", point.reward, point.train_steps,
+                     answer.path)
 
     async def _hold(self) -> PauseState | None:
         """Pause training, waiting for a step in progress (once per pause); None when the server refused

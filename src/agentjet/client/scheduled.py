@@ -9,7 +9,9 @@ held-out eval runs at fixed intervals of the training clock, and a stopping rule
   training times ``eval_at_s``, training pauses and the ``eval_tasks`` run as eval episodes (never trained on).
   Eval points are at the start, at each interval inside the time budget and at the end;
 - **stopping**: ``max_steps`` train steps, ``time_budget_s``, or ``agentjet.schedule.StoppingRule``
-  (eval plateau; uniform groups; curriculum exhausted).
+  (eval plateau; uniform groups; curriculum exhausted);
+- **the best checkpoint** (``keep_best``): after each eval the server pins the step's checkpoint as the run's
+  best if the eval beats the pinned one, so a run that slides after its peak still ends with its peak on disk.
 
 The pauses, the training clock and the stop conditions are the driver's (``agentjet.client.driver``); this
 module adds the curriculum and the group bookkeeping. Pausing training uses the control API
@@ -54,6 +56,7 @@ class ScheduleSettings:
     eval_at_s: tuple[float, ...] = ()  # pause points at these training times instead of every eval_every_s
     gate_timeout_s: float = 120.0  # longest wait for in-flight training calls before an eval
     poll_s: float = 1.0
+    keep_best: bool = False  # pin the best-evaluated step's checkpoint on the server (``DriverSettings``)
 
     def pauses(self) -> Pauses | None:
         if self.eval_at_s:
@@ -175,7 +178,8 @@ async def run_scheduled(
     side = _Rollouts(pool, settings.group_size, run, curriculum, stopping)
     driver = Driver(client, side.workflow(workflow),
                     DriverSettings(group_size=settings.group_size, concurrency=settings.concurrency,
-                                   gate_timeout_s=settings.gate_timeout_s, poll_s=settings.poll_s),
+                                   gate_timeout_s=settings.gate_timeout_s, poll_s=settings.poll_s,
+                                   keep_best=settings.keep_best),
                     evaluate=held_out(client, eval_workflow, eval_tasks, settings.concurrency) if eval_tasks else None,
                     clock=clock, at_pause=at_pause, on_eval=on_eval, on_step=on_step, on_quiet=on_quiet)
     done = await driver.run(side.tasks(), settings.pauses(),

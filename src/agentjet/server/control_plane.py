@@ -15,7 +15,16 @@ from pathlib import Path
 from typing import Any
 
 from agentjet.layouts.composed import ComposedEngine
-from agentjet.protocol import AdapterChange, AddAdapterRequest, ChangeRecord, ConfigChange, PauseState
+from agentjet.protocol import (
+    AdapterChange,
+    AddAdapterRequest,
+    BestCheckpoint,
+    ChangeRecord,
+    CheckpointRequest,
+    CheckpointResult,
+    ConfigChange,
+    PauseState,
+)
 from agentjet.runtime.clock import Clock
 from agentjet.server.counters import TrainingCounters
 from agentjet.server.episodes.admission import Admission
@@ -135,10 +144,19 @@ class ControlPlane:
                               "--adapters a,b to add and remove adapters", param="name")
         return self.adapters
 
-    async def checkpoint(self) -> dict[str, Any]:
-        path: Path = await self.loop.checkpoint_now()
-        return {"path": str(path), "train_step": self.counters.train_steps,
-                "policy_version": self.engine.policy_version}
+    async def checkpoint(self, req: CheckpointRequest) -> CheckpointResult:
+        """A checkpoint now, or with ``best_eval`` the best pin moved here when that eval beats the pinned one."""
+        if req.best_eval is None:
+            path: Path = await self.loop.checkpoint_now()
+            pin, moved = self.loop.lanes[0].checkpoints.best(), False
+        else:
+            pinned = await self.loop.pin_best(req.best_eval)
+            path, pin, moved = pinned.path, pinned.pin, pinned.moved
+        best = None if pin is None else BestCheckpoint(
+            path=str(path.parent / pin["checkpoint"]), eval=pin["eval"], train_steps=pin["train_steps"],
+            policy_version=pin["policy_version"])
+        return CheckpointResult(path=str(path), train_step=self.counters.train_steps,
+                                policy_version=self.engine.policy_version, best=best, pinned=moved)
 
 
 def _diff(old: ServerConfig, new: ServerConfig, sections: dict[str, dict[str, Any]]) -> dict[str, Any]:

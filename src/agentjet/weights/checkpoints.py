@@ -10,6 +10,8 @@ that reads it.
         ... weights             Hugging Face files (or an adapter, or the trainer group's shards)
       .step-000012.<pid>-<hex>.tmp/  a checkpoint being written (renamed in whole when complete)
       latest                    the name of the newest complete checkpoint (written by rename)
+      best.json                 the checkpoint pinned as the run's best: its name and the eval that made it
+                                so (BEST; written by rename; pruning never removes the step it names)
 
 A checkpoint is complete when its ``SERVER_STATE`` file exists; everything else is ignored.
 """
@@ -25,6 +27,7 @@ LEARNER_STATE = "agentjet_state.json"
 SERVER_STATE = "trainer_state.json"  # the name checkpoints always had (kept so old data directories resume)
 RUN_INFO = "agentjet_run.json"
 LATEST = "latest"
+BEST = "best.json"
 _STEP_DIR = re.compile(r"step-(\d{6,})$")
 
 
@@ -58,6 +61,19 @@ def latest(root: Path) -> Path | None:
         if is_complete(path):
             return path
     return None
+
+
+def best(root: Path) -> dict[str, Any] | None:
+    """The pin ``BEST`` names (``checkpoint``: the step directory's name, ``eval``, ``train_steps``,
+    ``policy_version``, ``pinned_at``), if it names a complete checkpoint; else None."""
+    try:
+        pin = read_json(root / BEST)
+    except (OSError, ValueError):  # written by rename, so only a hand edit can tear it
+        return None
+    name = pin.get("checkpoint")
+    if not isinstance(name, str) or not _STEP_DIR.match(name) or not is_complete(root / name):
+        return None
+    return pin
 
 
 def read_json(path: Path) -> dict[str, Any]:

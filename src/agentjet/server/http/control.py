@@ -13,6 +13,8 @@ from agentjet.protocol import (
     AdapterChange,
     AddAdapterRequest,
     ChangeRecord,
+    CheckpointRequest,
+    CheckpointResult,
     ConfigChange,
     PauseRequest,
     PauseState,
@@ -58,9 +60,11 @@ async def remove_adapter(request: Request, name: str) -> AdapterChange:
     return await server_of(request).control.remove_adapter(name)
 
 
-@router.post("/checkpoint")
-async def checkpoint(request: Request) -> dict[str, Any]:
-    return await server_of(request).control.checkpoint()
+@router.post("/checkpoint", response_model=CheckpointResult)
+async def checkpoint(request: Request, body: CheckpointRequest | None = None) -> CheckpointResult:
+    """A checkpoint of the committed step; with ``best_eval``, pin it as the run's best if that eval is the best
+    reported (``ajet export RUN --best`` exports it)."""
+    return await server_of(request).control.checkpoint(body or CheckpointRequest())
 
 
 @router.post("/stop")

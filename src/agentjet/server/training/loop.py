@@ -16,7 +16,7 @@ from agentjet.engines.errors import TrainingHaltedError
 from agentjet.runtime.clock import Clock
 from agentjet.server.counters import TrainingCounters
 from agentjet.server.store import SampleStore, StoredEpisode
-from agentjet.server.training.checkpoints import Checkpoints
+from agentjet.server.training.checkpoints import Checkpoints, Pinned
 from agentjet.server.training.lanes import Lane, lanes_of
 from agentjet.server.training.pool import GroupPool
 from agentjet.server.training.step import BatchStep
@@ -104,6 +104,13 @@ class TrainLoop:
         async with self.step_lock:
             paths = [await asyncio.to_thread(lane.checkpoints.save) for lane in list(self.lanes)]
         return paths[0]
+
+    async def pin_best(self, eval_reward: float) -> Pinned:
+        """``Checkpoints.pin_best`` for every lane between train steps (with adapters, the one eval pins each
+        adapter's checkpoint of this moment); the first lane's answer."""
+        async with self.step_lock:
+            pins = [await asyncio.to_thread(lane.checkpoints.pin_best, eval_reward) for lane in list(self.lanes)]
+        return pins[0]
 
     # ------------------------------------------------------------ stepping
     async def maybe_step(self, lane: Lane | None = None) -> dict[str, float] | None:
