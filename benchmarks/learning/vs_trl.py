@@ -339,13 +339,17 @@ def _time_to(run: dict[str, Any], target: float) -> float | None:
 LATE_FROM_MIN = 5.0  # "late": the checkpoints from this training minute on (issue 38)
 
 
+def late_evals(run: dict[str, Any]) -> list[float]:
+    """A run's checkpoint evals from training minute ``LATE_FROM_MIN`` on, in order."""
+    return [p["eval"] for p in run["points"] if p["train_s"] / 60 >= LATE_FROM_MIN - 1e-9]
+
+
 def late_figures(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Learning that holds, per run and averaged: the mean eval of the checkpoints from minute 5 on, and how far
     the last one sits below the best of them (the pre-registered rule in docs/benchmarks.md reads these)."""
     means, declines = [], []
     for r in runs:
-        late = [p["eval"] for p in r["points"] if p["train_s"] / 60 >= LATE_FROM_MIN - 1e-9]
-        if late:
+        if late := late_evals(r):
             means.append(statistics.mean(late))
             declines.append(max(late) - late[-1])
     ok = len(means) == len(runs) and means
@@ -360,7 +364,7 @@ MAX_TIME_TO_TARGET_RATIO = 0.5  # issue 38: AgentJet reaches the target in at mo
 def fall_from_best(run: dict[str, Any]) -> float | None:
     """The largest drop of a run's eval below the best it had reached, over its checkpoints from minute 5 on
     (a drawdown: 0.955, 0.886, 0.955 is a fall of 0.069, although the last point is the best)."""
-    late = [p["eval"] for p in run["points"] if p["train_s"] / 60 >= LATE_FROM_MIN - 1e-9]
+    late = late_evals(run)
     if not late:
         return None
     best, fall = late[0], 0.0
