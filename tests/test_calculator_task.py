@@ -73,7 +73,7 @@ def test_multi_turn_workflow_on_the_tiny_model_produces_merged_samples(make_serv
     assert summary.failed == 0 and summary.episodes == 4
     multi = summary.calls > summary.episodes  # the tiny model is wrong: the checker gives it more turns
     assert multi and summary.samples < summary.calls and summary.merge_ratio > 1.5
-    st = srv.server.store.count_by_status()
+    st = srv.server.reader.count_by_status()
     assert st["pending"] + st["dropped_uniform"] + st["trained"] == 4
 
 

@@ -32,7 +32,7 @@ def test_workflow_examples(make_server, spec: str) -> None:
     assert summary.episodes == 6 and summary.failed == 0
     expected = [1.0 if t["answer"] == "7" else 0.0 for t in tasks for _ in range(2)]
     assert sorted(summary.rewards) == sorted(expected)
-    assert srv.server.store.count_by_status()["pending"] + srv.server.store.count_by_status()["dropped_uniform"] == 6
+    assert srv.server.reader.count_by_status()["pending"] + srv.server.reader.count_by_status()["dropped_uniform"] == 6
 
 
 def test_plain_http_example_needs_no_agentjet(make_server) -> None:
@@ -77,8 +77,8 @@ def test_team_example_trains_two_servers(make_server) -> None:
     spec.loader.exec_module(mod)
     asyncio.run(mod.main(a.url, b.url, tasks=3, group_size=2, seed=1))
     for srv in (a, b):  # every team episode committed on both servers
-        assert srv.server.store.count_by_status()["pending"] + srv.server.store.count_by_status()["trained"] \
-            + srv.server.store.count_by_status()["dropped_uniform"] == 6
+        assert srv.server.reader.count_by_status()["pending"] + srv.server.reader.count_by_status()["trained"] \
+            + srv.server.reader.count_by_status()["dropped_uniform"] == 6
 
 
 def test_team_example_trains_an_adapter_per_role_on_one_server(make_server, tiny_model_path: Path) -> None:
@@ -102,7 +102,7 @@ def test_team_example_trains_an_adapter_per_role_on_one_server(make_server, tiny
         assert sum(len(b) for b in batches) == 6
     held = asyncio.run(_team_eval(mod, srv.url))
     assert set(held) == set(roles)
-    assert srv.server.store.count_by_status()["eval"] == 1  # held out: stored as eval, never trained
+    assert srv.server.reader.count_by_status()["eval"] == 1  # held out: stored as eval, never trained
 
 
 async def _team_eval(mod, url: str) -> dict[str, float]:

@@ -52,7 +52,7 @@ def test_the_copy_keeps_them_too(tree: Path) -> None:  # the planting tests belo
     ("settings/fields.py", "from agentjet.client import SwarmClient", "Floors"),
     ("tracking/__init__.py", "import agentjet.settings", "tracking and algorithms are pure"),
     ("algorithms/loss.py", "import httpx", "tracking and algorithms are pure"),
-    ("server/store.py", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import agentjet.server.swarm",
+    ("server/store/sqlite.py", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import agentjet.server.swarm",
      "No import cycles inside a package"),
     ("server/swarm.py", "from fastapi import Request", "Only server.http imports a web framework"),
     ("server/training/pool.py", "import starlette", "Only server.http imports a web framework"),

@@ -150,7 +150,7 @@ def test_workflow_on_the_tiny_model_records_tool_results_and_merged_samples(make
         trained = tok.decode([t for t, m in zip(sample.input_ids, sample.loss_mask, strict=True) if m])
         assert f'"item": "{task["item"]}"' in trained and task["answer"] not in trained  # tool output masked
         assert all(lp < 0 for lp, m in zip(sample.behaviour_logprobs, sample.loss_mask, strict=True) if m)
-    st = srv.server.store.count_by_status()
+    st = srv.server.reader.count_by_status()
     assert st["pending"] + st["dropped_uniform"] + st["trained"] == 4
 
 

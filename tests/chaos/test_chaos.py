@@ -87,7 +87,7 @@ def test_resume_on_a_store_written_by_an_earlier_version(tmp_path: Path) -> None
     import sqlite3
     from array import array
 
-    from agentjet.server.store import SampleStore, StoredEpisode, StoredStatus
+    from agentjet.server.store import SQLiteStore, StoredEpisode, StoredStatus
     from agentjet.tracking import EpisodeSample
 
     path = tmp_path / "store.sqlite"
@@ -102,7 +102,7 @@ def test_resume_on_a_store_written_by_an_earlier_version(tmp_path: Path) -> None
     old.commit()
     old.close()
 
-    store = SampleStore(path)
+    store = SQLiteStore(path)
     sample = EpisodeSample(input_ids=[1, 2, 3], loss_mask=[0, 1, 1], behaviour_logprobs=[0.0, -0.1, -0.2],
                            agent="default", temperature=1.0, call_indices=[0], min_policy_version=0)
     assert store.commit_episode(StoredEpisode("new", "h", "c", "t", "d", "t", 0.0, StoredStatus.PENDING, 1, 1, 0, 0,

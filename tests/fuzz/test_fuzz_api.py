@@ -56,7 +56,7 @@ def snapshot(api: Api) -> tuple:
     s = api.server
     return (json.dumps(s.public_config(), sort_keys=True, default=str), len(s.control.change_log), s.train_loop.paused,
             s.state, s.registry.counts["begun"], s.registry.open_count,
-            sum(s.store.count_by_status().values()))  # rows stored (the trainer moves statuses meanwhile)
+            sum(s.reader.count_by_status().values()))  # rows stored (the trainer moves statuses meanwhile)
 
 
 # ============================================================================================ strategies

@@ -15,7 +15,6 @@ from tests.conftest import settle, wait_until
 from agentjet import SwarmClient
 from agentjet.client.team import Team
 from agentjet.layouts.null import NullAdapters
-from agentjet.server.store import LaneStore
 
 pytestmark = pytest.mark.server
 
@@ -129,7 +128,7 @@ def test_an_episode_that_used_two_adapters_is_consumed_once_by_each(adapters_ser
     settle(srv)
     store = srv.server.store
     for name in ROLES:
-        assert LaneStore(store, name).consumed_steps() == {i: [1] for i in ids}
+        assert store.lane(name).consumed_steps() == {i: [1] for i in ids}
         [batch] = engine.engine(name).learner.trained  # one step each, of its own agent's samples
         assert len(batch) == 2
     assert {store.get_episode(i).status.value for i in ids} == {"trained"}
@@ -186,9 +185,9 @@ def test_resume_brings_every_adapter_back_at_its_own_version_exactly_once(adapte
     last = asyncio.run(phase2())
     wait_until(lambda: srv2.server.status().adapters["executor"].train_steps == 1)
     store = srv2.server.store
-    assert LaneStore(store, "planner").consumed_steps() == {i: [1 if k < 2 else 2] for k, i in
+    assert store.lane("planner").consumed_steps() == {i: [1 if k < 2 else 2] for k, i in
                                                              enumerate(first[:4])}
-    assert LaneStore(store, "executor").consumed_steps() == {first[4]: [1], last: [1]}
+    assert store.lane("executor").consumed_steps() == {first[4]: [1], last: [1]}
     assert engine2.engine("executor").learner.trained[0][0].input_ids  # trained after the resume, once
 
 

@@ -283,12 +283,12 @@ def test_a_server_shutting_down_answers_held_begins_at_once(held_server) -> None
 def test_batches_take_groups_in_admission_order(tmp_path) -> None:
     from agentjet.runtime.clock import FakeClock
     from agentjet.server.counters import TrainingCounters
-    from agentjet.server.store import SampleStore, StoredEpisode, StoredStatus
+    from agentjet.server.store import SQLiteStore, StoredEpisode, StoredStatus
     from agentjet.server.training.pool import GroupPool
     from agentjet.settings import ServerConfig, TrainingSettings
 
     config = ServerConfig(training=TrainingSettings(group_size=2, batch_groups=1, max_staleness=2))
-    pool = GroupPool(lambda: config.training, SampleStore(tmp_path / "s.sqlite"), TrainingCounters(), FakeClock())
+    pool = GroupPool(lambda: config.training, SQLiteStore(tmp_path / "s.sqlite"), TrainingCounters(), FakeClock())
     for key in ("first", "second", "third"):
         pool.note_admitted(key)
     for key in ("third", "second", "first"):  # completed in reverse

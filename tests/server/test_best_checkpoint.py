@@ -17,7 +17,7 @@ from agentjet.apps.export import ExportError, find_checkpoint
 from agentjet.client.scheduled import ScheduleSettings, run_scheduled
 from agentjet.runtime.clock import FakeClock
 from agentjet.server.counters import TrainingCounters
-from agentjet.server.store import SampleStore
+from agentjet.server.store import SQLiteStore
 from agentjet.server.training.checkpoints import Checkpoints
 from agentjet.settings import ServerConfig, TrainingSettings
 from agentjet.tasks import addition
@@ -28,7 +28,7 @@ ADMIN = {"Authorization": "Bearer adm1n"}
 
 def _checkpoints(root: Path, counters: TrainingCounters, keep: int) -> Checkpoints:
     config = ServerConfig(training=TrainingSettings(keep_checkpoints=keep))
-    return Checkpoints(root, _Versioned(), SampleStore(root.parent / "store.sqlite"), counters, lambda: config,
+    return Checkpoints(root, _Versioned(), SQLiteStore(root.parent / "store.sqlite"), counters, lambda: config,
                        FakeClock())
 
 

@@ -11,7 +11,7 @@ from agentjet.protocol import BeginEpisodeRequest, EpisodeStatus
 from agentjet.runtime.clock import FakeClock
 from agentjet.server.counters import TrainingCounters
 from agentjet.server.episodes.registry import EpisodeRegistry
-from agentjet.server.store import SampleStore, StoredEpisode, StoredStatus
+from agentjet.server.store import SQLiteStore, StoredEpisode, StoredStatus
 from agentjet.server.training.pool import GroupPool
 from agentjet.settings import ServerConfig, TrainingSettings
 
@@ -68,7 +68,7 @@ def clock() -> FakeClock:
 @pytest.fixture
 def pool(tmp_path: Path, config: ServerConfig, clock: FakeClock) -> GroupPool:
     """The pool reads the config's live section afresh, as the server's does."""
-    return GroupPool(lambda: config.training, SampleStore(tmp_path / "store.sqlite"), TrainingCounters(), clock)
+    return GroupPool(lambda: config.training, SQLiteStore(tmp_path / "store.sqlite"), TrainingCounters(), clock)
 
 
 _seq = iter(range(10**6))

@@ -326,7 +326,7 @@ def test_unwritable_store_refuses_new_episodes_and_keeps_the_open_one(make_serve
     ep = begin(srv.url)
     chat(srv.url, ep["api_key"])
     store = srv.server.store
-    real_db = store._db
+    real_db = store._conn.db
 
     class FullDisk:
         def __getattr__(self, name):
@@ -351,12 +351,12 @@ def test_unwritable_store_refuses_new_episodes_and_keeps_the_open_one(make_serve
 
             return Cur()
 
-    store._db = FullDisk()
+    store._conn.db = FullDisk()
     assert_openai_error(end(srv.url, ep, 1.0), 503, "disk is full")
     r = httpx.post(f"{srv.url}/swarm/v1/episodes", json={"client_id": "c1", "task_id": "t"})
     assert_openai_error(r, 503, "accepts no new episodes")
     assert srv.server.registry.get(ep["episode_id"]).is_open  # nothing lost: the end can be retried
-    store._db = real_db  # the disk has room again
+    store._conn.db = real_db  # the disk has room again
     assert end(srv.url, ep, 1.0).json()["acknowledged"] is True
     assert begin(srv.url)["api_key"]
-    assert store.count_by_status()["pending"] == 1
+    assert srv.server.reader.count_by_status()["pending"] == 1

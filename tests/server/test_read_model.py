@@ -27,7 +27,7 @@ from agentjet.server.counters import (
     TrackingTotals,
     TrainingCounters,
 )
-from agentjet.server.store import SampleStore
+from agentjet.server.store import SQLiteStore
 from agentjet.server.training.checkpoints import Checkpoints
 from agentjet.settings import ServerConfig
 from agentjet.weights.checkpoints import SERVER_STATE
@@ -109,7 +109,7 @@ class _Versioned:
 def test_a_resume_restores_the_checkpointed_counters_through_restore(tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     config = ServerConfig()
-    store = SampleStore(tmp_path / "store.sqlite")
+    store = SQLiteStore(tmp_path / "store.sqlite")
     c = TrainingCounters()
     first = Checkpoints(tmp_path / "ckpt", _Versioned(), store, c, lambda: config, FakeClock())
     c.stepped(1, episodes=4, samples=6, tokens=50, metrics={"loss": 0.5}, version=1)

@@ -44,7 +44,7 @@ def test_curriculum_periodic_evals_and_pauses(make_server) -> None:
     assert run.groups > 4 and run.uniform_groups == run.groups  # a fixed reply: every group uniform
     assert run.train.calls == run.train.samples > 0 and run.merge_ratio == 1.0
     assert not srv.server.train_loop.paused  # resumed after the last eval
-    assert srv.server.store.count_by_status()["eval"] == 2 * len(run.evals)
+    assert srv.server.reader.count_by_status()["eval"] == 2 * len(run.evals)
 
 
 def test_stopping_rule_ends_a_run_with_no_signal(make_server) -> None:

@@ -15,7 +15,7 @@ from transformers import AutoTokenizer
 
 from agentjet import SwarmClient
 from agentjet.layouts.null import null_engine
-from agentjet.server.store import SampleStore, StoredEpisode, StoredStatus
+from agentjet.server.store import SQLiteStore, StoredEpisode, StoredStatus
 from agentjet.server.training.staleness import all_stale, fresh_samples, logprobs_on_stored_mask, stale_mask
 from agentjet.tracking import NO_VERSION, EpisodeSample
 
@@ -73,7 +73,7 @@ def test_rows_stored_before_per_token_versions_stay_readable(tmp_path: Path) -> 
     """A data dir from before: no token_versions / max_policy_version columns; its samples read back with
     their trained tokens at the sample's oldest version, its episodes with no newest version."""
     path = tmp_path / "store.sqlite"
-    store = SampleStore(path)
+    store = SQLiteStore(path)
     s = sample([NO_VERSION, 2, 2], [0, 1, 1])
     store.commit_episode(episode(2, 2), [s], {})
     store.close()
@@ -82,7 +82,7 @@ def test_rows_stored_before_per_token_versions_stay_readable(tmp_path: Path) -> 
     db.execute("ALTER TABLE episodes DROP COLUMN max_policy_version")
     db.commit()
     db.close()
-    store = SampleStore(path)  # adds the columns back, empty
+    store = SQLiteStore(path)  # adds the columns back, empty
     got = store.samples_for(["e"])["e"][0]
     assert got.token_versions is None and got.versions == [NO_VERSION, 2, 2]
     ep = store.get_episode("e")

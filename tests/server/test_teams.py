@@ -4,6 +4,8 @@ and recovery when the client dies between the two phases."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import sqlite3
 
 import httpx
 import pytest
@@ -17,7 +19,7 @@ USER = [{"role": "user", "content": "plan it"}]
 
 
 def counts(srv) -> dict[str, int]:
-    return srv.server.store.count_by_status()
+    return srv.server.reader.count_by_status()
 
 
 def test_team_episode_trains_each_model_on_its_own_samples(make_server) -> None:
@@ -140,7 +142,8 @@ def test_team_decision_needs_the_team_secret(make_server) -> None:
     asyncio.run(_prepare_only(team, commit_coordinator=True))
     team_id = a.server.store.prepared_episodes() or None
     assert team_id is None  # the coordinator committed
-    row = a.server.store._db.execute("SELECT team_id FROM teams").fetchone()
+    with contextlib.closing(sqlite3.connect(a.server.store.path)) as db:  # the decision the coordinator recorded
+        row = db.execute("SELECT team_id FROM teams").fetchone()
     r = httpx.get(f"{a.url}{SWARM_PREFIX}/teams/{row[0]}", headers={"Authorization": "Bearer wrong"})
     assert r.json()["decision"] == "undecided"  # no leak without the secret
 

@@ -60,7 +60,7 @@ def test_exception_in_block_aborts_and_reraises(make_server) -> None:
 
     asyncio.run(main())
     assert srv.server.registry.counts["aborted"] == 2
-    assert srv.server.store.count_by_status()["pending"] == 0
+    assert srv.server.reader.count_by_status()["pending"] == 0
 
 
 def test_client_retries_until_the_server_is_up(make_server, tmp_path: Path) -> None:
@@ -267,9 +267,9 @@ def test_resume_from_checkpoint(make_server, tmp_path: Path) -> None:
 
 
 def test_store_rewind_returns_episodes_trained_after_the_checkpoint(tmp_path: Path) -> None:
-    from agentjet.server.store import SampleStore, StoredEpisode, StoredStatus
+    from agentjet.server.store import SQLiteStore, StoredEpisode, StoredStatus
 
-    store = SampleStore(tmp_path / "s.sqlite")
+    store = SQLiteStore(tmp_path / "s.sqlite")
     for i in range(3):
         store.commit_episode(StoredEpisode(f"e{i}", "h", "c", "t", "d", "t", 1.0, StoredStatus.PENDING, 0, 0, 0, 0,
                                            time.time()), [], {})

@@ -139,13 +139,13 @@ def eval_reward_at(run_dir: Path, version: int) -> EvalResult:
     store_path = run_dir / "store.sqlite"
     if not store_path.exists():
         return EvalResult(None, 0)
-    from agentjet.server.store import SampleStore
+    from agentjet.server.store import SQLiteReader
 
-    store = SampleStore(store_path)
+    reader = SQLiteReader(store_path)  # read-only: the run's store is neither written nor migrated
     try:
-        rewards = [reward_mean(r) for v, r in store.eval_rewards() if v == version]
+        rewards = [reward_mean(e.reward) for e in reader.eval_rewards() if e.policy_version == version]
     finally:
-        store.close()
+        reader.close()
     return EvalResult(sum(rewards) / len(rewards) if rewards else None, len(rewards))
 
 

@@ -46,7 +46,7 @@ from agentjet.server.episodes.locks import KeyedLocks
 from agentjet.server.episodes.registry import EpisodeRegistry
 from agentjet.server.episodes.teams import Teams
 from agentjet.server.state import Lifecycle, ServerState
-from agentjet.server.store import SampleStore, StoreReader
+from agentjet.server.store import SampleStore, SQLiteReader, SQLiteStore, StoreReader
 from agentjet.server.store_health import StoreHealth
 from agentjet.server.tinker import TinkerService
 from agentjet.server.training.adapter_lanes import AdapterLanes
@@ -130,8 +130,8 @@ class SwarmServer:
             token = ServerConfig.secret(config.admin_token)
             assert token is not None
             self.admin_token_file = save_admin_token(token, data_dir, self._home, config.port)
-        self.store = SampleStore(data_dir / "store.sqlite")
-        self.reader = StoreReader(self.store.path)
+        self.store = SQLiteStore(data_dir / "store.sqlite")  # the backend behind the store's interface
+        self.reader = SQLiteReader(self.store.path)
         self.store_health = StoreHealth(self.store)
         self._open_training(data_dir)
         intake = TrainingIntake(self.train_loop, counters.requests)

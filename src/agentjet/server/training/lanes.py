@@ -1,6 +1,6 @@
 """Training lanes: one policy's training core each. A server with one policy has one lane over the whole store; a
 server with several LoRA adapters on one base (``learner.lora.adapters``) has one lane per adapter, each with its
-own engine view (its version, its optimizer, its weight push), its own view of the store (``LaneStore``: what it
+own engine view (its version, its optimizer, its weight push), its own view of the store (``SampleStore.lane``: what it
 has yet to consume, its samples, its steps), its own group pool, step, checkpoints and counters. One train loop
 (``loop.py``) steps every lane whose batch is ready; the engine's one worker thread runs the steps in turn.
 
@@ -20,7 +20,7 @@ from agentjet.layouts.composed import ComposedEngine
 from agentjet.runtime.clock import Clock
 from agentjet.server.counters import TrainingCounters
 from agentjet.server.errors import APIError
-from agentjet.server.store import LaneStore, SampleStore, StoredEpisode, TrainingStore
+from agentjet.server.store import SampleStore, StoredEpisode, TrainingStore
 from agentjet.server.training.checkpoints import Checkpoints
 from agentjet.server.training.pool import GroupPool
 from agentjet.server.training.step import BatchStep
@@ -68,7 +68,7 @@ def build_lane(name: str | None, engine: ComposedEngine, store: SampleStore, cou
                config: Callable[[], ServerConfig], checkpoint_root: Path, clock: Clock) -> Lane:
     """A lane over ``store`` (scoped to the adapter when ``name`` is one), checkpointed under ``checkpoint_root``
     (a directory of its own per adapter)."""
-    view: TrainingStore = store if name is None else LaneStore(store, name)
+    view: TrainingStore = store if name is None else store.lane(name)
     root = checkpoint_root if name is None else checkpoint_root / "adapters" / name
     pool = GroupPool(lambda: config().training, view, counters, clock)
     checkpoints = Checkpoints(root, engine, view, counters, config, clock)

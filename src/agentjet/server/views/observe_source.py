@@ -3,7 +3,7 @@
 ``ServerSource`` implements ``agentjet.observe.schema.DashboardSource`` on a server's ``RunParts``. Its run view
 is the run's one snapshot (``run_state.snapshot``, which the status renders too). It reads the sample store
 through ``store.StoreReader`` (a read-only connection of its own, so dashboard polls never wait on the store
-lock that the request path and the trainer hold); the SQL lives in ``store.py``.
+lock that the request path and the trainer hold); the SQL lives in the store (``store/reader.py``).
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ class ServerSource:
         names = [lane.name for lane in list(self.run.train_loop.lanes) if lane.name is not None]
         if names and adapter is None:
             adapter = names[0]
-        return [StepRow(step=r["step"], policy_version=r["policy_version"], metrics=r["metrics"], time=r["created_at"])
+        return [StepRow(step=r.step, policy_version=r.policy_version, metrics=r.metrics, time=r.created_at)
                 for r in self.reader.steps(after, limit, adapter)]
 
     def evals(self) -> list[EvalRow]:

@@ -7,7 +7,6 @@ metrics and per-step context (``observe/metrics.py``). The counters themselves a
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -56,7 +55,7 @@ class StoredCounts:
         at, cached_key, counts = self._cached
         now = self.clock.monotonic()
         if key != cached_key or now - at > self.ttl_s:
-            counts = defaultdict(int, self.reader.count_by_status())
+            counts = self.reader.count_by_status()  # every stored status, 0 where none
             self._cached = (now, key, counts)
         return counts
 
