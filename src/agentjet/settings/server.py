@@ -8,7 +8,9 @@ which composes the roles' configs.
 variables, ``ajet up`` and ``ajet ctl set`` are all generated from or validated through it
 (``agentjet.settings.fields`` walks it; ``agentjet.settings.load`` merges the sources). A setting marked live
 (``json_schema_extra=LIVE``) may be changed while the server runs (``ajet ctl set``); the others need a restart.
-Names that moved are in ``agentjet.settings.moved``: each old one is refused with its new name."""
+Names that moved are in ``agentjet.settings.moved``: each old one is refused with its new name. No validator
+rewrites a setting: a value derived from several (the swarm's adapters with a Tinker key, ``swarm_adapters``) is
+computed by a method that the code needing it calls."""
 
 from __future__ import annotations
 
@@ -86,7 +88,9 @@ class ServerConfig(Section):
     admin_token: SecretStr | None = Field(None, description="gates control and other episodes' traces "
                                           "(generated, and written to the data dir, when not given)")
     tinker_key: SecretStr | None = Field(None, description="serve the Tinker training API (/api/v1) to the official "
-                                         "tinker SDK with this key (X-API-Key; it starts with tml-); off when unset")
+                                         "tinker SDK with this key (X-API-Key; it starts with tml-); off when unset. With learner.lora.rank and "
+                                         "no learner.lora.adapters, the swarm's policy is then served as the one adapter "
+                                         "'policy' (docs/tinker.md)")
     allow_insecure: bool = Field(False, description="allow a non-loopback bind without both tokens")
     lease_seconds: float = Field(60.0, gt=0, le=86_400, description="an episode with no call or heartbeat for "
                                  "this long expires")
@@ -117,7 +121,7 @@ class ServerConfig(Section):
             raise ValueError(f"adapters ({','.join(lora.adapters)}) need the in-process learner, which holds the one "
                              "base they share: learner.group.procs 0 (several adapters on a trainer group are not "
                              "built yet)")
-        if lora.adapters and self.training.task_ratios:
+        if self.swarm_adapters() and self.training.task_ratios:
             raise ValueError("training.task_ratios (cocktail quotas) with several adapters is not built yet: use one "
                              "or the other")
         if group.procs and lora.enabled:
@@ -132,18 +136,6 @@ class ServerConfig(Section):
                                  "reload")
         return self
 
-    @model_validator(mode="after")
-    def _tinker_needs_adapters(self) -> ServerConfig:
-        """``--tinker-key`` with ``--lora-rank N`` and no ``--adapters``: the swarm's policy becomes the one adapter
-        ``policy`` (the default adapter, so every agent uses it), and Tinker training clients are adapters beside
-        it on the same base (docs/tinker.md)."""
-        lora = self.learner.lora
-        if (self.tinker_key is not None and lora.enabled and not lora.adapters and not self.learner.group.procs
-                and self.generator.kind is EngineKind.HF):
-            self.learner.lora = lora.model_copy(update={"adapters": [TINKER_SWARM_ADAPTER],
-                                                        "default_adapter": TINKER_SWARM_ADAPTER})
-        return self
-
     @field_validator("tinker_key")
     @classmethod
     def _tinker_key(cls, v: SecretStr | None) -> SecretStr | None:
@@ -155,6 +147,25 @@ class ServerConfig(Section):
     @classmethod
     def _upper(cls, v: Any) -> Any:
         return v.upper() if isinstance(v, str) else v
+
+    def _tinker_hosts_the_policy(self) -> bool:
+        """``--tinker-key`` with ``--lora-rank N``, no ``--adapters``, the embedded generator and the in-process
+        learner: the swarm's policy is served as the one adapter ``policy``, so that Tinker training clients can be
+        adapters beside it on the same base (docs/tinker.md)."""
+        lora = self.learner.lora
+        return (self.tinker_key is not None and lora.enabled and not lora.adapters and not self.learner.group.procs
+                and self.generator.kind is EngineKind.HF)
+
+    def swarm_adapters(self) -> list[str]:
+        """The swarm's LoRA adapters, one training lane each: ``learner.lora.adapters``, or ``[policy]`` when a Tinker
+        key asks for it (``_tinker_hosts_the_policy``); empty: one policy, no adapters. The settings keep what was
+        given; the layout and the server read this."""
+        return [TINKER_SWARM_ADAPTER] if self._tinker_hosts_the_policy() else list(self.learner.lora.adapters)
+
+    def default_adapter(self) -> str | None:
+        """The adapter that serves agents named like no adapter: ``learner.lora.default_adapter``, or ``policy``
+        when a Tinker key makes the swarm's policy that adapter (every agent uses it)."""
+        return TINKER_SWARM_ADAPTER if self._tinker_hosts_the_policy() else self.learner.lora.default_adapter
 
     @property
     def name(self) -> str:
