@@ -88,9 +88,9 @@ class ServerConfig(Section):
     admin_token: SecretStr | None = Field(None, description="gates control and other episodes' traces "
                                           "(generated, and written to the data dir, when not given)")
     tinker_key: SecretStr | None = Field(None, description="serve the Tinker training API (/api/v1) to the official "
-                                         "tinker SDK with this key (X-API-Key; it starts with tml-); off when unset. With learner.lora.rank and "
-                                         "no learner.lora.adapters, the swarm's policy is then served as the one adapter "
-                                         "'policy' (docs/tinker.md)")
+                                         "tinker SDK with this key (X-API-Key; it starts with tml-); off when unset. "
+                                         "With learner.lora.rank and no learner.lora.adapters, the swarm's policy is "
+                                         "then served as the one adapter 'policy' (docs/tinker.md)")
     allow_insecure: bool = Field(False, description="allow a non-loopback bind without both tokens")
     lease_seconds: float = Field(60.0, gt=0, le=86_400, description="an episode with no call or heartbeat for "
                                  "this long expires")
