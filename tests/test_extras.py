@@ -44,7 +44,7 @@ def imported_modules() -> set[str]:
 
 
 def test_the_extras_are_the_documented_ones() -> None:
-    from agentjet.settings.models import VLLM_VERSION
+    from agentjet.generators.vllm.launch import VLLM_VERSION
 
     _, extras = declared()
     assert set(extras) == set(EXTRAS)

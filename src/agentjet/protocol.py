@@ -214,7 +214,7 @@ class ServerStatus(_Reply):
 
 
 class ConfigChange(_Request):
-    """A live settings change: live settings (each marked so in ``agentjet.settings.models``) by section. A
+    """A live settings change: live settings (each marked so where it is declared, in ``agentjet.settings``) by section. A
     setting that is not live, or an old name (``training.learning_rate``, now ``learner.learning_rate``), is
     refused with a 400 that names it."""
 

@@ -305,7 +305,7 @@ def test_a_source_that_differs_from_its_announcement_is_caught_naming_the_tensor
 
 def test_the_settings_configure_the_seam(tiny):
     from agentjet.generators.vllm.native_sync import native_sync
-    from agentjet.settings.models import VLLMSettings
+    from agentjet.settings import VLLMSettings
 
     settings = VLLMSettings(platform="gpu", weight_transfer="nccl", nccl_buffer_mib=8, dtype="float16",
                             sync_timeout_s=42, control_timeout_s=7, pause_mode="wait")

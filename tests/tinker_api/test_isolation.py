@@ -22,7 +22,7 @@ def test_lora_rank_alone_hosts_tinker_clients_beside_an_untouched_swarm_policy(m
     learner = {"lora": {"rank": 4}}
     cfg = ServerConfig(model=str(tiny_model_path), tinker_key=KEY, learner=LearnerSettings(**learner),
                        generator=GeneratorSettings(max_batch_size=8), data_dir=tmp_path / "d")
-    assert cfg.learner.lora.adapters == ["policy"] and cfg.learner.lora.default_adapter == "policy"
+    assert cfg.swarm_adapters() == ["policy"] and cfg.default_adapter() == "policy"  # computed (test_config.py)
     srv = make_server(build_engine(cfg), learner=learner, tinker_key=KEY)
     adapters = srv.server.adapters
     assert adapters is not None and adapters.names() == ["policy"]

@@ -17,7 +17,7 @@ import torch
 
 from agentjet.models import resolve_model
 from agentjet.settings import LearnerSettings, LoraSettings, PlacementSettings
-from agentjet.settings.models import check_adapter_name
+from agentjet.settings.learner import check_adapter_name
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -197,7 +197,7 @@ def build_engine(config: ServerConfig) -> ComposedEngine | AdapterEngines | VLLM
 
     model_dir = str(resolve_model(config.model, config.model_revision))
     config = config.model_copy(update={"model": model_dir, "model_revision": None})
-    adapters = config.learner.lora.adapters
+    adapters = config.swarm_adapters()  # learner.lora.adapters, or the one a Tinker key asks for
     if config.generator.kind is EngineKind.NULL:
         from transformers import AutoTokenizer
 

@@ -148,7 +148,7 @@ def _delete_adapter(model: Any, name: str, fallback: str) -> None:
 def vllm_adapters(config: ServerConfig, work_dir: Path, start: bool = True) -> VLLMAdapters:
     """vLLM with one named LoRA adapter per entry of ``learner.lora.adapters`` on one frozen base, each loaded at
     start as ``<name>-v0`` (a fresh adapter: the base's outputs)."""
-    names = list(config.learner.lora.adapters)
+    names = config.swarm_adapters()
     if not names:
         raise ValueError("vllm_adapters needs at least one adapter name (learner.lora.adapters)")
     if not config.learner.lora.enabled:

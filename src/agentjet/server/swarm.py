@@ -187,7 +187,7 @@ class SwarmServer:
             lanes = [self._adapter_lane(name, self.counters.training if i == 0 else TrainingCounters())
                      for i, name in enumerate(names)]
             self.router = AdapterRouter({lane.name: lane for lane in lanes if lane.name is not None},
-                                        self.config.learner.lora.default_adapter)
+                                        self.config.default_adapter())
         self.pool = lanes[0].pool
         self.checkpoints = lanes[0].checkpoints
         self.train_loop = TrainLoop(lanes, self.store, self.clock)

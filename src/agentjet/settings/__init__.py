@@ -1,6 +1,9 @@
-"""The one settings object (``ServerConfig``) and its entrances: CLI flags, config files, environment."""
+"""The one settings object (``ServerConfig``) and its entrances: CLI flags, config files, environment. The schema is
+in files by role: ``generator.py``, ``learner.py``, ``placement.py``, ``training.py`` and ``server.py`` (the whole)."""
 
 from agentjet.settings.fields import SettingField, find_field, server_fields
+from agentjet.settings.generator import EngineKind, GeneratorSettings, SamplingDefaults, VLLMSettings
+from agentjet.settings.learner import LearnerGroupSettings, LearnerSettings, LoraSettings, LossSettings
 from agentjet.settings.load import (
     SettingsError,
     deep_merge,
@@ -10,25 +13,9 @@ from agentjet.settings.load import (
     validate,
     write_config_file,
 )
-from agentjet.settings.models import (
-    AbsentPolicy,
-    EngineKind,
-    GeneratorSettings,
-    LearnerGroupSettings,
-    LearnerSettings,
-    LogSink,
-    LoraSettings,
-    LossSettings,
-    ObserveSettings,
-    PlacementSettings,
-    SamplingDefaults,
-    ServerConfig,
-    ToolParserKind,
-    TrackingSettings,
-    TrainingSettings,
-    VLLMSettings,
-    validate_ratios,
-)
+from agentjet.settings.placement import PlacementSettings
+from agentjet.settings.server import LogSink, ObserveSettings, ServerConfig, ToolParserKind
+from agentjet.settings.training import AbsentPolicy, TrackingSettings, TrainingSettings, validate_ratios
 
 __all__ = [
     "AbsentPolicy",

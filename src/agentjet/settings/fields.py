@@ -1,6 +1,7 @@
 """The leaf settings of ``ServerConfig``, walked once: each one's path, CLI flag, environment variable,
 bounds and help text. The CLI, the environment loader, ``ajet up`` options and ``ajet ctl set`` keys all
-come from this table, so a setting declared in ``models.py`` reaches every entrance with no other edit.
+come from this table, so a setting declared in its role's file (``generator.py``, ``learner.py``,
+``placement.py``, ``training.py``, ``server.py``) reaches every entrance with no other edit.
 
 Naming: a top-level field ``port`` is ``--port`` and ``AGENTJET_PORT``; a section field
 ``training.group_size`` is ``--group-size`` and ``AGENTJET_TRAINING__GROUP_SIZE``; a field of a nested
@@ -24,8 +25,8 @@ import annotated_types
 from pydantic import BaseModel, SecretStr
 from pydantic.fields import FieldInfo
 
-from agentjet.settings.models import ServerConfig
 from agentjet.settings.moved import MOVED_FLAGS, dotted, new_path
+from agentjet.settings.server import ServerConfig
 
 ENV_PREFIX = "AGENTJET_"
 ENV_NESTED = "__"
@@ -66,7 +67,7 @@ class SettingField:
     @property
     def live(self) -> bool:
         """Whether it may change while the server runs (``ajet ctl set``): marked on the field itself
-        (``json_schema_extra=LIVE`` in ``models.py``)."""
+        (``json_schema_extra=LIVE``, ``settings/section.py``)."""
         extra = self.info.json_schema_extra
         return bool(isinstance(extra, dict) and extra.get("live"))
 

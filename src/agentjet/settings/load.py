@@ -1,6 +1,6 @@
 """Build a ``ServerConfig`` from its entrances, in this order of precedence (a later one wins):
 
-1. the defaults declared in ``agentjet.settings.models``;
+1. the defaults declared in ``agentjet.settings`` (``ServerConfig``, ``settings/server.py``, and its sections);
 2. ``AGENTJET_*`` environment variables (``AGENTJET_PORT``, ``AGENTJET_TRAINING__GROUP_SIZE``; a secret
    also from a file named by ``AGENTJET_SWARM_TOKEN_FILE``);
 3. a config file (``--config server.yaml``: YAML, TOML or JSON, nested like the model);
@@ -28,8 +28,8 @@ from agentjet.settings.fields import (
     find_field,
     server_fields,
 )
-from agentjet.settings.models import ServerConfig
 from agentjet.settings.moved import env_name, moved_in, moved_message, new_path
+from agentjet.settings.server import ServerConfig
 
 
 class SettingsError(ValueError):

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from agentjet.settings.models import BASE_ADAPTER
+from agentjet.settings.learner import BASE_ADAPTER
 
 Layout = tuple[tuple[str, int, float], ...]  # (adapter, rank, scaling) of each stacked adapter, in order
 

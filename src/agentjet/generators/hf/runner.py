@@ -41,7 +41,7 @@ import torch
 
 from agentjet.generators.hf.kv_cache import INACTIVE_START, SlotKVCache
 from agentjet.generators.hf.lora_rows import RowLoRA, unsupported
-from agentjet.settings.models import BASE_ADAPTER
+from agentjet.settings.learner import BASE_ADAPTER
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,8 @@ and the weights go to vLLM after every train step through a seam (``sync.py``: s
 (``generator.vllm`` in the server's settings)."""
 
 from agentjet.generators.vllm.engine import VLLMGenerator
+from agentjet.generators.vllm.launch import VLLM_VERSION
 from agentjet.generators.vllm.sync import VLLMReload
-from agentjet.settings.models import VLLM_VERSION, VLLMSettings
+from agentjet.settings import VLLMSettings
 
 __all__ = ["VLLM_VERSION", "VLLMGenerator", "VLLMReload", "VLLMSettings"]

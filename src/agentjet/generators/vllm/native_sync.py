@@ -39,7 +39,7 @@ from agentjet.weights.io import DTYPES, untied_named_tensors
 from agentjet.weights.sync import WeightSync, WeightSyncTimeout
 
 if TYPE_CHECKING:
-    from agentjet.settings.models import VLLMSettings
+    from agentjet.settings import VLLMSettings
 
 T = TypeVar("T")
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from agentjet.server.errors import APIError, bad_request, conflict
 from agentjet.server.training.lanes import AdapterRouter, AdapterSet, Lane
 from agentjet.server.training.loop import TrainLoop
-from agentjet.settings.models import check_adapter_name
+from agentjet.settings.learner import check_adapter_name
 
 log = logging.getLogger(__name__)
 
