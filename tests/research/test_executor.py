@@ -244,6 +244,37 @@ def test_a_run_waiting_for_room_is_not_timed_out(tmp_path: Path) -> None:
     assert waits["n"] >= 20
 
 
+def test_a_directory_holding_another_study_is_refused(tmp_path: Path) -> None:
+    from agentjet.apps.research.spec import StudySpecError
+
+    spec, out = make_spec(tmp_path, trials=1), tmp_path / "study"
+    cluster = FakeCluster(tmp_path / "nodes")
+    with Study(spec, out, cluster) as study:
+        assert study.state.sessions == 1 and (out / "spec.yaml").exists()
+    other = spec.model_copy(update={"seeds": 2})  # part of the digest
+    with pytest.raises(StudySpecError, match="holds a different study"):
+        Study(other, out, cluster)
+    with Study(spec, out, cluster) as again:  # the refused open changed nothing and left the directory free
+        assert again.state.sessions == 2
+
+
+def test_a_pruned_run_takes_its_unstarted_seeds_with_it(tmp_path: Path) -> None:
+    spec = make_spec(tmp_path).model_copy(update={"seeds": 2, "parallel": 1})
+    cluster = FakeCluster(tmp_path / "nodes")
+    with Study(spec, tmp_path / "study", cluster) as study:
+        study.fill()
+        assert list(study.active) == ["t000"] and [t.state for t in study.state.trials] == [TrialState.RUNNING,
+                                                                                            TrialState.PLANNED]
+        study.prune(study.active["t000"], 2, 0.1)
+        first, second = study.state.trials
+        assert not study.active and cluster.stopped == ["t000-a1"]
+        assert first.state is TrialState.PRUNED and first.reason.startswith("stopped at step 2: 0.100")
+        assert first.attempts[0].outcome == "pruned"
+        assert second.state is TrialState.PRUNED and not second.attempts
+        assert second.reason == "not run: seed 0 of this configuration was pruned at step 2"
+    assert load(tmp_path / "study").trials[1].state is TrialState.PRUNED  # saved
+
+
 def test_file_sync_sends_what_grew_resends_what_was_replaced_and_stays_inside(tmp_path: Path) -> None:
     node, driver = tmp_path / "node", tmp_path / "driver"
     node.mkdir()
