@@ -13,13 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from agentjet.apps.research.app import build_planners
-from agentjet.apps.research.display import Display
-from agentjet.apps.research.executor import FileSync, Look, apply_chunks
+from agentjet.apps.research.executor import FileSync, Look, TrialTemplate, apply_chunks
 from agentjet.apps.research.monitor import TrialResult, read_result
 from agentjet.apps.research.runner import StudyRunner
 from agentjet.apps.research.spec import StudySpec, validate_spec
 from agentjet.apps.research.state import Attempt, StudyState, StudyStore, TrialRecord, TrialState
+from agentjet.apps.research.study import Study
 from agentjet.apps.research.trial_client import write_result
 from agentjet.observe.learncurve import EvalPoint
 
@@ -126,10 +125,10 @@ class FakeCluster:
         self.hold: set[str] = set()
         self._n = 0
 
-    def check(self, spec: StudySpec) -> None:
+    def check(self, template: TrialTemplate) -> None:
         pass
 
-    def launch(self, spec: StudySpec, run: TrialRecord, attempt: Attempt, attempt_dir: Path) -> FakeHandle:
+    def launch(self, template: TrialTemplate, run: TrialRecord, attempt: Attempt, attempt_dir: Path) -> FakeHandle:
         name = f"{run.id}-a{attempt.number}"
         alive_nodes = ["node-a", "node-b"]
         node = alive_nodes[self._n % 2]
@@ -139,7 +138,7 @@ class FakeCluster:
         attempt.actor = name
         return FakeHandle(self, name, attempt_dir)
 
-    def attach(self, spec: StudySpec, run: TrialRecord, attempt: Attempt, attempt_dir: Path) -> FakeHandle:
+    def attach(self, template: TrialTemplate, run: TrialRecord, attempt: Attempt, attempt_dir: Path) -> FakeHandle:
         assert attempt.actor is not None
         return FakeHandle(self, attempt.actor, attempt_dir, resync=True)
 
@@ -151,10 +150,9 @@ class Killed(BaseException):
     """The study process dies (SIGKILL): nothing is stopped, the lock is let go."""
 
 
-def runner(spec: StudySpec, out: Path, cluster: FakeCluster, sleep=lambda s: None) -> StudyRunner:
-    display = Display(None, spec)
-    planner, offline = build_planners(spec, display)
-    return StudyRunner(spec, out, planner, offline, display, sleep=sleep, executor=cluster)
+def run_study(spec: StudySpec, out: Path, cluster: FakeCluster, sleep=lambda s: None) -> StudyState:
+    with Study(spec, out, cluster) as study:
+        return StudyRunner(study, sleep=sleep).run()
 
 
 def load(out: Path) -> StudyState:
@@ -164,7 +162,7 @@ def load(out: Path) -> StudyState:
 def test_a_run_whose_node_dies_is_retried_once_and_counted_once(tmp_path: Path) -> None:
     spec = make_spec(tmp_path)
     cluster = FakeCluster(tmp_path / "nodes", polls=3, kill_after={"t001": 2})
-    state = runner(spec, tmp_path / "study", cluster).run()
+    state = run_study(spec, tmp_path / "study", cluster)
     assert state.finished
     runs = {t.id: t for t in state.trials}
     assert sorted(runs) == ["t000", "t001", "t002"]
@@ -186,7 +184,7 @@ def test_a_run_whose_node_dies_is_retried_once_and_counted_once(tmp_path: Path) 
 def test_results_and_logs_come_back_into_the_study_directory(tmp_path: Path) -> None:
     spec = make_spec(tmp_path, trials=1)
     cluster = FakeCluster(tmp_path / "nodes", polls=4)
-    state = runner(spec, tmp_path / "study", cluster).run()
+    state = run_study(spec, tmp_path / "study", cluster)
     (run,) = state.trials
     adir = tmp_path / "study" / "trials" / run.id / "attempt-1"
     assert run.state is TrialState.DONE and run.value(spec.metric) == pytest.approx(0.5 + 1e-5 * 1000 * 2)
@@ -210,14 +208,14 @@ def test_a_restarted_study_finds_its_trials_again_or_retries_them(tmp_path: Path
             raise Killed
 
     with pytest.raises(Killed):
-        runner(spec, out, cluster, sleep=die_after_two_polls).run()
+        run_study(spec, out, cluster, sleep=die_after_two_polls)
     before = load(out)
     running = [t for t in before.trials if t.state is TrialState.RUNNING]
     assert [t.id for t in running] == ["t000", "t001"] and not cluster.stopped  # they live on, on their nodes
     assert all(t.attempt is not None and t.attempt.actor in cluster.actors for t in running)
     cluster.actors["t001-a1"].dead = True  # t001's node dies while the study is down
 
-    state = runner(spec, out, cluster).run()
+    state = run_study(spec, out, cluster)
     runs = {t.id: t for t in state.trials}
     assert state.finished and all(t.state is TrialState.DONE for t in runs.values())
     assert len(runs["t000"].attempts) == 1  # found again: re-attached, not run twice
@@ -240,10 +238,41 @@ def test_a_run_waiting_for_room_is_not_timed_out(tmp_path: Path) -> None:
         if waits["n"] == 20:
             cluster.hold.clear()  # a node frees up after 0.4 s: more than the start timeout
 
-    state = runner(spec, tmp_path / "study", cluster, sleep=sleep).run()
+    state = run_study(spec, tmp_path / "study", cluster, sleep=sleep)
     (run,) = state.trials
     assert run.state is TrialState.DONE and run.crashes == 0 and len(run.attempts) == 1
     assert waits["n"] >= 20
+
+
+def test_a_directory_holding_another_study_is_refused(tmp_path: Path) -> None:
+    from agentjet.apps.research.spec import StudySpecError
+
+    spec, out = make_spec(tmp_path, trials=1), tmp_path / "study"
+    cluster = FakeCluster(tmp_path / "nodes")
+    with Study(spec, out, cluster) as study:
+        assert study.state.sessions == 1 and (out / "spec.yaml").exists()
+    other = spec.model_copy(update={"seeds": 2})  # part of the digest
+    with pytest.raises(StudySpecError, match="holds a different study"):
+        Study(other, out, cluster)
+    with Study(spec, out, cluster) as again:  # the refused open changed nothing and left the directory free
+        assert again.state.sessions == 2
+
+
+def test_a_pruned_run_takes_its_unstarted_seeds_with_it(tmp_path: Path) -> None:
+    spec = make_spec(tmp_path).model_copy(update={"seeds": 2, "parallel": 1})
+    cluster = FakeCluster(tmp_path / "nodes")
+    with Study(spec, tmp_path / "study", cluster) as study:
+        study.fill()
+        assert list(study.active) == ["t000"] and [t.state for t in study.state.trials] == [TrialState.RUNNING,
+                                                                                            TrialState.PLANNED]
+        study.prune(study.active["t000"], 2, 0.1)
+        first, second = study.state.trials
+        assert not study.active and cluster.stopped == ["t000-a1"]
+        assert first.state is TrialState.PRUNED and first.reason.startswith("stopped at step 2: 0.100")
+        assert first.attempts[0].outcome == "pruned"
+        assert second.state is TrialState.PRUNED and not second.attempts
+        assert second.reason == "not run: seed 0 of this configuration was pruned at step 2"
+    assert load(tmp_path / "study").trials[1].state is TrialState.PRUNED  # saved
 
 
 def test_file_sync_sends_what_grew_resends_what_was_replaced_and_stays_inside(tmp_path: Path) -> None:
@@ -297,7 +326,7 @@ def test_a_trial_no_node_holds_and_an_address_that_does_not_answer_are_refused(t
 
     spec = make_spec(tmp_path)
     spec = spec.model_copy(update={"ray": spec.ray.model_copy(update={"gpus_per_server": 2, "resources": {"slot": 1}})})
-    demand = trial_demand(spec)
+    demand = trial_demand(TrialTemplate.of(spec))
     assert demand == {"num_cpus": 1.0, "num_gpus": 2.0, "resources": {"slot": 1}}
     small = {"Alive": True, "Resources": {"CPU": 8, "GPU": 1, "slot": 1}}
     big = {"Alive": True, "Resources": {"CPU": 8, "GPU": 2, "slot": 1}}

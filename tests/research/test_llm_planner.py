@@ -16,7 +16,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from agentjet.apps.research.llm_planner import LLMPlanner, check_proposal, extract_json
+from agentjet.apps.research.llm_planner import LLMPlanner, extract_json
 from agentjet.apps.research.planner import OptunaPlanner, params_key
 from agentjet.apps.research.spec import StudySpec
 from agentjet.apps.research.state import StudyState
@@ -168,9 +168,11 @@ def test_an_unreachable_endpoint_falls_back_without_waiting_long() -> None:
 def test_extract_json_and_check_proposal_directly() -> None:
     assert extract_json('Here you go: {"proposals": []} hope it helps') == {"proposals": []}
     spec = make_spec("http://x/v1")
-    params, notes = check_proposal(proposal({"server.lr": 1e-6, "server.group-size": 5.9, "server.estimator": "grpo"}),
-                                   spec, set())
+    planner = LLMPlanner(spec, OptunaPlanner(spec))
+    params, notes = planner.check(proposal({"server.lr": 1e-6, "server.group-size": 5.9, "server.estimator": "grpo"}),
+                                  set())
     assert params == {"server.lr": 1e-5, "server.group-size": 8, "server.estimator": "grpo"} and len(notes) == 2
-    params, notes = check_proposal(proposal({"server.lr": 2e-5, "server.group-size": True, "server.estimator": "grpo"}),
-                                   spec, set())
+    params, notes = planner.check(proposal({"server.lr": 2e-5, "server.group-size": True, "server.estimator": "grpo"}),
+                                  set())
     assert params is None and "not one of" in notes[0]
+    planner.close()

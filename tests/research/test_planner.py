@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from agentjet.apps.research.planner import OptunaPlanner, params_key
+from agentjet.apps.research.results import StudyResults
 from agentjet.apps.research.spec import StudySpec
 from agentjet.apps.research.state import (
     Attempt,
@@ -17,7 +18,6 @@ from agentjet.apps.research.state import (
     StudyState,
     StudyStore,
     TrialState,
-    config_summaries,
 )
 
 BASE = {"servers": {"policy": {"model": "tiny-random"}}}
@@ -127,10 +127,11 @@ def test_results_table_and_mean_spread_over_seeds(tmp_path: Path) -> None:
     state.trials[1].move(TrialState.DONE)
     state.trials[2].move(TrialState.PRUNED, "behind")
     state.trials[3].move(TrialState.PRUNED, "sibling pruned")
-    rows = {r["config"]: r for r in config_summaries(state, spec)}
+    results = StudyResults(spec, state)
+    rows = {r["config"]: r for r in results.configs()}
     assert rows["c00"]["mean"] == pytest.approx(0.6) and rows["c00"]["sd"] == pytest.approx(0.1414, abs=1e-3)
     assert rows["c01"]["mean"] is None and rows["c01"]["pruned_values"] == [0.1]
-    StudyStore(tmp_path).write_results(state, spec)
+    results.write(tmp_path)
     lines = (tmp_path / "results.tsv").read_text().splitlines()
     assert lines[0].split("\t")[:6] == ["run", "config", "seed", "state", "server.lr", "server.group-size"]
     assert lines[1].split("\t")[3] == "done" and lines[1].split("\t")[6] == "0.5000"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agentjet.apps.research.executor import trial_swarm
+from agentjet.apps.research.executor import TrialTemplate
 from agentjet.apps.research.spec import (
     Param,
     ParamType,
@@ -129,7 +129,7 @@ def test_trial_swarm_puts_server_settings_on_fresh_ports_and_uses_the_builtin_cl
     spec = make_spec()
     state = StudyState(digest="x", created_at=0)
     state.add_config({"server.lr": 3e-5, "server.group-size": 8}, "grid", "test", seeds=1)
-    swarm = trial_swarm(spec, state.trials[0], tmp_path / "a1", {"policy": 45678})
+    swarm = TrialTemplate.of(spec).swarm(state.trials[0], tmp_path / "a1", {"policy": 45678})
     server = swarm["servers"]["policy"]
     assert server["port"] == 45678 and server["data_dir"] == str(tmp_path / "a1" / "server-policy")
     assert server["options"] == {"engine": "null", "group-size": 8, "lr": 3e-5}
@@ -144,7 +144,7 @@ def test_trial_swarm_fills_placeholders_of_custom_clients(tmp_path: Path) -> Non
     spec = make_spec(base=base, space={"client.temperature": {"type": "float", "low": 0.1, "high": 1.0}})
     state = StudyState(digest="x", created_at=0)
     state.add_config({"client.temperature": 0.5}, "grid", "test", seeds=2)
-    swarm = trial_swarm(spec, state.trials[1], tmp_path, {"policy": 1234})
+    swarm = TrialTemplate.of(spec).swarm(state.trials[1], tmp_path, {"policy": 1234})
     client = swarm["clients"]["mine"]
     assert client["command"] == ["python", "agent.py", "--url", "http://127.0.0.1:1234", "--dir", str(tmp_path),
                                  "--seed=1"]

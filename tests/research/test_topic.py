@@ -11,7 +11,7 @@ import pytest
 from tests.research.test_llm_planner import FakeOpenAI, fake  # noqa: F401  (the fixture)
 
 from agentjet.apps.research.llm_designer import LLMDesigner
-from agentjet.apps.research.program import OfflineDesigner
+from agentjet.apps.research.program import Findings, OfflineDesigner
 from agentjet.apps.research.spec import StudySpec
 from agentjet.apps.research.topic import (
     DesignError,
@@ -120,19 +120,19 @@ def test_the_next_study_follows_from_the_last_results() -> None:
     spec = study_from_design(design, BASE)
     designer = OfflineDesigner(topic)
     # group size 8 clearly ahead of the default 4, on the edge of {2, 4, 8}: past the edge, 8 against 16
-    clear = designer.next(design, spec, results({4: [0.40, 0.42], 2: [0.30, 0.31], 8: [0.70, 0.72]}), "", 8)
+    clear = designer.next(design, Findings(spec, results({4: [0.40, 0.42], 2: [0.30, 0.31], 8: [0.70, 0.72]})), "", 8)
     assert clear.action == "extend" and clear.design is not None
     assert clear.design.knobs[0].choices == [8, 16] and clear.design.knobs[0].default == 8
     assert "0.710" in clear.cites and "0.410" in clear.cites and "beats the default" in clear.conclusion
     # clearly ahead inside the range (4 of {2, 4, 8}, the default 2): no edge, nothing to narrow: held at 4, and
     # the next setting the topic matched is added, never a sibling of the knob (min-group-size, group-timeout)
-    mid = designer.next(design, spec.model_copy(update={"space": {"server.group-size": spec.space[
+    mid = designer.next(design, Findings(spec.model_copy(update={"space": {"server.group-size": spec.space[
         "server.group-size"].model_copy(update={"default": 2})}}),
-        results({2: [0.40, 0.42], 4: [0.70, 0.72], 8: [0.50, 0.51]}), "", 8)
+        results({2: [0.40, 0.42], 4: [0.70, 0.72], 8: [0.50, 0.51]})), "", 8)
     assert mid.action == "add_knob" and mid.design is not None and mid.design.knobs[0].choices == [4]
     assert "group" not in mid.design.knobs[1].name
     # all inside the noise: the same knob with more seeds
-    noisy = designer.next(design, spec, results({4: [0.40, 0.60], 2: [0.45, 0.55], 8: [0.50, 0.52]}), "", 8)
+    noisy = designer.next(design, Findings(spec, results({4: [0.40, 0.60], 2: [0.45, 0.55], 8: [0.50, 0.52]})), "", 8)
     assert noisy.action == "more_seeds" and noisy.design is not None and noisy.design.seeds == 4
     assert noisy.design.knobs[0].choices == [4, 8]  # the best (8) and the default (4) again
     assert "spread ±0.141" in noisy.cites
@@ -143,23 +143,23 @@ def test_the_next_study_follows_from_the_last_results() -> None:
     assert clear.design.prune and study_from_design(clear.design, BASE).early_stop.min_delta == 0.15
     # the extended study's default is the best so far; clearly better again at 16: further still
     ext_spec = study_from_design(clear.design, BASE)
-    again = designer.next(clear.design, ext_spec, results({8: [0.70, 0.71], 16: [0.90, 0.91]}), "", 8)
+    again = designer.next(clear.design, Findings(ext_spec, results({8: [0.70, 0.71], 16: [0.90, 0.91]})), "", 8)
     assert again.action == "extend" and again.design is not None and again.design.knobs[0].choices == [16, 32]
     # at the most seeds, inside the noise, but pruning left 16 with two finished runs of four: the two again,
     # none pruned (the program of docs/research/ stopped here before this rule)
     four = clear.design.model_copy(update={"seeds": 4})
     short = results({8: [0.75, 0.70, 0.80, 0.73], 16: [0.82, 0.70]})
-    retry = designer.next(four, study_from_design(four, BASE), short, "", 8)
+    retry = designer.next(four, Findings(study_from_design(four, BASE), short), "", 8)
     assert retry.action == "more_seeds" and retry.design is not None and retry.design.seeds == 4
     assert not retry.design.prune and "2 finished run(s)" in retry.why
-    done = designer.next(retry.design, study_from_design(retry.design, BASE), short, "", 8)
+    done = designer.next(retry.design, Findings(study_from_design(retry.design, BASE), short), "", 8)
     assert done.action == "stop" and "do not differ beyond the noise" in done.conclusion
     # one seed each and the default best (tied): the runner-up is named, and it is what runs again
-    tied = designer.next(design, spec, results({4: [0.591], 2: [0.318], 8: [0.591]}), "", 10)
+    tied = designer.next(design, Findings(spec, results({4: [0.591], 2: [0.318], 8: [0.591]})), "", 10)
     assert tied.action == "more_seeds" and tied.design is not None and tied.design.knobs[0].choices == [4, 8]
     assert 'best {"server.group-size": 4}: 0.591 (n=1), the default; runner-up {"server.group-size": 8}' in tied.why
     # the default clearly best: hold it and add the next setting the topic matched
-    best_default = designer.next(design, spec, results({4: [0.80, 0.81], 2: [0.30, 0.31], 8: [0.50, 0.52]}), "", 8)
+    best_default = designer.next(design, Findings(spec, results({4: [0.80, 0.81], 2: [0.30, 0.31], 8: [0.50, 0.52]})), "", 8)
     assert best_default.action == "add_knob" and best_default.design is not None
     assert len(best_default.design.knobs) == 2 and best_default.conclusion
     study_from_design(best_default.design, BASE)

@@ -12,12 +12,11 @@ from rich.markup import escape
 
 from agentjet.apps.research.display import Display
 from agentjet.apps.research.executor import LocalExecutor, TrialExecutor
-from agentjet.apps.research.planner import OptunaPlanner, Planner
 from agentjet.apps.research.program import Designer, OfflineDesigner, ProgramBudget, run_program
-from agentjet.apps.research.report import write_report
+from agentjet.apps.research.report import StudyReport
+from agentjet.apps.research.results import StudyResults
 from agentjet.apps.research.runner import StudyAborted, StudyRunner
 from agentjet.apps.research.spec import (
-    PlannerKind,
     StudySpec,
     StudySpecError,
     load_study,
@@ -26,6 +25,7 @@ from agentjet.apps.research.spec import (
     validate_spec,
 )
 from agentjet.apps.research.state import StudyBusy, StudyStore
+from agentjet.apps.research.study import Study
 from agentjet.apps.research.topic import (
     DesignError,
     StudyDesign,
@@ -35,19 +35,7 @@ from agentjet.apps.research.topic import (
 )
 from agentjet.files import write_atomic
 
-
-def default_out_dir(spec: StudySpec) -> Path:
-    return Path("runs/research") / spec.slug()
-
-
-def build_planners(spec: StudySpec, display: Display) -> tuple[Planner, OptunaPlanner]:
-    """(the planner that proposes configurations, the Optuna study that tracks runs and prunes)."""
-    offline = OptunaPlanner(spec)
-    if spec.planner.kind is PlannerKind.LLM:
-        from agentjet.apps.research.llm_planner import LLMPlanner
-
-        return LLMPlanner(spec, offline, note=display.event), offline
-    return offline, offline
+RESEARCH_DIR = Path("runs/research")  # where a study or a program goes without --out
 
 
 def make_executor(ray: str | None) -> TrialExecutor:
@@ -66,20 +54,18 @@ def run_study(spec: StudySpec, out_dir: Path, console: Console | None = None,
     """Run (or continue) the study in ``out_dir`` (its runs on ``executor``: by default, this machine); returns
     the report's path."""
     display = Display(console, spec)
-    planner, offline = build_planners(spec, display)
-    if executor is not None:
-        executor.check(spec)
-    runner = StudyRunner(spec, out_dir, planner, offline, display, executor=executor)
+    study = Study(spec, out_dir, executor, event=display.event)
     if console is not None:
-        resumed = runner.state.sessions > 1
+        sessions = study.state.sessions
         where = f" on the Ray cluster {getattr(executor, 'address', '')}" if executor and executor.name == "ray" else ""
         console.print(f"[bold]ajet research[/bold]: {spec.question}\n"
-                      f"{'continuing' if resumed else 'starting'} the study in {out_dir}{where} "
-                      f"(session {runner.state.sessions})")
+                      f"{'continuing' if sessions > 1 else 'starting'} the study in {out_dir}{where} "
+                      f"(session {sessions})")
     try:
-        state = runner.run()
+        with study:
+            state = StudyRunner(study, display).run()
     finally:
-        write_report(spec, StudyStore(out_dir).load(), out_dir)
+        StudyReport(StudyResults.load(spec, out_dir)).write(out_dir)
     if console is not None:
         note = "finished" if state.finished else "stopped (budget spent; runs left planned)"
         console.print(f"study {note}; report: {out_dir / 'report.md'}, results: {out_dir / 'results.tsv'}")
@@ -87,12 +73,10 @@ def run_study(spec: StudySpec, out_dir: Path, console: Console | None = None,
 
 
 def report_only(spec: StudySpec, out_dir: Path) -> Path:
-    store = StudyStore(out_dir)
-    if not store.exists():
-        raise FileNotFoundError(f"no study in {out_dir}")
-    state = store.load()
-    store.write_results(state, spec)
-    return write_report(spec, state, out_dir)
+    """Rewrite ``report.md`` and ``results.*`` of the study in ``out_dir`` (its runs untouched)."""
+    results = StudyResults.load(spec, out_dir)
+    results.write(out_dir)
+    return StudyReport(results).write(out_dir)
 
 
 def parse_client(items: list[str]) -> dict[str, object]:
@@ -148,7 +132,7 @@ def main(study: str, base: Path | None, space: list[str], client: list[str], ove
 
     def body(executor: Callable[[], TrialExecutor]) -> int:
         spec = resolve_spec(study, base, space, client, overrides)
-        out_dir = out or default_out_dir(spec)
+        out_dir = out or RESEARCH_DIR / spec.slug()
         if report:
             console.print(f"report: {report_only(spec, out_dir)}")
         else:
@@ -250,14 +234,14 @@ def topic_main(topic: str, base: Path | None, client: list[str], overrides: Mapp
         if not dry_run:
             executor()  # a bad --ray fails here, before any design
         if program:
-            root = out or Path("runs/research") / f"program-{slug}"
+            root = out or RESEARCH_DIR / f"program-{slug}"
             state = run_program(topic, root, designer, lambda d: design_or_error(d, base_raw, extra),
                                 lambda spec, d: run_study(spec, d, console, None if dry_run else executor()),
                                 ProgramBudget(trials=trials, hours=hours),
                                 note=lambda m: console.print(f"[bold]program[/bold]: {m}"))
             console.print(f"program {'finished' if state.finished else 'stopped'}: {root / 'program.md'}")
             return 0
-        out_dir = out or Path("runs/research") / slug
+        out_dir = out or RESEARCH_DIR / slug
         design = design_study(topic, out_dir, designer, trials)
         spec = design_or_error(design, base_raw, extra)
         console.print(describe_design(design))

@@ -1,7 +1,7 @@
 """Where a study's runs execute: one small interface, two executors.
 
-The study loop (:mod:`agentjet.apps.research.runner`) asks an executor to launch an attempt, or to attach to an
-attempt of an earlier session, and gets a handle. Each poll of a handle is one :class:`Look`: the server's
+The study (:mod:`agentjet.apps.research.study`) asks its executor to launch an attempt of a run from the study's
+:class:`TrialTemplate`, or to attach to an attempt of an earlier session, and gets a handle. Each poll of a handle is one :class:`Look`: the server's
 status, whether the attempt's processes are alive, the client's result, and two states only a cluster has
 (``waiting``: not placed yet; ``lost``: the node that ran it is gone). The loop has one copy; only this
 interface differs between:
@@ -25,11 +25,17 @@ from typing import Any, Protocol
 
 import httpx
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from agentjet.apps.research.monitor import TrialResult, parse_status, read_result
 from agentjet.apps.research.process import TrialProcess
-from agentjet.apps.research.spec import StudySpec, split_params
+from agentjet.apps.research.spec import (
+    RaySettings,
+    StudySpec,
+    SwarmTemplate,
+    TrialClientSettings,
+    split_params,
+)
 from agentjet.apps.research.state import Attempt, TrialRecord
 from agentjet.apps.up import ClientSpec
 from agentjet.protocol import SWARM_PREFIX, ServerStatus
@@ -64,68 +70,88 @@ class TrialHandle(Protocol):
 class TrialExecutor(Protocol):
     name: str  # "local" or "ray"
 
-    def check(self, spec: StudySpec) -> None:
+    def check(self, template: TrialTemplate) -> None:
         """Refuse a study that can never run here (StudySpecError): a trial no node of the cluster holds."""
         ...
 
-    def launch(self, spec: StudySpec, run: TrialRecord, attempt: Attempt, attempt_dir: Path) -> TrialHandle:
+    def launch(self, template: TrialTemplate, run: TrialRecord, attempt: Attempt, attempt_dir: Path) -> TrialHandle:
         """Start a new attempt (its record gets the executor's fields: pid, port, or the Ray actor's name)."""
         ...
 
-    def attach(self, spec: StudySpec, run: TrialRecord, attempt: Attempt, attempt_dir: Path) -> TrialHandle:
+    def attach(self, template: TrialTemplate, run: TrialRecord, attempt: Attempt, attempt_dir: Path) -> TrialHandle:
         """The attempt of an earlier session, alive or not (its ``poll`` says which)."""
         ...
 
     def close(self) -> None: ...
 
 
-def trial_swarm(spec: StudySpec, run: TrialRecord, attempt_dir: Path, ports: dict[str, int]) -> dict[str, Any]:
-    """The `ajet up` spec of one attempt: the base spec on fresh ports and data dirs, the run's server
-    settings on the primary server, and the built-in trial client unless the base names clients."""
-    server_params, client_params = split_params(run.params)
-    servers = {}
-    for name, raw in spec.base.servers.items():
-        options = {**spec.base.options(name), **(server_params if name == spec.primary else {})}
-        servers[name] = {**raw, "port": ports[name], "data_dir": str(attempt_dir / f"server-{name}"),
-                         "options": options, "admin_token": raw.get("admin_token") or secrets.token_urlsafe(32)}
-    admin = {"AGENTJET_ADMIN_TOKEN": str(servers[spec.primary]["admin_token"])}  # the client pauses for evals
-    url = f"http://{spec.base.host(spec.primary)}:{ports[spec.primary]}"
-    if spec.base.clients:
-        marks = {"{server_url}": url, "{trial_dir}": str(attempt_dir), "{seed}": str(run.seed),
-                 **{f"{{url:{n}}}": f"http://{spec.base.host(n)}:{ports[n]}" for n in servers}}
-        env = {"AJET_SERVER_URL": url, "AJET_TRIAL_DIR": str(attempt_dir), "AJET_TRIAL_SEED": str(run.seed),
-               "AJET_TRIAL_PARAMS": json.dumps(client_params), **admin}
-        clients = {n: ClientSpec(command=[_fill(part, marks) for part in c.command],
-                                 env={**{k: _fill(v, marks) for k, v in c.env.items()}, **env})
-                   for n, c in spec.base.clients.items()}
-    else:
-        clients = {"trial": ClientSpec(command=[sys.executable, "-m", "agentjet.apps.research.trial_client", "--server",
-                                                url, "--settings", str(attempt_dir / "client.json"), "--seed",
-                                                str(run.seed), "--out", str(attempt_dir)], env=admin)}
-    return {"servers": servers, "clients": {n: c.model_dump(mode="json") for n, c in clients.items()},
-            "log_dir": str(attempt_dir / "logs")}
+class TrialTemplate(BaseModel):
+    """What every attempt of one study starts from, derived from its spec once: the `ajet up` template, the watched
+    server, the built-in trial client's settings (None when the base names clients of its own) and what one trial
+    reserves on a cluster. An executor sees only this (on a Ray cluster it travels to the node whole)."""
+
+    model_config = ConfigDict(frozen=True)
+    base: SwarmTemplate
+    primary: str
+    client: TrialClientSettings | None
+    ray: RaySettings
+
+    @classmethod
+    def of(cls, spec: StudySpec) -> TrialTemplate:
+        return cls(base=spec.base, primary=spec.primary, client=None if spec.base.clients else spec.client,
+                   ray=spec.ray)
+
+    def url(self, port: int) -> str:
+        """The watched server's URL on ``port``."""
+        return f"http://{self.base.host(self.primary)}:{port}"
+
+    def swarm(self, run: TrialRecord, attempt_dir: Path, ports: dict[str, int]) -> dict[str, Any]:
+        """The `ajet up` spec of one attempt: the base spec on fresh ports and data dirs, the run's server
+        settings on the primary server, and the built-in trial client unless the base names clients."""
+        server_params, client_params = split_params(run.params)
+        base = self.base
+        servers = {}
+        for name, raw in base.servers.items():
+            options = {**base.options(name), **(server_params if name == self.primary else {})}
+            servers[name] = {**raw, "port": ports[name], "data_dir": str(attempt_dir / f"server-{name}"),
+                             "options": options, "admin_token": raw.get("admin_token") or secrets.token_urlsafe(32)}
+        admin = {"AGENTJET_ADMIN_TOKEN": str(servers[self.primary]["admin_token"])}  # the client pauses for evals
+        url = self.url(ports[self.primary])
+        if base.clients:
+            marks = {"{server_url}": url, "{trial_dir}": str(attempt_dir), "{seed}": str(run.seed),
+                     **{f"{{url:{n}}}": f"http://{base.host(n)}:{ports[n]}" for n in servers}}
+            env = {"AJET_SERVER_URL": url, "AJET_TRIAL_DIR": str(attempt_dir), "AJET_TRIAL_SEED": str(run.seed),
+                   "AJET_TRIAL_PARAMS": json.dumps(client_params), **admin}
+            clients = {n: ClientSpec(command=[_fill(part, marks) for part in c.command],
+                                     env={**{k: _fill(v, marks) for k, v in c.env.items()}, **env})
+                       for n, c in base.clients.items()}
+        else:
+            clients = {"trial": ClientSpec(command=[sys.executable, "-m", "agentjet.apps.research.trial_client",
+                                                    "--server", url, "--settings", str(attempt_dir / "client.json"),
+                                                    "--seed", str(run.seed), "--out", str(attempt_dir)], env=admin)}
+        return {"servers": servers, "clients": {n: c.model_dump(mode="json") for n, c in clients.items()},
+                "log_dir": str(attempt_dir / "logs")}
+
+    def prepare(self, run: TrialRecord, attempt_dir: Path) -> dict[str, int]:
+        """Write an attempt's `ajet up` spec (``trial.yaml``, on ports free on this machine) and the built-in
+        client's settings (``client.json``) into ``attempt_dir``; returns the ports."""
+        attempt_dir.mkdir(parents=True, exist_ok=True)
+        ports = {name: free_port(self.base.host(name)) for name in self.base.servers}
+        swarm = self.swarm(run, attempt_dir, ports)
+        trial_file = attempt_dir / "trial.yaml"
+        trial_file.touch(mode=0o600)  # it holds the trial servers' admin tokens
+        trial_file.write_text(yaml.safe_dump(swarm, sort_keys=False))
+        if self.client is not None:
+            _, client_params = split_params(run.params)
+            settings = self.client.model_copy(update=client_params)
+            (attempt_dir / "client.json").write_text(settings.model_dump_json(indent=1))
+        return ports
 
 
 def _fill(text: str, marks: dict[str, str]) -> str:
     for key, value in marks.items():
         text = text.replace(key, value)
     return text
-
-
-def prepare_attempt(spec: StudySpec, run: TrialRecord, attempt_dir: Path) -> dict[str, int]:
-    """Write an attempt's `ajet up` spec (``trial.yaml``, on ports free on this machine) and the built-in
-    client's settings (``client.json``) into ``attempt_dir``; returns the ports."""
-    attempt_dir.mkdir(parents=True, exist_ok=True)
-    ports = {name: free_port(spec.base.host(name)) for name in spec.base.servers}
-    swarm = trial_swarm(spec, run, attempt_dir, ports)
-    trial_file = attempt_dir / "trial.yaml"
-    trial_file.touch(mode=0o600)  # it holds the trial servers' admin tokens
-    trial_file.write_text(yaml.safe_dump(swarm, sort_keys=False))
-    if not spec.base.clients:
-        _, client_params = split_params(run.params)
-        settings = spec.client.model_copy(update=client_params)
-        (attempt_dir / "client.json").write_text(settings.model_dump_json(indent=1))
-    return ports
 
 
 def get_status(http: httpx.Client, url: str) -> ServerStatus | None:
@@ -175,20 +201,20 @@ class LocalExecutor:
     def __init__(self) -> None:
         self._http = httpx.Client(timeout=5.0)
 
-    def check(self, spec: StudySpec) -> None:
+    def check(self, template: TrialTemplate) -> None:
         pass
 
-    def launch(self, spec: StudySpec, run: TrialRecord, attempt: Attempt, attempt_dir: Path) -> LocalHandle:
-        ports = prepare_attempt(spec, run, attempt_dir)
+    def launch(self, template: TrialTemplate, run: TrialRecord, attempt: Attempt, attempt_dir: Path) -> LocalHandle:
+        ports = template.prepare(run, attempt_dir)
         proc = TrialProcess.launch(attempt_dir / "trial.yaml", attempt_dir / "up.log")
-        attempt.port = ports[spec.primary]
-        handle = LocalHandle(proc, f"http://{spec.base.host(spec.primary)}:{attempt.port}", attempt_dir, self._http)
+        attempt.port = ports[template.primary]
+        handle = LocalHandle(proc, template.url(attempt.port), attempt_dir, self._http)
         handle.record(attempt)
         return handle
 
-    def attach(self, spec: StudySpec, run: TrialRecord, attempt: Attempt, attempt_dir: Path) -> LocalHandle:
+    def attach(self, template: TrialTemplate, run: TrialRecord, attempt: Attempt, attempt_dir: Path) -> LocalHandle:
         proc = TrialProcess.attach(attempt.pid or 0, attempt.create_time or 0.0, attempt.children)
-        return LocalHandle(proc, f"http://{spec.base.host(spec.primary)}:{attempt.port}", attempt_dir, self._http)
+        return LocalHandle(proc, template.url(attempt.port), attempt_dir, self._http)
 
     def close(self) -> None:
         self._http.close()

@@ -17,8 +17,7 @@ import httpx
 from pydantic import ValidationError
 
 from agentjet.apps.research.llm_planner import PlannerError, chat, extract_json
-from agentjet.apps.research.program import NextStep, OfflineDesigner, summary
-from agentjet.apps.research.spec import StudySpec
+from agentjet.apps.research.program import Findings, NextStep, OfflineDesigner
 from agentjet.apps.research.topic import StudyDesign, repair_design, settings_catalog
 from agentjet.tasks import TASKS
 
@@ -90,16 +89,15 @@ class LLMDesigner:
             self.note(f"LLM designer: {n}")
         return design
 
-    def next(self, design: StudyDesign, spec: StudySpec, results: list[dict[str, Any]], report: str,
-             trials_left: int | None) -> NextStep:
+    def next(self, design: StudyDesign, findings: Findings, report: str, trials_left: int | None) -> NextStep:
         user = (f"Last study's design:\n{design.model_dump_json()}\nResults per configuration:\n"
-                f"{json.dumps(results)[:8000]}\nSummary: {summary(spec, results)}\nReport:\n{report[:8000]}\n"
+                f"{json.dumps(findings.configs)[:8000]}\nSummary: {findings.summary()}\nReport:\n{report[:8000]}\n"
                 f"Trials left: {trials_left or 'not limited'}\nSettings:\n{settings_table()}")
         raw = self._ask_json(NEXT_PROMPT, user)
         step = self._checked_step(raw, design)
         if step is None:
             self.note("LLM designer: the next step was refused; the offline planner decides instead")
-            return self.offline.next(design, spec, results, report, trials_left)
+            return self.offline.next(design, findings, report, trials_left)
         return step
 
     def _checked_step(self, raw: Any, last: StudyDesign) -> NextStep | None:

@@ -26,8 +26,9 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agentjet.apps.research.planner import OptunaPlanner, Proposal, params_key
+from agentjet.apps.research.results import StudyResults
 from agentjet.apps.research.spec import ParamType, Scalar, StudySpec
-from agentjet.apps.research.state import StudyState, config_summaries
+from agentjet.apps.research.state import StudyState
 
 MAX_REPLY_CHARS = 20_000
 
@@ -93,48 +94,6 @@ def extract_json(text: str) -> Any:
         raise PlannerError(f"the reply is not valid JSON: {exc.msg} at character {exc.pos}") from exc
 
 
-def check_proposal(raw: Any, spec: StudySpec, tried: set[str]) -> tuple[dict[str, Scalar] | None, list[str]]:
-    """(params, notes): params inside the space, or None when the proposal is rejected; notes say what
-    was clamped, filled in, or why it was rejected."""
-    try:
-        item = LLMProposal.model_validate(raw)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        return None, [f"rejected a malformed proposal ({'.'.join(str(x) for x in first['loc'])}: {first['msg']})"]
-    unknown = sorted(set(item.params) - set(spec.space))
-    if unknown:
-        return None, [f"rejected a proposal with unknown parameters {unknown}"]
-    defaults = spec.default_params() or {}
-    params: dict[str, Scalar] = {}
-    notes: list[str] = []
-    for name, p in spec.space.items():
-        if name not in item.params:
-            if name not in defaults:
-                return None, [f"rejected a proposal without {name} (it has no default)"]
-            params[name] = defaults[name]
-            notes.append(f"{name} missing: default {defaults[name]} used")
-            continue
-        value = item.params[name]
-        try:
-            clamped = p.clamp(value)
-        except ValueError as exc:
-            numeric = [float(c) for c in p.choices or [] if _is_number(c)]
-            if p.type is ParamType.CHOICE and _is_number(value) and len(numeric) == len(p.choices or []):
-                clamped = (p.choices or [])[_nearest(numeric, float(value))]
-                notes.append(f"{name}={value} is not offered: nearest choice {clamped} used")
-            else:
-                return None, [f"rejected a proposal: {name}: {exc}"]
-        else:
-            if p.type is not ParamType.CHOICE and _is_number(value) and float(clamped) != float(value):
-                inside = p.low is not None and p.high is not None and p.low <= value <= p.high
-                what = "is not an integer: rounded" if inside else f"is outside [{p.low:g}, {p.high:g}]: clamped"
-                notes.append(f"{name}={value} {what} to {clamped:g}")
-        params[name] = clamped
-    if params_key(params) in tried:
-        return None, [f"rejected a repeat of a tried configuration {params}"]
-    return params, notes
-
-
 def _nearest(options: list[float], value: float) -> int:
     """Index of the nearest option (on a log scale when everything is positive)."""
     if value > 0 and all(o > 0 for o in options):
@@ -144,25 +103,6 @@ def _nearest(options: list[float], value: float) -> int:
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def describe_study(spec: StudySpec, state: StudyState, wanted: int) -> str:
-    lines = [f"Question: {spec.question}",
-             f"Metric: {spec.metric.label()}, over {spec.seeds} seed(s) per configuration.", "Search space:"]
-    for name, p in spec.space.items():
-        lines.append(f"  {name}: {p.describe()}" + (f", default {p.default}" if p.default is not None else ""))
-    rows = config_summaries(state, spec)
-    if rows:
-        lines.append("Results so far (mean over finished seeds; pruned runs stopped early, value at that point):")
-        for r in rows:
-            mean = "n/a" if r["mean"] is None else f"{r['mean']:.3f}"
-            sd = "" if r["sd"] is None else f" +- {r['sd']:.3f}"
-            pruned = f", pruned at {r['pruned_values']}" if r["pruned_values"] else ""
-            lines.append(f"  {json.dumps(r['params'])}: {mean}{sd} (n={r['n_done']}{pruned}); why: {r['why']}")
-    else:
-        lines.append("No results yet.")
-    lines.append(f"Propose {wanted} new configuration(s).")
-    return "\n".join(lines)
 
 
 class LLMPlanner:
@@ -192,9 +132,70 @@ class LLMPlanner:
             return None
         return Proposal(fallback.params, "llm-fallback", f"the LLM gave no usable proposal; {fallback.why}")
 
+    def describe(self, state: StudyState, wanted: int) -> str:
+        """The prompt's account of the study: the question, the metric, the space, the results so far."""
+        spec = self.spec
+        lines = [f"Question: {spec.question}",
+                 f"Metric: {spec.metric.label()}, over {spec.seeds} seed(s) per configuration.", "Search space:"]
+        for name, p in spec.space.items():
+            lines.append(f"  {name}: {p.describe()}" + (f", default {p.default}" if p.default is not None else ""))
+        rows = StudyResults(spec, state).configs()
+        if rows:
+            lines.append("Results so far (mean over finished seeds; pruned runs stopped early, value at that point):")
+            for r in rows:
+                mean = "n/a" if r["mean"] is None else f"{r['mean']:.3f}"
+                sd = "" if r["sd"] is None else f" +- {r['sd']:.3f}"
+                pruned = f", pruned at {r['pruned_values']}" if r["pruned_values"] else ""
+                lines.append(f"  {json.dumps(r['params'])}: {mean}{sd} (n={r['n_done']}{pruned}); why: {r['why']}")
+        else:
+            lines.append("No results yet.")
+        lines.append(f"Propose {wanted} new configuration(s).")
+        return "\n".join(lines)
+
+    def check(self, raw: Any, tried: set[str]) -> tuple[dict[str, Scalar] | None, list[str]]:
+        """(params, notes): params inside the space, or None when the proposal is rejected; notes say what
+        was clamped, filled in, or why it was rejected."""
+        try:
+            item = LLMProposal.model_validate(raw)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            return None, [f"rejected a malformed proposal ({'.'.join(str(x) for x in first['loc'])}: {first['msg']})"]
+        unknown = sorted(set(item.params) - set(self.spec.space))
+        if unknown:
+            return None, [f"rejected a proposal with unknown parameters {unknown}"]
+        defaults = self.spec.default_params() or {}
+        params: dict[str, Scalar] = {}
+        notes: list[str] = []
+        for name, p in self.spec.space.items():
+            if name not in item.params:
+                if name not in defaults:
+                    return None, [f"rejected a proposal without {name} (it has no default)"]
+                params[name] = defaults[name]
+                notes.append(f"{name} missing: default {defaults[name]} used")
+                continue
+            value = item.params[name]
+            try:
+                clamped = p.clamp(value)
+            except ValueError as exc:
+                numeric = [float(c) for c in p.choices or [] if _is_number(c)]
+                if p.type is ParamType.CHOICE and _is_number(value) and len(numeric) == len(p.choices or []):
+                    clamped = (p.choices or [])[_nearest(numeric, float(value))]
+                    notes.append(f"{name}={value} is not offered: nearest choice {clamped} used")
+                else:
+                    return None, [f"rejected a proposal: {name}: {exc}"]
+            else:
+                if p.type is not ParamType.CHOICE and _is_number(value) and float(clamped) != float(value):
+                    inside = p.low is not None and p.high is not None and p.low <= value <= p.high
+                    what = "is not an integer: rounded" if inside else f"is outside [{p.low:g}, {p.high:g}]: clamped"
+                    notes.append(f"{name}={value} {what} to {clamped:g}")
+            params[name] = clamped
+        if params_key(params) in tried:
+            return None, [f"rejected a repeat of a tried configuration {params}"]
+        return params, notes
+
     def _ask(self, state: StudyState, tried: set[str]) -> list[Proposal]:
         messages = [{"role": "system", "content": SYSTEM_PROMPT},
-                    {"role": "user", "content": describe_study(self.spec, state, self.spec.planner.proposals_per_call)}]
+                    {"role": "user", "content": self.describe(state, self.spec.planner.proposals_per_call)}]
         for round_ in range(2):  # the first answer, then one repair request
             try:
                 content = self._chat(messages)
@@ -219,7 +220,7 @@ class LLMPlanner:
     def _checked(self, reply: LLMReply, tried: set[str]) -> list[Proposal]:
         out: list[Proposal] = []
         for raw in reply.proposals:
-            params, notes = check_proposal(raw, self.spec, tried)
+            params, notes = self.check(raw, tried)
             for n in notes:
                 self.note(f"LLM planner: {n}")
             if params is None:

@@ -16,13 +16,15 @@ import json
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from agentjet.apps.research.results import StudyResults
 from agentjet.apps.research.spec import Direction, StudySpec
-from agentjet.apps.research.state import StudyStore, config_summaries
+from agentjet.apps.research.state import StudyStore
 from agentjet.apps.research.topic import (
     PRUNE_MARGIN,
     PRUNE_REASON,
@@ -84,8 +86,7 @@ class ProgramState(BaseModel):
 class Designer(Protocol):
     def first(self, topic: str, trials: int | None) -> StudyDesign: ...
 
-    def next(self, design: StudyDesign, spec: StudySpec, results: list[dict[str, Any]], report: str,
-             trials_left: int | None) -> NextStep: ...
+    def next(self, design: StudyDesign, findings: Findings, report: str, trials_left: int | None) -> NextStep: ...
 
 
 # ---------------------------------------------------------------------- reading a study's results
@@ -93,49 +94,59 @@ def fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
 
-def best_and_default(spec: StudySpec, results: list[dict[str, Any]]) -> tuple[dict[str, Any] | None,
-                                                                              dict[str, Any] | None]:
-    scored = [r for r in results if r["mean"] is not None]
-    if not scored:
-        return None, None
-    sign = 1 if spec.metric.direction is Direction.MAXIMIZE else -1
-    best = max(scored, key=lambda r: sign * r["mean"])
-    defaults = spec.default_params()
-    default = next((r for r in scored if defaults is not None and r["params"] == defaults), None)
-    return best, default
+@dataclass(frozen=True)
+class Findings:
+    """What a program reads of one finished study: its spec and its per-configuration results (the rows of
+    :meth:`StudyResults.configs`: params, mean, sd, n_done)."""
 
+    spec: StudySpec
+    configs: list[dict[str, Any]]
 
-def noise(results: list[dict[str, Any]]) -> float | None:
-    """The largest spread over seeds of any configuration (None with one seed each)."""
-    spreads = [r["sd"] for r in results if r["sd"] is not None]
-    return max(spreads) if spreads else None
+    @classmethod
+    def of(cls, results: StudyResults) -> Findings:
+        return cls(results.spec, results.configs())
 
+    def _sign(self) -> int:
+        return 1 if self.spec.metric.direction is Direction.MAXIMIZE else -1
 
-def rival(spec: StudySpec, results: list[dict[str, Any]], best: dict[str, Any],
-          default: dict[str, Any] | None) -> dict[str, Any] | None:
-    """What the best configuration is measured against: the default, or (when the default is best) the runner-up."""
-    if default is None:
-        return None
-    if best is not default:
-        return default
-    others = [r for r in results if r is not best and r["mean"] is not None]
-    if not others:
-        return None
-    sign = 1 if spec.metric.direction is Direction.MAXIMIZE else -1
-    return max(others, key=lambda r: sign * r["mean"])
+    def best_and_default(self) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+        scored = [r for r in self.configs if r["mean"] is not None]
+        if not scored:
+            return None, None
+        best = max(scored, key=lambda r: self._sign() * r["mean"])
+        defaults = self.spec.default_params()
+        default = next((r for r in scored if defaults is not None and r["params"] == defaults), None)
+        return best, default
 
+    def noise(self) -> float | None:
+        """The largest spread over seeds of any configuration (None with one seed each)."""
+        spreads = [r["sd"] for r in self.configs if r["sd"] is not None]
+        return max(spreads) if spreads else None
 
-def summary(spec: StudySpec, results: list[dict[str, Any]]) -> str:
-    best, default = best_and_default(spec, results)
-    if best is None:
-        return "no configuration finished a run"
-    text = f"best {json.dumps(best['params'])}: {fmt(best['mean'])} (n={best['n_done']})"
-    if default is not None and default is not best:
-        text += f"; default {json.dumps(default['params'])}: {fmt(default['mean'])}"
-    elif (other := rival(spec, results, best, default)) is not None:
-        text += f", the default; runner-up {json.dumps(other['params'])}: {fmt(other['mean'])} (n={other['n_done']})"
-    spread = noise(results)
-    return text + (f"; largest spread over seeds ±{spread:.3f}" if spread is not None else "; one seed each")
+    def rival(self, best: dict[str, Any], default: dict[str, Any] | None) -> dict[str, Any] | None:
+        """What the best configuration is measured against: the default, or (when the default is best) the
+        runner-up."""
+        if default is None:
+            return None
+        if best is not default:
+            return default
+        others = [r for r in self.configs if r is not best and r["mean"] is not None]
+        if not others:
+            return None
+        return max(others, key=lambda r: self._sign() * r["mean"])
+
+    def summary(self) -> str:
+        best, default = self.best_and_default()
+        if best is None:
+            return "no configuration finished a run"
+        text = f"best {json.dumps(best['params'])}: {fmt(best['mean'])} (n={best['n_done']})"
+        if default is not None and default is not best:
+            text += f"; default {json.dumps(default['params'])}: {fmt(default['mean'])}"
+        elif (other := self.rival(best, default)) is not None:
+            text += (f", the default; runner-up {json.dumps(other['params'])}: {fmt(other['mean'])} "
+                     f"(n={other['n_done']})")
+        spread = self.noise()
+        return text + (f"; largest spread over seeds ±{spread:.3f}" if spread is not None else "; one seed each")
 
 
 # ---------------------------------------------------------------------- the offline next step
@@ -238,16 +249,15 @@ class OfflineDesigner:
     def first(self, topic: str, trials: int | None) -> StudyDesign:
         return offline_design(topic, trials)
 
-    def next(self, design: StudyDesign, spec: StudySpec, results: list[dict[str, Any]], report: str,
-             trials_left: int | None) -> NextStep:
-        best, default = best_and_default(spec, results)
+    def next(self, design: StudyDesign, findings: Findings, report: str, trials_left: int | None) -> NextStep:
+        best, default = findings.best_and_default()
         if best is None:
             return NextStep(action="stop", why="no run of the last study finished", cites="0 finished runs",
                             conclusion="the last study gave no result; the program stops")
-        spread = noise(results)
-        other = rival(spec, results, best, default)
+        spread = findings.noise()
+        other = findings.rival(best, default)
         gap = None if other is None else abs(best["mean"] - other["mean"])
-        seen = summary(spec, results)
+        seen = findings.summary()
         if gap is None or spread is None or abs(gap) <= spread:
             return self._inside_the_noise(design, best, other, gap, spread, seen)
         assert other is not None
@@ -407,8 +417,7 @@ def run_program(topic: str, root: Path, designer: Designer, make_spec: SpecFn, r
                 break
         spec = make_spec(current.design)
         run_study(spec, root / current.dir)
-        results = config_summaries(StudyStore(root / current.dir).load(), spec)
-        current.state, current.found = "done", summary(spec, results)
+        current.state, current.found = "done", Findings.of(StudyResults.load(spec, root / current.dir)).summary()
         state.log.append(f"- Study {current.index} found: {current.found}.")
         state.elapsed_s = time.time() - session_start
         store.save(state)
@@ -426,11 +435,10 @@ def plan_next(state: ProgramState, root: Path, designer: Designer, make_spec: Sp
         state.log.append(f"- Asked: {state.topic}")
     else:
         last = state.studies[-1]
-        spec = make_spec(last.design)
-        results = config_summaries(StudyStore(root / last.dir).load(), spec)
+        findings = Findings.of(StudyResults.load(make_spec(last.design), root / last.dir))
         report_path = root / last.dir / "report.md"
         report = report_path.read_text() if report_path.exists() else ""
-        step = designer.next(last.design, spec, results, report, left)
+        step = designer.next(last.design, findings, report, left)
         if step.conclusion:
             state.conclusions.append(f"{step.conclusion} [evidence: study {last.index}, {step.cites}]")
         if step.action == "stop" or step.design is None:

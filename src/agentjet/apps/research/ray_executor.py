@@ -41,14 +41,14 @@ from agentjet.apps.research.executor import (
     LocalExecutor,
     Look,
     TrialHandle,
+    TrialTemplate,
     actor_name,
     apply_chunks,
     get_status,
-    prepare_attempt,
 )
 from agentjet.apps.research.monitor import read_result
 from agentjet.apps.research.process import TrialProcess, kill_if_same
-from agentjet.apps.research.spec import StudySpec, StudySpecError
+from agentjet.apps.research.spec import StudySpecError
 from agentjet.apps.research.state import Attempt, TrialRecord
 from agentjet.protocol import ServerStatus
 
@@ -66,14 +66,14 @@ class TrialActor:
         self.sync = FileSync(self.dir)
         self._http = httpx.Client(timeout=5.0)
 
-    def launch(self, spec: StudySpec, run: TrialRecord) -> dict[str, Any]:
-        ports = prepare_attempt(spec, run, self.dir)
+    def launch(self, template: TrialTemplate, run: TrialRecord) -> dict[str, Any]:
+        ports = template.prepare(run, self.dir)
         self.proc = TrialProcess.launch(self.dir / "trial.yaml", self.dir / "up.log", die_with_owner=True)
-        self.url = f"http://{spec.base.host(spec.primary)}:{ports[spec.primary]}"
+        self.url = template.url(ports[template.primary])
         ctx = ray.get_runtime_context() if ray.is_initialized() else None
         node_id = ctx.get_node_id() if ctx is not None else ""
         ip = ray.util.get_node_ip_address() if ctx is not None else "127.0.0.1"
-        return {"pid": self.proc.pid, "create_time": self.proc.create_time, "port": ports[spec.primary],
+        return {"pid": self.proc.pid, "create_time": self.proc.create_time, "port": ports[template.primary],
                 "node": f"{ip} {node_id}".strip(), "dir": str(self.dir)}
 
     def poll(self, resync: bool = False) -> dict[str, Any]:
@@ -202,10 +202,11 @@ class RayHandle:
             ray.get(reaper.remote(pids), timeout=30)
 
 
-def trial_demand(spec: StudySpec) -> dict[str, Any]:
+def trial_demand(template: TrialTemplate) -> dict[str, Any]:
     """What one trial reserves: ``num_cpus``, ``num_gpus`` (per server times the servers), custom resources."""
-    r = spec.ray
-    return {"num_cpus": r.cpus, "num_gpus": r.gpus_per_server * len(spec.base.servers), "resources": dict(r.resources)}
+    r = template.ray
+    return {"num_cpus": r.cpus, "num_gpus": r.gpus_per_server * len(template.base.servers),
+            "resources": dict(r.resources)}
 
 
 def fits(demand: dict[str, Any], nodes: list[dict[str, Any]]) -> bool:
@@ -240,24 +241,24 @@ class RayExecutor:
         self._actor_cls: Any = ray.remote(TrialActor)
         self._local = LocalExecutor()  # attempts that an earlier session ran without --ray
 
-    def check(self, spec: StudySpec) -> None:
-        demand = trial_demand(spec)
+    def check(self, template: TrialTemplate) -> None:
+        demand = trial_demand(template)
         if not fits(demand, ray.nodes()):
             totals = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
             raise StudySpecError(f"no node of the Ray cluster holds one trial ({demand}; the nodes have {totals}): "
                                  "change the study's ray section (--ray-cpus, --ray-gpus-per-server)")
 
-    def launch(self, spec: StudySpec, run: TrialRecord, attempt: Attempt, attempt_dir: Path) -> TrialHandle:
+    def launch(self, template: TrialTemplate, run: TrialRecord, attempt: Attempt, attempt_dir: Path) -> TrialHandle:
         name = actor_name(run, attempt.number)
-        demand = trial_demand(spec)
+        demand = trial_demand(template)
         actor = self._actor_cls.options(name=name, namespace=NAMESPACE, lifetime="detached", max_restarts=0,
                                         max_task_retries=0, **demand).remote(name)
         attempt.actor = name
-        return RayHandle(actor, attempt_dir, launch=actor.launch.remote(spec, run))
+        return RayHandle(actor, attempt_dir, launch=actor.launch.remote(template, run))
 
-    def attach(self, spec: StudySpec, run: TrialRecord, attempt: Attempt, attempt_dir: Path) -> TrialHandle:
+    def attach(self, template: TrialTemplate, run: TrialRecord, attempt: Attempt, attempt_dir: Path) -> TrialHandle:
         if attempt.actor is None:
-            return self._local.attach(spec, run, attempt, attempt_dir)
+            return self._local.attach(template, run, attempt, attempt_dir)
         info = {"pid": attempt.pid, "create_time": attempt.create_time, "port": attempt.port, "node": attempt.node,
                 "children": attempt.children}
         try:

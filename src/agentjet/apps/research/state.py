@@ -2,7 +2,7 @@
 
     <study dir>/study.json        the spec digest, the configurations (and why each was tried), every run
     <study dir>/spec.yaml         the study spec as resolved
-    <study dir>/results.tsv|json  one row per run (the results table)
+    <study dir>/results.tsv|json  one row per run (the results table: :mod:`agentjet.apps.research.results`)
     <study dir>/trials/<run>/attempt-<n>/   trial.yaml (an `ajet up` spec), logs, the client's result.json
 
 A run moves planned -> running -> done | failed | pruned. Done, failed and pruned are final: a final run
@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import enum
 import fcntl
-import json
 import math
 import os
-import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -24,7 +22,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator
 
-from agentjet.apps.research.spec import Aggregate, Metric, Scalar, StudySpec
+from agentjet.apps.research.spec import Aggregate, Metric, Scalar, StudySpec, StudySpecError
 from agentjet.files import write_atomic
 from agentjet.observe.learncurve import EvalPoint
 
@@ -122,6 +120,12 @@ class TrialRecord(_Model):
     def attempt(self) -> Attempt | None:
         return self.attempts[-1] if self.attempts else None
 
+    def begin(self, attempt: Attempt) -> None:
+        """A new attempt under way: the run is running, with none of the earlier attempts' points."""
+        self.attempts.append(attempt)
+        self.points = []
+        self.move(TrialState.RUNNING)
+
     def add_point(self, step: int, value: float) -> bool:
         """Record an eval point; False if the step is already known."""
         if any(p.train_steps == step for p in self.points) or not math.isfinite(value):
@@ -184,6 +188,12 @@ class StudyState(_Model):
     def siblings(self, trial: TrialRecord) -> list[TrialRecord]:
         return [t for t in self.trials if t.config_id == trial.config_id and t.id != trial.id]
 
+    def prune_unstarted(self, trial: TrialRecord, reason: str) -> None:
+        """The other seeds of the trial's configuration that have not started are pruned with it."""
+        for sibling in self.siblings(trial):
+            if sibling.state is TrialState.PLANNED:
+                sibling.move(TrialState.PRUNED, reason)
+
 
 class StudyBusy(RuntimeError):
     """Another ``ajet research`` is running this study."""
@@ -195,6 +205,27 @@ class StudyStore:
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
         self._lock: Any = None
+
+    def open(self, spec: StudySpec) -> StudyState:
+        """Take the directory (:meth:`acquire`) and begin a session of ``spec``'s study in it: the state found there
+        (refused when it is another study's: its digest differs), or a new one; ``spec.yaml`` written."""
+        self.acquire()
+        try:
+            if self.exists():
+                state = self.load()
+                if state.digest != spec.digest():
+                    raise StudySpecError(f"{self.root} holds a different study (its question, metric, base, client, "
+                                         "space or seeds differ); give another output directory")
+            else:
+                state = StudyState(digest=spec.digest(), created_at=time.time())
+            state.sessions += 1
+            state.finished = False
+            self.save_spec(spec)
+            self.save(state)
+        except BaseException:
+            self.release()
+            raise
+        return state
 
     def acquire(self) -> None:
         """Hold the study for this process (released on exit, also by a kill): one runner per study."""
@@ -238,46 +269,3 @@ class StudyStore:
 
     def attempt_dir(self, trial: TrialRecord, number: int) -> Path:
         return self.root / "trials" / trial.id / f"attempt-{number}"
-
-    def write_results(self, state: StudyState, spec: StudySpec) -> None:
-        rows = results_rows(state, spec)
-        names = list(spec.space)
-        header = ["run", "config", "seed", "state", *names, "value", "last_step", "attempts", "minutes", "reason"]
-        lines = ["\t".join(header)]
-        for r in rows:
-            cells = [r["run"], r["config"], r["seed"], r["state"], *[r["params"][n] for n in names],
-                     "" if r["value"] is None else f"{r['value']:.4f}", "" if r["last_step"] is None else r["last_step"],
-                     r["attempts"], f"{r['minutes']:.1f}", r["reason"].replace("\t", " ").replace("\n", " ")]
-            lines.append("\t".join(str(c) for c in cells))
-        write_atomic(self.root / "results.tsv", "\n".join(lines) + "\n")
-        payload = {"question": spec.question, "metric": spec.metric.model_dump(mode="json"), "runs": rows,
-                   "configs": config_summaries(state, spec)}
-        write_atomic(self.root / "results.json", json.dumps(payload, indent=1))
-
-
-def results_rows(state: StudyState, spec: StudySpec) -> list[dict[str, Any]]:
-    return [{"run": t.id, "config": t.config_id, "seed": t.seed, "state": t.state.value, "params": t.params,
-             "value": t.value(spec.metric), "last_step": t.last_step, "attempts": len(t.attempts),
-             "minutes": t.seconds / 60, "reason": t.reason, "points": [stored_point(p) for p in t.points]}
-            for t in state.trials]
-
-
-def mean_spread(values: list[float]) -> tuple[float | None, float | None]:
-    """Mean and sample standard deviation (None with fewer than two values)."""
-    if not values:
-        return None, None
-    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else None)
-
-
-def config_summaries(state: StudyState, spec: StudySpec) -> list[dict[str, Any]]:
-    """Per configuration: the mean and spread of the metric over its finished (done) seeds."""
-    out = []
-    for c in state.configs:
-        runs = [t for t in state.trials if t.config_id == c.id]
-        done = [v for t in runs if t.state is TrialState.DONE and (v := t.value(spec.metric)) is not None]
-        partial = [v for t in runs if t.state is TrialState.PRUNED and (v := t.value(spec.metric)) is not None]
-        mean, sd = mean_spread(done)
-        out.append({"config": c.id, "params": c.params, "source": c.source, "why": c.why, "mean": mean, "sd": sd,
-                    "n_done": len(done), "values": done, "pruned_values": partial,
-                    "states": {s.value: sum(t.state is s for t in runs) for s in TrialState}})
-    return out
