@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from agentjet.cli.common import console, fail
+from agentjet.cli.common import console, fail, require_server_extra
 
 
 def bench(
@@ -39,6 +39,8 @@ def bench(
     commit: str | None = typer.Option(None, help="record under this commit (default: git HEAD of the cwd)"),
 ) -> None:
     """Run the benchmark suite, record it by commit, gate it by the baseline runs' noise; exit 1 on a regression."""
+    if not (compare_only or report_only):  # these read the history only
+        require_server_extra("bench")
     from agentjet.apps.bench.suite import BenchOptions, LearnSettings, SuiteSettings, run_bench
     from agentjet.tasks import TaskError, get_task
 

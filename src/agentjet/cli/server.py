@@ -11,7 +11,7 @@ from typing import Any
 
 import typer
 
-from agentjet.cli.common import console, fail, is_loopback
+from agentjet.cli.common import console, fail, is_loopback, require_server_extra
 from agentjet.settings import (
     ServerConfig,
     SettingField,
@@ -113,6 +113,7 @@ def check_bind(config: ServerConfig) -> None:
 
 def server(**kwargs: Any) -> None:
     """Run a swarm server: one trainable model behind an OpenAI-compatible API."""
+    require_server_extra("server")
     refuse_moved_flags(kwargs)
     try:
         config = load_server_config(cli_values(kwargs), kwargs.get("config"), os.environ)

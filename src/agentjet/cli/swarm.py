@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from agentjet.cli.common import console, fail
+from agentjet.cli.common import console, fail, require_server_extra
 from agentjet.models import DEFAULT_MODEL
 from agentjet.settings import EngineKind
 
@@ -15,6 +15,7 @@ def model(name: str = typer.Argument(DEFAULT_MODEL, help="built-in name, local H
           revision: str | None = typer.Option(None, help="branch, tag or commit of a hub model (default: main)"),
           ) -> None:
     """Resolve (and on first use convert, build or download) a model; print its local directory."""
+    require_server_extra("model")
     from agentjet.models import ModelNotFoundError, resolve_model
 
     try:
@@ -52,6 +53,7 @@ def demo(
                                    "optimizer included, at each new best; `ajet export OUT_DIR/server DEST --best`)"),
 ) -> None:
     """Train SmolLM2 on a built-in task through a real swarm server and client; print eval before/after."""
+    require_server_extra("demo")
     from agentjet.apps.demo import DemoSettings, run_demo
     from agentjet.tasks import TaskError, get_task
 
@@ -73,6 +75,7 @@ def demo(
 
 def up(spec_file: Path = typer.Argument(..., help="swarm YAML: servers (and optionally clients)")) -> None:
     """Start a set of servers and clients described in one file; Ctrl-C stops them cleanly."""
+    require_server_extra("up")
     import signal
 
     from agentjet.apps.up import Swarm, load_spec

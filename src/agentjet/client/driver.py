@@ -39,8 +39,7 @@ from pydantic import BaseModel, ConfigDict
 
 from agentjet.client.client import Episode, SwarmClient, SwarmError
 from agentjet.client.runner import RunSummary, Workflow, run_workflow
-from agentjet.observe.learncurve import EvalPoint  # the one eval-point record (re-exported here)
-from agentjet.protocol import BestCheckpoint, PauseState, Reward, ServerStatus
+from agentjet.protocol import BestCheckpoint, EvalPoint, PauseState, Reward, ServerStatus  # EvalPoint re-exported
 from agentjet.runtime.clock import Clock, SystemClock
 
 log = logging.getLogger(__name__)
