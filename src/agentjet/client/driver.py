@@ -39,7 +39,13 @@ from pydantic import BaseModel, ConfigDict
 
 from agentjet.client.client import Episode, SwarmClient, SwarmError
 from agentjet.client.runner import RunSummary, Workflow, run_workflow
-from agentjet.protocol import BestCheckpoint, EvalPoint, PauseState, Reward, ServerStatus  # EvalPoint re-exported
+from agentjet.protocol import (  # EvalPoint re-exported
+    BestCheckpoint,
+    EvalPoint,
+    PauseState,
+    Reward,
+    ServerStatus,
+)
 from agentjet.runtime.clock import Clock, SystemClock
 
 log = logging.getLogger(__name__)
