@@ -21,6 +21,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator
 
 from agentjet.protocol import EvalPoint  # the one eval-point record (the client's and the server's)
+from agentjet.tasks import addition, lookup, toy
 
 
 def _from_stored(data: Any) -> Any:
@@ -72,9 +73,9 @@ class CurveSpec(BaseModel):
 
 # addition: 0.75 is the target docs/benchmarks.md has used since the vs-TRL runs (time to 0.75)
 SPECS: dict[str, CurveSpec] = {
-    "addition": CurveSpec(target=0.75, at_steps=(2, 4), max_decline=0.06),  # issue 38's bar
-    "lookup": CurveSpec(target=0.75, at_steps=(2,)),
-    "toy": CurveSpec(final_gated=True),
+    addition.NAME: CurveSpec(target=0.75, at_steps=(2, 4), max_decline=0.06),  # issue 38's bar
+    lookup.NAME: CurveSpec(target=0.75, at_steps=(2,)),
+    toy.NAME: CurveSpec(final_gated=True),
 }
 
 
@@ -150,7 +151,7 @@ def curve_from_demo(data: dict[str, Any], task: str | None = None, target: float
     eval before and after training, which become a two-point curve (the last at the run's wall minutes, its
     training minutes unknown)."""
     settings = data.get("settings") or {}
-    task = task or str(settings.get("task", "addition"))
+    task = task or str(settings.get("task", addition.NAME))  # the first demos recorded no task: they ran addition
     if target is None:
         target = spec_for(task).target
     evals = data.get("evals") or []
