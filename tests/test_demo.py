@@ -14,6 +14,7 @@ from rich.console import Console
 
 from agentjet import tasks
 from agentjet.apps.demo import DemoSettings, run_demo
+from agentjet.client.settings import RunSettings
 from agentjet.tasks import Recommended
 
 EVAL_N = 4
@@ -48,8 +49,8 @@ def test_demo_trains_and_evaluates_on_held_out_episodes(tiny_model_path: Path, t
     out = tmp_path / "demo"
     console = Console(record=True, width=200)
     with caplog.at_level(logging.WARNING):
-        result = run_demo(DemoSettings(model=str(tiny_model_path), task="parity", concurrency=4, out_dir=out,
-                                       time_budget_s=120, eval_every_s=0, early_stop=False), console)
+        result = run_demo(DemoSettings(model=str(tiny_model_path), task="parity", out_dir=out, early_stop=False,
+                                       run=RunSettings(concurrency=4, time_budget_s=120, eval_every_s=0)), console)
 
     # The server process trained: the steps are in its own store, and the run stopped at the step target.
     assert "AgentJet server" in (out / "server.log").read_text()
@@ -81,3 +82,56 @@ def test_demo_trains_and_evaluates_on_held_out_episodes(tiny_model_path: Path, t
     assert saved["provenance"]["engine"] == "hf+in-process" and saved["provenance"]["device"] == "cpu"
     assert saved["provenance"]["commit"] and saved["provenance"]["machine"]  # where the figure was measured
     assert (out / "reward_curve.png").stat().st_size > 1000
+
+
+def test_the_run_settings_a_task_recommends_fill_only_what_is_not_set() -> None:
+    from agentjet.apps.demo import run_settings, server_config
+    from agentjet.tasks import addition
+
+    rec = addition.RECOMMENDED
+    run = run_settings(DemoSettings(), rec)
+    assert (run.group_size, run.concurrency, run.max_steps, run.eval_every_s) == (
+        rec.group_size, rec.concurrency, rec.steps, rec.eval_every_s)
+    assert run.time_budget_s == RunSettings().time_budget_s and not run.keep_best  # not the task's: the run's
+    given = DemoSettings(learning_rate=1e-4, batch_groups=3,
+                         run=RunSettings(group_size=2, concurrency=5, max_steps=7, eval_every_s=0, keep_best=True))
+    run = run_settings(given, rec)
+    assert (run.group_size, run.concurrency, run.max_steps, run.eval_every_s, run.keep_best) == (2, 5, 7, 0, True)
+    config = server_config(given, 1234, rec)  # what the demo's server trains with: the same values, once each
+    assert config.learner.learning_rate == 1e-4 and config.generator.max_batch_size == 5
+    assert (config.training.group_size, config.training.batch_groups) == (2, 3)
+    default = server_config(DemoSettings(), 1234, rec)
+    assert default.learner.learning_rate == rec.learning_rate and default.training.batch_groups == rec.batch_groups
+
+
+def test_ajet_demo_options_are_generated_from_the_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every field of DemoSettings and of its RunSettings is an option of ``ajet demo`` (with its description), and
+    the options given reach the demo's settings parsed, the ones left out unset."""
+    from typer.testing import CliRunner
+
+    from agentjet.cli import app
+
+    runner = CliRunner()
+    shown = runner.invoke(app, ["demo", "--help"], env={"COLUMNS": "300"}).output
+    for name, info in {**DemoSettings.model_fields, **RunSettings.model_fields}.items():
+        if name == "run":
+            continue
+        flag = (info.json_schema_extra or {}).get("flag", name.replace("_", "-"))  # type: ignore[union-attr]
+        assert f"--{flag}" in shown, flag
+        assert str(info.description)[:30] in " ".join(shown.split()), name
+    seen: list[DemoSettings] = []
+
+    class Result:
+        eval_before, eval_after = 0.1, 0.2
+
+    monkeypatch.setattr("agentjet.apps.demo.run_demo", lambda s, console: seen.append(s) or Result())
+    args = ["demo", "--keep-best", "--concurrency", "3", "--steps", "4", "--eval-at-s", "60,120", "--lr", "3e-5",
+            "--time-budget-s", "90", "--no-curriculum"]
+    assert runner.invoke(app, args).exit_code == 0
+    s = seen[-1]
+    assert s.run.keep_best and s.run.concurrency == 3 and s.run.max_steps == 4 and s.run.eval_at_s == (60.0, 120.0)
+    assert s.run.time_budget_s == 90.0 and s.learning_rate == 3e-5 and not s.curriculum
+    assert s.run.model_fields_set == {"keep_best", "concurrency", "max_steps", "eval_at_s", "time_budget_s"}
+    bad = runner.invoke(app, ["demo", "--concurrency", "0"])
+    assert bad.exit_code == 2 and "invalid settings" in bad.output and "concurrency" in bad.output
+    assert len(seen) == 1

@@ -1,5 +1,6 @@
-"""The extras stay honest: every third-party package the code imports is declared (a dependency or an extra),
-and the base install, without any extra, starts the CLI, the client SDK and the server."""
+"""The extras stay honest: every third-party package the code imports is declared (a dependency or an extra);
+the base install, without any extra, starts the CLI and the client SDK; the ``server`` extra alone adds the
+server; and a server command without it says which extra to install."""
 
 from __future__ import annotations
 
@@ -11,11 +12,13 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "agentjet"
-# imported directly, and always installed by a declared dependency (the one named)
+# imported directly, and always installed by a declared dependency (the one named: in the base or the server extra)
 GUARANTEED = {"starlette": "fastapi", "annotated_types": "pydantic"}
-EXTRAS = ("vllm", "lora", "plot", "langchain", "tracking", "research", "ray", "rg", "ta", "bench", "tinker", "dev")
+EXTRAS = ("server", "vllm", "lora", "plot", "langchain", "tracking", "research", "ray", "rg", "ta", "bench", "tinker", "dev")
 # Files that run in a venv of their own, not AgentJet's, and what they import there (installed by a setup script).
 OTHER_VENVS = {SRC / "apps" / "verifiers" / "worker.py": ("verifiers", ROOT / "scripts" / "setup_verifiers.sh")}
 
@@ -59,7 +62,7 @@ def test_every_imported_package_is_declared() -> None:
     missing = []
     for module in sorted(imported_modules()):
         if module in GUARANTEED:
-            assert GUARANTEED[module] in base
+            assert GUARANTEED[module] in base | extras["server"]
             continue
         names = {_name(d) for d in dists.get(module, [module])}
         if not names & everything:
@@ -73,21 +76,74 @@ def test_what_runs_in_another_venv_is_installed_there() -> None:
         assert path.exists() and f'install "{module}==$' in script.read_text(), (path, script)
 
 
-def test_the_base_install_runs_without_any_extra() -> None:
-    """With every package that only an extra brings made unimportable, the CLI's commands, the client SDK and
-    the server's app still import and answer --help."""
+def _blocked(keep: tuple[str, ...] = ()) -> list[str]:
+    """Every importable name of a package that only an extra brings (none of ``keep``'s, nor dev's)."""
     base, extras = declared()
-    only_extras = set().union(*(v for k, v in extras.items() if k != "dev")) - base
+    kept = set().union(*(extras[k] for k in keep)) if keep else set()
+    only_extras = set().union(*(v for k, v in extras.items() if k not in ("dev", *keep))) - base - kept
     dists = importlib.metadata.packages_distributions()
-    blocked = sorted({m for m, ds in dists.items() if {_name(d) for d in ds} & only_extras} | only_extras)
-    code = (f"import sys; sys.modules.update(dict.fromkeys({blocked!r}))\n"  # None: ImportError on import
-            "import agentjet, agentjet.server.http.app, agentjet.apps.export\n"
-            "from typer.testing import CliRunner\n"
-            "from agentjet.cli import app\n"
-            "for args in (['--help'], ['server', '--help'], ['run', '--help'], ['export', '--help'], "
-            "['model', '--help'], ['research', '--help']):\n"
-            "    r = CliRunner().invoke(app, args)\n"
-            "    assert r.exit_code == 0, (args, r.output, r.exception)\n"
-            "print('ok')\n")
+    return sorted({m for m, ds in dists.items() if {_name(d) for d in ds} & only_extras} | only_extras)
+
+
+def _run_blocked(blocked: list[str], body: str) -> None:
+    code = f"import sys; sys.modules.update(dict.fromkeys({blocked!r}))\n" + body  # None: ImportError on import
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+
+
+def test_the_base_install_runs_the_client_and_the_cli_without_any_extra() -> None:
+    """With every package that only an extra brings made unimportable (the server's included), the client SDK,
+    its runner and driver import, and every command answers --help."""
+    blocked = _blocked()
+    assert {"torch", "transformers", "fastapi", "uvicorn"} <= set(blocked)
+    _run_blocked(blocked, (
+        "import agentjet, agentjet.client.driver, agentjet.client.scheduled, agentjet.client.runner\n"
+        "from typer.testing import CliRunner\n"
+        "from agentjet.cli import app\n"
+        "for args in (['--help'], ['server', '--help'], ['run', '--help'], ['status', '--help'], "
+        "['ctl', '--help'], ['demo', '--help'], ['export', '--help'], ['model', '--help'], "
+        "['research', '--help']):\n"
+        "    r = CliRunner().invoke(app, args)\n"
+        "    assert r.exit_code == 0, (args, r.output, r.exception)\n"
+        "print('ok')\n"))
+
+
+def test_the_server_extra_alone_runs_the_server() -> None:
+    """With every package that only another extra brings made unimportable, the server's app and the CLI's
+    server commands still import and answer --help."""
+    blocked = _blocked(keep=("server",))
+    assert "torch" not in blocked and "peft" in blocked
+    _run_blocked(blocked, (
+        "import agentjet, agentjet.server.http.app, agentjet.apps.export, agentjet.apps.demo\n"
+        "from typer.testing import CliRunner\n"
+        "from agentjet.cli import app\n"
+        "for args in (['--help'], ['server', '--help'], ['run', '--help'], ['export', '--help'], "
+        "['model', '--help'], ['research', '--help']):\n"
+        "    r = CliRunner().invoke(app, args)\n"
+        "    assert r.exit_code == 0, (args, r.output, r.exception)\n"
+        "print('ok')\n"))
+
+
+def test_a_server_command_without_the_server_extra_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ajet server`` (and the other server commands) in a base install: the missing packages and the install
+    line, before anything imports torch."""
+    from typer.testing import CliRunner
+
+    from agentjet.cli import app
+    from agentjet.cli.common import missing_server_packages
+
+    assert missing_server_packages() == []  # this venv has the extra
+    real = importlib.metadata.version
+
+    def version(dist: str) -> str:
+        if dist.lower() in ("torch", "fastapi"):
+            raise importlib.metadata.PackageNotFoundError(dist)
+        return real(dist)
+
+    monkeypatch.setattr(importlib.metadata, "version", version)
+    assert missing_server_packages() == ["torch", "fastapi"]
+    for args in (["server"], ["demo"], ["model", "tiny-random"], ["export", "a", "b"], ["up", "swarm.yaml"]):
+        r = CliRunner().invoke(app, args)
+        assert r.exit_code == 2, (args, r.output)
+        assert "needs the server extra (torch, fastapi not installed)" in r.output, r.output
+        assert "pip install 'agentjet[server]'" in r.output, r.output

@@ -1,6 +1,6 @@
 """The layering contracts (import-linter, ``[tool.importlinter]`` in pyproject.toml): the tree keeps them, and a
-planted upward import, an impure import into ``tracking``, a cycle through a ``TYPE_CHECKING`` import and a web
-import in the server's domain each break them."""
+planted upward import, an impure import into ``tracking``, a cycle through a ``TYPE_CHECKING`` import, a web
+import in the server's domain and a server import on the client's floor each break them."""
 
 from __future__ import annotations
 
@@ -58,6 +58,11 @@ def test_the_copy_keeps_them_too(tree: Path) -> None:  # the planting tests belo
     ("server/training/pool.py", "import starlette", "Only server.http imports a web framework"),
     ("generators/vllm/client.py", "import uvicorn", "Only server.http imports a web framework"),
     ("server/training/loop.py", "import agentjet.server.episodes.ingest", "Server floors"),  # the core reaching up
+    # the client's floor: the record the driver made once came from observe (which pulls in the settings)
+    ("client/driver.py", "from agentjet.observe.learncurve import LearnCurve", "The client stands alone"),
+    ("tasks/addition.py", "import torch", "The client stands alone"),  # a task needing the server's dependencies
+    ("schedule/stopping.py", "from agentjet.settings import ServerConfig", "The client stands alone"),
+    ("runtime/clock.py", "import agentjet.runtime.launch", "The client stands alone"),  # reached through the clock
 ])
 def test_a_planted_import_breaks_its_contract(tree: Path, module: str, line: str, contract: str) -> None:
     plant(tree, module, line)

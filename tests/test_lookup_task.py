@@ -181,11 +181,12 @@ def test_demo_records_tool_use_and_transcripts_at_each_eval(tiny_model_path: Pat
     from rich.console import Console
 
     from agentjet.apps.demo import DemoSettings, run_demo
+    from agentjet.client.settings import RunSettings
 
     console = Console(record=True, width=200)
-    result = run_demo(DemoSettings(model=str(tiny_model_path), task="lookup", concurrency=4, eval_tasks=4,
-                                   out_dir=tmp_path / "demo", time_budget_s=5, eval_every_s=0, early_stop=False,
-                                   seed=3), console)
+    result = run_demo(DemoSettings(model=str(tiny_model_path), task="lookup", eval_tasks=4, out_dir=tmp_path / "demo",
+                                   early_stop=False, seed=3,
+                                   run=RunSettings(concurrency=4, time_budget_s=5, eval_every_s=0)), console)
     assert len(result.tool_use) == len(result.evals) == 2
     for row, ev in zip(result.tool_use, result.evals, strict=True):
         assert row["episodes"] == 4 and row["success"] == pytest.approx(ev.reward)

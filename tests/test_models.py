@@ -117,7 +117,7 @@ def test_every_default_model_is_the_one_constant() -> None:
     from agentjet.settings import ServerConfig
 
     assert models.DEFAULT_MODEL in models.BUILTIN_MODELS
-    assert ServerConfig().model == DemoSettings().model == LearnSettings().model == models.DEFAULT_MODEL
+    assert ServerConfig().model == DemoSettings().model == LearnSettings().demo.model == models.DEFAULT_MODEL
     assert SuiteSettings(quick=False).model_name == models.DEFAULT_MODEL
     assert inspect.signature(embedded_engine).parameters["model"].default == models.DEFAULT_MODEL
     src = Path(models.__file__).parent

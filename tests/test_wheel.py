@@ -1,10 +1,14 @@
-"""The package as a user installs it: a wheel built from this tree, installed into a clean venv, runs
-``ajet --version``, ``ajet --help``, ``ajet model tiny-random``, a 2-step training through ``ajet server`` and
-``ajet run``, and ``ajet export`` of the run, with nothing imported from the source tree.
+"""The package as a user installs it, with nothing imported from the source tree.
 
-No download: the wheel is built without build isolation, and the venv sees this interpreter's packages (torch
-included, as the README pins it) through a path file, so pip finds every dependency already installed
-(``--no-index``: a missing one fails the install instead of fetching it)."""
+- **The server extra** (``agentjet[server]``): a wheel built from this tree, installed into a clean venv, runs
+  ``ajet --version``, ``ajet --help``, ``ajet model tiny-random``, a 2-step training through ``ajet server`` and
+  ``ajet run``, and ``ajet export`` of the run. No download: the wheel is built without build isolation, and the
+  venv sees this interpreter's packages (torch included, as the README pins it) through a path file, so pip finds
+  every dependency already installed (``--no-index``: a missing one fails the install instead of fetching it).
+- **The base install** (``agentjet``, no extra): the same wheel in a venv of its own, its dependencies installed
+  for real from the package index (none of this interpreter's), is a working client: no torch, ``ajet run`` and
+  ``ajet status`` against a server on the tiny model (run from this venv), an episode begun, a chat call, an end
+  with a reward that the server trains on; and ``ajet server`` says which extra it needs."""
 
 from __future__ import annotations
 
@@ -65,17 +69,26 @@ def clean_venv(where: Path) -> Path:
     return py
 
 
-@pytest.mark.server
-def test_wheel_installs_into_a_clean_venv_and_trains(tmp_path: Path, agentjet_home: Path) -> None:
-    wheel = build_wheel(tmp_path / "dist")
-    assert wheel.name == f"agentjet-{__version__}-py3-none-any.whl"
-    py = clean_venv(tmp_path / "venv")
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    built = build_wheel(tmp_path_factory.mktemp("wheel") / "dist")
+    assert built.name == f"agentjet-{__version__}-py3-none-any.whl"
+    return built
+
+
+def venv_env(py: Path, agentjet_home: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
-    env |= {"AGENTJET_HOME": str(agentjet_home), "HF_HUB_OFFLINE": "1",
-            "PATH": f"{py.parent}{os.pathsep}{env.get('PATH', '')}"}
+    return env | {"AGENTJET_HOME": str(agentjet_home), "HF_HUB_OFFLINE": "1",
+                  "PATH": f"{py.parent}{os.pathsep}{env.get('PATH', '')}"}
+
+
+@pytest.mark.server
+def test_wheel_installs_into_a_clean_venv_and_trains(tmp_path: Path, agentjet_home: Path, wheel: Path) -> None:
+    py = clean_venv(tmp_path / "venv")
+    env = venv_env(py, agentjet_home)
     work = tmp_path / "work"
     work.mkdir()
-    run([str(py), "-m", "pip", "install", "--no-index", "-q", str(wheel)], env, work, timeout=300)
+    run([str(py), "-m", "pip", "install", "--no-index", "-q", f"{wheel}[server]"], env, work, timeout=300)
     ajet = str(py.parent / "ajet")
     where = run([str(py), "-c", "import agentjet; print(agentjet.__file__)"], env, work).strip()
     assert where.startswith(str(tmp_path / "venv")), where  # the installed package, not the source tree
@@ -118,3 +131,73 @@ def test_wheel_installs_into_a_clean_venv_and_trains(tmp_path: Path, agentjet_ho
     assert list((work / "data" / "checkpoints").glob("step-*")), "no checkpoint written"
     run([ajet, "export", str(work / "data"), str(work / "model")], env, work)
     assert {"config.json", "model.safetensors", "README.md"} <= {p.name for p in (work / "model").iterdir()}
+
+
+CLIENT = '''
+import asyncio, json, sys
+
+from agentjet import SwarmClient
+
+
+async def main(url: str) -> None:
+    rewards = []
+    async with SwarmClient(url, client_id="base-install") as swarm:
+        for i, reward in enumerate((1.0, 0.0)):  # one group of two: unequal rewards, so the server trains on it
+            async with swarm.episode(task_id="t-base", task_type="base") as ep:
+                reply = await ep.openai().chat.completions.create(
+                    model="agent", messages=[{"role": "user", "content": f"say {i}"}], max_tokens=4)
+                assert reply.choices[0].message.content is not None
+                ep.reward(reward)
+            rewards.append(reward)
+    heavy = sorted(m for m in ("torch", "transformers", "fastapi", "uvicorn") if m in sys.modules)
+    server_side = sorted(m for m in sys.modules if m.startswith(("agentjet.server", "agentjet.settings")))
+    print(json.dumps({"rewards": rewards, "heavy": heavy, "server_side": server_side}))
+
+
+asyncio.run(main(sys.argv[1]))
+'''
+
+
+def base_venv(where: Path) -> Path:
+    """A venv that sees none of this interpreter's packages, with its own pip (from ensurepip)."""
+    venv.EnvBuilder(system_site_packages=False, with_pip=True, symlinks=True).create(where)
+    return where / "bin" / "python"
+
+
+@pytest.mark.slow  # the base dependencies come from the package index (seconds with pip's cache, a minute without)
+@pytest.mark.server
+def test_the_base_install_alone_is_a_client(tmp_path: Path, agentjet_home: Path, wheel: Path, make_server) -> None:
+    py = base_venv(tmp_path / "base")
+    env = venv_env(py, agentjet_home)
+    work = tmp_path / "work"
+    work.mkdir()
+    run([str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", str(wheel)], env, work, timeout=600)
+    installed = {line.split("==")[0].lower() for line in run([str(py), "-m", "pip", "freeze"], env, work).split()}
+    assert {"agentjet", "httpx", "pydantic", "openai", "typer", "tenacity"} <= installed, installed
+    assert not installed & {"torch", "transformers", "fastapi", "uvicorn", "safetensors", "tokenizers"}, installed
+    where = run([str(py), "-c", "import agentjet; print(agentjet.__file__)"], env, work).strip()
+    assert where.startswith(str(tmp_path / "base")), where  # the installed package, not the source tree
+    ajet = str(py.parent / "ajet")
+    assert {"server", "run", "status"} <= set(run([ajet, "--help"], env, work).split())
+    refused = subprocess.run([ajet, "server", "--model", "tiny-random"], env=env, cwd=work, capture_output=True,
+                             text=True, timeout=60)
+    assert refused.returncode == 2 and "pip install 'agentjet[server]'" in refused.stdout, refused
+
+    srv = make_server(engine="tiny", training={"group_size": 2, "batch_groups": 1, "drop_uniform_groups": False})
+    (work / "client.py").write_text(CLIENT)
+    got = json.loads(run([str(py), "client.py", srv.url], env, work, timeout=180).strip().splitlines()[-1])
+    assert got == {"rewards": [1.0, 0.0], "heavy": [], "server_side": []}, got
+    (work / "wf.py").write_text(WORKFLOW)
+    (work / "tasks.jsonl").write_text("".join(json.dumps({"task_id": f"t{i}", "question": f"what is {i} + 1?"})
+                                              + "\n" for i in range(2)))
+    out = run([ajet, "run", "wf.py:workflow", "--server", srv.url, "--dataset", "tasks.jsonl", "--group-size", "2",
+               "--concurrency", "4"], env, work, timeout=180)
+    assert "4 episodes, 0 failed" in out, out
+    deadline = time.monotonic() + 120
+    while (status := httpx.get(f"{srv.url}/swarm/v1/status", timeout=5).json())["train_steps"] < 3:
+        assert time.monotonic() < deadline, status
+        time.sleep(0.2)
+    assert status["task_types"]["base"] == {"episodes": 2, "reward_mean": 0.5}, status["task_types"]
+    assert "base-install" in status["clients"], status["clients"]
+    shown = run([ajet, "status", "--server", srv.url], env, work)
+    assert "train" in shown.lower() and status["model"] in shown, shown

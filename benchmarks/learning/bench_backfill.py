@@ -27,14 +27,15 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from agentjet.apps.bench.report import record_from_demo
-from agentjet.apps.bench.suite import LearnSettings, demo_flags
+from agentjet.apps.bench.suite import LEARN_BUDGET_S, LearnSettings, demo_flags, learn_demo
+from agentjet.models import DEFAULT_MODEL
 from agentjet.observe.bench_records import BenchRecord, append_history
 from agentjet.runtime.provenance import device, machine
+from agentjet.tasks import DEFAULT_TASK
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -61,7 +62,7 @@ def backfill_record(data: dict[str, Any], commit: str, settings: LearnSettings, 
     record = record_from_demo(data, commit=commit, machine=machine(), device=device(),
                               date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), backfilled=True, notes=note)
     return record.model_copy(update={"settings": {
-        **record.settings, "bench": {**asdict(settings), "flags_used": command(used), "flags_missing": missing}}})
+        **record.settings, "bench": {**settings.recorded(), "flags_used": command(used), "flags_missing": missing}}})
 
 
 def git(*args: str) -> str:
@@ -116,15 +117,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("commit")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--budget-min", type=float, default=LearnSettings.budget_s / 60)
-    ap.add_argument("--task", default="addition")
-    ap.add_argument("--model", default=LearnSettings.model)
+    ap.add_argument("--budget-min", type=float, default=LEARN_BUDGET_S / 60)
+    ap.add_argument("--task", default=DEFAULT_TASK)
+    ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--history", type=Path, default=ROOT / "benchmarks" / "bench_history.jsonl")
     ap.add_argument("--log", type=Path, default=None, help="append the demo's output here")
     ap.add_argument("--from-json", type=Path, default=None, help="convert this demo result; run nothing")
     a = ap.parse_args()
     commit = git("rev-parse", f"{a.commit}^{{commit}}")
-    settings = LearnSettings(task=a.task, model=a.model, seed=a.seed, budget_s=60 * a.budget_min, commit=commit)
+    settings = LearnSettings(demo=learn_demo(task=a.task, model=a.model, seed=a.seed,
+                                             run={"time_budget_s": 60 * a.budget_min}), commit=commit)
     if a.from_json:
         data = json.loads(a.from_json.read_text())
         record = backfill_record(data, commit, settings, {}, [], f"converted from {a.from_json} (a run made before)")

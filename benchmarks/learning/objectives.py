@@ -213,16 +213,16 @@ async def _train(url: str, token: str, seed: int, budget_s: float, nominal: list
     from agentjet.apps.demo import train_pool
     from agentjet.client.client import SwarmClient
     from agentjet.client.runner import task_workflow
-    from agentjet.client.scheduled import EvalPoint, ScheduleSettings, StepPoint, run_scheduled
+    from agentjet.client.scheduled import EvalPoint, StepPoint, run_scheduled
+    from agentjet.client.settings import RunSettings
     from agentjet.schedule import Curriculum
     from agentjet.tasks import addition
 
     rec = recommended(quick)
     eval_tasks = [{**t, "index": i} for i, t in enumerate(addition.generate_tasks("eval", eval_n, seed=0))]
     pool = train_pool(addition, rec.pool)
-    settings = ScheduleSettings(group_size=rec.group_size, concurrency=rec.concurrency, max_steps=None,
-                                time_budget_s=budget_s, eval_every_s=None,
-                                eval_at_s=tuple(m * 60 for m in nominal[1:-1]))
+    settings = RunSettings(group_size=rec.group_size, concurrency=rec.concurrency, max_steps=None,
+                           time_budget_s=budget_s, eval_every_s=None, eval_at_s=tuple(m * 60 for m in nominal[1:-1]))
 
     def on_eval(p: EvalPoint) -> None:
         print(f"    eval  {p.train_seconds / 60:5.2f} train-min  step {p.train_steps:3d}  held-out "

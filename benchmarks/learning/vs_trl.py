@@ -170,7 +170,8 @@ def run_agentjet(model: str, seed: int, budget_s: float, points_s: list[float], 
     from agentjet.apps.demo import DemoSettings, server_config, train_pool
     from agentjet.client.client import SwarmClient
     from agentjet.client.runner import task_workflow
-    from agentjet.client.scheduled import ScheduleSettings, run_scheduled
+    from agentjet.client.scheduled import run_scheduled
+    from agentjet.client.settings import RunSettings
     from agentjet.protocol import SWARM_PREFIX
     from agentjet.runtime.launch import ServerProcess, free_port
     from agentjet.schedule import Curriculum, CurriculumSettings
@@ -179,7 +180,7 @@ def run_agentjet(model: str, seed: int, budget_s: float, points_s: list[float], 
     a = ARMS[arm]
 
     work = Path(tempfile.mkdtemp(prefix="vs-trl-aj-"))
-    s = DemoSettings(model=model, out_dir=work, concurrency=32)
+    s = DemoSettings(model=model, out_dir=work, run=RunSettings(concurrency=32))
     rec = addition.RECOMMENDED.model_copy(update={"learning_rate": SHARED["learning_rate"],
                                                   "group_size": SHARED["num_generations"],
                                                   "batch_groups": SHARED["prompts_per_step"]})
@@ -213,8 +214,8 @@ def run_agentjet(model: str, seed: int, budget_s: float, points_s: list[float], 
 
                 cur = CurriculumSettings(**({"revisit": a.revisit} if a.revisit is not None else {}))
                 curriculum = Curriculum([str(t["task_id"]) for t in pool], cur, seed=seed) if a.curriculum else None
-                settings = ScheduleSettings(group_size=SHARED["num_generations"], concurrency=s.concurrency,
-                                            time_budget_s=budget_s, eval_every_s=None, eval_at_s=tuple(points_s))
+                settings = RunSettings(group_size=SHARED["num_generations"], concurrency=s.run.concurrency,
+                                       time_budget_s=budget_s, eval_every_s=None, eval_at_s=tuple(points_s))
                 run = await run_scheduled(client, task_workflow(addition, sampling, model="demo"),
                                           task_workflow(addition, sampling, model="demo"),
                                           pool, [], settings, curriculum=curriculum,

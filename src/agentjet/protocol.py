@@ -1,4 +1,5 @@
-"""The swarm protocol: pydantic models shared by the server and the client (``/swarm/v1``)."""
+"""The swarm protocol: pydantic models shared by the server and the client (``/swarm/v1``), and the records both
+keep (``EvalPoint``). Pure: pydantic only, so a client that imports it loads nothing of the server."""
 
 from __future__ import annotations
 
@@ -306,3 +307,38 @@ class PrepareEpisodeRequest(EndEpisodeRequest):
 class TeamDecisionResponse(_Reply):
     team_id: str
     decision: TeamDecision
+
+
+# ------------------------------------------------------------------ records the client and the server share
+class EvalPoint(BaseModel):
+    """One held-out evaluation: where training stood, and what the eval scored. The one eval-point record: the
+    driver (``agentjet.client.driver``) takes them, the demo, ``ajet research`` and the benchmarks keep them, a
+    ``LearnCurve`` (``agentjet.observe.learncurve``) is a list of them, and ``agentjet.observe.curveplot.plot_curves``
+    draws them. Here, beside the wire models, because the client (which may not import ``observe``) makes them."""
+
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")  # a NaN reward survives JSON
+    train_steps: int
+    policy_version: int | None = Field(None, description="None: the record did not say (early demo curves)")
+    reward: float = Field(description="mean reward of the eval episodes (NaN: none finished)")
+    episodes: int = Field(0, description="eval episodes that finished with a reward")
+    failed: int = Field(0, description="eval episodes that failed")
+    train_seconds: float | None = Field(0.0, description="the training clock: time since training started, less "
+                                        "pauses (None: not recorded, the first demos)")
+    seconds: float | None = Field(0.0, description="time since training started, pauses included (None: unknown)")
+    eval_seconds: float = Field(0.0, description="how long the evaluation took")
+
+    @property
+    def train_minutes(self) -> float | None:
+        return None if self.train_seconds is None else self.train_seconds / 60
+
+    @property
+    def minutes(self) -> float | None:
+        return None if self.seconds is None else self.seconds / 60
+
+    def x(self, axis: str) -> float | None:
+        """The point's position on ``axis``: ``steps`` (train steps), ``train_minutes`` or ``minutes`` (wall)."""
+        if axis == "steps":
+            return float(self.train_steps)
+        if axis in ("train_minutes", "minutes"):
+            return getattr(self, axis)
+        raise ValueError(f"unknown curve axis {axis!r} (steps, train_minutes, minutes)")

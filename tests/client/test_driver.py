@@ -16,8 +16,9 @@ import pytest
 
 from agentjet import SwarmClient
 from agentjet.client.client import SwarmError
-from agentjet.client.driver import Budget, Driver, DriverSettings, PauseAt, PauseEvery, Stop, held_out
+from agentjet.client.driver import Driver, Stop, held_out
 from agentjet.client.runner import begin_unless_stopped, run_workflow
+from agentjet.client.settings import RunSettings
 from agentjet.protocol import PauseState
 from agentjet.runtime.clock import FakeClock
 from agentjet.tasks import addition
@@ -105,25 +106,26 @@ class FakeServer:
         return 0.5
 
 
-def drive(server: FakeServer, clock: FakeClock, pauses: Any, budget: Budget, *, eval_s: float = 0.0,
-          stopping: Any = None):
+def drive(server: FakeServer, clock: FakeClock, *, eval_s: float = 0.0, stopping: Any = None, **run: Any):
+    """A driver run on the fake server: groups of 2, 4 in flight, a poll a second, no budget unless ``run`` (the
+    pause points and the budget, as RunSettings' fields) says so."""
     async def evaluate_and_take_time():
         summary = await held_out(server, server.evaluate, EVAL_TASKS, 4)()  # type: ignore[arg-type]
         clock.advance(eval_s)
         return summary
 
     async def main():
-        driver = Driver(server, server.train, DriverSettings(group_size=2, concurrency=4, poll_s=1.0),  # type: ignore[arg-type]
-                        evaluate=evaluate_and_take_time, clock=clock)
+        settings = RunSettings(group_size=2, concurrency=4, poll_s=1.0, **{"time_budget_s": None, **run})
+        driver = Driver(server, server.train, settings, evaluate=evaluate_and_take_time, clock=clock)  # type: ignore[arg-type]
         server.stopped = lambda: driver.stopped
-        return await driver.run(itertools.cycle(TASKS), pauses, budget, stopping)
+        return await driver.run(itertools.cycle(TASKS), stopping)
 
     return asyncio.run(main())
 
 
 def test_pauses_at_training_clock_times_and_the_clock_excludes_them() -> None:
     server, clock = FakeServer(), FakeClock()
-    run = drive(server, clock, PauseEvery(seconds=5), Budget(train_seconds=12), eval_s=100)
+    run = drive(server, clock, eval_every_s=5, time_budget_s=12, eval_s=100)
     assert run.stop_reason == Stop.TIME_BUDGET
     train_s = [e.train_seconds for e in run.evals]
     # the base point, 5 and 10 s of training (15 lies past the budget), the end; each eval took 100 s
@@ -135,7 +137,7 @@ def test_pauses_at_training_clock_times_and_the_clock_excludes_them() -> None:
 
 
 def test_pauses_at_step_counts_and_max_steps_stops() -> None:
-    run = drive(FakeServer(), FakeClock(), PauseEvery(steps=3), Budget(max_steps=10))
+    run = drive(FakeServer(), FakeClock(), eval_every_steps=3, max_steps=10)
     assert run.stop_reason == Stop.STEPS
     assert [e.train_steps for e in run.evals] == [0, 3, 6, 9, 10]  # every 3 steps below the budget, then the end
     assert [e.policy_version for e in run.evals] == [0, 3, 6, 9, 10]
@@ -143,14 +145,14 @@ def test_pauses_at_step_counts_and_max_steps_stops() -> None:
     assert all(p.metrics["reward_mean"] == 1.0 and p.metrics["loss"] != p.metrics["loss"] for p in run.steps)  # null: NaN
 
     # polls at 0, 1, 2 ... s of training see steps 1, 2, 3 ...; a step point and a time point on one poll pause once
-    run = drive(FakeServer(), FakeClock(), PauseAt(steps=(2, 5, 8), seconds=(6.5, 7.0)), Budget(max_steps=11))
+    run = drive(FakeServer(), FakeClock(), eval_at_steps=(2, 5, 8), eval_at_s=(6.5, 7.0), max_steps=11)
     assert [e.train_steps for e in run.evals] == [0, 2, 5, 8, 11]
     assert [e.train_seconds for e in run.evals] == [0.0, 1.0, 4.0, 7.0, 10.0]
 
 
 def test_in_flight_training_finishes_and_training_is_paused_before_each_eval() -> None:
     server = FakeServer(turns=3)
-    run = drive(server, FakeClock(), PauseEvery(steps=2), Budget(max_steps=6))
+    run = drive(server, FakeClock(), eval_every_steps=2, max_steps=6)
     evals = [e for e in server.log if e[0] == "eval"]
     assert len(evals) == 2 * len(run.evals) == 2 * 4
     assert all(running == 0 and paused for _, running, paused, _ in evals)
@@ -163,7 +165,7 @@ def test_in_flight_training_finishes_and_training_is_paused_before_each_eval() -
 def test_a_refused_pause_is_logged_and_the_run_goes_on(caplog: pytest.LogCaptureFixture) -> None:
     server = FakeServer(refuse_pause=True)
     with caplog.at_level(logging.WARNING, logger="agentjet.client.driver"):
-        run = drive(server, FakeClock(), PauseEvery(steps=2), Budget(max_steps=4))
+        run = drive(server, FakeClock(), eval_every_steps=2, max_steps=4)
     assert run.stop_reason == Stop.STEPS and len(run.evals) == 3
     assert sum("could not pause training" in r.message for r in caplog.records) == 3
     assert not any(e[0] == "resume" for e in server.log)  # nothing to resume
@@ -178,10 +180,10 @@ def test_no_episode_begins_and_no_task_is_drawn_after_stop() -> None:
             yield t
 
     async def main():
-        driver = Driver(server, server.train, DriverSettings(group_size=2, concurrency=4),  # type: ignore[arg-type]
-                        evaluate=held_out(server, server.evaluate, EVAL_TASKS), clock=FakeClock())  # type: ignore[arg-type]
+        driver = Driver(server, server.train, RunSettings(group_size=2, concurrency=4, max_steps=3, time_budget_s=None),  # type: ignore[arg-type]
+                        evaluate=held_out(server, server.evaluate, EVAL_TASKS, 4), clock=FakeClock())  # type: ignore[arg-type]
         server.stopped = lambda: driver.stopped
-        return await driver.run(tasks(), budget=Budget(max_steps=3))
+        return await driver.run(tasks())
 
     run = asyncio.run(main())
     begins = [e for e in server.log if e[0] == "begin"]
@@ -203,7 +205,7 @@ def test_a_stopping_rule_sees_each_eval_and_ends_the_run() -> None:
             return "eval_plateau" if len(self.seen) >= 3 else None
 
     rule = Plateau()
-    run = drive(FakeServer(), FakeClock(), PauseEvery(steps=1), Budget(max_steps=50), stopping=rule)
+    run = drive(FakeServer(), FakeClock(), eval_every_steps=1, max_steps=50, stopping=rule)
     assert run.stop_reason == "eval_plateau"
     assert [e.train_steps for e in run.evals] == [0, 1, 2, 2] and rule.seen == [0.5] * 4
 
@@ -216,9 +218,10 @@ def test_at_pause_runs_at_each_pause_during_training_only_and_the_tasks_can_end_
         seen.append((train_s, server.paused))
 
     async def main():
-        driver = Driver(server, server.train, DriverSettings(group_size=1, concurrency=1, poll_s=1.0),  # type: ignore[arg-type]
+        driver = Driver(server, server.train, RunSettings(group_size=1, concurrency=1, poll_s=1.0,  # type: ignore[arg-type]
+                                                          eval_at_s=(2.0, 4.0), time_budget_s=None),
                         clock=FakeClock(), at_pause=at_pause)
-        return await driver.run(TASKS * 10, PauseAt(seconds=(2.0, 4.0)))
+        return await driver.run(TASKS * 10)
 
     run = asyncio.run(main())
     assert run.stop_reason == Stop.TASKS and run.train.episodes == 40 and not run.evals
@@ -229,8 +232,8 @@ def test_a_driver_runs_once() -> None:
     server = FakeServer()
 
     async def main():
-        driver = Driver(server, server.train, clock=FakeClock())  # type: ignore[arg-type]
-        await driver.run(TASKS[:1], budget=Budget(max_steps=1))
+        driver = Driver(server, server.train, RunSettings(max_steps=1), clock=FakeClock())  # type: ignore[arg-type]
+        await driver.run(TASKS[:1])
         await driver.run(TASKS[:1])
 
     with pytest.raises(RuntimeError, match="runs once"):
@@ -257,9 +260,10 @@ def test_step_pauses_against_a_real_server(make_server) -> None:
 
     async def main():
         async with SwarmClient(srv.url, token="adm1n") as client:
-            driver = Driver(client, answer, DriverSettings(group_size=2, concurrency=4, poll_s=0.05),
+            driver = Driver(client, answer, RunSettings(group_size=2, concurrency=4, poll_s=0.05, eval_every_steps=2,
+                                                        max_steps=5, time_budget_s=None),
                             evaluate=held_out(client, evaluate, evals, 2))
-            run = await driver.run(itertools.cycle(pool), PauseEvery(steps=2), Budget(max_steps=5))
+            run = await driver.run(itertools.cycle(pool))
             return run, await client.status()
 
     run, status = asyncio.run(main())
@@ -279,9 +283,10 @@ def test_on_quiet_reports_a_server_that_takes_no_step() -> None:
     server, quiet = Stuck(), []
 
     async def main():
-        driver = Driver(server, server.train, DriverSettings(group_size=1, concurrency=2, poll_s=1.0, quiet_s=60),  # type: ignore[arg-type]
+        driver = Driver(server, server.train, RunSettings(group_size=1, concurrency=2, poll_s=1.0, quiet_s=60,  # type: ignore[arg-type]
+                                                          time_budget_s=150),
                         clock=FakeClock(), on_quiet=lambda st: quiet.append(st.train_steps))
-        return await driver.run(itertools.cycle(TASKS), budget=Budget(train_seconds=150))
+        return await driver.run(itertools.cycle(TASKS))
 
     run = asyncio.run(main())
     assert run.stop_reason == Stop.TIME_BUDGET and not run.steps
@@ -291,7 +296,8 @@ def test_on_quiet_reports_a_server_that_takes_no_step() -> None:
 def test_a_periodic_pause_first_seen_after_the_budget_is_left_to_the_final_eval() -> None:
     """A slow poll (a loaded machine) that first sees the 2 s point when the 3 s budget is already spent runs no
     periodic eval: the run's final eval comes right after it. A point seen in time still pauses."""
-    from agentjet.client.driver import Budget, PauseEvery, _Schedule
+    from agentjet.client.driver import _Schedule
+    from agentjet.client.settings import Budget, PauseEvery
 
     late = _Schedule(PauseEvery(seconds=1.0), Budget(train_seconds=3.0))
     assert late.due(1.2, 0) and not late.due(3.05, 0)
@@ -315,9 +321,10 @@ def test_a_run_with_begins_held_for_capacity_ends_when_it_stops(make_server) -> 
 
     async def main():
         async with SwarmClient(srv.url, token="adm1n", defer_timeout=600) as client:
-            driver = Driver(client, answer, DriverSettings(group_size=2, concurrency=16, poll_s=0.05),
+            driver = Driver(client, answer, RunSettings(group_size=2, concurrency=16, poll_s=0.05, max_steps=3,
+                                                        time_budget_s=None),
                             evaluate=held_out(client, answer, pool[:1], 1))
-            return await asyncio.wait_for(driver.run(itertools.cycle(pool), None, Budget(max_steps=3)), 60)
+            return await asyncio.wait_for(driver.run(itertools.cycle(pool)), 60)
 
     run = asyncio.run(main())
     assert run.stop_reason == Stop.STEPS and run.train.failed == 0 and run.evals[-1].train_steps >= 3

@@ -22,6 +22,7 @@ from agentjet.apps.bench.suite import (
     BenchOptions,
     LearnSettings,
     SuiteSettings,
+    learn_demo,
     run_bench,
     run_learn,
     toy_settings,
@@ -217,7 +218,7 @@ def test_backfill_keeps_the_flags_an_old_demo_has_and_says_which_it_lacked() -> 
     backfill = load_backfill()
     old_help = ("Options:\n  --model TEXT\n  --task TEXT\n  --steps INTEGER\n  --lr FLOAT\n  --out-dir PATH\n"
                 "  --time-budget-s FLOAT  stop training after this many seconds\n  --eval-tasks INTEGER\n")
-    settings = LearnSettings(seed=1)
+    settings = LearnSettings(demo=learn_demo(seed=1))
     used, missing = backfill.supported(demo_flags(settings), old_help)
     assert used == {"--model": "smollm2-135m-instruct", "--task": "addition", "--time-budget-s": "300",
                     "--steps": "1000"}
@@ -251,23 +252,23 @@ def test_run_bench_sets_a_baseline_of_three_runs_and_fails_on_an_injected_regres
 
 def test_run_bench_learn_mode_runs_seeds_in_a_row_and_gates_a_learning_regression(tmp_path: Path) -> None:
     opts = BenchOptions(history=tmp_path / "h.jsonl", baseline=tmp_path / "b.json", report_dir=tmp_path / "report",
-                        learn=LearnSettings(seed=0))
+                        learn=LearnSettings(demo=learn_demo(seed=0)))
     seen: list[LearnSettings] = []
 
     def fake_learn(s: LearnSettings, console: Console) -> BenchRecord:
         seen.append(s)
-        if s.learning_rate is not None:  # the injected regression
-            return record_from_demo(demo_result("base", [0.27, 0.3, 0.28, 0.31], [0, 2, 4, 6], seed=s.seed),
+        if s.demo.learning_rate is not None:  # the injected regression
+            return record_from_demo(demo_result("base", [0.27, 0.3, 0.28, 0.31], [0, 2, 4, 6], seed=s.demo.seed),
                                     date="lr100")
-        rewards, steps = BASE_CURVES[s.seed % 3]
-        return record_from_demo(demo_result("base", rewards, steps, seed=s.seed), date=f"seed{s.seed}")
+        rewards, steps = BASE_CURVES[s.demo.seed % 3]
+        return record_from_demo(demo_result("base", rewards, steps, seed=s.demo.seed), date=f"seed{s.demo.seed}")
 
     console = Console(record=True, width=200)
     assert run_bench(replace(opts, set_baseline=True, repeat=3), console, learn=fake_learn) == 0
-    assert [s.seed for s in seen] == [0, 1, 2]
+    assert [s.demo.seed for s in seen] == [0, 1, 2]
     assert [r.mode for r in load_history(opts.history)] == ["learn"] * 3
     assert run_bench(replace(opts, record=False), console, learn=fake_learn) == 0  # seed 0 again: a repeat
-    lowered = replace(opts, record=False, learn=LearnSettings(seed=0, learning_rate=2e-7))
+    lowered = replace(opts, record=False, learn=LearnSettings(demo=learn_demo(seed=0, learning_rate=2e-7)))
     assert run_bench(lowered, console, learn=fake_learn) == 1
     assert "learn/addition/steps_to_target missing" in console.export_text()
     assert (tmp_path / "report" / "bench_learning.png").stat().st_size > 5000
@@ -303,7 +304,8 @@ def test_seeded_toy_run_on_the_tiny_model_learns_and_lr_over_100_fails_the_gate(
     assert after > before + 0.2, (before, after)  # it learned
     from agentjet.tasks import toy as toy_task
 
-    low = run_learn(replace(toy, learning_rate=toy_task.RECOMMENDED.learning_rate / 100), Console(quiet=True),
+    lowered = toy.demo.model_copy(update={"learning_rate": toy_task.RECOMMENDED.learning_rate / 100})
+    low = run_learn(replace(toy, demo=lowered), Console(quiet=True),
                     mode="quick")
     assert low.settings["learning_rate"] == pytest.approx(toy_task.RECOMMENDED.learning_rate / 100)
     results = by_name(gate(low, [base], Baseline()))

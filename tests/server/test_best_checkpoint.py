@@ -14,7 +14,8 @@ from tests.server.test_read_model import _Versioned
 
 from agentjet import SwarmClient
 from agentjet.apps.export import ExportError, find_checkpoint
-from agentjet.client.scheduled import ScheduleSettings, run_scheduled
+from agentjet.client.scheduled import run_scheduled
+from agentjet.client.settings import RunSettings
 from agentjet.runtime.clock import FakeClock
 from agentjet.server.counters import TrainingCounters
 from agentjet.server.store import SQLiteStore
@@ -113,8 +114,8 @@ def test_a_scheduled_run_with_keep_best_ends_with_its_best_eval_pinned(make_serv
     async def main():
         async with SwarmClient(srv.url, token="adm1n") as client:
             return await run_scheduled(client, train, evaluate, pool, evals,
-                                       ScheduleSettings(group_size=2, concurrency=4, time_budget_s=3.0,
-                                                        eval_every_s=1.0, poll_s=0.1, keep_best=True))
+                                       RunSettings(group_size=2, concurrency=4, time_budget_s=3.0,
+                                                   eval_every_s=1.0, poll_s=0.1, keep_best=True))
 
     run = asyncio.run(main())
     assert [e.reward for e in run.evals][:3] == [0.25, 0.75, 0.5] and len(run.evals) >= 3
@@ -139,8 +140,8 @@ def test_keep_best_without_the_admin_token_warns_and_the_run_goes_on(make_server
     async def main():
         async with SwarmClient(srv.url) as client:  # no admin token: no pause, so no pin
             return await run_scheduled(client, answer, answer, [addition.make_task(1, 1)], evals,
-                                       ScheduleSettings(group_size=2, concurrency=2, time_budget_s=0.5,
-                                                        eval_every_s=None, poll_s=0.1, keep_best=True))
+                                       RunSettings(group_size=2, concurrency=2, time_budget_s=0.5,
+                                                   eval_every_s=None, poll_s=0.1, keep_best=True))
 
     run = asyncio.run(main())
     assert len(run.evals) == 2 and run.best is None

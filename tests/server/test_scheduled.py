@@ -7,7 +7,8 @@ import itertools
 
 from agentjet import SwarmClient
 from agentjet.client.runner import run_workflow
-from agentjet.client.scheduled import ScheduleSettings, run_scheduled
+from agentjet.client.scheduled import run_scheduled
+from agentjet.client.settings import RunSettings
 from agentjet.schedule import Curriculum, CurriculumSettings, StoppingRule, StopSettings, TaskState
 from agentjet.tasks import addition
 
@@ -31,8 +32,8 @@ def test_curriculum_periodic_evals_and_pauses(make_server) -> None:
     async def main():
         async with SwarmClient(srv.url, token="adm1n") as client:  # pausing training needs the admin token
             return await run_scheduled(client, _answer, _answer, pool, evals,
-                                       ScheduleSettings(group_size=2, concurrency=4, time_budget_s=3.0,
-                                                        eval_every_s=1.0, poll_s=0.1),
+                                       RunSettings(group_size=2, concurrency=4, time_budget_s=3.0,
+                                                   eval_every_s=1.0, poll_s=0.1),
                                        curriculum=cur, at_pause=at_pause)
 
     run = asyncio.run(main())
@@ -54,8 +55,8 @@ def test_stopping_rule_ends_a_run_with_no_signal(make_server) -> None:
     async def main():
         async with SwarmClient(srv.url) as client:
             return await run_scheduled(client, _answer, _answer, pool, [],
-                                       ScheduleSettings(group_size=2, concurrency=4, time_budget_s=60,
-                                                        eval_every_s=None, poll_s=0.1),
+                                       RunSettings(group_size=2, concurrency=4, time_budget_s=60,
+                                                   eval_every_s=None, poll_s=0.1),
                                        stopping=StoppingRule(StopSettings(window=6, uniform_share=0.9)))
 
     run = asyncio.run(main())

@@ -18,11 +18,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
 from rich.console import Console
 
 from agentjet.client.client import SwarmClient
 from agentjet.client.runner import ReplyTrace, task_workflow
-from agentjet.client.scheduled import EvalPoint, ScheduleSettings, StepPoint, run_scheduled
+from agentjet.client.scheduled import EvalPoint, StepPoint, run_scheduled
+from agentjet.client.settings import RunSettings
 from agentjet.models import DEFAULT_MODEL
 from agentjet.observe.curveplot import Line, Panel, plot_curves
 from agentjet.observe.learncurve import LearnCurve
@@ -30,6 +32,7 @@ from agentjet.runtime.launch import ServerProcess, start_ready
 from agentjet.runtime.provenance import git_commit, machine
 from agentjet.schedule import Curriculum, StoppingRule, StopSettings
 from agentjet.settings import (
+    EngineKind,
     GeneratorSettings,
     LearnerGroupSettings,
     LearnerSettings,
@@ -37,31 +40,50 @@ from agentjet.settings import (
     TrainingSettings,
 )
 from agentjet.settings.load import dump_config
-from agentjet.tasks import Recommended, TaskSource, get_task
+from agentjet.tasks import DEFAULT_TASK, Recommended, TaskSource, get_task
 
 
-@dataclass
-class DemoSettings:
-    model: str = DEFAULT_MODEL
-    task: str = "addition"
-    steps: int | None = None  # default: the task's RECOMMENDED.steps
-    learning_rate: float | None = None
-    group_size: int | None = None
-    batch_groups: int | None = None
-    # episodes in flight = the engine's batch (default: the task's RECOMMENDED.concurrency)
-    concurrency: int | None = None
-    eval_tasks: int | None = None  # default: the task's RECOMMENDED.eval_n
-    max_staleness: int = 2
-    time_budget_s: float = 20 * 60
-    out_dir: Path = Path("runs/demo")
-    port: int | None = None
-    engine: str = "hf"  # or "vllm": the server rolls out on a managed vLLM subprocess
-    train_procs: int = 0  # > 0: an FSDP2 trainer group of this many ranks trains (beside either generator)
-    eval_every_s: float | None = None  # periodic held-out eval (None: the task's RECOMMENDED, else 120; 0: none)
-    curriculum: bool = True  # draw each group's task by its recent group results (retire solved tasks)
-    early_stop: bool = True  # stop on an eval plateau or when the groups stop teaching (agentjet.schedule)
-    seed: int = 0  # the engine's sampling draws and the curriculum's order (a second seed: a second run)
-    keep_best: bool = False  # pin the best-evaluated step's checkpoint (a full checkpoint on disk at each new best)
+class DemoSettings(BaseModel):
+    """``ajet demo``: a swarm server on a built-in task, and a client that trains it. The client's side is ``run``
+    (the run's client-side settings, declared once in ``agentjet.client.settings``); each of its settings that a
+    task recommends (``RECOMMENDED_RUN``) and that is not set comes from the task. ``ajet demo``'s options are
+    generated from these fields."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(DEFAULT_MODEL, description="built-in name, local HF directory or hub id ORG/NAME")
+    task: str = Field(DEFAULT_TASK, description="a built-in task (addition, calculator, lookup, toy) or rg:NAME, a "
+                      "reasoning-gym dataset: rg:chain_sum:min_terms=2,max_terms=2, rg:A+B+C (a cocktail), "
+                      "rg:mix.yaml (docs/environments.md)")
+    learning_rate: float | None = Field(None, gt=0, description="the learner's learning rate (default: the task's)",
+                                        json_schema_extra={"flag": "lr", "aliases": ["learning-rate"]})
+    batch_groups: int | None = Field(None, ge=1, description="groups per train step (default: the task's)")
+    eval_tasks: int | None = Field(None, ge=1, description="held-out eval episodes at each eval point (default: "
+                                   "the task's recommendation)")
+    max_staleness: int = Field(2, ge=0, description="policy versions an episode may lag and still be trained on")
+    out_dir: Path = Field(Path("runs/demo"), description="where the log, plot and JSON go")
+    port: int | None = Field(None, ge=1, le=65535, description="the server's port (default: a free one)")
+    engine: EngineKind = Field(EngineKind.HF, description="hf: the embedded engine; vllm: roll out on a managed "
+                               "vLLM subprocess (make setup-vllm)")
+    train_procs: int = Field(0, ge=0, le=64, description="train on an FSDP2 trainer group of this many ranks "
+                             "(torchrun; gloo on CPU) instead of in the server process (beside either generator)")
+    curriculum: bool = Field(True, description="draw each group's task by its recent results (retire solved)")
+    early_stop: bool = Field(True, description="stop on an eval plateau or when groups stop teaching")
+    seed: int = Field(0, ge=0, description="seed of the engine's sampling and the curriculum's order")
+    run: RunSettings = Field(default_factory=RunSettings, description="the client's side of the run")
+
+
+# The run's settings a task recommends (a RunSettings field -> the Recommended field): unless set, the task's value.
+# The concurrency is also the engine's batch size.
+RECOMMENDED_RUN = {"group_size": "group_size", "concurrency": "concurrency", "max_steps": "steps",
+                   "eval_every_s": "eval_every_s"}
+
+
+def run_settings(s: DemoSettings, rec: Recommended) -> RunSettings:
+    """The run's client-side settings: ``s.run``, with the task's recommendation for each of ``RECOMMENDED_RUN``
+    that ``s.run`` does not set."""
+    return s.run.model_copy(update={k: getattr(rec, r) for k, r in RECOMMENDED_RUN.items()
+                                    if k not in s.run.model_fields_set})
 
 
 @dataclass
@@ -125,14 +147,17 @@ def by_type(done: list[tuple[dict[str, Any], Any]]) -> tuple[dict[str, float], d
 
 
 def server_config(s: DemoSettings, port: int, rec: Recommended, admin_token: str | None = None) -> ServerConfig:
-    """The demo server's settings (handed to the child ``ajet server`` as a config file). The client pauses
-    training for its periodic evals, so it holds the admin token."""
+    """The demo server's settings (handed to the child ``ajet server`` as a config file): the demo's, else the
+    task's recommendation. The client pauses training for its periodic evals, so it holds the admin token."""
+    run = run_settings(s, rec)
     return ServerConfig(
         model=s.model, port=port, data_dir=s.out_dir / "server", log_level="INFO", admin_token=admin_token,
-        generator=GeneratorSettings(kind=s.engine, max_batch_size=concurrency(s, rec), seed=s.seed),
-        learner=LearnerSettings(**rec.learner(), group=LearnerGroupSettings(procs=s.train_procs)),
-        training=TrainingSettings(**rec.training(), max_staleness=s.max_staleness,
-                                  checkpoint_every=0))
+        generator=GeneratorSettings(kind=s.engine, max_batch_size=run.concurrency, seed=s.seed),
+        learner=LearnerSettings(learning_rate=s.learning_rate or rec.learning_rate,
+                                group=LearnerGroupSettings(procs=s.train_procs)),
+        training=TrainingSettings(**{**rec.training(), "group_size": run.group_size,
+                                     "batch_groups": s.batch_groups or rec.batch_groups},
+                                  max_staleness=s.max_staleness, checkpoint_every=0))
 
 
 def save_plot(result: DemoResult, path: Path) -> bool:
@@ -164,35 +189,38 @@ def save_plot(result: DemoResult, path: Path) -> bool:
 def run_demo(s: DemoSettings, console: Console | None = None) -> DemoResult:
     console = console or Console()
     task_mod = get_task(s.task)
-    overrides = {"learning_rate": s.learning_rate, "group_size": s.group_size, "batch_groups": s.batch_groups}
-    rec = Recommended.model_validate({**task_mod.RECOMMENDED.model_dump(),
-                                      **{k: v for k, v in overrides.items() if v is not None}})
-    steps = s.steps or rec.steps
-    s.eval_tasks = s.eval_tasks or rec.eval_n
+    rec = task_mod.RECOMMENDED
+    run = run_settings(s, rec)
+    eval_n = s.eval_tasks or rec.eval_n
     s.out_dir.mkdir(parents=True, exist_ok=True)
     log_path = s.out_dir / "server.log"
     admin_token = secrets.token_urlsafe(32)
     start = time.monotonic()
-    console.print(f"[bold]AgentJet demo[/bold]: {s.model} learns '{s.task}' ({steps} steps, {rec.group_size} "
-                  f"episodes/group, {rec.batch_groups} groups/step, lr {rec.learning_rate})")
     console.print(f"starting the swarm server (log: {log_path}) ...")
     server = start_ready(lambda port: ServerProcess("demo", server_config(s, port, rec, admin_token), log_path,
                                                     s.out_dir / "server.yaml"), s.port)
     config, url = server.config, server.url
-    console.print(f"the swarm server is ready on {url}")
+    console.print(f"[bold]AgentJet demo[/bold]: {s.model} learns '{s.task}' ({run.max_steps} steps, "
+                  f"{config.training.group_size} episodes/group, {config.training.batch_groups} groups/step, "
+                  f"lr {config.learner.learning_rate}); the swarm server is ready on {url}")
     try:
-        result = asyncio.run(_client_side(s, task_mod, rec, steps, url, admin_token, console))
+        result = asyncio.run(_client_side(s, task_mod, run, eval_n, rec.pool, url, admin_token, console))
     finally:
         server.stop(grace=120)
     result.seconds = time.monotonic() - start
-    # the server's settings as it ran them (engine, training, loss, tracking...; secrets masked)
-    result.settings = {**{k: str(v) for k, v in asdict(s).items()}, **rec.model_dump(), "steps": steps,
+    # what the run used: the demo's settings and the run's (the task's where not set), flat; and the server's
+    # settings as it ran them (engine, training, loss, tracking...; secrets masked)
+    used = {**s.model_dump(exclude={"run"}), **run.model_dump()}
+    result.settings = {**{k: str(v) for k, v in used.items()}, **rec.model_dump(),
+                       "learning_rate": config.learner.learning_rate, "group_size": config.training.group_size,
+                       "batch_groups": config.training.batch_groups, "concurrency": run.concurrency,
+                       "eval_every_s": run.eval_every_s or 0.0, "eval_n": eval_n, "steps": run.max_steps,
                        "server": dump_config(config, reveal_secrets=False)}
     result.provenance = {"commit": git_commit(), "machine": machine(), **result.provenance}
     (s.out_dir / "demo_result.json").write_text(json.dumps(result.to_json(), indent=2, default=str))
     plot = s.out_dir / "reward_curve.png"
     saved = save_plot(result, plot)
-    console.print(f"\n[bold]eval reward (held-out, {s.eval_tasks} tasks): before {result.eval_before:.3f} -> "
+    console.print(f"\n[bold]eval reward (held-out, {eval_n} tasks): before {result.eval_before:.3f} -> "
                   f"after {result.eval_after:.3f}[/bold]  ({result.train_steps} train steps, "
                   f"{result.train_episodes} training episodes, {result.seconds / 60:.1f} min)")
     console.print(f"stopped: {result.stop_reason or 'done'}; {result.uniform_groups} of {result.groups} groups had "
@@ -203,17 +231,6 @@ def run_demo(s: DemoSettings, console: Console | None = None) -> DemoResult:
                       f"`ajet export {s.out_dir / 'server'} OUT --best`)", soft_wrap=True)
     console.print(f"saved {s.out_dir / 'demo_result.json'}" + (f" and {plot}" if saved else ""))
     return result
-
-
-def concurrency(s: DemoSettings, rec: Recommended) -> int:
-    """Episodes in flight, which is also the engine's batch size."""
-    return s.concurrency or rec.concurrency
-
-
-def eval_every_s(s: DemoSettings, rec: Recommended) -> float | None:
-    """Seconds between periodic held-out evals (None: only before and after training)."""
-    every = s.eval_every_s if s.eval_every_s is not None else rec.eval_every_s
-    return every or None
 
 
 def train_pool(task_mod: TaskSource, n: int = 1024) -> list[dict[str, Any]]:
@@ -235,16 +252,13 @@ def train_pool(task_mod: TaskSource, n: int = 1024) -> list[dict[str, Any]]:
     return [ts[i] for i in range(keep) for ts in by_type.values()]
 
 
-async def _client_side(s: DemoSettings, task_mod: TaskSource, rec: Recommended, steps: int, url: str,
-                       token: str, console: Console) -> DemoResult:
-    eval_n = s.eval_tasks or rec.eval_n  # run_demo has set it
+async def _client_side(s: DemoSettings, task_mod: TaskSource, settings: RunSettings, eval_n: int, pool_n: int,
+                       url: str, token: str, console: Console) -> DemoResult:
     eval_tasks = [{**t, "index": i} for i, t in enumerate(task_mod.generate_tasks("eval", eval_n, seed=0))]
-    pool = train_pool(task_mod, rec.pool)
+    pool = train_pool(task_mod, pool_n)
     curriculum = Curriculum([str(t["task_id"]) for t in pool], seed=s.seed) if s.curriculum else None
-    stopping = StoppingRule(StopSettings(**rec.stop)) if s.early_stop else None
-    settings = ScheduleSettings(group_size=rec.group_size, concurrency=concurrency(s, rec), max_steps=steps,
-                                time_budget_s=s.time_budget_s, eval_every_s=eval_every_s(s, rec),
-                                keep_best=s.keep_best)
+    stopping = StoppingRule(StopSettings(**task_mod.RECOMMENDED.stop)) if s.early_stop else None
+    steps = settings.max_steps
 
     eval_traces: list[tuple[dict[str, Any], Any]] = []
     tool_use: list[dict[str, Any]] = []
@@ -296,7 +310,8 @@ async def _client_side(s: DemoSettings, task_mod: TaskSource, rec: Recommended, 
                                   stopping=stopping, on_step=on_step, on_eval=on_eval, on_quiet=on_quiet)
         status = await client.status()
     if run.stop_reason == "time_budget":
-        budget = f"{s.time_budget_s / 60:.0f} min" if s.time_budget_s >= 120 else f"{s.time_budget_s:.0f} s"
+        budget_s = settings.time_budget_s or 0.0
+        budget = f"{budget_s / 60:.0f} min" if budget_s >= 120 else f"{budget_s:.0f} s"
         console.print(f"  training budget of {budget} reached after {status.train_steps} of {steps} steps "
                       "(--time-budget-s to change)")
     elif run.stop_reason in ("solved", "eval_plateau", "no_signal"):

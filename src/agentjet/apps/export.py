@@ -112,7 +112,7 @@ def find_checkpoint(run_dir: Path, step: int | None = None, version: int | None 
     pin = layout.best(checkpoint_dir(run_dir, adapter)) if best else None
     if best and pin is None:
         raise ExportError(f"{run_dir} has no best checkpoint pinned: a client pins one with keep_best "
-                          "(`ajet demo --keep-best`, ScheduleSettings(keep_best=True)) or POST "
+                          "(`ajet demo --keep-best`, RunSettings(keep_best=True)) or POST "
                           "/swarm/v1/control/checkpoint {\"best_eval\": ...}")
     ckpts = list_checkpoints(run_dir, adapter)
     if pin is not None:

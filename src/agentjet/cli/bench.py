@@ -7,17 +7,19 @@ from pathlib import Path
 
 import typer
 
-from agentjet.cli.common import console, fail
+from agentjet.cli.common import console, fail, require_server_extra
+from agentjet.tasks import DEFAULT_TASK
 
 
 def bench(
     quick: bool = typer.Option(False, "--quick", help="the tiny model, short measurements (under a minute)"),
     learn: bool = typer.Option(False, "--learn", help="the learning suite: the demo on SmolLM2, a fixed seed and "
                                "training budget, evals at fixed training-clock points (about 7 min a run)"),
-    task: str = typer.Option("addition", help="--learn: the demo task (addition, lookup, ... or rg:NAME, a "
+    task: str = typer.Option(DEFAULT_TASK, help="--learn: the demo task (a built-in one, or rg:NAME, a "
                              "reasoning-gym dataset: docs/environments.md)"),
     seed: int = typer.Option(0, min=0, help="--learn: the demo's seed (with --repeat: seed, seed + 1, ...)"),
-    budget_min: float = typer.Option(5.0, min=0.1, help="--learn: training minutes per run"),
+    budget_min: float | None = typer.Option(None, min=0.1, help="--learn: training minutes per run (default: the "
+                                            "bench's)"),
     learning_rate: float | None = typer.Option(None, "--lr", min=0.0, help="--learn: the learning rate (default: "
                                                "the task's; lower it to see the gate catch a learning regression)"),
     repeat: int = typer.Option(1, min=1, max=20, help="runs in a row, each recorded (a baseline wants 3)"),
@@ -39,7 +41,9 @@ def bench(
     commit: str | None = typer.Option(None, help="record under this commit (default: git HEAD of the cwd)"),
 ) -> None:
     """Run the benchmark suite, record it by commit, gate it by the baseline runs' noise; exit 1 on a regression."""
-    from agentjet.apps.bench.suite import BenchOptions, LearnSettings, SuiteSettings, run_bench
+    if not (compare_only or report_only):  # these read the history only
+        require_server_extra("bench")
+    from agentjet.apps.bench.suite import BenchOptions, LearnSettings, SuiteSettings, learn_demo, run_bench
     from agentjet.tasks import TaskError, get_task
 
     inject: dict[str, float] = {}
@@ -59,9 +63,11 @@ def bench(
         except TaskError as exc:
             fail(f"--task: {exc}")
     learn_settings = None
+    budget = {"time_budget_s": 60 * budget_min} if budget_min is not None else {}
     if learn:
-        learn_settings = LearnSettings(task=task, seed=seed, budget_s=60 * budget_min, learning_rate=learning_rate,
-                                       commit=commit, model=model or LearnSettings.model)
+        learn_settings = LearnSettings(demo=learn_demo(task=task, seed=seed, learning_rate=learning_rate,
+                                                       **({"model": model} if model else {}),
+                                                       run=budget), commit=commit)
     code = run_bench(BenchOptions(quick=quick, learn=learn_settings, repeat=repeat, history=history,
                                   baseline=baseline, sigmas=sigmas, set_baseline=set_baseline, record=record,
                                   compare_only=compare_only, report_only=report_only, inject=inject or None,

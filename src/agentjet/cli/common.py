@@ -1,9 +1,12 @@
-"""What every ``ajet`` command shares: the console, failing with a message, and finding tokens."""
+"""What every ``ajet`` command shares: the console, failing with a message, finding tokens, and the check that
+a server command has the server extra (the base install is a client)."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import ipaddress
 import os
+import re
 from pathlib import Path
 from typing import NoReturn
 from urllib.parse import urlparse
@@ -21,6 +24,37 @@ console = Console()
 def fail(message: str, code: int = 2) -> NoReturn:
     console.print(f"[red]error:[/red] {escape(message)}", soft_wrap=True)  # plain text: agentjet[ray] stays
     raise typer.Exit(code)
+
+
+SERVER_EXTRA = "server"
+
+
+def missing_server_packages() -> list[str]:
+    """The distributions of the ``server`` extra (as the installed package declares them) that are not installed;
+    none when AgentJet runs from a source tree without its metadata."""
+    try:
+        requires = importlib.metadata.requires("agentjet") or []
+    except importlib.metadata.PackageNotFoundError:
+        return []
+    missing = []
+    for req in requires:
+        name, _, marker = req.partition(";")
+        if not re.search(rf"extra\s*==\s*['\"]{SERVER_EXTRA}['\"]", marker):
+            continue
+        dist = re.split(r"[\s\[<>=!~(]", name.strip(), maxsplit=1)[0]
+        try:
+            importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            missing.append(dist)
+    return missing
+
+
+def require_server_extra(command: str) -> None:
+    """Fail with the install line when a command that runs a server (or a model) lacks the server extra."""
+    missing = missing_server_packages()
+    if missing:
+        fail(f"`ajet {command}` needs the server extra ({', '.join(missing)} not installed): "
+             f"pip install 'agentjet[{SERVER_EXTRA}]'. The base install runs clients only (ajet run, status, ctl).")
 
 
 def is_loopback(host: str) -> bool:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from agentjet.cli.common import console, fail
+from agentjet.cli.common import console, fail, require_server_extra
 
 
 def export(
@@ -26,6 +26,7 @@ def export(
 ) -> None:
     """Write a run's checkpoint as a standalone Hugging Face model directory: weights (LoRA merged), config,
     tokenizer with its chat template, and a README.md model card."""
+    require_server_extra("export")
     from agentjet.apps.export import ExportError, export_checkpoint, upload_to_hub
 
     try:

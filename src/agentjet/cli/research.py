@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from agentjet.cli.common import console, fail
+from agentjet.cli.common import console, fail, require_server_extra
 
 
 def research(
@@ -39,6 +39,8 @@ def research(
                                                                          "servers reserves (default 0)"),
 ) -> None:
     """Plan, run, watch and report an RL study on the swarm (resumable; see docs/research.md)."""
+    if not (report_only or dry_run):  # the trials run servers
+        require_server_extra("research")
     try:
         from agentjet.apps.research.app import main as research_main
     except ImportError as exc:

@@ -1,5 +1,6 @@
 """``ajet server``: its options are generated from ``ServerConfig`` (one per leaf setting, grouped by section,
-with the setting's description, bounds and default as help), so a new setting needs no edit here."""
+with the setting's description, bounds and default as help: ``agentjet.cli.options``), so a new setting needs no
+edit here."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from typing import Any
 
 import typer
 
-from agentjet.cli.common import console, fail, is_loopback
+from agentjet.cli.common import console, fail, is_loopback, require_server_extra
+from agentjet.cli.options import command, given, option, param_name
 from agentjet.settings import (
     ServerConfig,
     SettingField,
@@ -35,35 +37,16 @@ def _help(field: SettingField) -> str:
     return f"({field.section}{', live' if field.live else ''}) {field.help_text()}"
 
 
-def _param_name(field: SettingField, suffix: str = "") -> str:
-    return field.dotted.replace(".", "__") + suffix
-
-
-def _metavar(field: SettingField) -> str:
-    choices = field.choices
-    if choices:
-        return "CHOICE"
-    return {int: "INT", float: "FLOAT"}.get(field.annotation, "TEXT")
-
-
 def _options() -> list[inspect.Parameter]:
     params = [inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, annotation=Path | None, default=typer.Option(
         None, "--config", "-c", help="a YAML/TOML/JSON file of settings, nested by section (precedence: options > "
         "this file > AGENTJET_* environment > defaults)"))]
     for f in server_fields():
-        if f.is_bool:
-            opt = typer.Option(None, f"--{f.flag}/--no-{f.flag}", help=_help(f), show_default=False)
-            params.append(inspect.Parameter(_param_name(f), inspect.Parameter.KEYWORD_ONLY, default=opt,
-                                            annotation=bool | None))
-            continue
-        opt = typer.Option(None, f"--{f.flag}", *(f"--{a}" for a in f.aliases), help=_help(f),
-                           show_default=False, metavar=_metavar(f))
-        params.append(inspect.Parameter(_param_name(f), inspect.Parameter.KEYWORD_ONLY, default=opt,
-                                        annotation=str | None))
+        params.append(option(f, _help(f)))
         if f.is_secret:
             file_opt = typer.Option(None, f"--{f.flag}-file", help=f"a file holding the {f.flag.replace('-', ' ')}",
                                     show_default=False)
-            params.append(inspect.Parameter(_param_name(f, "__file"), inspect.Parameter.KEYWORD_ONLY,
+            params.append(inspect.Parameter(param_name(f, "__file"), inspect.Parameter.KEYWORD_ONLY,
                                             default=file_opt, annotation=Path | None))
     for old, new in MOVED_FLAGS.items():  # accepted only to be refused with the new name
         is_bool = find_field(new).is_bool
@@ -87,13 +70,10 @@ def refuse_moved_flags(kwargs: dict[str, Any]) -> None:
 
 def cli_values(kwargs: dict[str, Any]) -> dict[str, Any]:
     """The options given on the command line, nested like ``ServerConfig`` (left-out options are absent)."""
-    flat: dict[tuple[str, ...], Any] = {}
+    flat = given(server_fields(), kwargs)
     for f in server_fields():
-        value = kwargs.get(_param_name(f))
-        if value is None and f.is_secret and kwargs.get(_param_name(f, "__file")) is not None:
-            value = read_secret_file(kwargs[_param_name(f, "__file")], f"--{f.flag}-file")
-        if value is not None:
-            flat[f.path] = value
+        if f.is_secret and f.path not in flat and kwargs.get(param_name(f, "__file")) is not None:
+            flat[f.path] = read_secret_file(kwargs[param_name(f, "__file")], f"--{f.flag}-file")
     return nest(flat)
 
 
@@ -113,6 +93,7 @@ def check_bind(config: ServerConfig) -> None:
 
 def server(**kwargs: Any) -> None:
     """Run a swarm server: one trainable model behind an OpenAI-compatible API."""
+    require_server_extra("server")
     refuse_moved_flags(kwargs)
     try:
         config = load_server_config(cli_values(kwargs), kwargs.get("config"), os.environ)
@@ -154,7 +135,4 @@ def server(**kwargs: Any) -> None:
 
 
 def make_server_command() -> Any:
-    params = _options()
-    server.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
-    server.__annotations__ = {p.name: p.annotation for p in params}
-    return server
+    return command(server, _options())

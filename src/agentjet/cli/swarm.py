@@ -1,20 +1,28 @@
-"""Commands that start whole swarms or models: ``ajet up``, ``ajet demo``, ``ajet model``."""
+"""Commands that start whole swarms or models: ``ajet up``, ``ajet demo`` (its options generated from
+``DemoSettings``), ``ajet model``."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
+from pydantic import ValidationError
 
-from agentjet.cli.common import console, fail
+from agentjet.apps.demo import RECOMMENDED_RUN, DemoSettings
+from agentjet.cli.common import console, fail, require_server_extra
+from agentjet.cli.options import command, given, option
 from agentjet.models import DEFAULT_MODEL
-from agentjet.settings import EngineKind
+from agentjet.settings import EngineKind, SettingField
+from agentjet.settings.fields import model_fields
+from agentjet.settings.load import nest
 
 
 def model(name: str = typer.Argument(DEFAULT_MODEL, help="built-in name, local HF directory or hub id ORG/NAME"),
           revision: str | None = typer.Option(None, help="branch, tag or commit of a hub model (default: main)"),
           ) -> None:
     """Resolve (and on first use convert, build or download) a model; print its local directory."""
+    require_server_extra("model")
     from agentjet.models import ModelNotFoundError, resolve_model
 
     try:
@@ -23,56 +31,42 @@ def model(name: str = typer.Argument(DEFAULT_MODEL, help="built-in name, local H
         fail(str(exc))
 
 
-def demo(
-    model: str = typer.Option(DEFAULT_MODEL, help="built-in name, local HF directory or hub id ORG/NAME"),
-    task: str = typer.Option("addition", help="a built-in task (addition, calculator, lookup, toy) or rg:NAME, a "
-                             "reasoning-gym dataset: rg:chain_sum:min_terms=2,max_terms=2, rg:A+B+C (a cocktail), "
-                             "rg:mix.yaml (docs/environments.md)"),
-    steps: int | None = typer.Option(None, min=1, help="train steps (default: the task's recommendation)"),
-    learning_rate: float | None = typer.Option(None, "--lr", min=0.0, help="learning rate (default: the task's)"),
-    group_size: int | None = typer.Option(None, min=1),
-    batch_groups: int | None = typer.Option(None, min=1),
-    eval_tasks: int | None = typer.Option(None, min=1, help="held-out eval episodes before and after (default: "
-                                          "the task's recommendation)"),
-    out_dir: Path = typer.Option(Path("runs/demo"), help="where the log, plot and JSON go"),
-    time_budget_s: float = typer.Option(20 * 60, min=1.0, help="stop training after this many seconds"),
-    concurrency: int | None = typer.Option(None, min=1, help="episodes in flight, also the engine's batch size "
-                                           "(default: the task's recommendation, else 32)"),
-    eval_every_s: float | None = typer.Option(None, min=0.0, help="held-out eval every this many seconds "
-                                              "(default: the task's recommendation, else 120; 0: only before and "
-                                              "after)"),
-    curriculum: bool = typer.Option(True, help="draw each group's task by its recent results (retire solved)"),
-    early_stop: bool = typer.Option(True, help="stop on an eval plateau or when groups stop teaching"),
-    seed: int = typer.Option(0, min=0, help="seed of the engine's sampling and the curriculum's order"),
-    engine: EngineKind = typer.Option(EngineKind.HF, help="hf: the embedded engine; vllm: roll out on a managed "
-                                      "vLLM subprocess (make setup-vllm)"),
-    train_procs: int = typer.Option(0, min=0, max=64, help="train on an FSDP2 trainer group of this many ranks "
-                                    "(torchrun; gloo on CPU) instead of in the server process"),
-    keep_best: bool = typer.Option(False, help="pin the checkpoint of the best held-out eval (a checkpoint, "
-                                   "optimizer included, at each new best; `ajet export OUT_DIR/server DEST --best`)"),
-) -> None:
+def _demo_help(field: SettingField) -> str:
+    """The option's help; a run setting the task recommends defaults to the task's value."""
+    if field.path[0] == "run" and field.path[-1] in RECOMMENDED_RUN:
+        return f"{field.info.description} [{field.bounds_text() or 'any'}; default: the task's recommendation]"
+    return field.help_text()
+
+
+def demo(**kwargs: Any) -> None:
     """Train SmolLM2 on a built-in task through a real swarm server and client; print eval before/after."""
-    from agentjet.apps.demo import DemoSettings, run_demo
+    require_server_extra("demo")
+    from agentjet.apps.demo import run_demo
     from agentjet.tasks import TaskError, get_task
 
     try:
-        get_task(task)
+        settings = DemoSettings.model_validate(nest(given(model_fields(DemoSettings), kwargs)))
+    except ValidationError as exc:
+        fail(f"invalid settings:\n{exc}")
+    try:
+        get_task(settings.task)
     except TaskError as exc:
         fail(f"--task: {exc}")
-    if engine is EngineKind.NULL:
+    if settings.engine is EngineKind.NULL:
         fail("--engine null cannot learn: the demo needs hf or vllm")
-    result = run_demo(DemoSettings(model=model, task=task, steps=steps, learning_rate=learning_rate,
-                                   group_size=group_size, batch_groups=batch_groups, eval_tasks=eval_tasks,
-                                   out_dir=out_dir, time_budget_s=time_budget_s, concurrency=concurrency,
-                                   eval_every_s=eval_every_s, curriculum=curriculum,
-                                   early_stop=early_stop, seed=seed, engine=engine.value,
-                                   train_procs=train_procs, keep_best=keep_best), console)
+    result = run_demo(settings, console)
     if result.eval_after <= result.eval_before:
         console.print("[yellow]the eval reward did not improve in this run[/yellow]")
 
 
+def make_demo_command() -> Any:
+    """``ajet demo``, its options generated from ``DemoSettings`` (its ``run``: the client's ``RunSettings``)."""
+    return command(demo, [option(f, _demo_help(f)) for f in model_fields(DemoSettings)])
+
+
 def up(spec_file: Path = typer.Argument(..., help="swarm YAML: servers (and optionally clients)")) -> None:
     """Start a set of servers and clients described in one file; Ctrl-C stops them cleanly."""
+    require_server_extra("up")
     import signal
 
     from agentjet.apps.up import Swarm, load_spec

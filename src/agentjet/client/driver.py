@@ -1,9 +1,10 @@
 """One train → pause → evaluate driver: train through a :class:`SwarmClient`, pause at points of the training
-clock or at train-step counts to evaluate, stop on a step count, a training-time budget or a stopping rule.
+clock or at train-step counts to evaluate, stop on a step count, a training-time budget or a stopping rule. What
+it does is a :class:`RunSettings` (``agentjet.client.settings``: the run's client-side settings, declared once).
 
-    driver = Driver(client, workflow, DriverSettings(group_size=8, concurrency=32),
+    driver = Driver(client, workflow, RunSettings(group_size=8, concurrency=32, eval_every_s=120, max_steps=40),
                     evaluate=held_out(client, eval_workflow, eval_tasks))
-    run = await driver.run(itertools.cycle(tasks), PauseEvery(seconds=120), Budget(max_steps=40, train_seconds=1200))
+    run = await driver.run(itertools.cycle(tasks))
     run.evals  # EvalPoint: train_steps, train_seconds, policy_version, reward, ...
     run.steps  # StepPoint for each train step seen
 
@@ -16,11 +17,11 @@ the admin token, is logged and the run goes on); the training workflows already 
 the in-flight workflows have finished until training resumes). Pause points and the time budget count it.
 
 **Evaluations**, when ``evaluate`` is given: one before training (the base point), one at each pause, one at the
-end (after the last training workflow finished). ``PauseEvery`` points lie strictly inside the budget (the end has
-its own eval); ``PauseAt`` points pause wherever they fall, a point at the budget included.
+end (after the last training workflow finished). Periodic points (``eval_every_*``) lie strictly inside the budget
+(the end has its own eval); fixed points (``eval_at_*``) pause wherever they fall, a point at the budget included.
 
-**Stopping**: ``Budget.max_steps`` train steps (the server's count), ``Budget.train_seconds`` of training time,
-a :class:`StopRule` (``agentjet.schedule.StoppingRule`` is one; it sees every eval's reward), or the end of the
+**Stopping**: ``max_steps`` train steps (the server's count), ``time_budget_s`` of training time, a
+:class:`StopRule` (``agentjet.schedule.StoppingRule`` is one; it sees every eval's reward), or the end of the
 tasks. Once stopped, no episode begins; the running ones finish. The status is polled every ``poll_s``.
 """
 
@@ -39,8 +40,14 @@ from pydantic import BaseModel, ConfigDict
 
 from agentjet.client.client import Episode, SwarmClient, SwarmError
 from agentjet.client.runner import RunSummary, Workflow, run_workflow
-from agentjet.observe.learncurve import EvalPoint  # the one eval-point record (re-exported here)
-from agentjet.protocol import BestCheckpoint, PauseState, Reward, ServerStatus
+from agentjet.client.settings import Budget, PauseAt, PauseEvery, Pauses, RunSettings
+from agentjet.protocol import (  # EvalPoint re-exported
+    BestCheckpoint,
+    EvalPoint,
+    PauseState,
+    Reward,
+    ServerStatus,
+)
 from agentjet.runtime.clock import Clock, SystemClock
 
 log = logging.getLogger(__name__)
@@ -55,36 +62,6 @@ class StepPoint(BaseModel):
     train_steps: int
     policy_version: int
     metrics: dict[str, float]
-
-
-@dataclass(frozen=True)
-class PauseAt:
-    """Pause once the training clock reaches each of ``seconds``, and once the server has taken each of
-    ``steps`` train steps. A point at or past the budget still pauses, before the run stops."""
-
-    seconds: tuple[float, ...] = ()
-    steps: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True)
-class PauseEvery:
-    """Pause every ``seconds`` of training time, and/or every ``steps`` train steps, strictly inside the budget."""
-
-    seconds: float | None = None
-    steps: int | None = None
-
-    def __post_init__(self) -> None:
-        if (self.seconds is not None and self.seconds <= 0) or (self.steps is not None and self.steps < 1):
-            raise ValueError(f"PauseEvery needs seconds > 0 and steps >= 1, got {self}")
-
-
-Pauses = PauseAt | PauseEvery
-
-
-@dataclass(frozen=True)
-class Budget:
-    max_steps: int | None = None  # the server's train steps
-    train_seconds: float | None = None  # the training clock
 
 
 class StopRule(Protocol):
@@ -108,23 +85,12 @@ class Stop(enum.StrEnum):
     MONITOR_ERROR = "monitor_error"  # the status could not be read (logged with its error)
 
 
-@dataclass(frozen=True)
-class DriverSettings:
-    group_size: int | None = None  # episodes per task; None: the server's
-    concurrency: int = 32  # training episodes in flight
-    gate_timeout_s: float = 120.0  # longest wait for in-flight training workflows before an eval
-    poll_s: float = 1.0  # status polls (a step may slip in between a poll and a pause)
-    quiet_s: float = 60.0  # on_quiet after this long without a train step
-    # after each eval (training paused), ask the server to pin the step's checkpoint as the run's best when the
-    # eval beats the pinned one's (the admin token; ``ajet export RUN --best``)
-    keep_best: bool = False
-
-
 Evaluate = Callable[[], Awaitable[RunSummary]]
 
 
-def held_out(client: SwarmClient, workflow: Workflow, tasks: list[dict[str, Any]], concurrency: int = 32) -> Evaluate:
-    """An evaluation: ``tasks`` as eval episodes (one each, never trained on)."""
+def held_out(client: SwarmClient, workflow: Workflow, tasks: list[dict[str, Any]], concurrency: int) -> Evaluate:
+    """An evaluation: ``tasks`` as eval episodes (one each, never trained on), ``concurrency`` at a time (the
+    run's, ``RunSettings.concurrency``)."""
 
     async def evaluate() -> RunSummary:
         return await run_workflow(client, workflow, tasks, group_size=1, concurrency=concurrency, eval=True)
@@ -247,14 +213,14 @@ class Driver:
     ``on_quiet(status)`` after ``quiet_s`` without a train step. ``admin_token`` pauses and resumes training
     (default: the client's token)."""
 
-    def __init__(self, client: SwarmClient, train_workflow: Workflow, settings: DriverSettings | None = None, *,
+    def __init__(self, client: SwarmClient, train_workflow: Workflow, settings: RunSettings | None = None, *,
                  evaluate: Evaluate | None = None, clock: Clock | None = None, admin_token: str | None = None,
                  at_pause: Callable[[float], Awaitable[None]] | None = None,
                  on_eval: Callable[[EvalPoint], None] | None = None,
                  on_step: Callable[[StepPoint], None] | None = None,
                  on_quiet: Callable[[ServerStatus], None] | None = None) -> None:
         self.client = client
-        self.settings = settings or DriverSettings()
+        self.settings = settings or RunSettings()
         self.evaluate = evaluate
         self.clock: Clock = clock or SystemClock()
         self.admin_token = admin_token
@@ -272,14 +238,13 @@ class Driver:
         """Whether the run has stopped (no episode begins any more)."""
         return self._stopped.is_set()
 
-    async def run(self, tasks: Iterable[dict[str, Any]], pauses: Pauses | None = None, budget: Budget | None = None,
-                  stopping: StopRule | None = None) -> DriverRun:
+    async def run(self, tasks: Iterable[dict[str, Any]], stopping: StopRule | None = None) -> DriverRun:
         """Train on ``tasks`` (an endless iterable, e.g. ``itertools.cycle``, unless the tasks should end the run)
-        until a stop condition."""
+        until a stop condition: the settings' budget, ``stopping``, or the end of the tasks."""
         if self._ran:
             raise RuntimeError("a Driver runs once; make a new one")
         self._ran = True
-        budget = budget or Budget()
+        pauses, budget = self.settings.pauses(), self.settings.budget()
         run = DriverRun()
         if self.evaluate is not None:
             await self._pause(run, stopping, during_training=False)  # the base point

@@ -20,12 +20,14 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentjet.client.client import Episode, SwarmClient
 from agentjet.files import write_atomic
 from agentjet.protocol import Reward, reward_mean
-from agentjet.tasks.source import TaskSource
+
+if TYPE_CHECKING:  # a type only: the runner loads no task module (the task sources are the caller's)
+    from agentjet.tasks.source import TaskSource
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """A training client that spends its rollouts where they teach: a curriculum picks each group's task, a
 held-out eval runs at fixed intervals of the training clock, and a stopping rule ends the run on a plateau.
 
-    run = await run_scheduled(client, workflow, eval_workflow, pool, eval_tasks, ScheduleSettings(...))
+    run = await run_scheduled(client, workflow, eval_workflow, pool, eval_tasks, RunSettings(...))
 
 - **curriculum** (``agentjet.schedule.Curriculum``): each group's task is drawn from ``pool`` by its
   recent group results (solved tasks retired, see there); without it the pool is cycled in order;
@@ -10,6 +10,8 @@ held-out eval runs at fixed intervals of the training clock, and a stopping rule
   Eval points are at the start, at each interval inside the time budget and at the end;
 - **stopping**: ``max_steps`` train steps, ``time_budget_s``, or ``agentjet.schedule.StoppingRule``
   (eval plateau; uniform groups; curriculum exhausted);
+- **the settings** are one :class:`agentjet.client.settings.RunSettings`, the driver's (a group size of none is
+  the server's);
 - **the best checkpoint** (``keep_best``): after each eval the server pins the step's checkpoint as the run's
   best if the eval beats the pinned one, so a run that slides after its peak still ends with its peak on disk.
 
@@ -26,42 +28,14 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from agentjet.client.client import Episode, SwarmClient
-from agentjet.client.driver import (
-    Budget,
-    Driver,
-    DriverRun,
-    DriverSettings,
-    EvalPoint,
-    PauseAt,
-    PauseEvery,
-    Pauses,
-    StepPoint,
-    held_out,
-)
+from agentjet.client.driver import Driver, DriverRun, EvalPoint, StepPoint, held_out
 from agentjet.client.runner import Workflow
+from agentjet.client.settings import RunSettings
 from agentjet.protocol import Reward, ServerStatus, reward_mean
 from agentjet.runtime.clock import Clock
 from agentjet.schedule import Curriculum, StoppingRule
 
-__all__ = ["EvalPoint", "ScheduleSettings", "ScheduledRun", "StepPoint", "run_scheduled"]
-
-
-@dataclass(frozen=True)
-class ScheduleSettings:
-    group_size: int = 8
-    concurrency: int = 32
-    max_steps: int | None = None
-    time_budget_s: float = 20 * 60  # of training time (wall time less the pauses for evals)
-    eval_every_s: float | None = 90.0  # None: evaluate only at the start and the end
-    eval_at_s: tuple[float, ...] = ()  # pause points at these training times instead of every eval_every_s
-    gate_timeout_s: float = 120.0  # longest wait for in-flight training calls before an eval
-    poll_s: float = 1.0
-    keep_best: bool = False  # pin the best-evaluated step's checkpoint on the server (``DriverSettings``)
-
-    def pauses(self) -> Pauses | None:
-        if self.eval_at_s:
-            return PauseAt(seconds=self.eval_at_s)
-        return PauseEvery(seconds=self.eval_every_s) if self.eval_every_s else None
+__all__ = ["EvalPoint", "RunSettings", "ScheduledRun", "StepPoint", "run_scheduled"]
 
 
 @dataclass
@@ -159,7 +133,7 @@ async def run_scheduled(
     eval_workflow: Workflow,
     pool: list[dict[str, Any]],
     eval_tasks: list[dict[str, Any]],
-    settings: ScheduleSettings,
+    settings: RunSettings,
     *,
     curriculum: Curriculum | None = None,
     stopping: StoppingRule | None = None,
@@ -175,16 +149,13 @@ async def run_scheduled(
     if not pool:
         raise ValueError("the task pool is empty")
     run = ScheduledRun()
+    settings = settings.model_copy(update={"group_size": client.group_size(settings.group_size)})
+    assert settings.group_size is not None
     side = _Rollouts(pool, settings.group_size, run, curriculum, stopping)
-    driver = Driver(client, side.workflow(workflow),
-                    DriverSettings(group_size=settings.group_size, concurrency=settings.concurrency,
-                                   gate_timeout_s=settings.gate_timeout_s, poll_s=settings.poll_s,
-                                   keep_best=settings.keep_best),
+    driver = Driver(client, side.workflow(workflow), settings,
                     evaluate=held_out(client, eval_workflow, eval_tasks, settings.concurrency) if eval_tasks else None,
                     clock=clock, at_pause=at_pause, on_eval=on_eval, on_step=on_step, on_quiet=on_quiet)
-    done = await driver.run(side.tasks(), settings.pauses(),
-                            Budget(max_steps=settings.max_steps, train_seconds=settings.time_budget_s),
-                            _Stopping(stopping, curriculum) if stopping is not None else None)
+    done = await driver.run(side.tasks(), _Stopping(stopping, curriculum) if stopping is not None else None)
     for f in fields(DriverRun):
         setattr(run, f.name, getattr(done, f.name))
     if curriculum is not None:

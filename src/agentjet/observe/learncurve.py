@@ -20,38 +20,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator
 
-
-class EvalPoint(BaseModel):
-    """One held-out evaluation: where training stood, and what the eval scored. The one eval-point record: the
-    driver (``agentjet.client.driver``) takes them, the demo, ``ajet research`` and the benchmarks keep them, a
-    :class:`LearnCurve` is a list of them, and :func:`agentjet.observe.curveplot.plot_curves` draws them."""
-
-    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")  # a NaN reward survives JSON
-    train_steps: int
-    policy_version: int | None = Field(None, description="None: the record did not say (early demo curves)")
-    reward: float = Field(description="mean reward of the eval episodes (NaN: none finished)")
-    episodes: int = Field(0, description="eval episodes that finished with a reward")
-    failed: int = Field(0, description="eval episodes that failed")
-    train_seconds: float | None = Field(0.0, description="the training clock: time since training started, less "
-                                        "pauses (None: not recorded, the first demos)")
-    seconds: float | None = Field(0.0, description="time since training started, pauses included (None: unknown)")
-    eval_seconds: float = Field(0.0, description="how long the evaluation took")
-
-    @property
-    def train_minutes(self) -> float | None:
-        return None if self.train_seconds is None else self.train_seconds / 60
-
-    @property
-    def minutes(self) -> float | None:
-        return None if self.seconds is None else self.seconds / 60
-
-    def x(self, axis: str) -> float | None:
-        """The point's position on ``axis``: ``steps`` (train steps), ``train_minutes`` or ``minutes`` (wall)."""
-        if axis == "steps":
-            return float(self.train_steps)
-        if axis in ("train_minutes", "minutes"):
-            return getattr(self, axis)
-        raise ValueError(f"unknown curve axis {axis!r} (steps, train_minutes, minutes)")
+from agentjet.protocol import EvalPoint  # the one eval-point record (the client's and the server's)
+from agentjet.tasks import addition, lookup, toy
 
 
 def _from_stored(data: Any) -> Any:
@@ -103,9 +73,9 @@ class CurveSpec(BaseModel):
 
 # addition: 0.75 is the target docs/benchmarks.md has used since the vs-TRL runs (time to 0.75)
 SPECS: dict[str, CurveSpec] = {
-    "addition": CurveSpec(target=0.75, at_steps=(2, 4), max_decline=0.06),  # issue 38's bar
-    "lookup": CurveSpec(target=0.75, at_steps=(2,)),
-    "toy": CurveSpec(final_gated=True),
+    addition.NAME: CurveSpec(target=0.75, at_steps=(2, 4), max_decline=0.06),  # issue 38's bar
+    lookup.NAME: CurveSpec(target=0.75, at_steps=(2,)),
+    toy.NAME: CurveSpec(final_gated=True),
 }
 
 
@@ -181,7 +151,7 @@ def curve_from_demo(data: dict[str, Any], task: str | None = None, target: float
     eval before and after training, which become a two-point curve (the last at the run's wall minutes, its
     training minutes unknown)."""
     settings = data.get("settings") or {}
-    task = task or str(settings.get("task", "addition"))
+    task = task or str(settings.get("task", addition.NAME))  # the first demos recorded no task: they ran addition
     if target is None:
         target = spec_for(task).target
     evals = data.get("evals") or []

@@ -83,11 +83,11 @@ class SettingField:
     def default_text(self) -> str:
         factory = self.info.default_factory
         value = factory() if factory is not None else self.info.default  # type: ignore[call-arg]
-        if value is None or value == {} or value == []:
+        if value is None or value == {} or value == [] or value == ():
             return "none"
         if isinstance(value, enum.Enum):
             return str(value.value)
-        if isinstance(value, list):
+        if isinstance(value, list | tuple):
             return ",".join(map(str, value))
         return str(value).lower() if isinstance(value, bool) else str(value)
 
@@ -151,7 +151,14 @@ def _walk(model: type[BaseModel], prefix: tuple[str, ...]) -> list[SettingField]
 @functools.cache
 def server_fields() -> tuple[SettingField, ...]:
     """Every leaf setting of ``ServerConfig``, in declaration order. Flags are checked to be unique."""
-    fields = tuple(_walk(ServerConfig, ()))
+    return model_fields(ServerConfig)
+
+
+@functools.cache
+def model_fields(model: type[BaseModel]) -> tuple[SettingField, ...]:
+    """Every leaf setting of a settings model (``ServerConfig``, or another command's, e.g. ``ajet demo``'s), in
+    declaration order, named as above. Flags are checked to be unique."""
+    fields = tuple(_walk(model, ()))
     seen: dict[str, str] = {}
     for f in fields:
         for name in (f.flag, *f.aliases):

@@ -22,12 +22,11 @@ History, baseline, the gate and the report: ``agentjet.apps.bench.report``.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -238,9 +237,9 @@ def learning_metrics(model: str, steps: int, quick: bool) -> tuple[dict[str, Ben
     from agentjet.server import SwarmServer
     from agentjet.server.http.app import BackgroundServer
     from agentjet.settings import GeneratorSettings, LearnerSettings, ServerConfig, TrainingSettings
-    from agentjet.tasks import get_task
+    from agentjet.tasks import DEFAULT_TASK, get_task
 
-    task = get_task("addition")
+    task = get_task(DEFAULT_TASK)
     rec = task.RECOMMENDED
     group = 4 if quick else rec.group_size
     lr = 1e-3 if quick else rec.learning_rate
@@ -253,7 +252,7 @@ def learning_metrics(model: str, steps: int, quick: bool) -> tuple[dict[str, Ben
         srv = BackgroundServer(SwarmServer(cfg, engine)).start()
         try:
             t0 = time.perf_counter()
-            asyncio.run(_train_until(srv, task, group, steps, budget_s=90 if quick else 1200))
+            asyncio.run(_train_until(srv, task, group, steps, budget_s=90 if quick else None))
             elapsed = time.perf_counter() - t0
             done = srv.server.counters.training.train_steps
             curve = [m["reward_mean"] for _, _, m, _ in srv.server.store.step_metrics()]
@@ -269,71 +268,91 @@ def learning_metrics(model: str, steps: int, quick: bool) -> tuple[dict[str, Ben
     return metrics, {"learn/reward": curve}
 
 
-async def _train_until(srv: Any, task: Any, group: int, steps: int, budget_s: float) -> None:
-    """Train on the task's train split until the server has taken ``steps`` steps or ``budget_s`` has passed."""
+async def _train_until(srv: Any, task: Any, group: int, steps: int, budget_s: float | None) -> None:
+    """Train on the task's train split until the server has taken ``steps`` steps or ``budget_s`` has passed
+    (None: the run's default budget)."""
     import itertools
 
     from agentjet.client.client import SwarmClient
-    from agentjet.client.driver import Budget, Driver, DriverSettings
+    from agentjet.client.driver import Driver
     from agentjet.client.runner import task_workflow
+    from agentjet.client.settings import RunSettings
 
+    budget = {"time_budget_s": budget_s} if budget_s is not None else {}
     async with SwarmClient(srv.url, client_id="bench") as client:
         driver = Driver(client, task_workflow(task, task.SAMPLING, model="bench"),
-                        DriverSettings(group_size=group, concurrency=group, poll_s=0.2))
-        await driver.run(itertools.cycle(task.generate_tasks("train", 1000, seed=0)),
-                         budget=Budget(max_steps=steps, train_seconds=budget_s))
+                        RunSettings(group_size=group, concurrency=group, poll_s=0.2, max_steps=steps, **budget))
+        await driver.run(itertools.cycle(task.generate_tasks("train", 1000, seed=0)))
 
 
 # ------------------------------------------------------------------------------------------------ 5. the demo's curve
 LEARN_BUDGET_S = 300.0  # training seconds per learn run (the demo's training clock: evals excluded)
-LEARN_EVAL_EVERY_S = {"addition": 60.0, "lookup": 150.0}  # held-out evals at these training-clock intervals
+# Held-out evals this many times as often as the task recommends: the learn run's budget is a quarter of the demo's
+# (5 of 20 minutes), so its curve has points where the demo's would (addition: every 60 s, lookup: 150 s).
+LEARN_EVAL_DENSITY = 2.0
+# a ceiling on train steps far above what the budget allows, so the budget binds in every version (the first
+# demo's default ceiling for addition was 12 steps)
 LEARN_STEPS_CEILING = 1000
 TOY_STEPS = 14  # the quick check: train steps of the toy task (its RECOMMENDED), or fewer when it stops teaching
 TOY_MIN_STEPS = 7  # the quick check trained for real: at step 7 the toy's groups still teach (reward ~0.85)
 
 
+def learn_demo(**changes: Any) -> DemoSettings:
+    """The demo run ``ajet bench --learn`` measures: ``changes`` (DemoSettings' fields; ``run`` a dict of
+    RunSettings' fields) over the bench's own: a ``LEARN_BUDGET_S`` budget that binds (``LEARN_STEPS_CEILING``)
+    and no early stop."""
+    from agentjet.apps.demo import DemoSettings
+
+    run = {"time_budget_s": LEARN_BUDGET_S, "max_steps": LEARN_STEPS_CEILING, **changes.pop("run", {})}
+    return DemoSettings.model_validate({"early_stop": False, **changes, "run": run})
+
+
 @dataclass(frozen=True)
 class LearnSettings:
-    """One learning run: ``ajet demo`` with these settings (``demo_flags`` gives the same as CLI flags, which the
-    backfill script hands to a past commit's demo)."""
+    """One learning run: ``ajet demo`` with ``demo`` (``learn_demo``; ``demo_flags`` gives the same as CLI flags,
+    which the backfill script hands to a past commit's demo), recorded under ``commit`` (default: git HEAD of the
+    working directory)."""
 
-    task: str = "addition"
-    model: str = DEFAULT_MODEL
-    seed: int = 0
-    budget_s: float = LEARN_BUDGET_S
-    eval_every_s: float | None = None  # default: LEARN_EVAL_EVERY_S for the task, else 60; 0: before and after only
-    # a ceiling on train steps far above what the budget allows, so the budget binds in every version (the first
-    # demo's default ceiling for addition was 12 steps)
-    steps: int | None = LEARN_STEPS_CEILING
-    learning_rate: float | None = None  # default: the task's (divide it to inject a learning regression)
-    commit: str | None = None  # default: git HEAD of the working directory
-    max_staleness: int | None = None  # default: the demo's (2); 0 trains on-policy only
-    early_stop: bool = False  # the demo's stopping rules (eval plateau, no signal); off: the budget binds
+    demo: DemoSettings = field(default_factory=learn_demo)
+    commit: str | None = None
 
     @property
     def eval_interval_s(self) -> float:
-        return self.eval_every_s if self.eval_every_s is not None else LEARN_EVAL_EVERY_S.get(self.task, 60.0)
+        """Seconds of training between held-out evals: the run's, else the task's recommendation times
+        ``LEARN_EVAL_DENSITY`` as often (0: before and after only)."""
+        run = self.demo.run
+        if "eval_every_s" in run.model_fields_set:
+            return run.eval_every_s or 0.0
+        from agentjet.tasks import get_task
+
+        return get_task(self.demo.task).RECOMMENDED.eval_every_s / LEARN_EVAL_DENSITY
+
+    def recorded(self) -> dict[str, Any]:
+        """The run's settings as a history record keeps them (``settings.bench``): flat, the interval used."""
+        demo = self.demo.model_dump(mode="json", exclude={"out_dir", "run"})
+        return {**demo, **self.demo.run.model_dump(mode="json"), "eval_every_s": self.eval_interval_s,
+                "commit": self.commit}
+
+    def with_seed(self, seed: int) -> LearnSettings:
+        return replace(self, demo=self.demo.model_copy(update={"seed": seed}))
 
     def demo_settings(self, out_dir: Path) -> DemoSettings:
-        from agentjet.apps.demo import DemoSettings
-
-        demo = DemoSettings(model=self.model, task=self.task, steps=self.steps, learning_rate=self.learning_rate,
-                            time_budget_s=self.budget_s, eval_every_s=self.eval_interval_s, curriculum=True,
-                            early_stop=self.early_stop, seed=self.seed, out_dir=out_dir)
-        return demo if self.max_staleness is None else dataclasses.replace(demo, max_staleness=self.max_staleness)
+        run = self.demo.run.model_copy(update={"eval_every_s": self.eval_interval_s})
+        return self.demo.model_copy(update={"out_dir": out_dir, "run": run})
 
 
 def demo_flags(s: LearnSettings) -> dict[str, str | None]:
     """``ajet demo`` flags for the same run (flag -> value; None for a switch)."""
-    flags: dict[str, str | None] = {
-        "--model": s.model, "--task": s.task, "--seed": str(s.seed), "--time-budget-s": f"{s.budget_s:g}",
-        "--eval-every-s": f"{s.eval_interval_s:g}"}
-    if not s.early_stop:
+    d, run = s.demo, s.demo.run
+    flags: dict[str, str | None] = {"--model": d.model, "--task": d.task, "--seed": str(d.seed),
+                                    "--time-budget-s": f"{run.time_budget_s:g}",
+                                    "--eval-every-s": f"{s.eval_interval_s:g}"}
+    if not d.early_stop:
         flags["--no-early-stop"] = None
-    if s.steps is not None:
-        flags["--steps"] = str(s.steps)
-    if s.learning_rate is not None:
-        flags["--lr"] = f"{s.learning_rate:g}"
+    if run.max_steps is not None:
+        flags["--steps"] = str(run.max_steps)
+    if d.learning_rate is not None:
+        flags["--lr"] = f"{d.learning_rate:g}"
     return flags
 
 
@@ -351,12 +370,14 @@ def run_learn(s: LearnSettings, console: Console | None = None, mode: Mode = "le
     record = record_from_demo(data, mode=mode, commit=s.commit or git_commit(), machine=machine(), device=device(),
                               date=_now(), notes=f"ajet bench: the demo run in process, {_describe(s)}")
     return record.model_copy(update={"seconds": time.perf_counter() - start,
-                                     "settings": {**record.settings, "bench": asdict(s)}})
+                                     "settings": {**record.settings, "bench": s.recorded()}})
 
 
 def _describe(s: LearnSettings) -> str:
-    bound = f"{s.steps} steps" if s.steps is not None and s.eval_interval_s == 0 else f"{s.budget_s / 60:g} min budget"
-    return f"{s.model} on {s.task}, seed {s.seed}, {bound}, evals every {s.eval_interval_s:g} s of training"
+    d, run = s.demo, s.demo.run
+    bound = (f"{run.max_steps} steps" if run.max_steps is not None and s.eval_interval_s == 0
+             else f"{(run.time_budget_s or 0) / 60:g} min budget")
+    return f"{d.model} on {d.task}, seed {d.seed}, {bound}, evals every {s.eval_interval_s:g} s of training"
 
 
 def toy_settings(model: str) -> LearnSettings:
@@ -369,8 +390,10 @@ def toy_settings(model: str) -> LearnSettings:
     It stops early when the groups stop teaching (the demo's no-signal rule): the toy task is often solved by
     step 10, and then nearly every group has equal rewards and is skipped, so the last steps could take minutes
     (7.1 min for 14 steps in one run beside a busy test suite: 14,360 episodes, 1,767 of 1,795 groups uniform)."""
-    return LearnSettings(task="toy", model=model, seed=0, eval_every_s=0, steps=TOY_STEPS, budget_s=600,
-                         max_staleness=0, early_stop=True)
+    from agentjet.tasks import toy
+
+    return LearnSettings(demo=learn_demo(task=toy.NAME, model=model, seed=0, max_staleness=0, early_stop=True,
+                                         run={"eval_every_s": 0, "max_steps": TOY_STEPS, "time_budget_s": 600}))
 
 
 def toy_learning(model: str, console: Console | None = None) -> BenchRecord:
@@ -444,7 +467,7 @@ def _runner(opts: BenchOptions, console: Console, suite: Callable[[SuiteSettings
             learn: Callable[[LearnSettings, Console], BenchRecord]) -> Runner:
     if opts.learn is not None:
         settings = opts.learn
-        return lambda i: learn(replace(settings, seed=settings.seed + i), console)
+        return lambda i: learn(settings.with_seed(settings.demo.seed + i), console)
     return lambda i: suite(opts.suite or SuiteSettings(quick=opts.quick), console)
 
 

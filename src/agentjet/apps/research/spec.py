@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from agentjet.apps.up import ClientSpec, server_spec
 from agentjet.settings import SettingsError
+from agentjet.tasks import DEFAULT_TASK
 
 Scalar = bool | int | float | str
 
@@ -246,7 +247,7 @@ class TrialClientSettings(_Strict):
     """The built-in trial client (``agentjet.apps.research.trial_client``): train on a task's train split, evaluate
     on its held-out split every ``eval_every`` train steps (training paused meanwhile)."""
 
-    task: str = Field("addition", description="a built-in task name, rg:NAME (a reasoning-gym dataset, docs/environments.md) or path/to/task.py")
+    task: str = Field(DEFAULT_TASK, description="a built-in task name, rg:NAME (a reasoning-gym dataset, docs/environments.md) or path/to/task.py")
     steps: int = Field(8, ge=1, description="train steps per run")
     eval_every: int = Field(2, ge=1, description="train steps between held-out evaluations")
     eval_n: int | None = Field(None, ge=1, description="held-out eval episodes per eval point (default: the "

@@ -29,8 +29,9 @@ from typing import Any
 from agentjet.apps.research.monitor import RESULT_FILE, TrialResult, parse_status
 from agentjet.apps.research.spec import TrialClientSettings
 from agentjet.client.client import SwarmClient
-from agentjet.client.driver import Budget, Driver, DriverSettings, EvalPoint, PauseEvery, Stop, held_out
+from agentjet.client.driver import Driver, EvalPoint, Stop, held_out
 from agentjet.client.runner import task_workflow
+from agentjet.client.settings import RunSettings
 from agentjet.files import write_atomic
 from agentjet.protocol import SWARM_PREFIX, ServerStatus
 from agentjet.tasks import Recommended, TaskSource, get_task
@@ -121,13 +122,14 @@ class TrialClient:
         t0 = time.monotonic()
         group_size = group_size_of(await self.status())
         eval_tasks = [{**t, "index": i} for i, t in enumerate(self.task.generate_tasks("eval", self.eval_n, seed=0))]
-        driver = Driver(self.client, task_workflow(self.task, self.train_sampling, model="trial"),
-                        DriverSettings(group_size=group_size, concurrency=self.s.concurrency, poll_s=WATCH_S),
+        settings = RunSettings(group_size=group_size, concurrency=self.s.concurrency, poll_s=WATCH_S,
+                               eval_every_steps=self.s.eval_every, max_steps=self.s.steps,
+                               time_budget_s=self.s.time_budget_s)
+        driver = Driver(self.client, task_workflow(self.task, self.train_sampling, model="trial"), settings,
                         evaluate=held_out(self.client, task_workflow(self.task, self.eval_sampling, model="trial"), eval_tasks,
                                           self.s.concurrency),
                         admin_token=self._admin_token(), on_eval=self.record)
-        run = await driver.run(self.train_tasks(), PauseEvery(steps=self.s.eval_every),
-                               Budget(max_steps=self.s.steps, train_seconds=self.s.time_budget_s))
+        run = await driver.run(self.train_tasks())
         reasons: dict[str, str] = {Stop.STEPS: "steps reached",
                                    Stop.TIME_BUDGET: f"time budget of {self.s.time_budget_s:.0f}s"}
         stop_reason = reasons.get(run.stop_reason, run.stop_reason)
