@@ -14,8 +14,8 @@ from collections.abc import AsyncIterator, Awaitable
 import uvicorn
 from fastapi import FastAPI
 
+from agentjet.engines.base import Engine
 from agentjet.layouts import build_engine
-from agentjet.layouts.composed import ComposedEngine
 from agentjet.server.http import control, dashboard, openai_api, swarm_api, tinker_api
 from agentjet.server.http.errors import BodySizeLimit, install_error_handlers
 from agentjet.server.swarm import SwarmServer
@@ -60,7 +60,7 @@ def create_app(server: SwarmServer) -> FastAPI:
     return app
 
 
-def serve(config: ServerConfig, engine: ComposedEngine | None = None) -> None:
+def serve(config: ServerConfig, engine: Engine | None = None) -> None:
     """Run the server in the foreground until interrupted (its process: the GIL's switch interval is set here)."""
     if config.generator.gil_switch_interval_ms is not None:
         sys.setswitchinterval(config.generator.gil_switch_interval_ms / 1000)
