@@ -9,7 +9,8 @@ from pathlib import Path
 
 from agentjet.distributed.group import TrainerGroup
 from agentjet.distributed.learner import GroupLearner
-from agentjet.generators.hf import HFGenerator
+from agentjet.engines.model import load_policy_model
+from agentjet.generators.hf.build import hf_generator
 from agentjet.generators.hf.sync import CopyIntoModule
 from agentjet.layouts.composed import ComposedEngine
 from agentjet.learners.policy_step import StepConfig
@@ -29,6 +30,6 @@ def start_trainer_group(config: ServerConfig) -> TrainerGroup:
 
 def group_engine(config: ServerConfig) -> ComposedEngine:
     """The embedded generator with a trainer group: each step's export is copied into its module in place."""
-    generator = HFGenerator.load(config.model, config.generator, config.placement)
+    generator = hf_generator(load_policy_model(config.model, config.placement), config.generator)
     learner = GroupLearner(start_trainer_group(config), generator.policy.facts)
     return ComposedEngine(generator, learner, CopyIntoModule(config.learner.group.push_timeout_s))
