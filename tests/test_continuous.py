@@ -77,7 +77,7 @@ def test_rows_joining_at_any_step_match_teacher_forcing(make_engine, chat_ids, c
         assert max_diff(r.logprobs, teacher_forced(engine, p, r.token_ids, s.temperature)) < 1e-4
     assert engine.generator.stats["decode_steps"] < sum(s.max_tokens for s in params)  # rows really shared steps
     if capacity == 16:
-        assert engine.generator.stats["cache_grows"] >= 1 and engine.generator.runner.capacity >= max(
+        assert engine.generator.stats["cache_grows"] >= 1 and engine.generator.core.runner.capacity >= max(
             len(p) + s.max_tokens for p, s in zip(prompts, params, strict=True))
 
 
@@ -200,7 +200,7 @@ def test_a_reply_that_spans_a_train_step_records_the_version_of_each_token(make_
     ids = chat_ids("hi", engine)
     sample = TrainSample(ids + [5, 6], [0] * len(ids) + [1, 1], [0.0] * len(ids) + [-3.0, -3.0],
                          [0.0] * len(ids) + [1.0, 1.0])
-    scheduler = engine.generator.scheduler
+    scheduler = engine.generator.core.scheduler
     real_step, steps = scheduler.step, []
 
     def step() -> None:  # on the worker thread: one unit of work, then (once) the learner's step job
@@ -276,7 +276,7 @@ def test_compaction_keeps_long_runs_exact(make_engine, chat_ids) -> None:
     results = staggered(engine, prompts, params, gaps_s=[0.0, 0.02])
     for p, r in zip(prompts, results, strict=True):
         assert max_diff(r.logprobs, teacher_forced(engine, p, r.token_ids, 1.0)) < 1e-4
-    assert engine.generator.stats["compactions"] >= 1 and engine.generator.runner.capacity == 64
+    assert engine.generator.stats["compactions"] >= 1 and engine.generator.core.runner.capacity == 64
 
 
 def test_models_with_sliding_windows_fall_back_to_static_batching() -> None:
@@ -284,6 +284,36 @@ def test_models_with_sliding_windows_fall_back_to_static_batching() -> None:
 
     assert slot_cache_fits(LlamaConfig()) is None
     assert "sliding" in (slot_cache_fits(MistralConfig(sliding_window=64)) or "")
+
+
+def test_the_batching_path_is_chosen_once_when_the_generator_is_built(tiny_model_path: Path, caplog) -> None:
+    """``hf_generator`` reads ``generator.batching`` once: a class per path, and a model the slot cache cannot serve
+    (here the tiny model given a sliding window) falls back to static batching, except with named adapters."""
+    from agentjet.engines.model import load_policy_model
+    from agentjet.generators.hf import ContinuousHFGenerator, StaticHFGenerator, hf_generator
+    from agentjet.settings import LearnerSettings, LoraSettings
+
+    policy = load_policy_model(tiny_model_path)
+    made = [hf_generator(policy), hf_generator(policy, GeneratorSettings(batching="static"))]
+    assert [type(g) for g in made] == [ContinuousHFGenerator, StaticHFGenerator]
+    assert [g.describe()["batching"] for g in made] == ["continuous", "static"]
+    policy.causal_lm.config.sliding_window = 64
+    fallback = hf_generator(policy)
+    made.append(fallback)
+    assert type(fallback) is StaticHFGenerator and "does not support sliding window 64" in caplog.text
+    with pytest.raises(ValueError, match="cannot serve a model with sliding window 64"):
+        ContinuousHFGenerator(policy)
+    for g in made:
+        run_blocking(g.close())
+    pytest.importorskip("peft")
+    lora = LearnerSettings(lora=LoraSettings(rank=2))
+    named = load_policy_model(tiny_model_path, learner=lora, adapters=["planner"])
+    with pytest.raises(ValueError, match=r"\['planner'\] need continuous batching, but generator.batching is "
+                                         "'static'"):
+        hf_generator(named, GeneratorSettings(batching="static"))
+    named.causal_lm.config.sliding_window = 64
+    with pytest.raises(ValueError, match=r"need continuous batching, but the model has sliding window 64"):
+        hf_generator(named)
 
 
 def test_status_reports_the_engine(make_engine) -> None:
@@ -313,7 +343,7 @@ def test_graph_buckets_replay_verify_and_fall_back(make_engine, chat_ids, monkey
     from agentjet.generators.hf.runner import _Graph
 
     engine, reference = make_engine(max_batch_size=8), make_engine(max_batch_size=8)
-    runner = engine.generator.runner
+    runner = engine.generator.core.runner
     runner.use_graphs = runner.bucketed = runner.static_prefill = True
 
     def capture(step) -> _Graph:
@@ -344,7 +374,7 @@ def test_a_static_prefill_pads_rows_and_width_and_stays_exact(make_engine, chat_
     CPU: joiners of any count and length, alone or joining running rows, give the tokens of the plain prefill and
     teacher-forced logprobs; the pad rows write only the scratch slot, which no decode step reads."""
     engine, reference = make_engine(max_batch_size=8), make_engine(max_batch_size=8)
-    runner = engine.generator.runner
+    runner = engine.generator.core.runner
     runner.static_prefill = True
     prompts = [chat_ids(q, engine) for q in QUESTIONS]  # 8 prompts: blocks of 1, 3, 5... rows (pad rows)
     params = [SamplingParams(temperature=[1.0, 0.7][i % 2], max_tokens=3 + 5 * i, seed=i) for i in range(len(prompts))]
@@ -366,7 +396,7 @@ def test_a_static_prefill_pads_rows_and_width_and_stays_exact(make_engine, chat_
 
     before = engine.generator.stats["static_prefills"]
     static, moved = engine.generator.worker.submit(prefill, runner).result()
-    plain, _ = reference.generator.worker.submit(prefill, reference.generator.runner).result()
+    plain, _ = reference.generator.worker.submit(prefill, reference.generator.core.runner).result()
     assert engine.generator.stats["static_prefills"] == before + 1
     assert static.shape == plain.shape == (3, plain.shape[1])
     assert float((static - plain).abs().max()) < 1e-4 and float(moved) == 0.0

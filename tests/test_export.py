@@ -231,9 +231,10 @@ def test_a_hub_model_run_names_its_base_on_the_card(offline: None, hub_cache: di
     pytest.importorskip("peft")
     from tests.conftest import SHA_V1
 
+    from agentjet.layouts import build_engine
     from agentjet.runtime.launch import free_port
     from agentjet.server import SwarmServer
-    from agentjet.server.http.app import BackgroundServer, build_engine
+    from agentjet.server.http.app import BackgroundServer
     from agentjet.settings import (
         GeneratorSettings,
         LearnerSettings,

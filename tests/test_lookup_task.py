@@ -17,7 +17,7 @@ import pytest
 from agentjet import SwarmClient
 from agentjet.client.runner import run_workflow
 from agentjet.engines.base import FinishReason, GenerationResult, SamplingParams, TrainSample
-from agentjet.generators.hf import HFGenerator, load_policy_model
+from agentjet.generators.hf import ContinuousHFGenerator, load_policy_model
 from agentjet.layouts.composed import ComposedEngine
 from agentjet.learners import InProcessLearner
 from agentjet.settings import GeneratorSettings, LearnerSettings, LossSettings
@@ -85,7 +85,7 @@ def test_tools_reward_and_correct_calls() -> None:
     assert lookup.reward(task, "") == 0.0 and lookup.reward(task, code[:3]) == 0.0
 
 
-class FirstCallScripted(HFGenerator):
+class FirstCallScripted(ContinuousHFGenerator):
     """The tiny random model, except that an agent's first call (the prompt ends with the question) gets the
     right ``lookup`` call, scored by the model itself (its logprobs under the current weights, from the learner
     that shares them): the random model never writes a parseable tool call, and the test needs tool results in

@@ -103,7 +103,7 @@ def test_every_engine_part_gets_the_one_resolved_directory(offline: None, hub_ca
                                                            monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """build_engine resolves the hub id once; the embedded engine, vLLM and the trainer group all get that
     snapshot's directory (one commit), not the id to resolve again."""
-    from agentjet import layouts
+    from agentjet.layouts import build as layouts
     from agentjet.layouts import build_engine
     from agentjet.settings import EngineKind, ServerConfig
 

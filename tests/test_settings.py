@@ -208,7 +208,7 @@ def test_find_field_by_flag_alias_and_path() -> None:
 
 
 def test_engine_settings_reach_the_engine(captured: list[ServerConfig], monkeypatch: pytest.MonkeyPatch) -> None:
-    from agentjet.server.http.app import build_engine
+    from agentjet.layouts import build_engine
 
     result = CliRunner().invoke(app, ["server", "--model", "tiny-random", "--device", "cpu", "--dtype", "bfloat16",
                                       "--lora-rank", "8", "--lora-alpha", "16", "--max-batch-size", "3",

@@ -113,7 +113,7 @@ async def bench_generation(args: argparse.Namespace, path: Path) -> dict[str, An
     engines = adapter_engines(path, names, gen_settings, learner, placement=placement)
     engines.generator.rules.stop_ids = frozenset()  # no EOS: every request generates exactly its max_tokens
     randomise_adapters(engines, args.seed)
-    runner = engines.generator.runner
+    runner = engines.generator.core.runner
     assert runner is not None
     plain = embedded_engine(path, gen_settings, learner, placement=placement) if args.reference else None
     if plain is not None:
@@ -210,7 +210,7 @@ def child_memory(args: argparse.Namespace, path: Path) -> dict[str, Any]:
     with contextlib.suppress(OSError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)  # give back what the allocator holds unused: the live RSS
     rss = psutil.Process().memory_info().rss
-    runner = engines.generator.runner
+    runner = engines.generator.core.runner
     stacked = runner.row_lora.stacked_bytes if runner is not None and runner.row_lora is not None else 0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     trained = {name: len(engines.engine(name).learner.params) for name in engines.names()}

@@ -27,7 +27,7 @@ def main() -> None:
     engine = embedded_engine("smollm2-135m-instruct", GeneratorSettings(max_batch_size=ROWS, batching="continuous"))
     ids = list(engine.tokenizer.apply_chat_template([{"role": "user", "content": "Write a long poem about the sea."}],
                                                     add_generation_prompt=True, tokenize=True, return_dict=False))
-    runner, model = engine.generator.runner, engine.generator.causal_lm
+    runner, model = engine.generator.core.runner, engine.generator.causal_lm
     assert runner is not None
     slots = torch.arange(ROWS)
 

@@ -342,11 +342,11 @@ def profile_prefill(engine: Any, prompts: list[list[int]], device: torch.device)
     params = [SamplingParams(temperature=1.0, max_tokens=1, seed=i) for i in slots]
 
     def admit() -> None:
-        logits = gen.runner.prefill(slots, prompts)
+        logits = gen.core.runner.prefill(slots, prompts)
         tokens, _, _ = sample_next(logits, params, [torch.Generator().manual_seed(i) for i in slots], 0)
         tokens.tolist()
-        gen.runner.release(slots)
-        gen.runner.restart()
+        gen.core.runner.release(slots)
+        gen.core.runner.restart()
 
     def job() -> dict[str, Any]:
         walls = []

@@ -14,7 +14,7 @@ import tinker
 from tinker import types
 
 from agentjet.engines.base import TrainSample
-from agentjet.layouts import build_engine
+from agentjet.layouts import build_adapters
 from agentjet.runtime.launch import free_port
 from agentjet.server import SwarmServer
 from agentjet.server.http.app import BackgroundServer
@@ -32,7 +32,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=3)
     args = p.parse_args()
     cfg = ServerConfig(model=args.model, tinker_key=KEY, port=free_port(), learner=LearnerSettings(lora={"rank": 8}))
-    srv = BackgroundServer(SwarmServer(cfg, build_engine(cfg))).start()
+    srv = BackgroundServer(SwarmServer(cfg, build_adapters(cfg))).start()
     rng = random.Random(0)
     vocab = 1000
     seqs = [[rng.randrange(10, vocab) for _ in range(args.prompt + args.reply)] for _ in range(args.seqs)]

@@ -33,7 +33,7 @@ from tinker import types
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from workloads import RESULTS, machine  # noqa: E402
 
-from agentjet.layouts import build_engine  # noqa: E402
+from agentjet.layouts import build_adapters  # noqa: E402
 from agentjet.runtime.launch import free_port  # noqa: E402
 from agentjet.server import SwarmServer  # noqa: E402
 from agentjet.server.http.app import BackgroundServer  # noqa: E402
@@ -103,7 +103,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         cfg = ServerConfig(model=args.model, tinker_key=KEY, port=free_port(), data_dir=Path(tmp),
                            learner=LearnerSettings(lora={"rank": 8}))
-        engine = build_engine(cfg)
+        engine = build_adapters(cfg)
         engine.generator.rules.stop_ids = frozenset()  # fixed-length generations: every request makes max_tokens
         with BackgroundServer(SwarmServer(cfg, engine)) as srv:
             prompt = srv.server.formatter.prompt_ids(MESSAGES, None)

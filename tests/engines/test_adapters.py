@@ -107,7 +107,7 @@ def test_mixed_batch_gives_each_row_what_its_adapter_alone_gives(two: AdapterEng
 def test_per_row_lora_matches_peft_mixed_batches(two: AdapterEngines) -> None:
     """The per-row LoRA (stacked adapters, row masks) gives what PEFT's adapter_names gives, also once rows have
     finished and left base rows between the others (the single-adapter path with a row mask, too)."""
-    runner = two.generator.runner
+    runner = two.generator.core.runner
     assert runner is not None and runner.row_lora is not None
     short, long = SamplingParams(temperature=0.0, max_tokens=4), SamplingParams(temperature=0.0, max_tokens=12)
     cases = [([("A", PROMPTS[0]), ("B", PROMPTS[1]), ("A", PROMPTS[2]), ("B", PROMPTS[2])], [short, long, long, short]),
@@ -140,7 +140,7 @@ def test_an_adapter_engine_generates_with_its_own_adapter_only(two: AdapterEngin
 @pytest.mark.parametrize("names", [["__base__", "A"], ["A", "B", "__base__"], ["B", "B"], ["__base__", "__base__"]])
 def test_row_lora_forward_matches_peft_adapter_names(two: AdapterEngines, names: list[str]) -> None:
     """One forward, row by row, against PEFT's mixed batch: base rows get the base, each other row its adapter."""
-    runner = two.generator.runner
+    runner = two.generator.core.runner
     assert runner is not None and runner.row_lora is not None
     row_lora, model = runner.row_lora, two.generator.model
     ids = torch.tensor([PROMPTS[0][:4]] * len(names))

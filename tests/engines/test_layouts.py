@@ -131,3 +131,26 @@ def test_the_nccl_seam_is_chosen_by_the_setting_and_refused_where_it_is_not_buil
         config(generator=gpu, learner={"lora": {"rank": 4}})
     with pytest.raises(ValueError, match="needs platform gpu"):
         config(generator={"kind": "vllm", "vllm": {"weight_transfer": "nccl"}})
+
+
+def test_one_policy_and_several_adapters_each_have_their_own_builder(tiny_model_path) -> None:
+    """``build_engine`` builds one policy's ``Engine`` and ``build_adapters`` an ``AdapterSet``; each refuses the
+    other's settings, naming the right one (the server's entry point picks by ``learner.lora.adapters``)."""
+    from agentjet.engines.base import AdapterSet
+    from agentjet.layouts import build_adapters, build_engine
+
+    named = config(model=str(tiny_model_path), generator={"kind": "null"},
+                   learner={"lora": {"rank": 4, "adapters": ["planner", "coder"]}})
+    one = config(model=str(tiny_model_path), generator={"kind": "null"})
+    with pytest.raises(ValueError, match="build them with build_adapters"):
+        build_engine(named)
+    with pytest.raises(ValueError, match="build_engine builds one policy"):
+        build_adapters(one)
+    adapters, engine = build_adapters(named), build_engine(one)
+    try:
+        assert isinstance(adapters, AdapterSet) and adapters.names() == ["planner", "coder"]
+        assert not isinstance(engine, AdapterSet) and engine.layout == "null+null"
+        assert adapters.engine("coder").layout == "null+null"
+    finally:
+        run_blocking(adapters.close())
+        run_blocking(engine.close())

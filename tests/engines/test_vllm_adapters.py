@@ -142,14 +142,14 @@ def test_settings_take_vllm_with_adapters_and_refuse_a_trainer_group(tiny_model_
         fake_config(tiny_model_path, lora, train_procs=2)
 
 
-def test_build_engine_builds_vllm_adapters(tmp_path: Path, tiny_model_path: Path, monkeypatch):
-    import agentjet.layouts.vllm_adapters as layout
-    from agentjet.layouts import build_engine
+def test_build_adapters_builds_vllm_adapters(tmp_path: Path, tiny_model_path: Path, monkeypatch):
+    import agentjet.layouts.build as layout
+    from agentjet.layouts import build_adapters
 
     seen = {}
     monkeypatch.setattr(layout, "vllm_adapters", lambda config, work_dir: seen.setdefault("work_dir", work_dir))
     config = fake_config(tiny_model_path, LoraSettings(rank=4, alpha=8, adapters=["alpha", "beta"]))
-    assert build_engine(config.model_copy(update={"data_dir": tmp_path})) == tmp_path / "vllm"
+    assert build_adapters(config.model_copy(update={"data_dir": tmp_path})) == tmp_path / "vllm"
 
 
 def test_pushes_of_two_adapters_at_once_each_probe_their_own(make_adapters):

@@ -25,7 +25,7 @@ USER = [{"role": "user", "content": "Name a colour."}]
 
 def test_two_adapters_served_and_trained_each_probe_under_its_threshold(tmp_path: Path) -> None:
     from agentjet import SwarmClient
-    from agentjet.layouts import build_engine
+    from agentjet.layouts import build_adapters
     from agentjet.layouts.vllm_adapters import VLLMAdapters
     from agentjet.runtime.launch import free_port
     from agentjet.server import SwarmServer
@@ -37,7 +37,7 @@ def test_two_adapters_served_and_trained_each_probe_under_its_threshold(tmp_path
                                        .model_copy(update={"group_size": 2, "batch_groups": 1, "checkpoint_every": 0,
                                                            "max_staleness": 4})})
     t0 = time.monotonic()
-    engine = build_engine(config)  # the path `ajet server` takes
+    engine = build_adapters(config)  # the path `ajet server` takes with adapters
     assert isinstance(engine, VLLMAdapters)
     bg = BackgroundServer(SwarmServer(config, engine)).start()
     started_s = time.monotonic() - t0

@@ -47,7 +47,7 @@ def _poison(engine: ComposedEngine, monkeypatch: pytest.MonkeyPatch, where: str)
             return real(rows, *args)
         return run
 
-    target = engine.generator.generator if where == "static" else engine.generator.scheduler
+    target = engine.generator.generator if where == "static" else engine.generator.core.scheduler
     name = {"static": "generate_batch", "prefill": "_prefill_logits", "decode": "_decode_logits"}[where]
     monkeypatch.setattr(target, name, poisoned(getattr(target, name)))
 
@@ -86,7 +86,7 @@ def test_a_failed_decode_step_fails_streamed_rows_and_never_hangs(tiny_engine: C
     """Rows that already streamed tokens cannot be re-run (their tokens were sent): they get the error; the
     others are re-run on their own and succeed."""
     ids = chat_ids("hello", tiny_engine)
-    real = tiny_engine.generator.scheduler._decode_logits
+    real = tiny_engine.generator.core.scheduler._decode_logits
     calls = {"n": 0}
 
     def flaky(rows):  # the third decode step fails, once
@@ -95,7 +95,7 @@ def test_a_failed_decode_step_fails_streamed_rows_and_never_hangs(tiny_engine: C
             raise RuntimeError("device hiccup")
         return real(rows)
 
-    monkeypatch.setattr(tiny_engine.generator.scheduler, "_decode_logits", flaky)
+    monkeypatch.setattr(tiny_engine.generator.core.scheduler, "_decode_logits", flaky)
     streamed: list[int] = []
 
     async def main() -> list:

@@ -16,14 +16,14 @@ from tests.tinker_api.test_training import ADAM, datum  # noqa: E402
 
 def test_lora_rank_alone_hosts_tinker_clients_beside_an_untouched_swarm_policy(make_server, tiny_model_path: Path,
                                                                                tmp_path: Path) -> None:
-    from agentjet.layouts import build_engine
+    from agentjet.layouts import build_adapters
     from agentjet.settings import GeneratorSettings, LearnerSettings, ServerConfig
 
     learner = {"lora": {"rank": 4}}
     cfg = ServerConfig(model=str(tiny_model_path), tinker_key=KEY, learner=LearnerSettings(**learner),
                        generator=GeneratorSettings(max_batch_size=8), data_dir=tmp_path / "d")
     assert cfg.swarm_adapters() == ["policy"] and cfg.default_adapter() == "policy"  # computed (test_config.py)
-    srv = make_server(build_engine(cfg), learner=learner, tinker_key=KEY)
+    srv = make_server(build_adapters(cfg), learner=learner, tinker_key=KEY)
     adapters = srv.server.adapters
     assert adapters is not None and adapters.names() == ["policy"]
     policy = [p.detach().clone() for p in adapters.engine("policy").learner.params]

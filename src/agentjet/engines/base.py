@@ -1,5 +1,6 @@
 """The role interfaces: a ``Generator`` generates tokens, a ``Learner`` runs policy-gradient updates, and the data
-types between them and the server. ``agentjet.layouts`` composes one of each into the engine the server drives."""
+types between them and the server. ``agentjet.layouts`` composes one of each into the engine the server drives: an
+``Engine`` (one policy), or an ``AdapterSet`` (several LoRA adapters on one base, one ``Engine`` each)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import enum
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from agentjet.engines.errors import GenerationError
 
@@ -223,3 +224,93 @@ class WeightSyncCounts:
 
     syncs: int  # pushes that brought the generator to the learner's version
     failures: int  # pushes that failed after a committed step (the generator served the previous version)
+
+
+class Engine(Protocol):
+    """The pair the server drives: one generator and one learner joined by a weight-sync seam (its implementation:
+    ``layouts/composed.py: ComposedEngine``, built by ``agentjet.layouts``). The server reaches an engine through
+    these members only, and its two roles through their interfaces (``Generator``, ``Learner``)."""
+
+    @property
+    def generator(self) -> Generator: ...
+
+    @property
+    def learner(self) -> Learner: ...
+
+    @property
+    def tokenizer(self) -> Any: ...
+
+    @property
+    def max_context(self) -> int: ...
+
+    @property
+    def policy_version(self) -> int:
+        """The learner's version (what the next checkpoint holds)."""
+        ...
+
+    @property
+    def generator_version(self) -> int:
+        """The version whose weights the generator serves (behind the learner's while a push runs)."""
+        ...
+
+    @property
+    def weight_push_in_flight(self) -> bool: ...
+
+    @property
+    def weight_sync(self) -> WeightSyncCounts | None:
+        """The seam's push counts, for the status; None for a seam that moves no weights."""
+        ...
+
+    @property
+    def halted_reason(self) -> str | None:
+        """Why training must stop (the generator cannot be brought to the learner's weights), else None."""
+        ...
+
+    @property
+    def layout(self) -> str:
+        """``<generator>+<learner>``, for the status and results files."""
+        ...
+
+    @property
+    def learning_rate(self) -> float: ...
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams,
+                       on_token: TokenCallback | None = None, adapter: str | None = None) -> GenerationResult: ...
+
+    async def train_step(self, batch: list[TrainSample]) -> StepOutput:
+        """The learner's step, then the seam's push of the new weights to the generator."""
+        ...
+
+    def save(self, path: Path) -> None: ...
+
+    def load(self, path: Path) -> None:
+        """The learner loads the checkpoint; the generator then gets its weights (blocks: from a thread)."""
+        ...
+
+    def set_learning_rate(self, lr: float) -> None: ...
+
+    def set_loss(self, loss: Any) -> None: ...
+
+    def describe(self) -> dict[str, Any]:
+        """What runs where (device, dtype, LoRA...), for the status."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+@runtime_checkable
+class AdapterSet(Protocol):
+    """Several LoRA adapters on one base, one ``Engine`` each, added and removed at run time: what the server
+    reads of the adapter layouts (``layouts/adapters.py``, ``layouts/vllm_adapters.py``, ``layouts/null.py``)."""
+
+    def names(self) -> list[str]: ...
+
+    def engine(self, name: str) -> Engine: ...
+
+    async def add(self, name: str, rank: int | None = None, unembed: bool = False) -> Engine:
+        """A fresh adapter; ``unembed``: LoRA on the output layer too (the Tinker SDK's ``train_unembed``)."""
+        ...
+
+    async def remove(self, name: str) -> None: ...
+
+    async def close(self) -> None: ...

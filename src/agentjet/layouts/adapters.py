@@ -1,7 +1,7 @@
 """One frozen base, several named LoRA adapters, in the embedded engine: the layout that trains a team's roles
 (or any set of policies on one base) as adapters of one model instead of one model each.
 
-One ``HFGenerator`` holds the base and every adapter (one PEFT module) and runs rows of different adapters in
+One ``ContinuousHFGenerator`` holds the base and every adapter (one PEFT module) and runs rows of different adapters in
 the same batch. Per adapter, a ``ComposedEngine`` joins a view of that generator routed to the adapter
 (``generators/hf/adapters.AdapterGenerator``) with an ``InProcessLearner`` that trains that adapter alone, on the
 generator's worker thread, through the in-place seam: exactly the single-process layout, once per adapter, on
@@ -19,9 +19,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, cast
 
-from agentjet.engines.model import check_adapter_name
-from agentjet.generators.hf import HFGenerator, load_policy_model
+from agentjet.engines.model import check_adapter_name, load_policy_model
 from agentjet.generators.hf.adapters import AdapterGenerator
+from agentjet.generators.hf.continuous import ContinuousHFGenerator
 from agentjet.layouts.composed import ComposedEngine, NamedEngines
 from agentjet.learners.inprocess import InProcessLearner
 from agentjet.settings import (
@@ -45,10 +45,10 @@ def _version_setter(view: AdapterGenerator) -> Any:
 
 
 class AdapterEngines(NamedEngines[AdapterEngine]):
-    """One frozen base, several LoRA adapters: one HFGenerator (mixed-adapter batches) and, per adapter, a
+    """One frozen base, several LoRA adapters: one ContinuousHFGenerator (mixed-adapter batches) and, per adapter, a
     ComposedEngine whose generator view routes rows to that adapter and whose learner trains only it."""
 
-    def __init__(self, generator: HFGenerator, learner: LearnerSettings, loss: LossSettings) -> None:
+    def __init__(self, generator: ContinuousHFGenerator, learner: LearnerSettings, loss: LossSettings) -> None:
         if not generator.mixed_adapters:
             raise ValueError("AdapterEngines needs a generator built with named LoRA adapters (adapter_engines)")
         self.generator = generator
@@ -124,10 +124,10 @@ def adapter_engines(model: str | Path, adapters: list[str], generator: Generator
     if generator.kind is not EngineKind.HF:
         raise ValueError(f"LoRA adapters run on the embedded generator here: set generator.kind to 'hf' (got "
                          f"{generator.kind.value!r})")
-    if generator.batching == "static":  # checked before loading (HFGenerator checks it again, with the model)
+    if generator.batching == "static":  # checked before loading (the model is checked when the generator is built)
         raise ValueError(f"named LoRA adapters {adapters} need continuous batching, but generator.batching is "
                          "'static': set generator.batching to 'continuous' (--batching continuous)")
     for name in adapters:
         check_adapter_name(name)
     policy = load_policy_model(model, placement, learner, adapters)
-    return AdapterEngines(HFGenerator(policy, generator), learner, loss or LossSettings())
+    return AdapterEngines(ContinuousHFGenerator(policy, generator), learner, loss or LossSettings())

@@ -14,7 +14,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from agentjet.layouts.composed import ComposedEngine
+from agentjet.engines.base import Engine
 from agentjet.protocol import (
     AdapterChange,
     AddAdapterRequest,
@@ -40,7 +40,7 @@ CHANGE_SECTIONS = ("learner", "training", "sampling", "loss")  # the sections of
 
 
 class ControlPlane:
-    def __init__(self, config: ServerConfig, engine: ComposedEngine, registry: EpisodeRegistry, pool: GroupPool,
+    def __init__(self, config: ServerConfig, engine: Engine, registry: EpisodeRegistry, pool: GroupPool,
                  loop: TrainLoop, admission: Admission, counters: TrainingCounters, clock: Clock) -> None:
         self.config = config  # the server's own: changes are applied to it in place
         self.engine = engine

@@ -16,7 +16,7 @@ object                      counts                                           wri
 ==========================  ===============================================  ======================================
 
 The episode registry keeps its own lifecycle counts (``registry.counts``: begun, expired, aborted, released),
-each written once in ``registry.py``; the weight-sync counts belong to the engine (``ComposedEngine.weight_sync``).
+each written once in ``registry.py``; the weight-sync counts belong to the engine (``Engine.weight_sync``).
 The read side turns all of them into one ``RunSnapshot`` (``run_state.snapshot``).
 """
 

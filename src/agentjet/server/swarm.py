@@ -27,7 +27,7 @@ from typing import Any
 
 from pydantic import SecretStr
 
-from agentjet.layouts.composed import ComposedEngine
+from agentjet.engines.base import AdapterSet, Engine
 from agentjet.models import agentjet_home
 from agentjet.observe.metrics import TRAINLOG_FILE, MetricsHub
 from agentjet.observe.trainlog import TrainLog
@@ -51,7 +51,7 @@ from agentjet.server.store_health import StoreHealth
 from agentjet.server.tinker import TinkerService
 from agentjet.server.training.adapter_lanes import AdapterLanes
 from agentjet.server.training.checkpoints import Checkpoints
-from agentjet.server.training.lanes import AdapterRouter, AdapterSet, Lane, build_lane
+from agentjet.server.training.lanes import AdapterRouter, Lane, build_lane
 from agentjet.server.training.loop import TrainLoop
 from agentjet.server.training.pool import GroupPool
 from agentjet.server.views.observe_source import ServerSource
@@ -81,8 +81,8 @@ class SwarmServer:
     observe: ServerSource
     metrics: MetricsHub
 
-    def __init__(self, config: ServerConfig, engine: ComposedEngine | AdapterSet, clock: Clock | None = None) -> None:
-        """``engine``: one policy (a ``ComposedEngine``), or several LoRA adapters on one base (an ``AdapterSet``:
+    def __init__(self, config: ServerConfig, engine: Engine | AdapterSet, clock: Clock | None = None) -> None:
+        """``engine``: one policy (an ``Engine``), or several LoRA adapters on one base (an ``AdapterSet``:
         one training lane per adapter, each agent routed to its adapter)."""
         self._home = agentjet_home()
         self.config = config.model_copy(deep=True)  # the caller's config is left as it is
@@ -93,7 +93,7 @@ class SwarmServer:
         self.admin_token_file: Path | None = None  # where start() wrote a generated admin token
         self.adapters: AdapterSet | None = engine if isinstance(engine, AdapterSet) else None
         # the one policy's engine; with adapters the first adapter's (the tokenizer and the context they share)
-        self.engine: ComposedEngine = engine.engine(engine.names()[0]) if isinstance(engine, AdapterSet) else engine
+        self.engine: Engine = engine.engine(engine.names()[0]) if isinstance(engine, AdapterSet) else engine
         self.router: AdapterRouter | None = None  # with adapters: which lane serves an agent
         self.clock = clock or SystemClock()
         self.auth = Auth.from_config(self.config)
@@ -208,7 +208,7 @@ class SwarmServer:
         lanes = self.lanes if agents is None or self.router is None else self.router.lanes_for(agents)
         return [LaneView(lane.engine, lane.pool) for lane in lanes]
 
-    def _engine_for(self, agent: str) -> ComposedEngine:
+    def _engine_for(self, agent: str) -> Engine:
         assert self.router is not None
         return self.router.lane(agent).engine
 

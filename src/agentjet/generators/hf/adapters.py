@@ -1,7 +1,7 @@
 """One named LoRA adapter of a shared embedded generator, seen as a ``Generator`` of its own.
 
-``AdapterGenerator(hf, name)`` routes every request to adapter ``name`` of ``hf`` (an ``HFGenerator`` built with
-named adapters, whose batches mix adapters) and reads and writes that adapter's policy version, so a
+``AdapterGenerator(hf, name)`` routes every request to adapter ``name`` of ``hf`` (a ``ContinuousHFGenerator``
+built with named adapters, whose batches mix adapters) and reads and writes that adapter's policy version, so a
 ``ComposedEngine`` per adapter (``layouts/adapters.py``) composes it with the learner of that adapter exactly as
 the single-process layout composes the whole generator. It owns nothing: ``close`` leaves the shared generator
 running (its owner closes it once).
@@ -13,14 +13,14 @@ from typing import Any
 
 from agentjet.engines.base import GenerationResult, Generator, SamplingParams, TokenCallback
 from agentjet.engines.errors import GenerationError
-from agentjet.generators.hf import HFGenerator
+from agentjet.generators.hf.continuous import ContinuousHFGenerator
 
 
 class AdapterGenerator(Generator):
     """Adapter ``name`` of the shared generator ``hf``: its requests, its policy version; the shared tokenizer,
     context and capacity (the slots are shared by every adapter)."""
 
-    def __init__(self, hf: HFGenerator, name: str) -> None:
+    def __init__(self, hf: ContinuousHFGenerator, name: str) -> None:
         if name not in hf.adapter_versions:
             raise ValueError(f"no LoRA adapter {name!r} on this engine: its adapters are {sorted(hf.adapter_versions)}")
         self.hf = hf

@@ -29,6 +29,19 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 INACTIVE_START = 2**62  # the start column of a free slot: it attends to the written column only
 
 
+def slot_cache_fits(config: Any) -> str | None:
+    """Why the slot KV cache cannot serve this model (None when it can): it holds full-attention layers only."""
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    kinds = set(getattr(text, "layer_types", None) or ["full_attention"])
+    if kinds != {"full_attention"}:
+        return f"layer types {sorted(kinds)}"
+    if getattr(text, "sliding_window", None) and getattr(text, "use_sliding_window", True):
+        return f"sliding window {text.sliding_window}"
+    if getattr(text, "is_encoder_decoder", False):
+        return "an encoder-decoder model"
+    return None
+
+
 class Phase(enum.Enum):
     IDLE = "idle"
     PREFILL = "prefill"  # a block of joining rows: write their prompts, attend to the block itself

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 from agentjet.engines.base import Learner
-from agentjet.generators.hf import HFGenerator
+from agentjet.generators.hf.base import HFGenerator
 from agentjet.weights.sync import WeightSync
 
 

@@ -42,7 +42,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, NamedTuple, TypeVar
 
-from agentjet.layouts.composed import ComposedEngine
+from agentjet.engines.base import Engine
 from agentjet.protocol import BeginEpisodeRequest, BeginEpisodeResponse, EpisodeStatus
 from agentjet.runtime.clock import Clock
 from agentjet.server.counters import AdmissionCounters, TrainingCounters
@@ -62,7 +62,7 @@ CAPACITY_RETRY_MS = 250
 class LaneView(NamedTuple):
     """What admission reads of one policy's training lane (``training/lanes.py``)."""
 
-    engine: ComposedEngine
+    engine: Engine
     pool: GroupPool
 
 
@@ -175,7 +175,7 @@ class Admission:
     store, the client's own limit), the cocktail quotas, and the capacity rule above with its queue of held
     begins. Counts its refusals and held begins (``counters.AdmissionCounters``)."""
 
-    def __init__(self, config: ServerConfig, engine: ComposedEngine, registry: EpisodeRegistry, pool: GroupPool,
+    def __init__(self, config: ServerConfig, engine: Engine, registry: EpisodeRegistry, pool: GroupPool,
                  clock: Clock, lifecycle: Lifecycle, store_health: StoreHealth, counters: AdmissionCounters,
                  training: TrainingCounters,
                  lanes: Callable[[Sequence[str] | None], Sequence[LaneView]] | None = None) -> None:

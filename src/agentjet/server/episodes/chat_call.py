@@ -15,9 +15,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agentjet.engines.base import MAX_SEED, GenerationResult, SamplingParams, TokenCallback
+from agentjet.engines.base import MAX_SEED, Engine, GenerationResult, SamplingParams, TokenCallback
 from agentjet.engines.errors import EngineUnavailableError, GenerationError
-from agentjet.layouts.composed import ComposedEngine
 from agentjet.protocol import DEFAULT_AGENT
 from agentjet.server.episodes.chat import (
     ChatFormatError,
@@ -89,7 +88,7 @@ def _unsupported(body: ChatCompletionRequest) -> None:
         raise bad_request("top_logprobs requires logprobs: true", param="top_logprobs")
 
 
-def sampling_for(body: ChatCompletionRequest, config: ServerConfig, engine: ComposedEngine, prompt_len: int,
+def sampling_for(body: ChatCompletionRequest, config: ServerConfig, engine: Engine, prompt_len: int,
                  index: int) -> SamplingParams:
     d = config.sampling
     room = engine.max_context - prompt_len
@@ -145,9 +144,9 @@ class Reply:
 class Chat:
     """The parts a chat call uses, built once by ``SwarmServer``."""
 
-    def __init__(self, config: ServerConfig, engine: ComposedEngine, formatter: ChatFormatter, keys: EpisodeKeys,
+    def __init__(self, config: ServerConfig, engine: Engine, formatter: ChatFormatter, keys: EpisodeKeys,
                  registry: EpisodeRegistry, ingest: Ingest,
-                 engine_for: Callable[[str], ComposedEngine] | None = None) -> None:
+                 engine_for: Callable[[str], Engine] | None = None) -> None:
         """``engine_for(agent)``: the engine that serves an agent's calls (a server with several LoRA adapters
         routes each agent to its adapter's, or refuses it with a 4xx); by default ``engine`` serves every agent."""
         self.config = config

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from agentjet.layouts.composed import ComposedEngine
+from agentjet.engines.base import Engine
 from agentjet.protocol import EndEpisodeRequest, EndEpisodeResponse, EpisodeStatus, PrepareEpisodeRequest
 from agentjet.runtime.clock import Clock
 from agentjet.server.counters import RequestCounters, RunCounters
@@ -51,7 +51,7 @@ class TrainingIntake:
 
 
 class Ingest:
-    def __init__(self, config: ServerConfig, engine: ComposedEngine, formatter: ChatFormatter, registry: EpisodeRegistry,
+    def __init__(self, config: ServerConfig, engine: Engine, formatter: ChatFormatter, registry: EpisodeRegistry,
                  store: SampleStore, keys: EpisodeKeys, teams: Teams, end_locks: KeyedLocks, clock: Clock,
                  store_health: StoreHealth, intake: TrainingIntake, admission: Admission,
                  counters: RunCounters, adapter_of: Callable[[list[str]], dict[str, str]] | None = None) -> None:

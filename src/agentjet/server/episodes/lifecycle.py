@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 
-from agentjet.layouts.composed import ComposedEngine
+from agentjet.engines.base import Engine
 from agentjet.protocol import (
     AbortEpisodeResponse,
     EpisodeStatus,
@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 
 class Episodes:
-    def __init__(self, config: ServerConfig, engine: ComposedEngine, registry: EpisodeRegistry, keys: EpisodeKeys,
+    def __init__(self, config: ServerConfig, engine: Engine, registry: EpisodeRegistry, keys: EpisodeKeys,
                  teams: Teams, admission: Admission) -> None:
         self.config = config
         self.engine = engine

@@ -14,8 +14,7 @@ from collections.abc import AsyncIterator, Awaitable
 import uvicorn
 from fastapi import FastAPI
 
-from agentjet.layouts import build_engine
-from agentjet.layouts.composed import ComposedEngine
+from agentjet.engines.base import AdapterSet, Engine
 from agentjet.server.http import control, dashboard, openai_api, swarm_api, tinker_api
 from agentjet.server.http.errors import BodySizeLimit, install_error_handlers
 from agentjet.server.swarm import SwarmServer
@@ -60,11 +59,19 @@ def create_app(server: SwarmServer) -> FastAPI:
     return app
 
 
-def serve(config: ServerConfig, engine: ComposedEngine | None = None) -> None:
-    """Run the server in the foreground until interrupted (its process: the GIL's switch interval is set here)."""
+def serve(config: ServerConfig, engine: Engine | AdapterSet | None = None) -> None:
+    """Run the server in the foreground until interrupted (its process: the GIL's switch interval is set here).
+    Without ``engine``, what the settings ask for: one policy's engine, or one per LoRA adapter when
+    the swarm has some (``ServerConfig.swarm_adapters``)."""
     if config.generator.gil_switch_interval_ms is not None:
         sys.setswitchinterval(config.generator.gil_switch_interval_ms / 1000)
-    server = SwarmServer(config, engine or build_engine(config))
+    if engine is None:
+        # here, not at the top: this module imports without the model stack (transformers and what it needs),
+        # which the layouts load (tests/test_extras.py, the base install)
+        from agentjet.layouts import build_adapters, build_engine
+
+        engine = build_adapters(config) if config.swarm_adapters() else build_engine(config)
+    server = SwarmServer(config, engine)
     runner = uvicorn.Server(uvicorn.Config(create_app(server), host=config.host, port=config.port,
                                            log_level="warning"))
     server.on_stop = lambda: setattr(runner, "should_exit", True)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agentjet.engines.base import FinishReason, SamplingParams
+from agentjet.engines.base import AdapterSet, FinishReason, SamplingParams
 from agentjet.engines.errors import GenerationError
 from agentjet.learners.inprocess import InProcessLearner
 from agentjet.learners.tinker_ops import (
@@ -31,7 +31,6 @@ from agentjet.learners.tinker_ops import (
 )
 from agentjet.protocol import TinkerClientStatus, TinkerStatus
 from agentjet.runtime.clock import Clock
-from agentjet.server.training.lanes import AdapterSet
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from agentjet.engines.base import AdapterSet
 from agentjet.server.errors import APIError, bad_request, conflict
-from agentjet.server.training.lanes import AdapterRouter, AdapterSet, Lane
+from agentjet.server.training.lanes import AdapterRouter, Lane
 from agentjet.server.training.loop import TrainLoop
 from agentjet.settings.learner import check_adapter_name
 

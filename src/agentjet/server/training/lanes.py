@@ -14,9 +14,8 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, runtime_checkable
 
-from agentjet.layouts.composed import ComposedEngine
+from agentjet.engines.base import Engine
 from agentjet.runtime.clock import Clock
 from agentjet.server.counters import TrainingCounters
 from agentjet.server.errors import APIError
@@ -29,30 +28,12 @@ from agentjet.settings import ServerConfig
 log = logging.getLogger(__name__)
 
 
-@runtime_checkable
-class AdapterSet(Protocol):
-    """What the server reads of an engine that hosts several LoRA adapters on one base
-    (``layouts.adapters.AdapterEngines``): one ``ComposedEngine`` per adapter, added and removed at run time."""
-
-    def names(self) -> list[str]: ...
-
-    def engine(self, name: str) -> ComposedEngine: ...
-
-    async def add(self, name: str, rank: int | None = None, unembed: bool = False) -> ComposedEngine:
-        """A fresh adapter; ``unembed``: LoRA on the output layer too (the Tinker SDK's ``train_unembed``)."""
-        ...
-
-    async def remove(self, name: str) -> None: ...
-
-    async def close(self) -> None: ...
-
-
 @dataclass
 class Lane:
     """One policy's training core. ``name`` is its adapter (None on a server with one policy)."""
 
     name: str | None
-    engine: ComposedEngine
+    engine: Engine
     store: TrainingStore
     counters: TrainingCounters
     pool: GroupPool
@@ -64,7 +45,7 @@ class Lane:
         return self.name or "policy"
 
 
-def build_lane(name: str | None, engine: ComposedEngine, store: SampleStore, counters: TrainingCounters,
+def build_lane(name: str | None, engine: Engine, store: SampleStore, counters: TrainingCounters,
                config: Callable[[], ServerConfig], checkpoint_root: Path, clock: Clock) -> Lane:
     """A lane over ``store`` (scoped to the adapter when ``name`` is one), checkpointed under ``checkpoint_root``
     (a directory of its own per adapter)."""

@@ -13,8 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from agentjet.algorithms import AdvantageEstimator, compute_advantages
-from agentjet.engines.base import StepOutput, TrainSample
-from agentjet.layouts.composed import ComposedEngine
+from agentjet.engines.base import Engine, StepOutput, TrainSample
 from agentjet.observe.events import StepObserver, StepRecord, TrainedSample, staleness_metrics
 from agentjet.protocol import reward_mean
 from agentjet.runtime.clock import Clock
@@ -78,7 +77,7 @@ class Batch:
 
 
 class BatchStep:
-    def __init__(self, engine: ComposedEngine, store: TrainingStore, counters: TrainingCounters,
+    def __init__(self, engine: Engine, store: TrainingStore, counters: TrainingCounters,
                  config: Callable[[], ServerConfig], checkpoints: Checkpoints, clock: Clock,
                  adapter: str | None = None) -> None:
         """``adapter``: the LoRA adapter this step trains (a server with several), named in its records."""

@@ -10,7 +10,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from agentjet.layouts.composed import ComposedEngine
+from agentjet.engines.base import Engine
 from agentjet.observe.schema import DropReason, RunSnapshot
 from agentjet.observe.trainlog import TrainLog
 from agentjet.protocol import AdapterStatus, TinkerStatus
@@ -63,7 +63,7 @@ class StoredCounts:
 @dataclass(frozen=True)
 class RunParts:
     config: ServerConfig
-    engine: ComposedEngine
+    engine: Engine
     clock: Clock
     registry: EpisodeRegistry
     store: SampleStore  # the trace reads samples through it
