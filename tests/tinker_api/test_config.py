@@ -80,7 +80,7 @@ def test_cocktail_quotas_beside_the_policy_adapter_are_refused_at_start_as_on_a_
 def test_a_server_started_with_a_tinker_key_and_a_rank_serves_every_agent_from_the_policy_adapter(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tiny_model_path: Path) -> None:
     from agentjet import SwarmClient
-    from agentjet.layouts import build_engine
+    from agentjet.layouts import build_from_settings
     from agentjet.runtime.launch import free_port
     from agentjet.server import SwarmServer
     from agentjet.server.http.app import BackgroundServer
@@ -89,7 +89,7 @@ def test_a_server_started_with_a_tinker_key_and_a_rank_serves_every_agent_from_t
                                     "--tinker-key", KEY, "--lora-rank", "4", "--port", str(free_port()),
                                     "--data-dir", str(tmp_path / "d")])
     assert cfg.learner.lora.adapters == []
-    with BackgroundServer(SwarmServer(cfg, build_engine(cfg))) as srv:
+    with BackgroundServer(SwarmServer(cfg, build_from_settings(cfg))) as srv:
         assert srv.server.adapters is not None and srv.server.adapters.names() == ["policy"]
 
         async def main() -> None:

@@ -19,7 +19,7 @@ shared vLLM, ``vllm_adapters.py`` (``vllm_adapters``); without a model, ``null.p
 """
 
 from agentjet.layouts.adapters import AdapterEngines, adapter_engines
-from agentjet.layouts.build import build_adapters, build_engine
+from agentjet.layouts.build import build_adapters, build_engine, build_from_settings
 from agentjet.layouts.composed import ComposedEngine
 from agentjet.layouts.embedded import embedded_engine
 from agentjet.layouts.group import group_engine
@@ -29,5 +29,5 @@ from agentjet.layouts.vllm import vllm_engine
 from agentjet.layouts.vllm_adapters import VLLMAdapters, vllm_adapters
 
 __all__ = ["AdapterEngines", "ComposedEngine", "NullAdapters", "PlacementError", "VLLMAdapters", "adapter_engines",
-           "build_adapters", "build_engine", "check_placement", "embedded_engine", "group_engine", "null_engine",
-           "vllm_adapters", "vllm_engine"]
+           "build_adapters", "build_engine", "build_from_settings", "check_placement", "embedded_engine", "group_engine",
+           "null_engine", "vllm_adapters", "vllm_engine"]

@@ -70,3 +70,9 @@ def build_adapters(config: ServerConfig) -> AdapterSet:
     if gen.kind is EngineKind.VLLM:
         return vllm_adapters(config, _vllm_dir(config))
     return adapter_engines(config.model, names, gen, config.learner, config.loss, config.placement)
+
+
+def build_from_settings(config: ServerConfig) -> Engine | AdapterSet:
+    """What the settings ask a server to drive: one engine per adapter when the swarm has LoRA adapters
+    (``ServerConfig.swarm_adapters``), else one policy's engine. The one place this choice is made."""
+    return build_adapters(config) if config.swarm_adapters() else build_engine(config)

@@ -68,9 +68,9 @@ def serve(config: ServerConfig, engine: Engine | AdapterSet | None = None) -> No
     if engine is None:
         # here, not at the top: this module imports without the model stack (transformers and what it needs),
         # which the layouts load (tests/test_extras.py, the base install)
-        from agentjet.layouts import build_adapters, build_engine
+        from agentjet.layouts import build_from_settings
 
-        engine = build_adapters(config) if config.swarm_adapters() else build_engine(config)
+        engine = build_from_settings(config)
     server = SwarmServer(config, engine)
     runner = uvicorn.Server(uvicorn.Config(create_app(server), host=config.host, port=config.port,
                                            log_level="warning"))
