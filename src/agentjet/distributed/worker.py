@@ -218,7 +218,7 @@ class RankTrainer:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         state = get_model_state_dict(self.lm, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        if self.rank == 0:  # untied, by the one rule (engines/weights.py): vLLM and the embedded engine read it
+        if self.rank == 0:  # untied, by the one rule (weights/io.py): vLLM and the embedded engine read it
             write_safetensors(untie(cast(dict[str, torch.Tensor], state)), path)  # a full state dict: tensors
 
     def _state(self) -> dict[str, dict]:

@@ -184,7 +184,7 @@ class Learner(abc.ABC):
     @abc.abstractmethod
     async def export_weights(self, dtype: str | None = None) -> Path:
         """A complete Hugging Face model directory of the current version's weights (untied, by the one rule in
-        ``engines/weights.py``), in a directory of its own per version under the learner's export root; the
+        ``weights/io.py``), in a directory of its own per version under the learner's export root; the
         learner keeps the newest few. ``dtype`` casts floating tensors (a learner may ignore it)."""
 
     async def export_adapter(self) -> Path:

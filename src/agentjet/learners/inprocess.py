@@ -1,5 +1,5 @@
 """The in-process learner: PPO-clip on precomputed per-token advantages, memory-bounded, on one device, through
-the one policy step (``engines/policy_step.py``).
+the one policy step (``learners/policy_step.py``).
 
 ``train_step`` runs the decoder over micro-batches of at most ``micro_batch_tokens`` padded tokens, gathers only
 the trained positions and computes their logprobs a chunk of rows at a time (``agentjet.engines.logprobs``), so

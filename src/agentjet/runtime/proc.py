@@ -2,8 +2,8 @@
 whole process group, stop it with SIGTERM then SIGKILL after a grace period, and read the log's tail.
 
 Every child AgentJet starts goes through :class:`Child`: the servers of ``ajet up`` and the demo
-(``launch.ServerProcess``), the clients of ``ajet up``, a study's ``ajet up`` (``research/process.py``), the
-managed ``vllm serve`` (``engines/vllm/process.py``) and torchrun for a trainer group
+(``launch.ServerProcess``), the clients of ``ajet up``, a study's ``ajet up`` (``apps/research/process.py``), the
+managed ``vllm serve`` (``generators/vllm/process.py``) and torchrun for a trainer group
 (``distributed/group.py``). The parent-death signal and :func:`free_port` live here too.
 
 A child runs in its own session, so a Ctrl-C in the parent's terminal does not reach it (the parent stops it,

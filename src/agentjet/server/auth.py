@@ -5,7 +5,7 @@
   without one generates it (``new_admin_token``) and leaves it in an owner-only file (``save_admin_token``);
 - an episode key authorises its own episode only.
 
-``Auth`` holds digests of the tokens, never the tokens. The FastAPI dependencies in ``routes.py`` read the
+``Auth`` holds digests of the tokens, never the tokens. The FastAPI dependencies in ``http/deps.py`` read the
 bearer token with ``HTTPBearer`` and check it against the ``Auth`` kept on the app's state.
 """
 

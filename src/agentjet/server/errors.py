@@ -1,6 +1,6 @@
 """Errors in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``. Never a bare 500.
 
-The domain raises these; ``http_errors.py`` turns them (and the web framework's own errors) into responses."""
+The domain raises these; ``http/errors.py`` turns them (and the web framework's own errors) into responses."""
 
 from __future__ import annotations
 

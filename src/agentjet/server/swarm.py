@@ -1,15 +1,15 @@
 """``SwarmServer``: the one object behind the HTTP routes. It builds the parts and runs their lifecycle:
 
 - ``registry`` (open episodes, keys, leases), ``store`` (durable samples), the training core (``training/``: pool, step, loop, checkpoints);
-- ``keys`` (``keys.py``: key auth), ``admission`` (``admission.py``: begin, quotas, capacity), ``ingest``
-  (``ingest.py``: calls, token-in/token-out, the durable end), ``episodes`` (``episodes.py``: join, heartbeat,
-  abort), ``teams`` (``teams.py``: two-phase commit);
+- from ``episodes/``: ``keys`` (``keys.py``: key auth), ``admission`` (``admission.py``: begin, quotas, capacity),
+  ``ingest`` (``ingest.py``: calls, token-in/token-out, the durable end), ``episodes`` (``lifecycle.py``: join,
+  heartbeat, abort), ``teams`` (``teams.py``: two-phase commit);
 - ``counters`` (``counters.py``: every counter, each written by one of the parts above);
 - ``auth`` (``auth.py``), the status (``status.py``), and the reaper that expires leases.
 
 The read side (status, dashboard, metrics) gets the parts it reads as one explicit ``RunParts``
 (``run_state.py``), never this object, and renders the one ``run_state.snapshot`` of them. The routes find
-this object through ``routes.server_of``.
+this object through ``http/deps.py: server_of``.
 
 Building a ``SwarmServer`` touches nothing outside it: it works on its own copy of the config (the data dir
 resolved, an admin token generated when none was given) and opens no file. ``start()`` opens the store, the

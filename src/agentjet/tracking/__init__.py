@@ -1,6 +1,6 @@
 """Context tracking: turns an episode's recorded calls into training samples.
 
-``track_episode`` is the entry point the server uses (``server/ingest.py``): the samples and a
+``track_episode`` is the entry point the server uses (``server/episodes/ingest.py``): the samples and a
 ``TrackingReport``. ``build_samples`` returns the samples alone.
 
 - ``segment``: message spans in the rendered prompt, for any chat template.

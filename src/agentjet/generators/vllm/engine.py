@@ -1,5 +1,5 @@
 """``VLLMGenerator``: vLLM (a managed subprocess on loopback) generates. It trains nothing: a learner does, and
-the new weights reach vLLM through a seam after every step (``engines/vllm/sync.py``: safetensors + reload, or
+the new weights reach vLLM through a seam after every step (``generators/vllm/sync.py``: safetensors + reload, or
 ``native_sync.py``: NCCL), each checked by a probe re-scored against the learner.
 
 Policy versions: ``policy_version`` is the version vLLM *serves*. A request records the version current when
@@ -74,7 +74,7 @@ class VLLMGenerator(Generator):
         start: bool = True,
     ) -> None:
         """vLLM serving the model directory ``model_dir`` (for full-weight training an untied export: see
-        ``engines/weights.py``). ``lora_adapters``: new weights arrive as LoRA adapters under versioned names.
+        ``weights/io.py``). ``lora_adapters``: new weights arrive as LoRA adapters under versioned names.
         ``max_context``: the model's own limit (vLLM serves ``min(max_model_len, max_context)``)."""
         self.settings = s = settings
         self._tokenizer = tokenizer

@@ -73,7 +73,7 @@ class NamedTensorSource(Protocol):
 
     def named_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Every tensor vLLM's model loads, by Hugging Face checkpoint name, untied (an explicit
-        ``lm_head.weight``; the rule is ``engines.weights.untied_named_tensors``). Each call is a fresh pass
+        ``lm_head.weight``; the rule is ``weights.io.untied_named_tensors``). Each call is a fresh pass
         with the same names, order, dtypes and shapes. A tensor may be a shard (``DTensor``): its ``shape`` is the
         full one, and it is gathered (``full_tensor()``) only when sent."""
         ...

@@ -41,7 +41,7 @@ async def disconnected(request: Request) -> None:
 
 @router.post("/episodes", response_model=BeginEpisodeResponse, dependencies=[Depends(require_swarm)])
 async def begin_episode(request: Request, body: BeginEpisodeRequest) -> BeginEpisodeResponse:
-    """Held beyond capacity until the group fits (a long poll; ``server/admission.py``)."""
+    """Held beyond capacity until the group fits (a long poll; ``server/episodes/admission.py``)."""
     return await server_of(request).admission.begin(body, client_gone=lambda: disconnected(request))
 
 

@@ -1,5 +1,5 @@
 """One train step on a batch of groups: per-agent advantages within each group, the per-token staleness mask
-(``server/staleness.py``: tokens more than ``max_staleness`` versions old leave the loss; younger off-policy tokens
+(``server/training/staleness.py``: tokens more than ``max_staleness`` versions old leave the loss; younger off-policy tokens
 are corrected by the learner's clipped importance ratio against their behaviour logprobs), the engine's
 ``train_step``, and the commit: the episodes marked trained in the store with the step's record, the counters, the
 observer, and a checkpoint when one is due. Settings are read afresh for each batch."""
