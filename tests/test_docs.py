@@ -90,7 +90,7 @@ def _doc_texts() -> Iterator[tuple[Path, str]]:
 
 
 def _path_exists(path: str, where: Path) -> bool:
-    if path.startswith(THEIRS):
+    if path.startswith(THEIRS) or path.startswith("../"):  # another project's, or outside the repository
         return True
     first = path.split("/", 1)[0]
     if first.isupper() or path.startswith("path/to/"):  # a placeholder (``DIR/spec.yaml``)
