@@ -60,10 +60,10 @@ class TinkerApi(Api):
         if r.status_code != 200 or not isinstance(r.json(), dict) or "request_id" not in r.json():
             return
         service = self.server.tinker
-        fut = service.futures.get(r.json()["request_id"])
+        fut = service.futures.find(r.json()["request_id"])
         deadline = time.monotonic() + 5
         while fut is not None and not fut.done.is_set():
-            if service.waiting_turn(fut):
+            if service.futures.waiting_turn(fut):
                 return  # a seq_id ahead of its model's next one: it runs when that one comes
             if time.monotonic() > deadline:
                 return  # long work (a sample of thousands of tokens): it ends in the background
@@ -156,9 +156,9 @@ def victim(tapi: TinkerApi) -> dict[str, Any]:
     tc = service.create_lora_training_client(base_model="tiny", rank=2).result()
     sc = service.create_sampling_client(base_model="tiny")  # the base: never freed (snapshots of tc may be)
     sc.sample(types.ModelInput.from_ints([1, 2]), 1, types.SamplingParams(max_tokens=1)).result()
-    session = next(s for s in tapi.server.tinker.sessions.values() if tc.model_id in s.models)
+    session = next(s for s in tapi.server.tinker.sessions.live.values() if tc.model_id in s.models)
     return {"service": service, "tc": tc, "model_id": tc.model_id, "session_id": session.session_id,
-            "sampler": next(k for k, x in tapi.server.tinker.samplers.items() if x.owner is None), "sc": sc}
+            "sampler": next(k for k, x in tapi.server.tinker.samplers.live.items() if x.owner is None), "sc": sc}
 
 
 @pytest.fixture(scope="module")
@@ -305,6 +305,6 @@ def test_fuzz_tinker_finish_other_ids(tapi: TinkerApi, victim: dict[str, Any]) -
         assert r.status_code < 500
 
     run()
-    assert victim["session_id"] in tapi.server.tinker.sessions  # another id never ends this session
+    assert victim["session_id"] in tapi.server.tinker.sessions.live  # another id never ends this session
     still_works(victim)
 

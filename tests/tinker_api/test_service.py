@@ -9,7 +9,7 @@ import pytest
 
 from agentjet.runtime.clock import FakeClock
 from agentjet.server.tinker import TinkerError, TinkerService
-from agentjet.server.tinker.service import TinkerModel
+from agentjet.server.tinker.models import TinkerModel
 
 pytestmark = pytest.mark.server
 
@@ -37,16 +37,16 @@ def test_a_session_that_stops_heartbeating_loses_its_models_and_their_adapters(t
     async def go() -> None:
         clock, adapters = FakeClock(), FakeAdapters()
         s = service(tmp_path, clock, adapters)
-        a, b = s.create_session([]), s.create_session([])
-        model = await s.create_model(a.session_id, "tiny", 4, {})
+        a, b = s.sessions.create([]), s.sessions.create([])
+        model = await s.models.create(a.session_id, "tiny", 4, {})
         assert adapters.names() == [model.adapter]
         clock.advance(50)
         s.heartbeat(b.session_id)
         clock.advance(20)  # a: 70 s without a heartbeat; b: 20 s
         s.heartbeat(b.session_id)
         await asyncio.sleep(0.01)
-        assert a.session_id not in s.sessions and b.session_id in s.sessions
-        assert adapters.names() == [] and model.model_id not in s.models
+        assert a.session_id not in s.sessions.live and b.session_id in s.sessions.live
+        assert adapters.names() == [] and model.model_id not in s.models.live
         with pytest.raises(TinkerError, match="unknown session"):
             s.heartbeat(a.session_id)
 
@@ -63,13 +63,13 @@ def test_a_long_poll_answers_try_again_on_the_servers_clock_and_requests_run_in_
             await gate.wait()
             return {"ok": 1}
 
-        rid = s.submit(None, slow)
-        assert await s.retrieve(rid, wait_s=20) is None  # the fake clock moved 20 s: try again
+        rid = s.futures.submit(None, slow)
+        assert await s.futures.retrieve(rid, wait_s=20) is None  # the fake clock moved 20 s: try again
         gate.set()
-        fut = await s.retrieve(rid, wait_s=20)
+        fut = await s.futures.retrieve(rid, wait_s=20)
         assert fut is not None and fut.result == {"ok": 1}
 
-        s.models["m"] = TinkerModel("m", "sess", "m", 4, "tiny")
+        s.models.live["m"] = TinkerModel("m", "sess", "m", 4, "tiny")
         order: list[int] = []
 
         def job(i: int):
@@ -78,12 +78,12 @@ def test_a_long_poll_answers_try_again_on_the_servers_clock_and_requests_run_in_
                 return i
             return run
 
-        rids = [s.submit("m", job(i), seq_id=i) for i in (3, 2, 1)]  # arrive out of order, the first sets the floor
+        rids = [s.futures.submit("m", job(i), seq_id=i) for i in (3, 2, 1)]  # arrive out of order, the first sets the floor
         for r in rids:
-            await s.retrieve(r, wait_s=1)
+            await s.futures.retrieve(r, wait_s=1)
         assert sorted(order) == [1, 2, 3] and order[0] == 3
         with pytest.raises(TinkerError, match="unknown request"):
-            await s.retrieve("nope")
+            await s.futures.retrieve("nope")
 
     asyncio.run(go())
 
@@ -98,8 +98,8 @@ def test_failed_futures_carry_an_error_and_a_category(tmp_path: Path) -> None:
         async def bug() -> None:
             raise RuntimeError("boom")
 
-        f1 = await s.retrieve(s.submit(None, bad_input))
-        f2 = await s.retrieve(s.submit(None, bug))
+        f1 = await s.futures.retrieve(s.futures.submit(None, bad_input))
+        f2 = await s.futures.retrieve(s.futures.submit(None, bug))
         assert f1 is not None and f1.error is not None and (f1.error.category, f1.error.message) == ("user", "bad datum")
         assert f2 is not None and f2.error is not None and f2.error.category == "server"
 
@@ -110,15 +110,15 @@ def test_requests_waiting_for_a_seq_id_that_never_comes_fail_when_the_session_en
     async def go() -> None:
         clock, adapters = FakeClock(), FakeAdapters()
         s = service(tmp_path, clock, adapters)
-        a = s.create_session([])
-        model = await s.create_model(a.session_id, "tiny", 4, {})
-        first = s.submit(model.model_id, lambda: asyncio.sleep(0, {"ok": 1}), seq_id=1)
-        ahead = s.submit(model.model_id, lambda: s.optim_step(model, {}), seq_id=10**6)  # a bad seq_id
-        done = await s.retrieve(first, wait_s=1)
+        a = s.sessions.create([])
+        model = await s.models.create(a.session_id, "tiny", 4, {})
+        first = s.futures.submit(model.model_id, lambda: asyncio.sleep(0, {"ok": 1}), seq_id=1)
+        ahead = s.futures.submit(model.model_id, lambda: s.models.optim_step(model, {}), seq_id=10**6)  # a bad seq_id
+        done = await s.futures.retrieve(first, wait_s=1)
         assert done is not None and done.result == {"ok": 1}
-        assert await s.retrieve(ahead, wait_s=5) is None and s.waiting_turn(s.futures[ahead])
+        assert await s.futures.retrieve(ahead, wait_s=5) is None and s.futures.waiting_turn(s.futures.live[ahead])
         await s.finish(a.session_id)
-        fut = await s.retrieve(ahead, wait_s=5)
+        fut = await s.futures.retrieve(ahead, wait_s=5)
         assert fut is not None and fut.error is not None and fut.error.category == "user"
         assert "no adapter" in fut.error.message
 
@@ -126,27 +126,27 @@ def test_requests_waiting_for_a_seq_id_that_never_comes_fail_when_the_session_en
 
 
 def test_a_finished_future_nobody_retrieves_is_dropped_after_its_keep_time(tmp_path: Path) -> None:
-    from agentjet.server.tinker.service import FUTURE_KEEP_S
+    from agentjet.server.tinker.futures import FUTURE_KEEP_S
 
     async def go() -> None:
         clock = FakeClock()
         s = service(tmp_path, clock)
-        session = s.create_session([])
+        session = s.sessions.create([])
 
         async def work() -> dict:
             return {"ok": True}
 
-        early = s.submit(None, work)
+        early = s.futures.submit(None, work)
         await asyncio.sleep(0.01)  # it finishes
         clock.advance(FUTURE_KEEP_S / 2)
-        late = s.submit(None, work)
+        late = s.futures.submit(None, work)
         await asyncio.sleep(0.01)
         clock.advance(FUTURE_KEEP_S / 2 + 1)
         s.heartbeat(session.session_id)  # the reap pass (expire) runs on every heartbeat too
-        assert early not in s.futures and late in s.futures  # only the one finished longer ago than the keep time
-        fut = await s.retrieve(late)
+        assert early not in s.futures.live and late in s.futures.live  # only the one finished longer ago than the keep time
+        fut = await s.futures.retrieve(late)
         assert fut is not None and fut.result == {"ok": True}
         with pytest.raises(TinkerError, match="unknown request id"):
-            await s.retrieve(early)
+            await s.futures.retrieve(early)
 
     asyncio.run(go())

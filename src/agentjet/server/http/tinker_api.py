@@ -19,8 +19,7 @@ from fastapi.routing import APIRoute
 
 from agentjet.engines.base import SamplingParams
 from agentjet.server.swarm import SwarmServer
-from agentjet.server.tinker import TinkerError, TinkerService
-from agentjet.server.tinker.service import TinkerModel
+from agentjet.server.tinker import TinkerError, TinkerModel, TinkerService
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +75,7 @@ def _int(body: dict[str, Any], key: str, default: int | None = None) -> int | No
 def _queued(s: TinkerService, model: TinkerModel, body: dict[str, Any],
             work: Callable[[], Awaitable[Any]]) -> dict[str, Any]:
     """Queue ``work`` in ``model``'s ``seq_id`` order; the answer the SDK polls ``retrieve_future`` with."""
-    return {"request_id": s.submit(model.model_id, work, _int(body, "seq_id")), "model_id": model.model_id}
+    return {"request_id": s.futures.submit(model.model_id, work, _int(body, "seq_id")), "model_id": model.model_id}
 
 
 async def _handle(request: Request, handler: Any) -> Response:
@@ -167,7 +166,7 @@ async def telemetry(request: Request) -> Response:
 async def create_model(request: Request) -> Response:
     async def h(s: TinkerService, body: dict[str, Any]) -> dict[str, Any]:
         session_id, base_model = _str(body, "session_id"), _str(body, "base_model")
-        s.session(session_id)
+        s.sessions.get(session_id)
         lora = body.get("lora_config")
         if lora is not None and not isinstance(lora, dict):
             raise TinkerError("lora_config must be an object")
@@ -175,17 +174,17 @@ async def create_model(request: Request) -> Response:
         flags = {k: bool(lora.get(k, True)) for k in ("train_mlp", "train_attn", "train_unembed")} if lora else {}
 
         async def work() -> dict[str, Any]:
-            model = await s.create_model(session_id, base_model, rank, flags)
+            model = await s.models.create(session_id, base_model, rank, flags)
             return {"type": "create_model", "model_id": model.model_id}
 
-        return {"request_id": s.submit(None, work)}
+        return {"request_id": s.futures.submit(None, work)}
     return await _handle(request, h)
 
 
 @router.post("/get_info")
 async def get_info(request: Request) -> Response:
     async def h(s: TinkerService, body: dict[str, Any]) -> dict[str, Any]:
-        m = s.model(_str(body, "model_id"))
+        m = s.models.get(_str(body, "model_id"))
         return {"type": "get_info", "model_id": m.model_id, "lora_rank": m.rank, "is_lora": True,
                 "model_data": {"arch": "causal_lm", "model_name": s.served_name, "tokenizer_id": s.model_path}}
     return await _handle(request, h)
@@ -196,10 +195,10 @@ async def get_info(request: Request) -> Response:
 async def retrieve_future(request: Request) -> Response:
     async def h(s: TinkerService, body: dict[str, Any]) -> Any:
         rid = _str(body, "request_id")
-        fut = await s.retrieve(rid)
+        fut = await s.futures.retrieve(rid)
         if fut is None:
             return {"type": "try_again", "request_id": rid, "queue_state": "active"}
-        s.forget(rid)
+        s.futures.forget(rid)
         if fut.error is not None:
             return {"error": fut.error.message, "category": fut.error.category}
         if isinstance(fut.result, bytes):
@@ -221,21 +220,21 @@ async def forward_backward(request: Request) -> Response:
             raise TinkerError("compressed forward_backward bodies are not supported (the server's client/config "
                               "turns proto_compress_fwdbwd off)", 415)
         req = parse_forward_backward(await request.body())
-        model = service.model(req.model_id)
+        model = service.models.get(req.model_id)
     except TinkerError as e:
         return _error(e.status if 400 <= e.status < 500 else 400, e.message)
 
     async def work() -> bytes:
-        result = await service.forward_backward(model, req.data, req.loss_fn, req.config, not req.forward_only)
+        result = await service.models.forward_backward(model, req.data, req.loss_fn, req.config, not req.forward_only)
         return encode_forward_backward(result)
 
-    return JSONResponse({"request_id": service.submit(model.model_id, work, req.seq_id), "model_id": model.model_id})
+    return JSONResponse({"request_id": service.futures.submit(model.model_id, work, req.seq_id), "model_id": model.model_id})
 
 
 @router.post("/optim_step")
 async def optim_step(request: Request) -> Response:
     async def h(s: TinkerService, body: dict[str, Any]) -> dict[str, Any]:
-        model = s.model(_str(body, "model_id"))
+        model = s.models.get(_str(body, "model_id"))
         adam = body.get("adam_params", body.get("optim_params", {}))
         if not isinstance(adam, dict):
             raise TinkerError("adam_params must be an object")
@@ -244,7 +243,7 @@ async def optim_step(request: Request) -> Response:
         params = _adam(adam)
 
         async def work() -> dict[str, Any]:
-            return await s.optim_step(model, params)
+            return await s.models.optim_step(model, params)
 
         return _queued(s, model, body, work)
     return await _handle(request, h)
@@ -270,7 +269,7 @@ def _adam(adam: dict[str, Any]) -> dict[str, float]:
 @router.post("/save_weights_for_sampler")
 async def save_weights_for_sampler(request: Request) -> Response:
     async def h(s: TinkerService, body: dict[str, Any]) -> dict[str, Any]:
-        model = s.model(_str(body, "model_id"))
+        model = s.models.get(_str(body, "model_id"))
         name = body.get("path")
         if name is not None and (not isinstance(name, str) or not _NAME.match(name)):
             raise TinkerError("path must be a name of letters, digits, _ . and - (at most 100)")
@@ -278,7 +277,7 @@ async def save_weights_for_sampler(request: Request) -> Response:
             raise TinkerError(f"kind {body.get('kind')!r} is not supported: snapshot only")
 
         async def work() -> dict[str, Any]:
-            return await s.save_for_sampler(model, name)
+            return await s.samplers.snapshot(model, name)
 
         return _queued(s, model, body, work)
     return await _handle(request, h)
@@ -287,11 +286,11 @@ async def save_weights_for_sampler(request: Request) -> Response:
 @router.post("/create_sampling_session")
 async def create_sampling_session(request: Request) -> Response:
     async def h(s: TinkerService, body: dict[str, Any]) -> dict[str, Any]:
-        s.session(_str(body, "session_id"))
+        s.sessions.get(_str(body, "session_id"))
         path, base = body.get("model_path"), body.get("base_model")
         if not isinstance(path, str | None) or not isinstance(base, str | None) or not (path or base):
             raise TinkerError("name a model_path (tinker://...) or a base_model")
-        sampler = await s.create_sampler(path, base)
+        sampler = await s.samplers.create(path, base)
         return {"type": "create_sampling_session", "sampling_session_id": sampler.sampler_id}
     return await _handle(request, h)
 
@@ -299,7 +298,7 @@ async def create_sampling_session(request: Request) -> Response:
 @router.get("/samplers/{sampler_id}")
 async def get_sampler(sampler_id: str, request: Request) -> Response:
     async def h(s: TinkerService, _: dict[str, Any]) -> dict[str, Any]:
-        sampler = s.sampler(sampler_id)
+        sampler = s.samplers.get(sampler_id)
         return {"sampler_id": sampler.sampler_id, "base_model": sampler.base_model, "model_path": sampler.model_path}
     return await _handle(request, h)
 
@@ -352,12 +351,12 @@ async def asample(request: Request) -> Response:
     async def h(s: TinkerService, body: dict[str, Any]) -> dict[str, Any]:
         sid = body.get("sampling_session_id")
         if isinstance(sid, str) and sid:
-            sampler = s.sampler(sid)
+            sampler = s.samplers.get(sid)
         else:
             path, base = body.get("model_path"), body.get("base_model")
             if not isinstance(path, str | None) or not isinstance(base, str | None) or not (path or base):
                 raise TinkerError("name a sampling_session_id, a model_path or a base_model")
-            sampler = await s.create_sampler(path, base)
+            sampler = await s.samplers.create(path, base)
         prompt, params = _prompt(body), _sampling(body)
         room = None if s.max_context is None else s.max_context - len(prompt)
         if room is not None and params.max_tokens > room:
@@ -379,9 +378,9 @@ async def asample(request: Request) -> Response:
             raise TinkerError("prompt_logprobs_last_n must be >= 0")
 
         async def work() -> bytes:
-            return encode_sample(await s.sample(sampler, prompt, n, params, want_plp, last_n))
+            return encode_sample(await s.samplers.sample(sampler, prompt, n, params, want_plp, last_n))
 
-        rid = s.submit(None, work)
+        rid = s.futures.submit(None, work)
         return {"request_id": rid, "sample_sequence_ids": [f"{rid}-{i}" for i in range(n)]}
     return await _handle(request, h)
 
@@ -390,11 +389,11 @@ async def asample(request: Request) -> Response:
 @router.post("/save_weights")
 async def save_weights(request: Request) -> Response:
     async def h(s: TinkerService, body: dict[str, Any]) -> dict[str, Any]:
-        model = s.model(_str(body, "model_id"))
+        model = s.models.get(_str(body, "model_id"))
         name = _str(body, "path")
 
         async def work() -> dict[str, Any]:
-            return await s.save_state(model, name)
+            return await s.checkpoints.save(model, name)
 
         return _queued(s, model, body, work)
     return await _handle(request, h)
@@ -405,12 +404,12 @@ async def load_weights(request: Request) -> Response:
     async def h(s: TinkerService, body: dict[str, Any]) -> dict[str, Any]:
         if body.get("model_id") is None:  # create_training_client_from_state: a new client from a saved state
             return _from_state(s, body)
-        model = s.model(_str(body, "model_id"))
+        model = s.models.get(_str(body, "model_id"))
         path = _str(body, "path")
         optimizer = bool(body.get("optimizer", False))
 
         async def work() -> dict[str, Any]:
-            return await s.load_state(model, path, optimizer)
+            return await s.checkpoints.load(model, path, optimizer)
 
         return _queued(s, model, body, work)
     return await _handle(request, h)
@@ -418,7 +417,7 @@ async def load_weights(request: Request) -> Response:
 
 def _from_state(s: TinkerService, body: dict[str, Any]) -> dict[str, Any]:
     session_id, path = _str(body, "session_id"), _str(body, "path")
-    s.session(session_id)
+    s.sessions.get(session_id)
     seq = _int(body, "model_seq_id")
     if seq is None or seq < 0:
         raise TinkerError("load_weights without a model_id (create_training_client_from_state) needs a model_seq_id")
@@ -428,10 +427,10 @@ def _from_state(s: TinkerService, body: dict[str, Any]) -> dict[str, Any]:
     optimizer = bool(body.get("optimizer", False))
 
     async def work() -> dict[str, Any]:
-        model = await s.create_from_state(session_id, seq, path, optimizer, base)
+        model = await s.checkpoints.create_from(session_id, seq, path, optimizer, base)
         return {"type": "load_weights", "path": path, "model_id": model.model_id}
 
-    return {"request_id": s.submit(None, work)}
+    return {"request_id": s.futures.submit(None, work)}
 
 
 # ---------------------------------------------------------------------------------------------- not served

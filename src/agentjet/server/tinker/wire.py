@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 
 from agentjet.learners.tinker_ops import FwdBwdResult, TinkerDatum
-from agentjet.server.tinker.service import SampleResult, TinkerError
+from agentjet.server.tinker.errors import TinkerError
+from agentjet.server.tinker.samplers import SampleResult
 
 
 @dataclass
