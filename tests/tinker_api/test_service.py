@@ -150,3 +150,52 @@ def test_a_finished_future_nobody_retrieves_is_dropped_after_its_keep_time(tmp_p
             await s.futures.retrieve(early)
 
     asyncio.run(go())
+
+
+def test_a_finished_future_answers_every_retrieve_until_it_expires(tmp_path: Path) -> None:
+    """A poll retried after the client's own timeout (the answer was lost on the way) gets the same answer: a result
+    is not forgotten when it is first retrieved, only FUTURE_KEEP_S after it finished."""
+    from agentjet.server.tinker.futures import FUTURE_KEEP_S
+
+    async def go() -> None:
+        clock = FakeClock()
+        s = service(tmp_path, clock)
+
+        async def work() -> dict:
+            return {"answer": 42}
+
+        rid = s.futures.submit(None, work)
+        await asyncio.sleep(0.01)  # it finishes (a retrieve that waited would move the fake clock by its long poll)
+        first = await s.futures.retrieve(rid)
+        clock.advance(FUTURE_KEEP_S - 1)
+        s.expire()
+        again = await s.futures.retrieve(rid)
+        assert first is again and again is not None and again.result == {"answer": 42}
+        clock.advance(2)
+        s.expire()
+        with pytest.raises(TinkerError, match="unknown request id"):
+            await s.futures.retrieve(rid)
+
+    asyncio.run(go())
+
+
+def test_the_sdks_error_events_reach_the_server_log_rate_limited(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from agentjet.server.tinker.telemetry import ClientErrors
+
+    clock = FakeClock()
+    errors = ClientErrors(clock, limit=3, window_s=60)
+    event = {"event": "GENERIC_EVENT", "event_name": "APIFuture.result_async.application_error", "severity": "ERROR",
+             "event_data": {"error": "boom\nline two", "request_type": "ForwardBackward"}}
+    quiet = {"event": "SESSION_START", "severity": "INFO"}
+    with caplog.at_level(logging.WARNING, logger="agentjet.tinker.client"):
+        assert errors.record({"session_id": "s1", "sdk_version": "0.38.0", "events": [quiet, *[event] * 5]}) == 3
+        assert errors.record({"events": "not a list"}) == 0
+        lines = [r.getMessage() for r in caplog.records]
+        assert len(lines) == 3 and all("APIFuture.result_async.application_error" in x and "boom | line two" in x
+                                       and "session s1" in x for x in lines)
+        clock.advance(61)  # a new window: the count of what was left out, then the event
+        assert errors.record({"events": [event]}) == 1
+        lines = [r.getMessage() for r in caplog.records]
+        assert "2 more were not logged" in lines[3] and "application_error" in lines[4]

@@ -32,7 +32,9 @@ class TinkerCheckpoints:
             raise TinkerError("a checkpoint name is letters, digits, _ . and - (at most 100)")
         learner = self.models.learner(model)
         path = f"tinker://{model.adapter}/weights/{name}"  # the adapter's name: a path segment (a model id may not be)
-        await learner.worker.run(save_adapter_state, learner, self.state_file(path))
+        file = self.state_file(path)
+        await learner.worker.run(save_adapter_state, learner, file)
+        self.models.runs.checkpointed(model.adapter, f"weights/{name}", path, file.stat().st_size)
         return {"type": "save_weights", "path": path}
 
     async def load(self, model: TinkerModel, path: str, optimizer: bool) -> dict[str, Any]:
@@ -44,7 +46,7 @@ class TinkerCheckpoints:
         return {"type": "load_weights", "path": path, "model_id": model.model_id}
 
     async def create_from(self, session_id: str, model_seq_id: int, path: str, optimizer: bool,
-                          base_model: str | None) -> TinkerModel:
+                          base_model: str | None, metadata: dict[str, str] | None = None) -> TinkerModel:
         """``create_training_client_from_state[_with_optimizer]``: a new training client of the saved state's rank,
         loaded from it. Its model id is the one the SDK derives, ``<session id>:train:<model_seq_id>``."""
         models = self.models
@@ -61,7 +63,8 @@ class TinkerCheckpoints:
         rank, unembed = await asyncio.to_thread(checkpoint_shape, file)
         adapter = models.new_name("tinker")
         await adapters.add(adapter, rank, unembed=unembed)
-        model = models.adopt(TinkerModel(mid, session_id, adapter, rank, models.served_name, unembed), session)
+        model = models.adopt(TinkerModel(mid, session_id, adapter, rank, models.served_name, unembed), session,
+                             metadata)
         try:
             await self.load(model, path, optimizer)
         except BaseException:

@@ -16,7 +16,9 @@ log = logging.getLogger(__name__)
 
 # A long poll of retrieve_future holds at most this long before answering try_again (the SDK's read timeout is 45 s).
 LONG_POLL_S = 30.0
-FUTURE_KEEP_S = 600.0  # a finished future nobody retrieved is dropped this long after it finished (server clock)
+# A finished future is kept this long after it finished (server clock), retrieved or not: a poll retried after the
+# client's own timeout gets the same answer; then it is dropped.
+FUTURE_KEEP_S = 600.0
 
 
 @dataclass
@@ -100,7 +102,8 @@ class Futures:
         return self.live.get(request_id)
 
     async def retrieve(self, request_id: str, wait_s: float = LONG_POLL_S) -> Future | None:
-        """The finished future, or None after ``wait_s`` on the server's clock (the SDK asks again)."""
+        """The finished future, or None after ``wait_s`` on the server's clock (the SDK asks again). A finished one
+        answers every retrieve until it expires (``expire``), so a retried poll gets the same answer."""
         fut = self.live.get(request_id)
         if fut is None:
             raise TinkerError(f"unknown request id {request_id!r}", 404)
@@ -119,12 +122,8 @@ class Futures:
         order = self.order_of(fut.model_id) if fut.model_id else None
         return not fut.done.is_set() and order is not None and fut.seq_id is not None and order.ahead(fut.seq_id)
 
-    def forget(self, request_id: str) -> None:
-        self.live.pop(request_id, None)
-
     def expire(self) -> None:
-        """Finished futures nobody retrieved for ``FUTURE_KEEP_S`` are dropped (a client that died between
-        submitting and retrieving would otherwise keep them)."""
+        """Futures that finished more than ``FUTURE_KEEP_S`` ago are dropped, retrieved or not."""
         now = self.clock.monotonic()
         stale = [rid for rid, f in list(self.live.items())
                  if f.finished_at is not None and now - f.finished_at > FUTURE_KEEP_S]

@@ -15,6 +15,7 @@ from agentjet.learners.tinker_ops import FwdBwdResult, TinkerDatum, check_batch,
 from agentjet.protocol import TinkerClientStatus
 from agentjet.server.tinker.errors import TinkerError
 from agentjet.server.tinker.futures import SeqOrder
+from agentjet.server.tinker.runs import TrainingRuns
 from agentjet.server.tinker.sessions import Session, Sessions
 from agentjet.server.training.lanes import AdapterSet
 
@@ -46,10 +47,11 @@ class TinkerModel:
 class TinkerModels:
     """The training clients by model id, on the served base's adapters (None: this server has none)."""
 
-    def __init__(self, adapters: AdapterSet | None, sessions: Sessions, *, served_name: str, model_path: str,
-                 ids: Iterator[int]) -> None:
+    def __init__(self, adapters: AdapterSet | None, sessions: Sessions, runs: TrainingRuns, *, served_name: str,
+                 model_path: str, ids: Iterator[int]) -> None:
         self.adapters = adapters
         self.sessions = sessions
+        self.runs = runs
         self.served_name = served_name
         self.model_path = model_path
         self.ids = ids  # one counter for every name the service makes (adapters, snapshots)
@@ -68,7 +70,8 @@ class TinkerModels:
             raise TinkerError(f"{what} need LoRA adapters on this server: start it with --lora-rank N")
         return self.adapters
 
-    async def create(self, session_id: str, base_model: str, rank: int | None, flags: dict[str, bool]) -> TinkerModel:
+    async def create(self, session_id: str, base_model: str, rank: int | None, flags: dict[str, bool],
+                     metadata: dict[str, str] | None = None) -> TinkerModel:
         session = self.sessions.get(session_id)
         self.check_base(base_model)
         if self.adapters is None:
@@ -88,13 +91,20 @@ class TinkerModels:
             await self.adapters.add(mid, rank, unembed=unembed)
         except ValueError as exc:  # the engine's refusal (vLLM: no LoRA on the output layer)
             raise TinkerError(str(exc)) from exc
-        return self.adopt(TinkerModel(mid, session_id, mid, rank, base_model, unembed), session)
+        return self.adopt(TinkerModel(mid, session_id, mid, rank, base_model, unembed), session, metadata)
 
-    def adopt(self, model: TinkerModel, session: Session) -> TinkerModel:
-        """A training client on an adapter that exists, listed in (and freed with) its session."""
+    def adopt(self, model: TinkerModel, session: Session, metadata: dict[str, str] | None) -> TinkerModel:
+        """A training client on an adapter that exists, listed in (and freed with) its session; its training run
+        recorded (``runs.py``)."""
         self.live[model.model_id] = model
         session.models.append(model.model_id)
+        self.runs.record(model.adapter, model.model_id, model.base_model, model.rank, metadata)
         return model
+
+    def run_id(self, model_or_run_id: str) -> str:
+        """A training run's id: a live client's adapter for its model id; anything else is taken as a run id."""
+        model = self.live.get(model_or_run_id)
+        return model.adapter if model is not None else model_or_run_id
 
     def get(self, model_id: str) -> TinkerModel:
         m = self.live.get(model_id)
@@ -113,7 +123,7 @@ class TinkerModels:
     async def forward_backward(self, model: TinkerModel, data: list[TinkerDatum], loss_fn: str,
                                config: dict[str, float], backward: bool) -> FwdBwdResult:
         learner = self.learner(model)
-        check_batch(data, loss_fn, int(learner.policy.causal_lm.get_output_embeddings().weight.shape[0]))
+        check_batch(data, loss_fn, int(learner.policy.causal_lm.get_output_embeddings().weight.shape[0]), config)
         result = await learner.worker.run(forward_backward, learner, data, loss_fn, config, backward)
         if backward:
             model.forward_backward_calls += 1

@@ -11,7 +11,7 @@ from typing import Any
 from agentjet.engines.base import FinishReason, SamplingParams
 from agentjet.engines.errors import GenerationError
 from agentjet.learners.inprocess import InProcessLearner
-from agentjet.learners.tinker_ops import copy_adapter, prompt_logprobs
+from agentjet.learners.tinker_ops import copy_adapter, prompt_logprobs, prompt_topk
 from agentjet.server.tinker.errors import TinkerError
 from agentjet.server.tinker.models import TinkerModel, TinkerModels
 
@@ -43,6 +43,7 @@ class SampledSequence:
 class SampleResult:
     sequences: list[SampledSequence]
     prompt_logprobs: list[float] | None  # len(prompt) values, the first NaN
+    topk_prompt: list[list[tuple[int, float]]] | None = None  # len(prompt) rows, the first empty (no prediction)
 
 
 class Samplers:
@@ -107,7 +108,9 @@ class Samplers:
         return s
 
     async def sample(self, sampler: Sampler, prompt: list[int], num_samples: int, params: SamplingParams,
-                     want_prompt_logprobs: bool, last_n: int | None = None) -> SampleResult:
+                     want_prompt_logprobs: bool, last_n: int | None = None, topk_prompt: int = 0) -> SampleResult:
+        """``num_samples`` sequences (seed i: ``seed + i``); with ``want_prompt_logprobs`` the prompt's logprobs,
+        with ``topk_prompt`` its top-k at each position; ``last_n``: only the last n positions of either scored."""
         adapters = self.models.need_adapters()
         if sampler.adapter not in adapters.names():
             raise TinkerError(f"sampling session {sampler.sampler_id!r} was freed", 404)
@@ -123,14 +126,19 @@ class Samplers:
         except GenerationError as e:
             raise TinkerError(str(e)) from e
         plp: list[float] | None = None
-        if want_prompt_logprobs:
+        topk: list[list[tuple[int, float]]] | None = None
+        if want_prompt_logprobs or topk_prompt:
             learner = engine.learner
             if not isinstance(learner, InProcessLearner):
                 raise TinkerError("prompt logprobs need the in-process learner")
-            plp = [math.nan, *await learner.worker.run(prompt_logprobs, learner, prompt)]
-            if last_n is not None:
-                plp = [math.nan if i < len(plp) - last_n else x for i, x in enumerate(plp)]
+            scored = (lambda i: i >= len(prompt) - last_n) if last_n is not None else (lambda i: True)
+            if want_prompt_logprobs:
+                plp = [math.nan, *await learner.worker.run(prompt_logprobs, learner, prompt)]
+                plp = [x if scored(i) else math.nan for i, x in enumerate(plp)]
+            if topk_prompt:
+                rows = [[], *await learner.worker.run(prompt_topk, learner, prompt, topk_prompt)]
+                topk = [row if i > 0 and scored(i) else [] for i, row in enumerate(rows)]
         return SampleResult([SampledSequence(
             list(r.token_ids), list(r.logprobs), r.finish_reason is FinishReason.STOP,
             [list(top) for top in r.top_logprobs] if params.top_logprobs and r.top_logprobs is not None else None)
-            for r in results], plp)
+            for r in results], plp, topk)

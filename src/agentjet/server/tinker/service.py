@@ -5,7 +5,10 @@ a session's end freeing its clients, the lease sweep, the status the run's snaps
 - ``futures.Futures``: the futures the SDK polls, each training client's ``seq_id`` order (``SeqOrder``);
 - ``models.TinkerModels``: the training clients (one LoRA adapter each), ``forward_backward``, ``optim_step``;
 - ``checkpoints.TinkerCheckpoints``: ``tinker://`` states saved, loaded, and new clients made from them;
-- ``samplers.Samplers``: sampling clients (frozen snapshots, or the base) and ``sample``."""
+- ``exports.ExternalWeights``: ``save_weights_external`` (PEFT adapter files), their signed download URLs, TTLs;
+- ``runs.TrainingRuns``: each client's training run (``user_metadata``, latest checkpoints), on disk;
+- ``samplers.Samplers``: sampling clients (frozen snapshots, or the base) and ``sample``;
+- ``telemetry.ClientErrors``: the SDK's error events in the server's log, rate-limited."""
 
 from __future__ import annotations
 
@@ -13,14 +16,18 @@ import hmac
 import itertools
 import logging
 from pathlib import Path
+from typing import Any
 
 from agentjet.protocol import TinkerStatus
 from agentjet.runtime.clock import Clock
 from agentjet.server.tinker.checkpoints import TinkerCheckpoints
+from agentjet.server.tinker.exports import ExternalWeights
 from agentjet.server.tinker.futures import Futures, SeqOrder
 from agentjet.server.tinker.models import TinkerModels
+from agentjet.server.tinker.runs import TrainingRuns
 from agentjet.server.tinker.samplers import Samplers
 from agentjet.server.tinker.sessions import Session, Sessions
+from agentjet.server.tinker.telemetry import ClientErrors
 from agentjet.server.training.lanes import AdapterSet
 
 log = logging.getLogger(__name__)
@@ -39,10 +46,14 @@ class TinkerService:
         self.clock = clock
         self.sessions = Sessions(clock, lease_seconds)
         self.futures = Futures(clock, order_of=self._order_of)
-        self.models = TinkerModels(adapters, self.sessions, served_name=served_name, model_path=model_path,
-                                   ids=itertools.count(1))
-        self.checkpoints = TinkerCheckpoints(self.models, data_dir / "tinker")
+        root = data_dir / "tinker"  # tinker://<adapter>/... lives in <adapter>/
+        self.runs = TrainingRuns(root, clock)
+        self.models = TinkerModels(adapters, self.sessions, self.runs, served_name=served_name,
+                                   model_path=model_path, ids=itertools.count(1))
+        self.checkpoints = TinkerCheckpoints(self.models, root)
+        self.exports = ExternalWeights(self.models, root, self._key, clock)
         self.samplers = Samplers(self.models)
+        self.client_errors = ClientErrors(clock)
 
     def _order_of(self, model_id: str) -> SeqOrder | None:
         model = self.models.live.get(model_id)
@@ -76,6 +87,10 @@ class TinkerService:
             log.info("tinker session %s expired", sid)
         self.futures.expire()
         return gone
+
+    def training_run(self, run_or_model_id: str) -> dict[str, Any]:
+        """The SDK's ``TrainingRun`` for a run id (the first segment of its tinker:// paths) or a client's model id."""
+        return self.runs.get(self.models.run_id(run_or_model_id)).view()
 
     def status(self) -> TinkerStatus:
         """Sessions and training clients, for the run's snapshot (the status, the dashboard, Prometheus). It may
