@@ -106,7 +106,7 @@ def test_a_training_run_keeps_the_user_metadata_the_cookbook_stores_and_reads_ba
     assert run.user_metadata == meta and run.last_checkpoint is not None
     assert run.last_checkpoint.tinker_path == path and run.last_checkpoint.checkpoint_type == "training"
     # a client made from the state is a run of its own, with the metadata it was given
-    resumed = client.create_training_client_from_state(path, user_metadata={"renderer_name": "other"})
+    resumed = client.create_training_client_from_state(path, user_metadata={"renderer_name": "other"}).result()
     assert rest.get_training_run(resumed.model_id).result().user_metadata == {"renderer_name": "other"}
     with pytest.raises(tinker.NotFoundError):
         rest.get_training_run("no-such-run").result()
@@ -136,6 +136,8 @@ def test_save_weights_external_downloads_by_signed_urls_and_loads_in_peft(tinker
     out.mkdir()
     for name, url in urls.urls.items():
         urllib.request.urlretrieve(url, str(out / name))
+    config = json.loads((out / "adapter_config.json").read_text())
+    assert config["peft_type"] == "LORA" and config["r"] == 4 and Path(config["base_model_name_or_path"]).is_dir()
     base = AutoModelForCausalLM.from_pretrained(tc.get_info().model_data.tokenizer_id, dtype=torch.float32)
     peft = PeftModel.from_pretrained(base, str(out)).eval()
     with torch.no_grad():
@@ -168,7 +170,7 @@ def test_external_weights_encrypted_to_an_age_recipient_decrypt_to_the_same_file
     train(tc, 1)
     state = tc.save_state("s1").result().path
     identity = pyrage.x25519.Identity.generate()
-    loaded = client.create_training_client_from_state(state)
+    loaded = client.create_training_client_from_state(state).result()
     secret = loaded.save_weights_external("download", ttl_seconds=3600,
                                           age_encryption_recipients=[str(identity.to_public())]).result().path
     plain = tc.save_weights_external("plain").result().path

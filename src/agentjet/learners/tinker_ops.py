@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -301,6 +302,10 @@ def export_adapter(learner: InProcessLearner, directory: Path) -> None:
     if learner.adapter is None:
         raise ValueError("this learner has no named adapter to export")
     write_adapter_files(learner.policy.model, learner.adapter, directory, embeddings=False)
+    config_file = Path(directory) / "adapter_config.json"  # the base it applies to: the served model's directory
+    config = json.loads(config_file.read_text())
+    config["base_model_name_or_path"] = str(learner.policy.path)
+    config_file.write_text(json.dumps(config, indent=2))
 
 
 def save_adapter_state(learner: InProcessLearner, path: Path) -> None:
