@@ -22,6 +22,7 @@ from agentjet.learners.tinker_ops import export_adapter
 from agentjet.runtime.clock import Clock
 from agentjet.server.tinker.errors import TinkerError
 from agentjet.server.tinker.models import TinkerModel, TinkerModels
+from agentjet.server.tinker.runs import RUN_ID
 
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}$")
 URL_TTL_S = 3600  # a signed URL's life (wall clock: the SDK compares it with its own)
@@ -57,7 +58,7 @@ class ExternalWeights:
         self.clock = clock
 
     def _dir(self, run_id: str, name: str) -> Path:
-        if not _NAME.match(name) or "/" in run_id or run_id in ("", ".", ".."):
+        if not _NAME.match(name) or not RUN_ID.match(run_id):
             raise TinkerError(f"tinker://{run_id}/external_weights/{name} is not an external weights path")
         return self.data_dir / run_id / "external_weights" / name
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from agentjet.runtime.clock import Clock
 from agentjet.server.tinker.errors import TinkerError
 
 RUN_FILE = "run.json"
+RUN_ID = re.compile(r"^[A-Za-z0-9_-]{1,100}$")  # an adapter's name: a path segment of its tinker:// paths
 MAX_METADATA_KEYS = 64
 MAX_METADATA_CHARS = 16_384
 
@@ -95,8 +97,10 @@ class TrainingRuns:
             self._write(run)
 
     def find(self, run_id: str) -> RunRecord | None:
+        if not RUN_ID.match(run_id):
+            return None
         file = self._file(run_id)
-        if "/" in run_id or run_id in ("", ".", "..") or not file.is_file():
+        if not file.is_file():
             return None
         return RunRecord(**json.loads(file.read_text()))
 
