@@ -1,4 +1,4 @@
-.PHONY: demo demo-agent test test-fast lint bench bench-quick bench-learn bench-vs-trl screenshots setup setup-bench setup-vllm test-vllm bench-vllm setup-verifiers test-verifiers setup-ray test-ray
+.PHONY: demo demo-agent test test-fast lint bench bench-quick bench-learn bench-vs-trl screenshots setup setup-bench setup-vllm test-vllm bench-vllm setup-verifiers test-verifiers setup-ray test-ray setup-cookbook test-cookbook
 
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -16,6 +16,16 @@ setup-vllm: setup
 # verifiers 0.4 (PrimeIntellect's environments) in its own venv (.venv-verifiers): it pins openai<3. For `ajet verifiers`.
 setup-verifiers: setup
 	@bash scripts/setup_verifiers.sh
+
+# Thinking Machines' tinker-cookbook 0.5.8 with tinker==0.38.0 in its own venv (.venv-cookbook, ~1.5 GB): it pins
+# transformers<=5.5.4. Its recipes run against ajet server --tinker-key (docs/tinker.md).
+setup-cookbook: setup
+	@bash scripts/setup_cookbook.sh
+
+# The cookbook's math_rl env=arithmetic (3 steps) and chat_sl (2 steps, then weights.download loaded in PEFT) on the
+# tiny model against a live server, offline (~1 min).
+test-cookbook: setup-cookbook
+	$(PY) -m pytest -q -m cookbook --timeout=900 -rs -n 0 tests/tinker_api/test_cookbook.py
 
 # The main job: the swarm demo on the embedded SmolLM2-135M-Instruct model.
 demo: setup
@@ -47,11 +57,11 @@ test: setup
 	else \
 	  echo "==> dashboard browser tests: SKIPPED: no chromium (apt-get install -y chromium)"; \
 	fi
-	$(PY) -m pytest -q --timeout=600 -rs -m "not vllm and not verifiers and not ray" -n $(TEST_WORKERS)
+	$(PY) -m pytest -q --timeout=600 -rs -m "not vllm and not verifiers and not ray and not cookbook" -n $(TEST_WORKERS)
 
 # Only the fast tests (tiny model).
 test-fast: setup
-	$(PY) -m pytest -q -m "not slow and not vllm and not verifiers and not ray" --timeout=300 -n $(TEST_WORKERS)
+	$(PY) -m pytest -q -m "not slow and not vllm and not verifiers and not ray and not cookbook" --timeout=300 -n $(TEST_WORKERS)
 
 bench: setup
 	$(PY) benchmarks/serving/engine.py

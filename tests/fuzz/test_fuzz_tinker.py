@@ -60,10 +60,10 @@ class TinkerApi(Api):
         if r.status_code != 200 or not isinstance(r.json(), dict) or "request_id" not in r.json():
             return
         service = self.server.tinker
-        fut = service.futures.get(r.json()["request_id"])
+        fut = service.futures.find(r.json()["request_id"])
         deadline = time.monotonic() + 5
         while fut is not None and not fut.done.is_set():
-            if service.waiting_turn(fut):
+            if service.futures.waiting_turn(fut):
                 return  # a seq_id ahead of its model's next one: it runs when that one comes
             if time.monotonic() > deadline:
                 return  # long work (a sample of thousands of tokens): it ends in the background
@@ -156,9 +156,9 @@ def victim(tapi: TinkerApi) -> dict[str, Any]:
     tc = service.create_lora_training_client(base_model="tiny", rank=2).result()
     sc = service.create_sampling_client(base_model="tiny")  # the base: never freed (snapshots of tc may be)
     sc.sample(types.ModelInput.from_ints([1, 2]), 1, types.SamplingParams(max_tokens=1)).result()
-    session = next(s for s in tapi.server.tinker.sessions.values() if tc.model_id in s.models)
+    session = next(s for s in tapi.server.tinker.sessions.live.values() if tc.model_id in s.models)
     return {"service": service, "tc": tc, "model_id": tc.model_id, "session_id": session.session_id,
-            "sampler": next(k for k, x in tapi.server.tinker.samplers.items() if x.owner is None), "sc": sc}
+            "sampler": next(k for k, x in tapi.server.tinker.samplers.live.items() if x.owner is None), "sc": sc}
 
 
 @pytest.fixture(scope="module")
@@ -197,7 +197,8 @@ def valid_bodies(v: dict[str, Any]) -> dict[str, st.SearchStrategy]:
         "session_heartbeat": st.fixed_dictionaries({"session_id": st.just(sid)}),
         "create_model": st.fixed_dictionaries({"session_id": st.just(sid), "base_model": st.sampled_from(
             ["tiny", "other"]), "lora_config": st.fixed_dictionaries({"rank": st.integers(-1, 4)}, optional={
-                "train_mlp": st.booleans(), "train_attn": st.booleans(), "train_unembed": st.booleans()})}),
+                "train_mlp": st.booleans(), "train_attn": st.booleans(), "train_unembed": st.booleans()})},
+            optional={"user_metadata": st.one_of(JSON, st.dictionaries(TEXT, TEXT, max_size=3))}),
         "get_info": st.fixed_dictionaries({"model_id": st.just(mid)}),
         "optim_step": st.fixed_dictionaries({"model_id": st.just(mid), "adam_params": ADAM}, optional={"seq_id": seq}),
         "save_weights_for_sampler": st.fixed_dictionaries({"model_id": st.just(mid)}, optional={
@@ -207,20 +208,26 @@ def valid_bodies(v: dict[str, Any]) -> dict[str, st.SearchStrategy]:
                 ["tinker://nope/sampler_weights/x", "tinker://../weights/x", ""])}),
         "asample": st.fixed_dictionaries({"prompt": PROMPT, "sampling_params": SAMPLING, "sampling_session_id": st.one_of(
             st.just(sampler), st.just(sampler), st.just("sampler-nope"))}, optional={"num_samples": st.integers(-1, 3),
-            "prompt_logprobs": st.booleans(), "prompt_logprobs_last_n": st.integers(-1, 3)}),
+            "prompt_logprobs": st.booleans(), "prompt_logprobs_last_n": st.integers(-1, 3),
+            "topk_prompt_logprobs": st.integers(-1, 25)}),
         "save_weights": st.fixed_dictionaries({"model_id": st.just(mid), "path": NAME}, optional={"seq_id": seq}),
         "load_weights": st.fixed_dictionaries({"model_id": st.just(mid), "path": st.one_of(
             st.just(f"tinker://{mid}/weights/nope"), st.builds(lambda n: f"tinker://{mid}/weights/{n}", NAME), TEXT)},
             optional={"optimizer": st.booleans(), "seq_id": seq}),
         "retrieve_future": st.fixed_dictionaries({"request_id": st.one_of(TEXT, st.just("req-" + "0" * 32))}),
-        "telemetry": JSON,
+        "telemetry": st.one_of(JSON, st.fixed_dictionaries({"events": st.lists(st.fixed_dictionaries(
+            {"severity": st.sampled_from(["ERROR", "INFO", "x"])}, optional={"event_data": JSON, "error_message": TEXT}),
+            max_size=3)}, optional={"session_id": TEXT, "sdk_version": JSON})),
+        "save_weights_external": st.fixed_dictionaries({"model_id": st.just(mid), "path": NAME}, optional={
+            "seq_id": seq, "ttl_seconds": st.one_of(st.integers(-5, 10**10), st.none()),
+            "age_encryption_recipients": st.one_of(st.lists(TEXT, max_size=2), JSON)}),
     }
 
 
 # ============================================================================================ tests
 @pytest.mark.parametrize("route", ["create_session", "session_heartbeat", "create_model", "get_info", "optim_step",
                                    "save_weights_for_sampler", "create_sampling_session", "asample", "save_weights",
-                                   "load_weights", "retrieve_future", "telemetry"])
+                                   "load_weights", "retrieve_future", "telemetry", "save_weights_external"])
 def test_fuzz_tinker_json_routes(tapi: TinkerApi, victim: dict[str, Any], bystander: Bystander, route: str) -> None:
     valid = valid_bodies(victim)[route]
 
@@ -242,7 +249,8 @@ def fwdbwd_body(draw: st.DrawFn, model_id: str) -> bytes:
     msg = pb.ForwardBackwardRequest(model_id=draw(st.one_of(*[st.just(model_id)] * 4, ASCII)),
                                     seq_id=draw(st.integers(0, 10**6)),
                                     loss_fn=draw(st.sampled_from(["cross_entropy", "importance_sampling", "ppo",
-                                                                  "dro", ""])),
+                                                                  "cispo", "dro", "gspo", "stable_reinforce", "x",
+                                                                  ""])),
                                     forward_only=draw(st.booleans()))
     for _ in range(draw(st.integers(0, 2))):
         d = msg.data.add()
@@ -261,7 +269,7 @@ def fwdbwd_body(draw: st.DrawFn, model_id: str) -> bytes:
                 dense = b"".join(struct.pack("<f", x) for x in vals)
                 d.loss_fn_inputs[name].CopyFrom(pb.Tensor(dtype=draw(st.sampled_from(
                     [pb.DTYPE_FLOAT32, pb.DTYPE_FLOAT32, pb.DTYPE_INT64, 99])), shape=[len(vals)], dense=dense))
-    for k in draw(st.lists(st.sampled_from(["clip_low_threshold", "clip_high_threshold", "x"]), max_size=2)):
+    for k in draw(st.lists(st.sampled_from(["clip_low_threshold", "clip_high_threshold", "beta", "x"]), max_size=2)):
         msg.loss_fn_config[k] = draw(st.floats(width=32))
     raw = msg.SerializeToString()
     if draw(st.integers(0, 4)) == 0 and raw:  # a flipped or cut byte
@@ -305,6 +313,42 @@ def test_fuzz_tinker_finish_other_ids(tapi: TinkerApi, victim: dict[str, Any]) -
         assert r.status_code < 500
 
     run()
-    assert victim["session_id"] in tapi.server.tinker.sessions  # another id never ends this session
+    assert victim["session_id"] in tapi.server.tinker.sessions.live  # another id never ends this session
     still_works(victim)
 
+
+
+def test_fuzz_tinker_runs_and_external_weights_paths(tapi: TinkerApi, victim: dict[str, Any]) -> None:
+    """GET training_runs/{id}, the external weights' URLs, TTL and delete with any ids, and the signed-URL file route
+    with any segments, expiries and signatures: never a 5xx; a file is never served without its signature."""
+    from urllib.parse import quote
+
+    # ("." and ".." are dot segments: the client resolves them, out of /api/v1)
+    seg = st.one_of(TEXT.filter(lambda x: x not in (".", "..")), st.just(victim["model_id"]),
+                    st.just("external_weights"), st.just("x.json"))
+    q = st.builds(lambda x: quote(x.encode("utf-8", "surrogatepass"), safe=""), seg)
+
+    @FUZZ
+    @given(run=q, cid=st.lists(q, min_size=1, max_size=3), file=q, expires=st.one_of(TEXT, st.integers()),
+           sig=ASCII, ttl=JSON, which=st.integers(0, 4))
+    def run(run: str, cid: list[str], file: str, expires: Any, sig: str, ttl: Any, which: int) -> None:
+        h, g = {"X-API-Key": KEY}, "hypothesis:tinker-runs"
+        checkpoint = "/".join(cid)
+        if which == 0:
+            r = tapi.request("GET", f"/api/v1/training_runs/{run}", headers=h, group=g)
+        elif which == 1:
+            r = tapi.request("GET", f"/api/v1/training_runs/{run}/checkpoints/{checkpoint}/external_weights_urls",
+                             headers=h, group=g)
+        elif which == 2:
+            r = tapi.request("PUT", f"/api/v1/training_runs/{run}/checkpoints/{checkpoint}/ttl", headers=h,
+                             json_body={"ttl_seconds": ttl}, group=g)
+        elif which == 3:
+            r = tapi.request("DELETE", f"/api/v1/training_runs/{run}/checkpoints/{checkpoint}", headers=h, group=g)
+        else:
+            r = tapi.request("GET", f"/api/v1/external_weights/{run}/{cid[0]}/{file}",
+                             params={"expires": str(expires), "sig": sig}, group=g)
+            assert r.status_code != 200, r.text[:200]  # no valid signature: nothing served
+        assert r.status_code < 500, (which, r.status_code, r.text[:300])
+
+    run()
+    still_works(victim)

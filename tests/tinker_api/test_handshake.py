@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import httpx
@@ -15,10 +16,15 @@ tinker = pytest.importorskip("tinker")
 def test_capabilities_list_the_served_model_and_a_lora_client_gets_its_own_rank(service_client) -> None:
     client = service_client()
     caps = client.get_server_capabilities()
-    assert [m.model_name for m in caps.supported_models] == ["tiny"]
     tc = client.create_lora_training_client(base_model="tiny", rank=8).result()
     info = tc.get_info()
     assert info.lora_rank == 8 and info.model_id.startswith("tinker-")
+    # the served name, then the directory it was loaded from: what a cookbook recipe passes as its model_name (its
+    # tokenizer loads from it offline, and create_model takes it as the base_model)
+    assert [m.model_name for m in caps.supported_models] == ["tiny", info.model_data.tokenizer_id]
+    assert info.model_data.model_name == "tiny" and os.path.isdir(info.model_data.tokenizer_id)
+    by_path = client.create_lora_training_client(base_model=info.model_data.tokenizer_id, rank=4).result()
+    assert by_path.get_info().lora_rank == 4
     tok = tc.get_tokenizer()
     assert tok.encode("hi")
 
@@ -66,7 +72,7 @@ def test_a_full_weights_server_refuses_tinker_clients_naming_the_fix(service_cli
 
 ROUTES = ["client/config", "create_session", "session_heartbeat", "sessions/x/finish", "telemetry", "create_model",
           "get_info", "retrieve_future", "forward_backward", "optim_step", "save_weights_for_sampler",
-          "create_sampling_session", "asample", "save_weights", "load_weights"]
+          "create_sampling_session", "asample", "save_weights", "load_weights", "save_weights_external"]
 BODIES = [b"", b"{", b"null", b"[1]", b'"x"', b"\xff\xfe\x00garbage", b'{"model_id": "nope", "session_id": "nope"}',
           b'{"model_id": 1, "seq_id": "a", "path": "../../etc", "sampling_params": 3, "prompt": {"chunks": [1]}}',
           b'{"sampling_session_id": "x", "prompt": {"chunks": [{"tokens": [1, "a"]}]}, "num_samples": -1}',

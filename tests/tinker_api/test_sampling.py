@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -79,7 +81,7 @@ def test_named_sampler_path_and_base_model_sampling(training_client) -> None:
             PROMPT, 1, types.SamplingParams(max_tokens=3)).result()
 
 
-def test_topk_sample_logprobs_and_a_clear_refusal_of_topk_prompt_logprobs(training_client) -> None:
+def test_topk_sample_logprobs_and_topk_prompt_logprobs(training_client) -> None:
     _, tc = training_client
     sc = tc.save_weights_and_get_sampling_client().result()
     params = types.SamplingParams(max_tokens=5, temperature=1.0, seed=4)
@@ -92,5 +94,18 @@ def test_topk_sample_logprobs_and_a_clear_refusal_of_topk_prompt_logprobs(traini
         lps = [x for _, x in row]
         assert lps == sorted(lps, reverse=True) and lp <= lps[0] + 1e-4
         assert tok not in [t for t, _ in row] or dict(row)[tok] == pytest.approx(lp, abs=1e-3)
-    with pytest.raises(Exception, match="topk_prompt_logprobs is not supported"):
-        sc.sample(PROMPT, 1, params, topk_prompt_logprobs=2).result()
+    # top-k prompt logprobs (the distillation recipes ask for them): none at position 0, k at every other, and the
+    # prompt's own token, where it is among them, at its prompt logprob
+    out = sc.sample(PROMPT, 1, params, include_prompt_logprobs=True, topk_prompt_logprobs=4).result()
+    rows, plp = out.topk_prompt_logprobs, out.prompt_logprobs
+    assert rows is not None and plp is not None and len(rows) == len(plp) == len(PROMPT.to_ints())
+    assert rows[0] is None
+    for tok, row, lp in zip(PROMPT.to_ints()[1:], rows[1:], plp[1:], strict=True):
+        assert row is not None and len(row) == 4
+        lps = [x for _, x in row]
+        assert lps == sorted(lps, reverse=True) and lp <= lps[0] + 1e-4
+        if tok in dict(row):
+            assert dict(row)[tok] == pytest.approx(lp, abs=1e-3)
+        assert sum(math.exp(x) for x in lps) <= 1 + 1e-4 and len(dict(row)) == 4  # 4 distinct tokens
+    with pytest.raises(Exception, match="topk_prompt_logprobs must be in 0..20"):
+        sc.sample(PROMPT, 1, params, topk_prompt_logprobs=50).result()

@@ -9,7 +9,7 @@ import pytest
 
 from agentjet.runtime.clock import FakeClock
 from agentjet.server.tinker import TinkerError, TinkerService
-from agentjet.server.tinker.service import TinkerModel
+from agentjet.server.tinker.models import TinkerModel
 
 pytestmark = pytest.mark.server
 
@@ -37,16 +37,16 @@ def test_a_session_that_stops_heartbeating_loses_its_models_and_their_adapters(t
     async def go() -> None:
         clock, adapters = FakeClock(), FakeAdapters()
         s = service(tmp_path, clock, adapters)
-        a, b = s.create_session([]), s.create_session([])
-        model = await s.create_model(a.session_id, "tiny", 4, {})
+        a, b = s.sessions.create([]), s.sessions.create([])
+        model = await s.models.create(a.session_id, "tiny", 4, {})
         assert adapters.names() == [model.adapter]
         clock.advance(50)
         s.heartbeat(b.session_id)
         clock.advance(20)  # a: 70 s without a heartbeat; b: 20 s
         s.heartbeat(b.session_id)
         await asyncio.sleep(0.01)
-        assert a.session_id not in s.sessions and b.session_id in s.sessions
-        assert adapters.names() == [] and model.model_id not in s.models
+        assert a.session_id not in s.sessions.live and b.session_id in s.sessions.live
+        assert adapters.names() == [] and model.model_id not in s.models.live
         with pytest.raises(TinkerError, match="unknown session"):
             s.heartbeat(a.session_id)
 
@@ -63,13 +63,13 @@ def test_a_long_poll_answers_try_again_on_the_servers_clock_and_requests_run_in_
             await gate.wait()
             return {"ok": 1}
 
-        rid = s.submit(None, slow)
-        assert await s.retrieve(rid, wait_s=20) is None  # the fake clock moved 20 s: try again
+        rid = s.futures.submit(None, slow)
+        assert await s.futures.retrieve(rid, wait_s=20) is None  # the fake clock moved 20 s: try again
         gate.set()
-        fut = await s.retrieve(rid, wait_s=20)
+        fut = await s.futures.retrieve(rid, wait_s=20)
         assert fut is not None and fut.result == {"ok": 1}
 
-        s.models["m"] = TinkerModel("m", "sess", "m", 4, "tiny")
+        s.models.live["m"] = TinkerModel("m", "sess", "m", 4, "tiny")
         order: list[int] = []
 
         def job(i: int):
@@ -78,12 +78,12 @@ def test_a_long_poll_answers_try_again_on_the_servers_clock_and_requests_run_in_
                 return i
             return run
 
-        rids = [s.submit("m", job(i), seq_id=i) for i in (3, 2, 1)]  # arrive out of order, the first sets the floor
+        rids = [s.futures.submit("m", job(i), seq_id=i) for i in (3, 2, 1)]  # arrive out of order, the first sets the floor
         for r in rids:
-            await s.retrieve(r, wait_s=1)
+            await s.futures.retrieve(r, wait_s=1)
         assert sorted(order) == [1, 2, 3] and order[0] == 3
         with pytest.raises(TinkerError, match="unknown request"):
-            await s.retrieve("nope")
+            await s.futures.retrieve("nope")
 
     asyncio.run(go())
 
@@ -98,8 +98,8 @@ def test_failed_futures_carry_an_error_and_a_category(tmp_path: Path) -> None:
         async def bug() -> None:
             raise RuntimeError("boom")
 
-        f1 = await s.retrieve(s.submit(None, bad_input))
-        f2 = await s.retrieve(s.submit(None, bug))
+        f1 = await s.futures.retrieve(s.futures.submit(None, bad_input))
+        f2 = await s.futures.retrieve(s.futures.submit(None, bug))
         assert f1 is not None and f1.error is not None and (f1.error.category, f1.error.message) == ("user", "bad datum")
         assert f2 is not None and f2.error is not None and f2.error.category == "server"
 
@@ -110,15 +110,15 @@ def test_requests_waiting_for_a_seq_id_that_never_comes_fail_when_the_session_en
     async def go() -> None:
         clock, adapters = FakeClock(), FakeAdapters()
         s = service(tmp_path, clock, adapters)
-        a = s.create_session([])
-        model = await s.create_model(a.session_id, "tiny", 4, {})
-        first = s.submit(model.model_id, lambda: asyncio.sleep(0, {"ok": 1}), seq_id=1)
-        ahead = s.submit(model.model_id, lambda: s.optim_step(model, {}), seq_id=10**6)  # a bad seq_id
-        done = await s.retrieve(first, wait_s=1)
+        a = s.sessions.create([])
+        model = await s.models.create(a.session_id, "tiny", 4, {})
+        first = s.futures.submit(model.model_id, lambda: asyncio.sleep(0, {"ok": 1}), seq_id=1)
+        ahead = s.futures.submit(model.model_id, lambda: s.models.optim_step(model, {}), seq_id=10**6)  # a bad seq_id
+        done = await s.futures.retrieve(first, wait_s=1)
         assert done is not None and done.result == {"ok": 1}
-        assert await s.retrieve(ahead, wait_s=5) is None and s.waiting_turn(s.futures[ahead])
+        assert await s.futures.retrieve(ahead, wait_s=5) is None and s.futures.waiting_turn(s.futures.live[ahead])
         await s.finish(a.session_id)
-        fut = await s.retrieve(ahead, wait_s=5)
+        fut = await s.futures.retrieve(ahead, wait_s=5)
         assert fut is not None and fut.error is not None and fut.error.category == "user"
         assert "no adapter" in fut.error.message
 
@@ -126,27 +126,76 @@ def test_requests_waiting_for_a_seq_id_that_never_comes_fail_when_the_session_en
 
 
 def test_a_finished_future_nobody_retrieves_is_dropped_after_its_keep_time(tmp_path: Path) -> None:
-    from agentjet.server.tinker.service import FUTURE_KEEP_S
+    from agentjet.server.tinker.futures import FUTURE_KEEP_S
 
     async def go() -> None:
         clock = FakeClock()
         s = service(tmp_path, clock)
-        session = s.create_session([])
+        session = s.sessions.create([])
 
         async def work() -> dict:
             return {"ok": True}
 
-        early = s.submit(None, work)
+        early = s.futures.submit(None, work)
         await asyncio.sleep(0.01)  # it finishes
         clock.advance(FUTURE_KEEP_S / 2)
-        late = s.submit(None, work)
+        late = s.futures.submit(None, work)
         await asyncio.sleep(0.01)
         clock.advance(FUTURE_KEEP_S / 2 + 1)
         s.heartbeat(session.session_id)  # the reap pass (expire) runs on every heartbeat too
-        assert early not in s.futures and late in s.futures  # only the one finished longer ago than the keep time
-        fut = await s.retrieve(late)
+        assert early not in s.futures.live and late in s.futures.live  # only the one finished longer ago than the keep time
+        fut = await s.futures.retrieve(late)
         assert fut is not None and fut.result == {"ok": True}
         with pytest.raises(TinkerError, match="unknown request id"):
-            await s.retrieve(early)
+            await s.futures.retrieve(early)
 
     asyncio.run(go())
+
+
+def test_a_finished_future_answers_every_retrieve_until_it_expires(tmp_path: Path) -> None:
+    """A poll retried after the client's own timeout (the answer was lost on the way) gets the same answer: a result
+    is not forgotten when it is first retrieved, only FUTURE_KEEP_S after it finished."""
+    from agentjet.server.tinker.futures import FUTURE_KEEP_S
+
+    async def go() -> None:
+        clock = FakeClock()
+        s = service(tmp_path, clock)
+
+        async def work() -> dict:
+            return {"answer": 42}
+
+        rid = s.futures.submit(None, work)
+        await asyncio.sleep(0.01)  # it finishes (a retrieve that waited would move the fake clock by its long poll)
+        first = await s.futures.retrieve(rid)
+        clock.advance(FUTURE_KEEP_S - 1)
+        s.expire()
+        again = await s.futures.retrieve(rid)
+        assert first is again and again is not None and again.result == {"answer": 42}
+        clock.advance(2)
+        s.expire()
+        with pytest.raises(TinkerError, match="unknown request id"):
+            await s.futures.retrieve(rid)
+
+    asyncio.run(go())
+
+
+def test_the_sdks_error_events_reach_the_server_log_rate_limited(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from agentjet.server.tinker.telemetry import ClientErrors
+
+    clock = FakeClock()
+    errors = ClientErrors(clock, limit=3, window_s=60)
+    event = {"event": "GENERIC_EVENT", "event_name": "APIFuture.result_async.application_error", "severity": "ERROR",
+             "event_data": {"error": "boom\nline two", "request_type": "ForwardBackward"}}
+    quiet = {"event": "SESSION_START", "severity": "INFO"}
+    with caplog.at_level(logging.WARNING, logger="agentjet.tinker.client"):
+        assert errors.record({"session_id": "s1", "sdk_version": "0.38.0", "events": [quiet, *[event] * 5]}) == 3
+        assert errors.record({"events": "not a list"}) == 0
+        lines = [r.getMessage() for r in caplog.records]
+        assert len(lines) == 3 and all("APIFuture.result_async.application_error" in x and "boom | line two" in x
+                                       and "session s1" in x for x in lines)
+        clock.advance(61)  # a new window: the count of what was left out, then the event
+        assert errors.record({"events": [event]}) == 1
+        lines = [r.getMessage() for r in caplog.records]
+        assert "2 more were not logged" in lines[3] and "application_error" in lines[4]

@@ -102,11 +102,11 @@ def test_train_unembed_puts_lora_on_the_output_layer_and_trains_it(tinker_server
     with_head = client.create_lora_training_client(base_model="tiny", rank=4).result()
     without = client.create_lora_training_client(base_model="tiny", rank=4, train_unembed=False).result()
     service = srv.server.tinker
-    model = service.adapters.engine(service.model(with_head.model_id).adapter).learner.policy.model
+    model = service.adapters.engine(service.models.get(with_head.model_id).adapter).learner.policy.model
     head = model.get_output_embeddings()
-    name = service.model(with_head.model_id).adapter
+    name = service.models.get(with_head.model_id).adapter
     assert adapter_has_unembed(model, name)
-    assert not adapter_has_unembed(model, service.model(without.model_id).adapter)
+    assert not adapter_has_unembed(model, service.models.get(without.model_id).adapter)
     before = head.lora_B[name].weight.detach().clone()  # B starts at zero: the adapter changes nothing yet
     tokens = [1, 5, 9, 13, 17, 21]
     for _ in range(2):
@@ -160,7 +160,7 @@ def test_positions_without_a_gradient_are_computed_without_the_graph_and_the_gra
     tc.forward_backward([datum([1, 5, 9, 13], weights=[1.0] * 3)], "cross_entropy").result()
     tc.optim_step(ADAM).result()  # B moves off zero: every LoRA weight has a gradient
     service = srv.server.tinker
-    learner = service.learner(service.model(tc.model_id))
+    learner = service.models.learner(service.models.get(tc.model_id))
     data = [TinkerDatum(tokens=[1, 5, 9, 13, 17], target_tokens=[5, 9, 13, 17, 21], logprobs=[-1.0] * 5,
                         advantages=[0.0, 0.0, 0.5, -1.0, 0.25]),
             TinkerDatum(tokens=[2, 4, 6], target_tokens=[4, 6, 8], logprobs=[-2.0] * 3, advantages=[0.0, 1.0, 0.0])]

@@ -70,6 +70,14 @@ def cispo_terms(ratio: torch.Tensor, logprobs: torch.Tensor, advantages: torch.T
     return -w * advantages * logprobs, (w != ratio.detach())
 
 
+def dro_terms(logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, advantages: torch.Tensor, beta: float
+              ) -> torch.Tensor:
+    """DRO per token (Richemond et al., 2024; Kimi Team et al., 2025, as Tinker defines its ``dro`` loss):
+    ``-(A log p - beta/2 (log p - log q)^2)``: a policy gradient held near the sampler by a quadratic penalty on the
+    log-ratio instead of a clip, so it needs no ratio at all and suits off-policy (even offline) data."""
+    return -(logprobs * advantages - 0.5 * beta * (logprobs - behaviour_logprobs) ** 2)
+
+
 def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: KLEstimator) -> torch.Tensor:
     """Per token, an estimate of KL(pi || ref) from tokens drawn from pi, ``d = log ref - log pi``."""
     d = ref_logprobs - logprobs

@@ -23,7 +23,7 @@ import re
 import shutil
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
@@ -162,18 +162,21 @@ ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"  # PEFT's names: what ``PeftM
 ADAPTER_CONFIG_FILE = "adapter_config.json"
 
 
-def adapter_state(peft_model: Any, adapter: str) -> dict[str, torch.Tensor]:
-    """One named adapter's tensors under PEFT's saved names (the adapter's name left out, as PEFT saves them)."""
+def adapter_state(peft_model: Any, adapter: str, embeddings: bool | Literal["auto"] = "auto") -> dict[str, torch.Tensor]:
+    """One named adapter's tensors under PEFT's saved names (the adapter's name left out, as PEFT saves them).
+    ``embeddings``: PEFT's ``save_embedding_layers`` (``auto``: the base's embedding matrix too when the adapter
+    targets a layer tied to it, as LoRA on SmolLM2's output layer does; False: the LoRA tensors alone)."""
     from peft import get_peft_model_state_dict
 
-    return dict(get_peft_model_state_dict(peft_model, adapter_name=adapter))
+    return dict(get_peft_model_state_dict(peft_model, adapter_name=adapter, save_embedding_layers=embeddings))
 
 
-def write_adapter_files(peft_model: Any, adapter: str, directory: Path) -> None:
+def write_adapter_files(peft_model: Any, adapter: str, directory: Path,
+                        embeddings: bool | Literal["auto"] = "auto") -> None:
     """Adapter ``adapter`` alone as a standard PEFT adapter in ``directory`` (``adapter_config.json`` and
     ``adapter_model.safetensors``). Not ``save_pretrained``: that writes every adapter, a non-default one in a
-    subdirectory of its name."""
-    write_safetensors(adapter_state(peft_model, adapter), Path(directory) / ADAPTER_WEIGHTS_FILE)
+    subdirectory of its name. ``embeddings``: as for :func:`adapter_state`."""
+    write_safetensors(adapter_state(peft_model, adapter, embeddings), Path(directory) / ADAPTER_WEIGHTS_FILE)
     peft_model.peft_config[adapter].save_pretrained(str(directory))
 
 

@@ -14,13 +14,13 @@ from dataclasses import replace
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import JSONResponse
+from fastapi.responses import FileResponse, JSONResponse
 from fastapi.routing import APIRoute
 
 from agentjet.engines.base import SamplingParams
 from agentjet.server.swarm import SwarmServer
-from agentjet.server.tinker import TinkerError, TinkerService
-from agentjet.server.tinker.service import TinkerModel
+from agentjet.server.tinker import TinkerError, TinkerModel, TinkerService
+from agentjet.server.tinker.runs import user_metadata
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ def _int(body: dict[str, Any], key: str, default: int | None = None) -> int | No
 def _queued(s: TinkerService, model: TinkerModel, body: dict[str, Any],
             work: Callable[[], Awaitable[Any]]) -> dict[str, Any]:
     """Queue ``work`` in ``model``'s ``seq_id`` order; the answer the SDK polls ``retrieve_future`` with."""
-    return {"request_id": s.submit(model.model_id, work, _int(body, "seq_id")), "model_id": model.model_id}
+    return {"request_id": s.futures.submit(model.model_id, work, _int(body, "seq_id")), "model_id": model.model_id}
 
 
 async def _handle(request: Request, handler: Any) -> Response:
@@ -123,8 +123,11 @@ async def healthz(request: Request) -> Response:
 @router.get("/get_server_capabilities")
 async def get_server_capabilities(request: Request) -> Response:
     async def h(s: TinkerService, _: dict[str, Any]) -> dict[str, Any]:
-        return {"supported_models": [{"model_name": s.served_name, "max_context_length": s.max_context,
-                                      "trainable": s.adapters is not None, "sampleable": True}]}
+        # the served name, and the local directory it was loaded from (what a client passes as base_model AND loads
+        # its tokenizer from offline: the cookbook's model_name); both name the same model
+        model = {"max_context_length": s.max_context, "trainable": s.adapters is not None, "sampleable": True}
+        names = dict.fromkeys((s.served_name, s.model_path))
+        return {"supported_models": [{"model_name": name, **model} for name in names if name]}
     return await _handle(request, h)
 
 
@@ -157,8 +160,9 @@ async def finish_session(session_id: str, request: Request) -> Response:
 
 @router.post("/telemetry")
 async def telemetry(request: Request) -> Response:
-    async def h(_: TinkerService, __: dict[str, Any]) -> dict[str, Any]:
-        return {"status": "accepted"}  # accepted and dropped
+    async def h(s: TinkerService, body: dict[str, Any]) -> dict[str, Any]:
+        s.client_errors.record(body)  # the error events go to the server's log (rate-limited); the rest is dropped
+        return {"status": "accepted"}
     return await _handle(request, h)
 
 
@@ -167,26 +171,29 @@ async def telemetry(request: Request) -> Response:
 async def create_model(request: Request) -> Response:
     async def h(s: TinkerService, body: dict[str, Any]) -> dict[str, Any]:
         session_id, base_model = _str(body, "session_id"), _str(body, "base_model")
-        s.session(session_id)
+        s.sessions.get(session_id)
         lora = body.get("lora_config")
         if lora is not None and not isinstance(lora, dict):
             raise TinkerError("lora_config must be an object")
         rank = _int(lora, "rank") if lora is not None else None
         flags = {k: bool(lora.get(k, True)) for k in ("train_mlp", "train_attn", "train_unembed")} if lora else {}
+        metadata = user_metadata(body.get("user_metadata"))
 
         async def work() -> dict[str, Any]:
-            model = await s.create_model(session_id, base_model, rank, flags)
+            model = await s.models.create(session_id, base_model, rank, flags, metadata)
             return {"type": "create_model", "model_id": model.model_id}
 
-        return {"request_id": s.submit(None, work)}
+        return {"request_id": s.futures.submit(None, work)}
     return await _handle(request, h)
 
 
 @router.post("/get_info")
 async def get_info(request: Request) -> Response:
     async def h(s: TinkerService, body: dict[str, Any]) -> dict[str, Any]:
-        m = s.model(_str(body, "model_id"))
+        m = s.models.get(_str(body, "model_id"))
+        # tokenizer_id: the local directory the server loaded (AutoTokenizer loads it offline on this machine)
         return {"type": "get_info", "model_id": m.model_id, "lora_rank": m.rank, "is_lora": True,
+                "model_name": s.served_name,
                 "model_data": {"arch": "causal_lm", "model_name": s.served_name, "tokenizer_id": s.model_path}}
     return await _handle(request, h)
 
@@ -196,10 +203,9 @@ async def get_info(request: Request) -> Response:
 async def retrieve_future(request: Request) -> Response:
     async def h(s: TinkerService, body: dict[str, Any]) -> Any:
         rid = _str(body, "request_id")
-        fut = await s.retrieve(rid)
+        fut = await s.futures.retrieve(rid)
         if fut is None:
             return {"type": "try_again", "request_id": rid, "queue_state": "active"}
-        s.forget(rid)
         if fut.error is not None:
             return {"error": fut.error.message, "category": fut.error.category}
         if isinstance(fut.result, bytes):
@@ -221,21 +227,21 @@ async def forward_backward(request: Request) -> Response:
             raise TinkerError("compressed forward_backward bodies are not supported (the server's client/config "
                               "turns proto_compress_fwdbwd off)", 415)
         req = parse_forward_backward(await request.body())
-        model = service.model(req.model_id)
+        model = service.models.get(req.model_id)
     except TinkerError as e:
         return _error(e.status if 400 <= e.status < 500 else 400, e.message)
 
     async def work() -> bytes:
-        result = await service.forward_backward(model, req.data, req.loss_fn, req.config, not req.forward_only)
+        result = await service.models.forward_backward(model, req.data, req.loss_fn, req.config, not req.forward_only)
         return encode_forward_backward(result)
 
-    return JSONResponse({"request_id": service.submit(model.model_id, work, req.seq_id), "model_id": model.model_id})
+    return JSONResponse({"request_id": service.futures.submit(model.model_id, work, req.seq_id), "model_id": model.model_id})
 
 
 @router.post("/optim_step")
 async def optim_step(request: Request) -> Response:
     async def h(s: TinkerService, body: dict[str, Any]) -> dict[str, Any]:
-        model = s.model(_str(body, "model_id"))
+        model = s.models.get(_str(body, "model_id"))
         adam = body.get("adam_params", body.get("optim_params", {}))
         if not isinstance(adam, dict):
             raise TinkerError("adam_params must be an object")
@@ -244,7 +250,7 @@ async def optim_step(request: Request) -> Response:
         params = _adam(adam)
 
         async def work() -> dict[str, Any]:
-            return await s.optim_step(model, params)
+            return await s.models.optim_step(model, params)
 
         return _queued(s, model, body, work)
     return await _handle(request, h)
@@ -270,7 +276,7 @@ def _adam(adam: dict[str, Any]) -> dict[str, float]:
 @router.post("/save_weights_for_sampler")
 async def save_weights_for_sampler(request: Request) -> Response:
     async def h(s: TinkerService, body: dict[str, Any]) -> dict[str, Any]:
-        model = s.model(_str(body, "model_id"))
+        model = s.models.get(_str(body, "model_id"))
         name = body.get("path")
         if name is not None and (not isinstance(name, str) or not _NAME.match(name)):
             raise TinkerError("path must be a name of letters, digits, _ . and - (at most 100)")
@@ -278,7 +284,7 @@ async def save_weights_for_sampler(request: Request) -> Response:
             raise TinkerError(f"kind {body.get('kind')!r} is not supported: snapshot only")
 
         async def work() -> dict[str, Any]:
-            return await s.save_for_sampler(model, name)
+            return await s.samplers.snapshot(model, name)
 
         return _queued(s, model, body, work)
     return await _handle(request, h)
@@ -287,11 +293,11 @@ async def save_weights_for_sampler(request: Request) -> Response:
 @router.post("/create_sampling_session")
 async def create_sampling_session(request: Request) -> Response:
     async def h(s: TinkerService, body: dict[str, Any]) -> dict[str, Any]:
-        s.session(_str(body, "session_id"))
+        s.sessions.get(_str(body, "session_id"))
         path, base = body.get("model_path"), body.get("base_model")
         if not isinstance(path, str | None) or not isinstance(base, str | None) or not (path or base):
             raise TinkerError("name a model_path (tinker://...) or a base_model")
-        sampler = await s.create_sampler(path, base)
+        sampler = await s.samplers.create(path, base)
         return {"type": "create_sampling_session", "sampling_session_id": sampler.sampler_id}
     return await _handle(request, h)
 
@@ -299,7 +305,7 @@ async def create_sampling_session(request: Request) -> Response:
 @router.get("/samplers/{sampler_id}")
 async def get_sampler(sampler_id: str, request: Request) -> Response:
     async def h(s: TinkerService, _: dict[str, Any]) -> dict[str, Any]:
-        sampler = s.sampler(sampler_id)
+        sampler = s.samplers.get(sampler_id)
         return {"sampler_id": sampler.sampler_id, "base_model": sampler.base_model, "model_path": sampler.model_path}
     return await _handle(request, h)
 
@@ -352,12 +358,12 @@ async def asample(request: Request) -> Response:
     async def h(s: TinkerService, body: dict[str, Any]) -> dict[str, Any]:
         sid = body.get("sampling_session_id")
         if isinstance(sid, str) and sid:
-            sampler = s.sampler(sid)
+            sampler = s.samplers.get(sid)
         else:
             path, base = body.get("model_path"), body.get("base_model")
             if not isinstance(path, str | None) or not isinstance(base, str | None) or not (path or base):
                 raise TinkerError("name a sampling_session_id, a model_path or a base_model")
-            sampler = await s.create_sampler(path, base)
+            sampler = await s.samplers.create(path, base)
         prompt, params = _prompt(body), _sampling(body)
         room = None if s.max_context is None else s.max_context - len(prompt)
         if room is not None and params.max_tokens > room:
@@ -369,9 +375,9 @@ async def asample(request: Request) -> Response:
         topk = _int(body, "topk_sample_logprobs", 0) or 0
         if not 0 <= topk <= 20:
             raise TinkerError("topk_sample_logprobs must be in 0..20")
-        if _int(body, "topk_prompt_logprobs", 0):
-            raise TinkerError("topk_prompt_logprobs is not supported here (prompt_logprobs and topk_sample_logprobs "
-                              "are)")
+        topk_prompt = _int(body, "topk_prompt_logprobs", 0) or 0
+        if not 0 <= topk_prompt <= 20:
+            raise TinkerError("topk_prompt_logprobs must be in 0..20")
         params = replace(params, top_logprobs=topk)
         want_plp = bool(body.get("prompt_logprobs"))
         last_n = _int(body, "prompt_logprobs_last_n")
@@ -379,9 +385,9 @@ async def asample(request: Request) -> Response:
             raise TinkerError("prompt_logprobs_last_n must be >= 0")
 
         async def work() -> bytes:
-            return encode_sample(await s.sample(sampler, prompt, n, params, want_plp, last_n))
+            return encode_sample(await s.samplers.sample(sampler, prompt, n, params, want_plp, last_n, topk_prompt))
 
-        rid = s.submit(None, work)
+        rid = s.futures.submit(None, work)
         return {"request_id": rid, "sample_sequence_ids": [f"{rid}-{i}" for i in range(n)]}
     return await _handle(request, h)
 
@@ -390,11 +396,11 @@ async def asample(request: Request) -> Response:
 @router.post("/save_weights")
 async def save_weights(request: Request) -> Response:
     async def h(s: TinkerService, body: dict[str, Any]) -> dict[str, Any]:
-        model = s.model(_str(body, "model_id"))
+        model = s.models.get(_str(body, "model_id"))
         name = _str(body, "path")
 
         async def work() -> dict[str, Any]:
-            return await s.save_state(model, name)
+            return await s.checkpoints.save(model, name)
 
         return _queued(s, model, body, work)
     return await _handle(request, h)
@@ -405,12 +411,12 @@ async def load_weights(request: Request) -> Response:
     async def h(s: TinkerService, body: dict[str, Any]) -> dict[str, Any]:
         if body.get("model_id") is None:  # create_training_client_from_state: a new client from a saved state
             return _from_state(s, body)
-        model = s.model(_str(body, "model_id"))
+        model = s.models.get(_str(body, "model_id"))
         path = _str(body, "path")
         optimizer = bool(body.get("optimizer", False))
 
         async def work() -> dict[str, Any]:
-            return await s.load_state(model, path, optimizer)
+            return await s.checkpoints.load(model, path, optimizer)
 
         return _queued(s, model, body, work)
     return await _handle(request, h)
@@ -418,7 +424,7 @@ async def load_weights(request: Request) -> Response:
 
 def _from_state(s: TinkerService, body: dict[str, Any]) -> dict[str, Any]:
     session_id, path = _str(body, "session_id"), _str(body, "path")
-    s.session(session_id)
+    s.sessions.get(session_id)
     seq = _int(body, "model_seq_id")
     if seq is None or seq < 0:
         raise TinkerError("load_weights without a model_id (create_training_client_from_state) needs a model_seq_id")
@@ -426,12 +432,88 @@ def _from_state(s: TinkerService, body: dict[str, Any]) -> dict[str, Any]:
     if base is not None and not isinstance(base, str):
         raise TinkerError("base_model must be a string")
     optimizer = bool(body.get("optimizer", False))
+    metadata = user_metadata(body.get("user_metadata"))
 
     async def work() -> dict[str, Any]:
-        model = await s.create_from_state(session_id, seq, path, optimizer, base)
+        model = await s.checkpoints.create_from(session_id, seq, path, optimizer, base, metadata)
         return {"type": "load_weights", "path": path, "model_id": model.model_id}
 
-    return {"request_id": s.submit(None, work)}
+    return {"request_id": s.futures.submit(None, work)}
+
+
+# ---------------------------------------------------------------------------------------------- runs, exports
+@router.get("/training_runs/{run_id}")
+async def get_training_run(run_id: str, request: Request) -> Response:
+    async def h(s: TinkerService, _: dict[str, Any]) -> dict[str, Any]:
+        return s.training_run(run_id)
+    return await _handle(request, h)
+
+
+@router.post("/save_weights_external")
+async def save_weights_external(request: Request) -> Response:
+    async def h(s: TinkerService, body: dict[str, Any]) -> dict[str, Any]:
+        model = s.models.get(_str(body, "model_id"))
+        name = _str(body, "path")
+        ttl = _int(body, "ttl_seconds")
+        recipients = body.get("age_encryption_recipients")
+        if recipients is not None and (not isinstance(recipients, list) or not 1 <= len(recipients) <= 10
+                                       or not all(isinstance(r, str) and r for r in recipients)):
+            raise TinkerError("age_encryption_recipients must be a list of 1..10 age or SSH public keys")
+
+        async def work() -> dict[str, Any]:
+            return await s.exports.save(model, name, ttl, recipients)
+
+        return _queued(s, model, body, work)
+    return await _handle(request, h)
+
+
+def _external(checkpoint_id: str) -> str:
+    kind, _, name = checkpoint_id.partition("/")
+    if kind != "external_weights" or not name:
+        raise TinkerError(f"checkpoint {checkpoint_id!r}: only external_weights/<name> checkpoints have download "
+                          "URLs, a TTL or a delete here (save_state's weights/... stay until removed from the data dir)")
+    return name
+
+
+@router.get("/training_runs/{run_id}/checkpoints/{checkpoint_id:path}/external_weights_urls")
+async def external_weights_urls(run_id: str, checkpoint_id: str, request: Request) -> Response:
+    async def h(s: TinkerService, _: dict[str, Any]) -> dict[str, Any]:
+        return s.exports.urls(s.models.run_id(run_id), _external(checkpoint_id), str(request.base_url))
+    return await _handle(request, h)
+
+
+@router.put("/training_runs/{run_id}/checkpoints/{checkpoint_id:path}/ttl")
+async def set_checkpoint_ttl(run_id: str, checkpoint_id: str, request: Request) -> Response:
+    async def h(s: TinkerService, body: dict[str, Any]) -> dict[str, Any]:
+        s.exports.set_ttl(s.models.run_id(run_id), _external(checkpoint_id), _int(body, "ttl_seconds"))
+        return {}
+    return await _handle(request, h)
+
+
+@router.delete("/training_runs/{run_id}/checkpoints/{checkpoint_id:path}")
+async def delete_checkpoint(run_id: str, checkpoint_id: str, request: Request) -> Response:
+    async def h(s: TinkerService, _: dict[str, Any]) -> dict[str, Any]:
+        s.exports.delete(s.models.run_id(run_id), _external(checkpoint_id))
+        return {}
+    return await _handle(request, h)
+
+
+@router.get("/external_weights/{run_id}/{name}/{file}")
+async def external_weights_file(run_id: str, name: str, file: str, request: Request) -> Response:
+    """A file behind a signed URL (``external_weights_urls``): the signature is the credential, not X-API-Key (the
+    cookbook fetches it with urllib)."""
+    server: SwarmServer = request.app.state.swarm
+    if server.tinker is None:
+        return _error(404, "the Tinker API is off on this server")
+    try:
+        expires = int(request.query_params.get("expires", ""))
+    except ValueError:
+        return _error(403, "a download URL needs its expires and sig (ask for URLs: external_weights_urls)")
+    try:
+        path = server.tinker.exports.signed_file(run_id, name, file, expires, request.query_params.get("sig", ""))
+    except TinkerError as e:
+        return _error(e.status if 400 <= e.status < 500 else 400, e.message)
+    return FileResponse(path, media_type="application/octet-stream")
 
 
 # ---------------------------------------------------------------------------------------------- not served
@@ -441,11 +523,12 @@ NOT_SERVED = {
                         "false): the SDK polls retrieve_future",
     "join_sampling_session": "joining sampling sessions is off here (client/config sets sample_join_sampling_session "
                              "false)",
-    "create_custom_loss": "custom losses are not supported: use cross_entropy, importance_sampling or ppo",
+    "create_custom_loss": "server-side custom losses are not supported: use a built-in loss name "
+                          "(docs/tinker.md, \"Losses\") or forward_backward_custom (a client-side loss)",
     "cancel_future": "futures cannot be cancelled here",
     "copy_weights": "copying weights between projects is not supported",
-    "save_weights_external": "external weights are not supported: save_state(name) writes tinker://.../weights/...",
-    "training_runs": "listing training runs and their checkpoints (the REST client) is not supported",
+    "training_runs": "listing training runs and their checkpoints (the REST client) is not supported: "
+                     "GET training_runs/{id} is",
     "checkpoints": "listing checkpoints (the REST client) is not supported: save_state returns each path",
     "weights_info": "weights_info (the REST client) is not supported",
     "sessions": "listing sessions (the REST client) is not supported",

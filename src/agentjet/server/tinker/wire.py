@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 
 from agentjet.learners.tinker_ops import FwdBwdResult, TinkerDatum
-from agentjet.server.tinker.service import SampleResult, TinkerError
+from agentjet.server.tinker.errors import TinkerError
+from agentjet.server.tinker.samplers import SampleResult
 
 
 @dataclass
@@ -120,4 +121,6 @@ def encode_sample(result: SampleResult) -> bytes:
             s.topk_sampled_logprobs.CopyFrom(_topk(pb, seq.topk))
     if result.prompt_logprobs is not None:
         out.prompt_logprobs = np.asarray(result.prompt_logprobs, dtype=np.float32).tobytes()
+    if result.topk_prompt is not None:
+        out.topk_prompt_logprobs.CopyFrom(_topk(pb, result.topk_prompt))
     return bytes(out.SerializeToString())
