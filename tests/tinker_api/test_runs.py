@@ -188,7 +188,7 @@ def test_the_sdks_error_events_are_kept_in_the_server_log(tinker_server, caplog:
     srv = tinker_server()
     event = {"event": "UNHANDLED_EXCEPTION", "event_id": "e1", "event_session_index": 0, "severity": "ERROR",
              "timestamp": "2026-12-01T00:00:00Z", "error_type": "RequestFailedError", "error_message": "it broke"}
-    with caplog.at_level(logging.WARNING, logger="agentjet.tinker.client"):
+    with caplog.at_level(logging.WARNING, logger="agentjet.server.tinker.telemetry"):
         r = httpx.post(srv.url + "/api/v1/telemetry", headers={"X-API-Key": KEY},
                        json={"events": [event], "platform": "linux", "sdk_version": "0.38.0", "session_id": "s-9",
                              "process_uuid": "p"})

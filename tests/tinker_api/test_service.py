@@ -189,7 +189,7 @@ def test_the_sdks_error_events_reach_the_server_log_rate_limited(caplog: pytest.
     event = {"event": "GENERIC_EVENT", "event_name": "APIFuture.result_async.application_error", "severity": "ERROR",
              "event_data": {"error": "boom\nline two", "request_type": "ForwardBackward"}}
     quiet = {"event": "SESSION_START", "severity": "INFO"}
-    with caplog.at_level(logging.WARNING, logger="agentjet.tinker.client"):
+    with caplog.at_level(logging.WARNING, logger="agentjet.server.tinker.telemetry"):
         assert errors.record({"session_id": "s1", "sdk_version": "0.38.0", "events": [quiet, *[event] * 5]}) == 3
         assert errors.record({"events": "not a list"}) == 0
         lines = [r.getMessage() for r in caplog.records]

@@ -9,7 +9,7 @@ from typing import Any
 
 from agentjet.runtime.clock import Clock
 
-log = logging.getLogger("agentjet.tinker.client")
+log = logging.getLogger(__name__)  # agentjet.server.tinker.telemetry
 
 KEPT = ("ERROR", "CRITICAL")  # severities kept; the SDK's INFO/WARNING events (session start and end...) are not
 
