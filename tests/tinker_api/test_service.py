@@ -199,3 +199,19 @@ def test_the_sdks_error_events_reach_the_server_log_rate_limited(caplog: pytest.
         assert errors.record({"events": [event]}) == 1
         lines = [r.getMessage() for r in caplog.records]
         assert "2 more were not logged" in lines[3] and "application_error" in lines[4]
+
+
+def test_an_error_event_with_invalid_unicode_is_logged_as_valid_utf8(caplog: pytest.LogCaptureFixture) -> None:
+    """A client's lone surrogate reaches the log escaped, so every handler (a file, a test capture sent between
+    processes) can write the line."""
+    import logging
+
+    from agentjet.server.tinker.telemetry import ClientErrors
+
+    errors = ClientErrors(FakeClock())
+    event = {"event_name": "boom\udfff", "severity": "ERROR", "event_data": {"k\ud800": "v\udfff"}}
+    with caplog.at_level(logging.WARNING, logger="agentjet.server.tinker.telemetry"):
+        assert errors.record({"session_id": "s\udfff", "sdk_version": "0.38.0", "events": [event]}) == 1
+    (line,) = [r.getMessage() for r in caplog.records]
+    line.encode("utf-8")  # raises on a lone surrogate
+    assert "boom\\udfff" in line and "session s\\udfff" in line and "k\\ud800=v\\udfff" in line

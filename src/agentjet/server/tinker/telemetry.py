@@ -29,8 +29,8 @@ class ClientErrors:
         events = body.get("events")
         if not isinstance(events, list):
             return 0
-        session = str(body.get("session_id", "?"))[:64]
-        sdk = str(body.get("sdk_version", "?"))[:32]
+        session = _loggable(str(body.get("session_id", "?"))[:64])
+        sdk = _loggable(str(body.get("sdk_version", "?"))[:32])
         n = 0
         for e in events:
             if not isinstance(e, dict) or str(e.get("severity", "")).upper() not in KEPT:
@@ -64,4 +64,10 @@ def _describe(event: dict[str, Any]) -> str:
     data = event.get("event_data")
     if isinstance(data, dict):
         parts.extend(f"{k}={str(v)[:200]}" for k, v in list(data.items())[:8])
-    return " ".join(parts)[:2000].replace("\n", " | ")
+    return _loggable(" ".join(parts)[:2000].replace("\n", " | "))
+
+
+def _loggable(text: str) -> str:
+    """Client text as valid UTF-8 (a lone surrogate as ``\\udfff``): a log handler, a file or a test capture must be
+    able to write every line the server logs."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
