@@ -25,8 +25,6 @@ from agentjet.server.http.deps import EchoJSONResponse, api_key, server_of
 from agentjet.server.http.errors import anthropic_error_body
 from agentjet.server.http.streaming import TokenStream
 
-router = APIRouter(prefix="/v1")
-
 IGNORED_BLOCKS = ("thinking", "redacted_thinking")  # this model writes none, so none is its own: dropped
 REFUSED_BLOCKS = ("image", "document", "search_result", "container_upload")
 
@@ -235,7 +233,6 @@ def message_object(call: ChatCall, model: str, content: list[dict[str, Any]], re
             "usage": _usage(call, len(reply.result.token_ids) if reply is not None else 0)}
 
 
-@router.post("/messages", response_model=None)
 async def create_message(request: Request, body: MessagesRequest, key: str | None = Depends(api_key)) -> Any:
     """Anthropic Messages (``?beta=true``, ``anthropic-version`` and ``anthropic-beta`` are accepted as sent)."""
     server = server_of(request)
@@ -248,7 +245,6 @@ async def create_message(request: Request, body: MessagesRequest, key: str | Non
     return EchoJSONResponse(message_object(call, model, content_blocks(reply), reply))
 
 
-@router.post("/messages/count_tokens", response_model=None)
 async def count_tokens(request: Request, body: MessagesBase, key: str | None = Depends(api_key)) -> Any:
     """The prompt's tokens as ``/v1/messages`` would render it (the chat template, tools included)."""
     return {"input_tokens": server_of(request).chat.count_tokens(messages_request(body), key)}
@@ -295,3 +291,9 @@ async def _events(call: ChatCall, tokenizer: Any, model: str) -> AsyncIterator[s
         yield _sse("message_delta", {"delta": {"stop_reason": stop, "stop_sequence": sequence},
                                      "usage": {"output_tokens": len(reply.result.token_ids)}})
         yield _sse("message_stop", {})
+
+
+def add_routes(router: APIRouter) -> None:
+    """This API's routes, on the app's one ``/v1`` router (``app.py``)."""
+    router.add_api_route("/messages", create_message, methods=["POST"], response_model=None)
+    router.add_api_route("/messages/count_tokens", count_tokens, methods=["POST"], response_model=None)

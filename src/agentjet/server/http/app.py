@@ -12,7 +12,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable
 
 import uvicorn
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI
 
 from agentjet.layouts import build_engine
 from agentjet.layouts.composed import ComposedEngine
@@ -38,6 +38,15 @@ log = logging.getLogger(__name__)
 TINKER_MAX_BODY_BYTES = 64 * 1024 * 1024
 
 
+def model_apis() -> APIRouter:
+    """The four model APIs on one ``/v1`` router, chat first: FastAPI matches a request against the included
+    routers one after the other, each at a cost, so one router keeps every API's route lookup as short as chat's."""
+    router = APIRouter(prefix="/v1")
+    for api in (openai_api, responses_api, anthropic_api, completions_api):
+        api.add_routes(router)
+    return router
+
+
 def create_app(server: SwarmServer) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -60,10 +69,7 @@ def create_app(server: SwarmServer) -> FastAPI:
         # that took the port first (free ports are picked before the child binds; parallel test workers race)
         return {"status": server.state.value, "policy_version": versions(server.run).served, "pid": os.getpid()}
 
-    app.include_router(openai_api.router)
-    app.include_router(responses_api.router)
-    app.include_router(anthropic_api.router)
-    app.include_router(completions_api.router)
+    app.include_router(model_apis())
     app.include_router(swarm_api.router)
     app.include_router(control.router)
     app.include_router(tinker_api.router)

@@ -23,8 +23,6 @@ from agentjet.server.http.deps import EchoJSONResponse, bearer, server_of
 from agentjet.server.http.openai_api import refuse_penalties
 from agentjet.server.http.streaming import TokenStream
 
-router = APIRouter(prefix="/v1")
-
 
 class CompletionRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
@@ -131,7 +129,6 @@ class CompletionView:
         return out
 
 
-@router.post("/completions", response_model=None)
 async def create_completion(request: Request, body: CompletionRequest, key: str | None = Depends(bearer)) -> Any:
     server = server_of(request)
     tokenizer = server.engine.tokenizer
@@ -179,3 +176,8 @@ async def _stream(view: CompletionView, include_usage: bool) -> AsyncIterator[st
         if include_usage:
             yield _sse({**view.answer([], view.usage([reply.result]), reply.result.policy_version)})
         yield "data: [DONE]\n\n"
+
+
+def add_routes(router: APIRouter) -> None:
+    """This API's routes, on the app's one ``/v1`` router (``app.py``)."""
+    router.add_api_route("/completions", create_completion, methods=["POST"], response_model=None)

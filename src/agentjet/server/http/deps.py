@@ -36,9 +36,10 @@ def bearer(credentials: HTTPAuthorizationCredentials | None = Depends(_bearer_sc
     return token or None
 
 
-def api_key(request: Request, token: str | None = Depends(bearer)) -> str | None:
+async def api_key(request: Request, token: str | None = Depends(bearer)) -> str | None:
     """An episode key as Anthropic's clients send it: the ``x-api-key`` header (the SDK's ``api_key``), or a
-    bearer token (``ANTHROPIC_AUTH_TOKEN``, what Claude Code sends)."""
+    bearer token (``ANTHROPIC_AUTH_TOKEN``, what Claude Code sends). (``async``: FastAPI runs a plain function
+    dependency on a worker thread, a thread hop per call.)"""
     return (request.headers.get("x-api-key") or "").strip() or token
 
 

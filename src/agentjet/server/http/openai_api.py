@@ -28,8 +28,6 @@ from agentjet.server.http.deps import bearer, server_of
 from agentjet.server.http.streaming import TokenStream
 from agentjet.server.views.run_state import adapter_statuses, versions
 
-router = APIRouter(prefix="/v1")
-
 
 class ChatCompletionRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
@@ -121,7 +119,6 @@ class CallView:
         return _sse(event.model_dump(mode="json", exclude_unset=True))
 
 
-@router.get("/models")
 async def list_models(request: Request) -> dict[str, Any]:
     """The served model; with several LoRA adapters, each adapter too (its name is the ``model`` a call names)."""
     server = server_of(request)
@@ -132,7 +129,6 @@ async def list_models(request: Request) -> dict[str, Any]:
     return {"object": "list", "data": models}
 
 
-@router.post("/chat/completions", response_model=None)
 async def chat_completions(request: Request, body: ChatCompletionRequest, key: str | None = Depends(bearer)) -> Any:
     server = server_of(request)
     call = await server.chat.open(chat_request(body), key, request.headers.get(AGENT_HEADER))
@@ -181,3 +177,9 @@ async def _stream(p: ChatCall, tokenizer: Any, model: str, include_usage: bool) 
         if include_usage:
             yield chunk(None, usage=view.usage([reply.result]))
         yield "data: [DONE]\n\n"
+
+
+def add_routes(router: APIRouter) -> None:
+    """This API's routes, on the app's one ``/v1`` router (``app.py``)."""
+    router.add_api_route("/models", list_models, methods=["GET"])
+    router.add_api_route("/chat/completions", chat_completions, methods=["POST"], response_model=None)

@@ -24,8 +24,6 @@ from agentjet.server.http.deps import EchoJSONResponse, bearer, server_of
 from agentjet.server.http.openai_api import token_logprobs
 from agentjet.server.http.streaming import TokenStream
 
-router = APIRouter(prefix="/v1")
-
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 TEXT_PARTS = ("input_text", "output_text", "text")
 CUSTOM_TOOL_PARAMETERS = {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}
@@ -258,7 +256,6 @@ def _status(reply: Reply) -> str:
     return "incomplete" if stopped_at_limit else "completed"
 
 
-@router.post("/responses", response_model=None)
 async def create_response(request: Request, body: ResponsesRequest, key: str | None = Depends(bearer)) -> Any:
     server = server_of(request)
     req, custom = responses_request(body)
@@ -341,3 +338,8 @@ async def _events(view: ResponseView) -> AsyncIterator[str]:
         status = _status(reply)
         kind = "response.completed" if status == "completed" else "response.incomplete"
         yield ev(kind, response=view.response(status, output, reply))
+
+
+def add_routes(router: APIRouter) -> None:
+    """This API's routes, on the app's one ``/v1`` router (``app.py``)."""
+    router.add_api_route("/responses", create_response, methods=["POST"], response_model=None)
