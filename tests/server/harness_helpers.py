@@ -52,6 +52,16 @@ def scripted_engine(tokenizer: Any, replies: list[str], reply_ids: list[list[int
     return compose_null(ScriptedGenerator(tokenizer, replies, reply_ids), NullLearner())
 
 
+def lookup_server(make_server: Any, tiny_model_path: Any) -> Any:
+    """A live server whose model calls ``lookup`` with ``{"key": "a"}``, then, once the prompt holds the tool's
+    result, answers "The value is 7431." (the admin token ``adm1n`` reads traces)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_path)
+    replies = [tool_call_text(tok, "lookup", {"key": "a"}), "The value is 7431."]
+    return make_server(scripted_engine(tok, replies), admin_token="adm1n")
+
+
 class Recording:
     """Wraps an engine's generator: every ``GenerationResult`` it returns is kept, in order."""
 

@@ -11,8 +11,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from tests.server.harness_helpers import TOOL_RESULT, scripted_engine, tool_call_text, trace
-from transformers import AutoTokenizer
+from tests.server.harness_helpers import TOOL_RESULT, lookup_server, trace
 
 from agentjet import SwarmClient
 
@@ -29,9 +28,7 @@ def client(ep: Any) -> openai.AsyncOpenAI:
 
 @pytest.fixture
 def scripted(make_server, tiny_model_path):
-    tok = AutoTokenizer.from_pretrained(tiny_model_path)
-    replies = [tool_call_text(tok, "lookup", {"key": "a"}), "The value is 7431."]
-    return make_server(scripted_engine(tok, replies), admin_token="adm1n")
+    return lookup_server(make_server, tiny_model_path)
 
 
 def test_plain_and_streamed_responses_are_the_chat_call(make_server) -> None:
