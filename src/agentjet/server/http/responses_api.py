@@ -226,7 +226,7 @@ class ResponseView:
         usage = None
         if reply is not None:
             prompt, generated = len(self.call.prompt_ids), len(reply.result.token_ids)
-            usage = {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0},
+            usage = {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
                      "output_tokens": generated, "output_tokens_details": {"reasoning_tokens": 0},
                      "total_tokens": prompt + generated}
         return {
