@@ -237,3 +237,23 @@ def test_a_sub_agent_with_another_system_prompt_is_its_own_timeline(make_server)
     tr = trace(srv, asyncio.run(main()))
     assert sorted(s["call_indices"] for s in tr["samples"]) == [[0, 2], [1]]
     assert {s["agent"] for s in tr["samples"]} == {"default"} and tr["report"]["merged_calls"] == 1
+
+
+def test_the_answer_and_every_event_validate_strictly_against_the_sdks_types(scripted) -> None:
+    import json
+
+    from anthropic.types import Message, RawMessageStreamEvent
+    from pydantic import TypeAdapter
+
+    with httpx.Client(base_url=scripted.url, timeout=60) as http:
+        ep = http.post("/swarm/v1/episodes", json={"client_id": "c", "task_id": "t"}).json()
+        h = {"x-api-key": ep["api_key"]}
+        body = {"model": "tiny", "max_tokens": 100, "messages": [{"role": "user", "content": "what is a?"}],
+                "tools": TOOLS}
+        made = Message.model_validate(http.post("/v1/messages", json=body, headers=h).json())
+        streamed = http.post("/v1/messages", json={**body, "stream": True}, headers=h).text
+    assert made.stop_reason == "tool_use" and made.content[0].type == "tool_use"
+    events = [json.loads(line[6:]) for line in streamed.splitlines() if line.startswith("data: ")]
+    parsed = [TypeAdapter(RawMessageStreamEvent).validate_python(e) for e in events if e["type"] != "ping"]
+    assert [e.type for e in parsed] == ["message_start", "content_block_start", "content_block_delta",
+                                        "content_block_stop", "message_delta", "message_stop"]

@@ -212,3 +212,25 @@ def test_the_agents_sdk_runs_a_function_tool_on_its_default_model(scripted) -> N
     samples = trace(srv, eid)["samples"]
     assert len(samples) == 1 and samples[0]["call_indices"] == [0, 1]
     assert {c["api"] for c in samples[0]["calls"]} == {"responses"}
+
+
+def test_the_answer_and_every_event_validate_strictly_against_the_sdks_types(scripted) -> None:
+    """The SDK parses leniently; a stricter client validates: the response and each stream event hold every
+    field the pinned SDK's types require."""
+    import json
+
+    from openai.types.responses import Response, ResponseStreamEvent
+    from pydantic import TypeAdapter
+
+    with httpx.Client(base_url=scripted.url, timeout=60) as http:
+        ep = http.post("/swarm/v1/episodes", json={"client_id": "c", "task_id": "t"}).json()
+        h = {"Authorization": f"Bearer {ep['api_key']}"}
+        body = {"model": "tiny", "input": "what is a?", "tools": TOOLS, "include": ["message.output_text.logprobs"]}
+        made = Response.model_validate(http.post("/v1/responses", json=body, headers=h).json())
+        streamed = http.post("/v1/responses", json={**body, "stream": True}, headers=h).text
+    assert [o.type for o in made.output] == ["function_call"] and made.usage.total_tokens > 0
+    events = [TypeAdapter(ResponseStreamEvent).validate_python(json.loads(line[6:]))
+              for line in streamed.splitlines() if line.startswith("data: ")]
+    assert [e.type for e in events][2:] == ["response.output_item.added", "response.function_call_arguments.delta",
+                                           "response.function_call_arguments.done", "response.output_item.done",
+                                           "response.completed"]
