@@ -4,16 +4,19 @@
 at run time with the same interface (``agentjet.tasks.rg``, the ``rg`` extra); ``ta:GAME`` a TextArena game, a
 multi-turn task played by the game runner (``agentjet.tasks.ta`` over ``agentjet.tasks.games``, the ``ta`` extra).
 ``get_task`` resolves every task name; the demo, ``ajet bench --learn`` and the research trial client use it.
+``lookup-agents`` and ``lookup-anthropic`` are the lookup task with its agent on the OpenAI Agents SDK or the
+Anthropic SDK (``agentjet.tasks.lookup_harness``).
 Pure Python: no server imports."""
 
 from __future__ import annotations
 
-from agentjet.tasks import addition, calculator, games, lookup, rg, ta, toy
+from agentjet.tasks import addition, calculator, games, lookup, lookup_harness, rg, ta, toy
 from agentjet.tasks.recommended import Recommended
 from agentjet.tasks.source import TaskError, TaskSource
 
 TASKS: dict[str, TaskSource] = {addition.NAME: addition, calculator.NAME: calculator, lookup.NAME: lookup,
-                                toy.NAME: toy}
+                                toy.NAME: toy, lookup_harness.AGENTS.NAME: lookup_harness.AGENTS,
+                                lookup_harness.ANTHROPIC.NAME: lookup_harness.ANTHROPIC}
 DEFAULT_TASK = addition.NAME
 
 
@@ -32,4 +35,4 @@ def get_task(name: str) -> TaskSource:
 
 
 __all__ = ["DEFAULT_TASK", "TASKS", "Recommended", "TaskError", "TaskSource", "addition", "calculator", "games",
-           "get_task", "lookup", "rg", "ta", "toy"]
+           "get_task", "lookup", "lookup_harness", "rg", "ta", "toy"]

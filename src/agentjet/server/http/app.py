@@ -12,10 +12,19 @@ import time
 from collections.abc import AsyncIterator, Awaitable
 
 import uvicorn
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI
 
 from agentjet.engines.base import AdapterSet, Engine
-from agentjet.server.http import control, dashboard, openai_api, swarm_api, tinker_api
+from agentjet.server.http import (
+    anthropic_api,
+    completions_api,
+    control,
+    dashboard,
+    openai_api,
+    responses_api,
+    swarm_api,
+    tinker_api,
+)
 from agentjet.server.http.errors import BodySizeLimit, install_error_handlers
 from agentjet.server.swarm import SwarmServer
 from agentjet.server.views.run_state import versions
@@ -26,6 +35,15 @@ log = logging.getLogger(__name__)
 
 # the Tinker SDK sends forward_backward chunks of up to ~5 MB serialized (1024 datums): JSON of those is larger
 TINKER_MAX_BODY_BYTES = 64 * 1024 * 1024
+
+
+def model_apis() -> APIRouter:
+    """The four model APIs on one ``/v1`` router, chat first: FastAPI matches a request against the included
+    routers one after the other, each at a cost, so one router keeps every API's route lookup as short as chat's."""
+    router = APIRouter(prefix="/v1")
+    for api in (openai_api, responses_api, anthropic_api, completions_api):
+        api.add_routes(router)
+    return router
 
 
 def create_app(server: SwarmServer) -> FastAPI:
@@ -50,7 +68,7 @@ def create_app(server: SwarmServer) -> FastAPI:
         # that took the port first (free ports are picked before the child binds; parallel test workers race)
         return {"status": server.state.value, "policy_version": versions(server.run).served, "pid": os.getpid()}
 
-    app.include_router(openai_api.router)
+    app.include_router(model_apis())
     app.include_router(swarm_api.router)
     app.include_router(control.router)
     app.include_router(tinker_api.router)
