@@ -72,9 +72,14 @@ class BeginEpisodeRequest(_Request):
 class BeginEpisodeResponse(_Reply):
     episode_id: str
     api_key: str
-    base_url: str
+    base_url: str = Field(description="the OpenAI-compatible base URL (``.../v1``): chat completions, Responses, "
+                          "legacy completions")
     lease_seconds: float
     policy_version: int
+    anthropic_base_url: str | None = Field(default=None, description="the base URL an Anthropic client takes (it "
+                                           "appends /v1/messages itself); null from an older server")
+    model: str | None = Field(default=None, description="the served model's name (what a harness names as its "
+                              "model); null from an older server")
 
 
 class HeartbeatResponse(_Reply):

@@ -14,14 +14,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import random
+import shutil
+import tempfile
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import httpx
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
+from agentjet.client.harness import harness_env
 from agentjet.protocol import (
     AGENT_HEADER,
     SWARM_PREFIX,
@@ -226,6 +231,7 @@ class Episode:
         self._metadata: dict[str, Any] = {}
         self._heartbeat: asyncio.Task[None] | None = None
         self._openai: dict[str | None, Any] = {}
+        self._codex_home: Path | None = None  # made by ``env``, removed on release
 
     # ---------------------------------------------------------------- properties
     def _info(self) -> BeginEpisodeResponse:
@@ -248,6 +254,34 @@ class Episode:
     @property
     def policy_version(self) -> int:
         return self._info().policy_version
+
+    @property
+    def anthropic_base_url(self) -> str:
+        """The base URL an Anthropic client takes (it appends ``/v1/messages`` itself)."""
+        return self._info().anthropic_base_url or self.base_url.removesuffix("/v1")
+
+    @property
+    def model(self) -> str:
+        """The served model's name."""
+        joined = self.client.joined
+        model = self._info().model or (joined.model if joined is not None else None)
+        if model is None:
+            raise RuntimeError("the server did not name its model: join first, or use a newer server")
+        return model
+
+    def env(self, agent: str | None = None, base: Mapping[str, str] | None = None,
+            codex_home: Path | None = None) -> dict[str, str]:
+        """The environment for a harness subprocess on this episode (``base``, by default this process's, with the
+        OpenAI, Anthropic and Codex variables of ``agentjet.client.harness``): ``subprocess.run(cmd,
+        env=ep.env())``. ``codex_home``: where Codex's ``config.toml`` goes (default: a temporary directory,
+        removed when the episode is released). ``agent``: the agent name of every call."""
+        if codex_home is None:
+            if self._codex_home is None:
+                self._codex_home = Path(tempfile.mkdtemp(prefix="agentjet-codex-"))
+            codex_home = self._codex_home
+        return harness_env(os.environ if base is None else base, base_url=self.base_url,
+                           anthropic_base_url=self.anthropic_base_url, api_key=self.api_key, model=self.model,
+                           codex_home=codex_home, agent=agent)
 
     def openai(self, agent: str | None = None) -> Any:
         """An ``openai.AsyncOpenAI`` bound to this episode (and to an agent name, if given)."""
@@ -329,9 +363,13 @@ class Episode:
             await self.release()
 
     async def release(self) -> None:
-        """Stop the heartbeat and close the OpenAI clients bound to this episode (on the loop that made them)."""
+        """Stop the heartbeat, close the OpenAI clients bound to this episode (on the loop that made them) and
+        remove the Codex home ``env`` made."""
         await self._stop_heartbeat()
         clients, self._openai = list(self._openai.values()), {}
         for c in clients:
             with contextlib.suppress(Exception):
                 await c.close()
+        if self._codex_home is not None:
+            shutil.rmtree(self._codex_home, ignore_errors=True)
+            self._codex_home = None

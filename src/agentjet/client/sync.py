@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Coroutine, Iterator
+from collections.abc import Coroutine, Iterator, Mapping
+from pathlib import Path
 from typing import Any, TypeVar
 
 from agentjet.client.client import Episode, SwarmClient
@@ -22,6 +23,13 @@ class SyncEpisode:
     api_key = property(lambda self: self._ep.api_key)
     base_url = property(lambda self: self._ep.base_url)
     policy_version = property(lambda self: self._ep.policy_version)
+    anthropic_base_url = property(lambda self: self._ep.anthropic_base_url)
+    model = property(lambda self: self._ep.model)
+
+    def env(self, agent: str | None = None, base: Mapping[str, str] | None = None,
+            codex_home: Path | None = None) -> dict[str, str]:
+        """The environment for a harness subprocess on this episode (``Episode.env``)."""
+        return self._ep.env(agent, base, codex_home)
 
     def reward(self, value: Reward, **metadata: Any) -> None:
         self._ep.reward(value, **metadata)

@@ -286,7 +286,7 @@ def _naive_samples(calls: Sequence[CallRecord]) -> list[EpisodeSample]:
                    "trained_tokens": sum(mask), "drift": False, "drift_found": 0, "drift_repaired": 0,
                    "call_spans": [{"call_index": c.call_index, "gen_start": n, "gen_end": n + len(c.completion_ids),
                                    "exact_context": True, "policy_version": c.policy_version,
-                                   "finish_reason": c.finish_reason}]},
+                                   "finish_reason": c.finish_reason, "api": c.api}]},
         ))
     return samples
 
@@ -377,6 +377,7 @@ def _chain_sample(chain: list[Timeline], merger: _Merger, cfg: TrackingConfig, e
             "prompt_repaired": t.prompt != list(t.call.prompt_ids),
             "policy_version": t.call.policy_version,
             "finish_reason": t.call.finish_reason,
+            "api": t.call.api,
         })
     rep = leaf.repair
     stats: dict[str, Any] = {

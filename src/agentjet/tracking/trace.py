@@ -46,6 +46,7 @@ def sample_trace(sample: EpisodeSample, tokenizer: Any = None) -> dict[str, Any]
             "prompt_repaired": sp.get("prompt_repaired", False),
             "policy_version": sp.get("policy_version"),
             "finish_reason": sp.get("finish_reason"),
+            "api": sp.get("api", "chat.completions"),  # samples stored before the API was recorded came through chat
         })
     stats = {k: v for k, v in sample.stats.items() if k not in ("call_spans", "messages", "drift_regions")}
     return {

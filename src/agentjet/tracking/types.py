@@ -10,7 +10,8 @@ NO_VERSION = -1  # a token that no policy generated (prompt, tool output) has no
 
 @dataclass
 class CallRecord:
-    """One chat-completion call inside an episode, exactly as the model saw and produced it."""
+    """One model call inside an episode, exactly as the model saw and produced it, whatever API it came through
+    (chat completions, Responses, Anthropic Messages, legacy completions: all recorded the same way)."""
 
     call_index: int  # order within the episode
     agent: str  # agent / role name ("default" when none was given)
@@ -24,6 +25,7 @@ class CallRecord:
     response_message: dict[str, Any]  # the assistant message returned to the client
     finish_reason: str = "stop"
     completion_versions: list[int] | None = None  # the policy version of each completion id (None: policy_version)
+    api: str = "chat.completions"  # the API the call came through (the trace shows it per call)
 
     @property
     def versions(self) -> list[int]:

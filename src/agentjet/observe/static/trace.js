@@ -63,7 +63,8 @@
       const msgs = (s.messages || []).filter((m) => m.start >= prevEnd && m.end <= gs);
       const vs = [...new Set((s.versions || []).slice(gs, ge).filter((v) => v !== null))];
       const flags = [el("span", { class: "flag", text: vs.length > 1 ? vs.map((v) => `v${v}`).join("→") : `v${c.policy_version}` }),
-        el("span", { class: "flag", text: c.finish_reason || "" })];
+        el("span", { class: "flag", text: c.finish_reason || "" }),
+        el("span", { class: "flag api", title: "the API this call came through", text: c.api || "chat.completions" })];
       if (c.prompt_repaired) flags.push(el("span", { class: "flag warn", text: "prompt repaired (drift)" }));
       if (!c.exact_context) flags.push(el("span", { class: "flag warn", text: "context differs from its prompt" }));
       const lines = msgs.length ? msgs.map((m) => el("div", { class: "msg" }, el("span", { class: "role", text: m.role }), messageText(s, m)))

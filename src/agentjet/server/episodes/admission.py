@@ -275,8 +275,10 @@ class Admission:
         ep, key = self.registry.begin(req, version)
         for lane in lanes:
             lane.pool.note_begin(req.task_type)
-        return BeginEpisodeResponse(episode_id=ep.episode_id, api_key=key, base_url=self.config.base_url(),
-                                    lease_seconds=self.config.lease_seconds, policy_version=version)
+        base_url = self.config.base_url()
+        return BeginEpisodeResponse(episode_id=ep.episode_id, api_key=key, base_url=base_url,
+                                    lease_seconds=self.config.lease_seconds, policy_version=version,
+                                    anthropic_base_url=base_url.removesuffix("/v1"), model=self.config.name)
 
     def _admit_held(self, req: BeginEpisodeRequest) -> BeginEpisodeResponse:
         self._check_open(req)

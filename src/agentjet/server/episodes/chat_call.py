@@ -1,21 +1,30 @@
-"""A chat completion as a domain operation: the request validated against its episode (the key, the agent
-name, the messages, tools and sampling), its prompt rendered with token-in, token-out applied, the generations,
-and each reply recorded on the episode. The HTTP edge (``server/http/openai_api.py``) parses the request, calls
-``Chat.open`` and a ``ChatCall`` method, and renders the OpenAI-shaped answer or stream."""
+"""A model call as a domain operation, whatever API it came through: the request validated against its episode
+(the key, the agent name, the messages, tools and sampling), its prompt rendered with token-in, token-out
+applied, the generations, and each reply recorded on the episode. Each API's route at the HTTP edge
+(``server/http/``: chat completions, Responses, Anthropic Messages, legacy completions) parses its own body into
+one API-neutral ``CallRequest``, calls ``Chat.open`` and a ``ChatCall`` method, and renders the answer or the
+stream in that API's own shape."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from agentjet.engines.base import MAX_SEED, GenerationResult, SamplingParams, TokenCallback
+from agentjet.engines.base import (
+    MAX_SEED,
+    FinishReason,
+    GenerationResult,
+    SamplingParams,
+    TokenCallback,
+    TrainSample,
+)
 from agentjet.engines.errors import EngineUnavailableError, GenerationError
 from agentjet.layouts.composed import ComposedEngine
 from agentjet.protocol import DEFAULT_AGENT
@@ -29,45 +38,72 @@ from agentjet.server.episodes.chat import (
 from agentjet.server.episodes.ingest import Ingest
 from agentjet.server.episodes.keys import EpisodeKeys
 from agentjet.server.episodes.registry import Episode, EpisodeRegistry
+from agentjet.server.episodes.stored import StoredCall, stored_history
 from agentjet.server.errors import APIError, bad_request, conflict, unavailable
 from agentjet.settings import ServerConfig
 from agentjet.tracking import CallRecord
 
 
-class ChatCompletionRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    model: str | None = Field(default=None, max_length=200)
-    messages: list[Any]
-    tools: list[Any] | None = None
-    tool_choice: Any = None
-    temperature: float | None = Field(default=None, ge=0, le=2)
-    top_p: float | None = Field(default=None, gt=0, le=1)
-    top_k: int | None = Field(default=None, ge=0, le=2**31 - 1)  # and at most the vocabulary (checked below)
-    max_tokens: int | None = Field(default=None, ge=1, le=2**31 - 1)
-    max_completion_tokens: int | None = Field(default=None, ge=1, le=2**31 - 1)
+class Api(enum.StrEnum):
+    """The API a call came through (recorded on its ``CallRecord``; the trace shows it)."""
+
+    CHAT = "chat.completions"
+    RESPONSES = "responses"
+    MESSAGES = "messages"
+    COMPLETIONS = "completions"
+
+
+# how each API names the request fields the domain's errors name (the chat names by default)
+_PARAM_NAMES: Mapping[Api, Mapping[str, str]] = MappingProxyType({
+    Api.RESPONSES: MappingProxyType({"max_tokens": "max_output_tokens", "messages": "input"}),
+    Api.MESSAGES: MappingProxyType({"stop": "stop_sequences"}),
+    Api.COMPLETIONS: MappingProxyType({"messages": "prompt"}),
+})
+_ID_PREFIX: Mapping[Api, str] = MappingProxyType({Api.CHAT: "chatcmpl-", Api.RESPONSES: "resp_",
+                                                  Api.MESSAGES: "msg_", Api.COMPLETIONS: "cmpl-"})
+
+
+@dataclass(frozen=True)
+class CallRequest:
+    """One model call, API-neutral: what each API's parser at the HTTP edge builds from its own body (chat
+    completions, Responses, Anthropic Messages, legacy completions), and all a ``ChatCall`` needs."""
+
+    api: Api
+    messages: list[Any] = field(default_factory=list)  # chat-shaped messages (normalised by the call)
+    instructions: str | None = None  # a system message put first (Responses' instructions, Messages' system)
+    prompt_ids: list[int] | None = None  # legacy completions: the prompt's ids as given (no messages, no template)
+    tools: list[Any] | None = None  # chat-shaped function tools
+    tool_choice: Any = None  # chat-shaped: none / auto / required / {"type": "function", "function": {"name"}}
+    model: str | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    max_tokens: int | None = None
     stop: str | list[str] | None = None
-    seed: int | None = Field(default=None, ge=0, lt=MAX_SEED)
-    n: int = Field(default=1, ge=1, le=16)
-    logprobs: bool | None = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
-    stream: bool | None = False
-    stream_options: dict[str, Any] | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[str, Any] | None = None
-    response_format: dict[str, Any] | None = None
+    seed: int | None = None
+    n: int = 1
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    stream: bool = False
+    clamp_max_tokens: bool = False  # a max_tokens beyond the room left is cut to it (else a 400)
+    previous_response_id: str | None = None  # continue the conversation of a stored call of this episode
+    store: bool = False  # keep this call's input and reply with the episode (``episodes/stored.py``)
+
+    def param(self, name: str) -> str:
+        """The request field ``name`` as this call's API names it (for the errors)."""
+        return _PARAM_NAMES.get(self.api, {}).get(name, name)
 
 
 MAX_STOP_CHARS = 1000
 
 
-def agent_name(header: str | None, body: ChatCompletionRequest, config: ServerConfig) -> str:
+def agent_name(header: str | None, model: str | None, config: ServerConfig) -> str:
     """The agent (role) of a call: the ``X-Agent-Name`` header, else the ``model`` field when it names neither
     the served model nor the default agent."""
     if header:
         name = header.strip()
-    elif body.model and body.model not in (config.name, config.model, DEFAULT_AGENT):
-        name = body.model
+    elif model and model not in (config.name, config.model, DEFAULT_AGENT):
+        name = model
     else:
         name = DEFAULT_AGENT
     if not name or len(name) > 200:
@@ -75,47 +111,43 @@ def agent_name(header: str | None, body: ChatCompletionRequest, config: ServerCo
     return name
 
 
-def _unsupported(body: ChatCompletionRequest) -> None:
-    if body.presence_penalty or body.frequency_penalty:
-        raise bad_request("presence_penalty and frequency_penalty are not supported: they would change the "
-                          "sampling distribution the trainer reproduces", param="presence_penalty")
-    if body.logit_bias:
-        raise bad_request("logit_bias is not supported", param="logit_bias")
-    if body.response_format and body.response_format.get("type", "text") != "text":
-        raise bad_request("only response_format {'type': 'text'} is supported", param="response_format")
-    if body.stream and body.n > 1:
-        raise bad_request("stream with n > 1 is not supported; send n separate requests", param="n")
-    if body.top_logprobs and not body.logprobs:
-        raise bad_request("top_logprobs requires logprobs: true", param="top_logprobs")
+def prompt_too_long(request: CallRequest, prompt_len: int, max_context: int) -> APIError:
+    """The prompt leaves no room to generate: in Anthropic's words for Messages (what a harness acts on)."""
+    if request.api is Api.MESSAGES:
+        return bad_request(f"prompt is too long: {prompt_len} tokens > {max_context - 1} maximum",
+                           param="messages", code="context_length_exceeded")
+    return bad_request(f"the prompt has {prompt_len} tokens, which fills the model's context of {max_context} "
+                       "tokens", param=request.param("messages"), code="context_length_exceeded")
 
 
-def sampling_for(body: ChatCompletionRequest, config: ServerConfig, engine: ComposedEngine, prompt_len: int,
+def sampling_for(request: CallRequest, config: ServerConfig, engine: ComposedEngine, prompt_len: int,
                  index: int) -> SamplingParams:
     d = config.sampling
     room = engine.max_context - prompt_len
     if room < 1:
-        raise bad_request(f"the prompt has {prompt_len} tokens, which fills the model's context of "
-                          f"{engine.max_context} tokens", param="messages", code="context_length_exceeded")
-    asked = body.max_completion_tokens or body.max_tokens
+        raise prompt_too_long(request, prompt_len, engine.max_context)
+    asked = request.max_tokens
     if asked is not None and asked > room:
-        raise bad_request(f"max_tokens={asked} plus the prompt's {prompt_len} tokens exceeds the model's context of "
-                          f"{engine.max_context} tokens (at most {room})", param="max_tokens",
-                          code="context_length_exceeded")
-    stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+        if not request.clamp_max_tokens:
+            raise bad_request(f"{request.param('max_tokens')}={asked} plus the prompt's {prompt_len} tokens exceeds "
+                              f"the model's context of {engine.max_context} tokens (at most {room})",
+                              param=request.param("max_tokens"), code="context_length_exceeded")
+        asked = room  # Messages and Responses: the room left (the reply then stops at the limit)
+    stop = (request.stop,) if isinstance(request.stop, str) else tuple(request.stop or ())
     if len(stop) > 4 or any(not s or len(s) > MAX_STOP_CHARS for s in stop):
-        raise bad_request(f"stop must be up to 4 non-empty strings of at most {MAX_STOP_CHARS} characters",
-                          param="stop")
+        raise bad_request(f"{request.param('stop')} must be up to 4 non-empty strings of at most {MAX_STOP_CHARS} "
+                          "characters", param=request.param("stop"))
     vocab = len(engine.tokenizer)
-    if body.top_k and body.top_k > vocab:
-        raise bad_request(f"top_k must be at most the vocabulary size {vocab} (got {body.top_k})", param="top_k")
+    if request.top_k and request.top_k > vocab:
+        raise bad_request(f"top_k must be at most the vocabulary size {vocab} (got {request.top_k})", param="top_k")
     return SamplingParams(
-        temperature=body.temperature if body.temperature is not None else d.temperature,
-        top_p=body.top_p if body.top_p is not None else d.top_p,
-        top_k=body.top_k or 0,
+        temperature=request.temperature if request.temperature is not None else d.temperature,
+        top_p=request.top_p if request.top_p is not None else d.top_p,
+        top_k=request.top_k or 0,
         max_tokens=asked or min(d.max_tokens, room),
         stop=stop,
-        seed=None if body.seed is None else (body.seed + index) % MAX_SEED,
-        top_logprobs=(body.top_logprobs or 0) if body.logprobs else 0,
+        seed=None if request.seed is None else (request.seed + index) % MAX_SEED,
+        top_logprobs=(request.top_logprobs or 0) if request.logprobs else 0,
     )
 
 
@@ -142,6 +174,16 @@ class Reply:
     finish_reason: str
 
 
+@dataclass(frozen=True)
+class Prompt:
+    """A call's input, rendered: the conversation the model sees and its prompt ids."""
+
+    own: list[dict[str, Any]]  # this request's messages, normalised (what a stored call keeps)
+    messages: list[dict[str, Any]]  # the conversation: instructions, a stored call's history, then ``own``
+    tools: list[dict[str, Any]] | None
+    ids: list[int]
+
+
 class Chat:
     """The parts a chat call uses, built once by ``SwarmServer``."""
 
@@ -158,47 +200,81 @@ class Chat:
         self.registry = registry
         self.ingest = ingest
 
-    async def open(self, body: ChatCompletionRequest, key: str | None, agent_header: str | None) -> ChatCall:
+    async def open(self, request: CallRequest, key: str | None, agent_header: str | None) -> ChatCall:
         """Validate the call against its episode, then put this agent's earlier generations back into the prompt
         as generated (token-in, token-out; ``agentjet.server.episodes.tito``)."""
-        call = ChatCall(self, body, key, agent_header)
+        call = ChatCall(self, request, key, agent_header)
+        if request.prompt_ids is not None:
+            return call  # legacy completions: the ids as given
         ids = await self.ingest.tito_prompt_ids(call.episode, call.agent, call.messages, call.tools, call.prompt_ids)
         if ids is not call.prompt_ids:
             call.prompt_ids = ids
             call.sampling = call.sampling_plan()
         return call
 
+    def count_tokens(self, request: CallRequest, key: str | None) -> int:
+        """The prompt's length in tokens, as a call with this request would render it (nothing generated)."""
+        return len(self.render(request, self.context(self.keys.open_by_key(key), request)).ids)
 
-class ChatCall:
-    """One chat completion request, validated and rendered to prompt ids, with what it needs to generate,
-    record each reply and shape the answer."""
+    def context(self, episode: Episode, request: CallRequest) -> list[dict[str, Any]]:
+        """What comes before the request's own messages: its instructions as a system message, then the
+        conversation of the stored call it continues (``previous_response_id``). At most ``max_messages`` in all."""
+        if request.prompt_ids is not None:
+            return []
+        history = (stored_history(episode.stored, request.previous_response_id, self.config.max_messages)
+                   if request.previous_response_id else [])
+        system = [{"role": "system", "content": request.instructions}] if request.instructions else []
+        if len(system) + len(history) + len(request.messages) > self.config.max_messages:
+            raise bad_request(f"at most {self.config.max_messages} messages per request",
+                              param=request.param("messages"))
+        return system + history
 
-    def __init__(self, chat: Chat, body: ChatCompletionRequest, key: str | None, agent_header: str | None) -> None:
-        self.chat = chat
-        config = chat.config
-        self.episode: Episode = chat.keys.open_by_key(key)
-        _unsupported(body)
-        if len(body.messages) > config.max_messages:
-            raise bad_request(f"at most {config.max_messages} messages per request", param="messages")
-        self.body = body
-        self.agent = agent_name(agent_header, body, config)
-        self.engine = chat.engine_for(self.agent)  # its adapter's engine (a 4xx when no adapter serves it)
+    def render(self, request: CallRequest, context: list[dict[str, Any]]) -> Prompt:
+        """The conversation (``context``, then the request's own messages) through the model's chat template;
+        legacy completions' ids as given."""
+        if request.prompt_ids is not None:
+            return Prompt([], [], None, self._given_ids(request.prompt_ids))
         try:
-            self.messages = normalize_messages(body.messages)
-            self.tools = validate_tools(body.tools)
-            validate_tool_choice(body.tool_choice, self.tools)
-            self.prompt_ids = chat.formatter.prompt_ids(self.messages, self.tools)
+            own = normalize_messages(request.messages) if request.messages or not context else []
+            messages = context + own
+            tools = validate_tools(request.tools)
+            validate_tool_choice(request.tool_choice, tools)
+            return Prompt(own, messages, tools, self.formatter.prompt_ids(messages, tools))
         except ChatFormatError as exc:
             raise bad_request(str(exc), param=exc.param) from exc
+
+    def _given_ids(self, ids: list[int]) -> list[int]:
+        vocab = len(self.formatter.tokenizer)
+        if not ids:
+            raise bad_request("the prompt is empty", param="prompt")
+        if any(not 0 <= t < vocab for t in ids):
+            raise bad_request(f"the prompt's token ids must be in 0..{vocab - 1}", param="prompt")
+        return list(ids)
+
+
+class ChatCall:
+    """One model call, validated and rendered to prompt ids, with what it needs to generate, record each reply
+    and shape the answer. Every API's route opens one (``Chat.open``) from its own ``CallRequest``."""
+
+    def __init__(self, chat: Chat, request: CallRequest, key: str | None, agent_header: str | None) -> None:
+        self.chat = chat
+        self.episode: Episode = chat.keys.open_by_key(key)
+        self.request = request
+        context = chat.context(self.episode, request)
+        self.agent = agent_name(agent_header, request.model, chat.config)
+        self.engine = chat.engine_for(self.agent)  # its adapter's engine (a 4xx when no adapter serves it)
+        prompt = chat.render(request, context)
+        self.own_messages, self.messages, self.tools = prompt.own, prompt.messages, prompt.tools
+        self.prompt_ids = prompt.ids
         self.sampling = self.sampling_plan()
-        self.parse_tools = bool(self.tools) and body.tool_choice != "none"
+        self.parse_tools = bool(self.tools) and request.tool_choice != "none"
         self.created = int(time.time())
-        self.id = "chatcmpl-" + uuid.uuid4().hex
+        self.id = _ID_PREFIX[request.api] + uuid.uuid4().hex
 
     def sampling_plan(self) -> list[SamplingParams]:
         """One ``SamplingParams`` per choice (``n``), for the current prompt."""
-        return [sampling_for(self.body, self.chat.config, self.chat.engine, len(self.prompt_ids), i)
-                for i in range(self.body.n)]
+        return [sampling_for(self.request, self.chat.config, self.chat.engine, len(self.prompt_ids), i)
+                for i in range(self.request.n)]
 
     def begin(self) -> None:
         """The call is in flight on its episode from now (its lease cannot expire meanwhile) until ``end``."""
@@ -234,13 +310,39 @@ class ChatCall:
         """The first choice, each token to ``on_token`` as it is produced (a stream; ``n`` is 1)."""
         return await self.engine.generate(self.prompt_ids, self.sampling[0], on_token=on_token)
 
+    async def prompt_logprobs(self) -> list[float]:
+        """The current policy's logprob of each prompt token after the first (teacher forcing, the learner's
+        scoring path; nothing is recorded): legacy completions' ``echo`` with ``logprobs``."""
+        n = len(self.prompt_ids)
+        if n < 2:
+            return []
+        sample = TrainSample(list(self.prompt_ids), [0] + [1] * (n - 1), [0.0] * n, [0.0] * n)
+        with self.in_flight():
+            try:
+                (scored,) = await self.engine.learner.score([sample])
+            except Exception as exc:
+                raise engine_error(exc) from exc
+        return [float(x) for x in scored]
+
     def reply(self, result: GenerationResult, sampling: SamplingParams) -> Reply:
-        """The assistant message of ``result``, recorded on the episode when it is still open."""
+        """The assistant message of ``result``, recorded on the episode when it is still open (and stored with
+        it when the request asked to store it)."""
         message = self.assistant_message(result)
         if self.episode.is_open:
             self.record(result, message, sampling)
+            if self.request.store:
+                self.episode.stored[self.id] = StoredCall(self.request.previous_response_id, self.own_messages,
+                                                          normalize_messages([message])[0])
         finish = "tool_calls" if message.get("tool_calls") else result.finish_reason.value
         return Reply(result, message, finish)
+
+    def stop_sequence(self, result: GenerationResult) -> str | None:
+        """The stop string that ended ``result``, if one did (not the end-of-turn token or the limit)."""
+        stops = self.sampling[0].stop
+        if result.finish_reason is not FinishReason.STOP or not stops:
+            return None
+        full = self.chat.formatter.tokenizer.decode(list(result.token_ids), skip_special_tokens=True)
+        return next((s for s in stops if full.startswith(s, len(result.text))), None)
 
     def assistant_message(self, result: GenerationResult) -> dict[str, Any]:
         content, tool_calls = self.chat.formatter.parse_reply(result.text, result.token_ids, self.parse_tools)
@@ -260,5 +362,6 @@ class ChatCall:
             prompt_ids=self.prompt_ids, completion_ids=list(result.token_ids),
             completion_logprobs=list(result.logprobs), temperature=sampling.logprob_temperature,
             policy_version=result.policy_version, response_message=reply,
-            finish_reason=result.finish_reason.value, completion_versions=result.versions)
+            finish_reason=result.finish_reason.value, completion_versions=result.versions,
+            api=self.request.api.value)
         self.chat.ingest.record_call(self.episode, call)

@@ -16,6 +16,7 @@ from typing import Any
 from agentjet.protocol import BeginEpisodeRequest, EndEpisodeResponse, EpisodeStatus
 from agentjet.runtime.clock import Clock, SystemClock
 from agentjet.server.digest import digest
+from agentjet.server.episodes.stored import StoredCall
 from agentjet.tracking import CallRecord
 from agentjet.tracking.drift import TitoSession
 
@@ -37,6 +38,7 @@ class Episode:
     status: EpisodeStatus = EpisodeStatus.OPEN
     calls: list[CallRecord] = field(default_factory=list)
     tito: TitoSession | None = None  # token-in/token-out state between the calls (``Ingest.tito_prompt_ids``)
+    stored: dict[str, StoredCall] = field(default_factory=dict)  # stored responses by id (``episodes/stored.py``)
     inflight: int = 0
     created_at: float = 0.0
     end_response: EndEpisodeResponse | None = None
@@ -113,6 +115,7 @@ class EpisodeRegistry:
         ep.status = status
         ep.metadata = {}  # client-sized (up to the body limit) and unused once closed: not kept for 100k episodes
         ep.tito = None  # holds a prompt-sized segmentation per agent: not kept for closed episodes either
+        ep.stored = {}  # stored responses live for the episode's life
         self._open.pop(ep.episode_id, None)
         self._open_by_client[ep.client_id] -= 1
         self.open_by_type[ep.task_type] -= 1

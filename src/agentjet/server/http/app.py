@@ -16,7 +16,16 @@ from fastapi import FastAPI
 
 from agentjet.layouts import build_engine
 from agentjet.layouts.composed import ComposedEngine
-from agentjet.server.http import control, dashboard, openai_api, swarm_api, tinker_api
+from agentjet.server.http import (
+    anthropic_api,
+    completions_api,
+    control,
+    dashboard,
+    openai_api,
+    responses_api,
+    swarm_api,
+    tinker_api,
+)
 from agentjet.server.http.errors import BodySizeLimit, install_error_handlers
 from agentjet.server.swarm import SwarmServer
 from agentjet.server.views.run_state import versions
@@ -52,6 +61,9 @@ def create_app(server: SwarmServer) -> FastAPI:
         return {"status": server.state.value, "policy_version": versions(server.run).served, "pid": os.getpid()}
 
     app.include_router(openai_api.router)
+    app.include_router(responses_api.router)
+    app.include_router(anthropic_api.router)
+    app.include_router(completions_api.router)
     app.include_router(swarm_api.router)
     app.include_router(control.router)
     app.include_router(tinker_api.router)

@@ -24,6 +24,12 @@ def bearer(credentials: HTTPAuthorizationCredentials | None = Depends(_bearer_sc
     return token or None
 
 
+def api_key(request: Request, token: str | None = Depends(bearer)) -> str | None:
+    """An episode key as Anthropic's clients send it: the ``x-api-key`` header (the SDK's ``api_key``), or a
+    bearer token (``ANTHROPIC_AUTH_TOKEN``, what Claude Code sends)."""
+    return (request.headers.get("x-api-key") or "").strip() or token
+
+
 def _auth(request: Request) -> Auth:
     return request.app.state.auth
 

@@ -1,5 +1,6 @@
-"""The HTTP edge of ``errors.py``: every error, the framework's own included, answers in OpenAI's shape, and
-bodies over the limit get a 413 (``BodySizeLimit``)."""
+"""The HTTP edge of ``errors.py``: every error, the framework's own included, answers in the shape of the API it
+was asked through: OpenAI's everywhere, Anthropic's on the Messages routes (``/v1/messages...``:
+``{"type": "error", "error": {"type", "message"}}``); bodies over the limit get a 413 (``BodySizeLimit``)."""
 
 from __future__ import annotations
 
@@ -29,27 +30,53 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     return "; ".join(parts) or "invalid request", param
 
 
+ANTHROPIC_PREFIX = "/v1/messages"  # the Anthropic Messages routes answer errors in Anthropic's shape
+_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                    404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
+                    500: "api_error", 503: "overloaded_error"}
+
+
+def anthropic_error_body(message: str, status: int) -> dict[str, Any]:
+    """Anthropic's error shape; the type follows the status as Anthropic's does (a 409 or a 422 is a request
+    error, a 5xx other than 503 an ``api_error``)."""
+    type_ = _ANTHROPIC_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
+    return {"type": "error", "error": {"type": type_, "message": message}}
+
+
+def shaped_error(path: str, status: int, message: str, type_: str, param: str | None = None,
+                 code: str | None = None) -> dict[str, Any]:
+    """An error's body in the shape of the API at ``path``."""
+    if path.startswith(ANTHROPIC_PREFIX):
+        return anthropic_error_body(message, status)
+    return error_body(message, type_, param, code)
+
+
 def install_error_handlers(app: FastAPI) -> None:
+    def answer(request: Request, status: int, message: str, type_: str, param: str | None = None,
+               code: str | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
+        return JSONResponse(shaped_error(request.url.path, status, message, type_, param, code), status,
+                            headers=headers)
+
     @app.exception_handler(APIError)
-    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-        return JSONResponse(error_body(exc.message, exc.type, exc.param, exc.code), exc.status, headers=exc.headers)
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        return answer(request, exc.status, exc.message, exc.type, exc.param, exc.code, exc.headers)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         message, param = _validation_message(exc)
-        return JSONResponse(error_body(message, "invalid_request_error", param, "invalid_request"), 400)
+        return answer(request, 400, message, "invalid_request_error", param, "invalid_request")
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         type_ = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         if exc.status_code == 413:
-            return JSONResponse(error_body(str(exc.detail), type_, code="body_too_large"), 413)
-        return JSONResponse(error_body(str(exc.detail), type_), exc.status_code)
+            return answer(request, 413, str(exc.detail), type_, code="body_too_large")
+        return answer(request, exc.status_code, str(exc.detail), type_)
 
     @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unexpected server error")
-        return JSONResponse(error_body(f"internal error: {type(exc).__name__}", "server_error"), 500)
+        return answer(request, 500, f"internal error: {type(exc).__name__}", "server_error")
 
 
 class BodySizeLimit:
@@ -74,9 +101,9 @@ class BodySizeLimit:
             declared = dict(scope["headers"]).get(b"content-length", b"")
             if declared.isdigit() and int(declared) > self.max_bytes:
                 await self._drain(receive, int(declared))
-                body = json.dumps(error_body(f"request body of {int(declared)} bytes exceeds the limit of "
-                                             f"{self.max_bytes} bytes", "invalid_request_error",
-                                             code="body_too_large")).encode()
+                body = json.dumps(shaped_error(path, 413, f"request body of {int(declared)} bytes exceeds the "
+                                               f"limit of {self.max_bytes} bytes", "invalid_request_error",
+                                               code="body_too_large")).encode()
                 await send({"type": "http.response.start", "status": 413,
                             "headers": [(b"content-type", b"application/json"),
                                         (b"content-length", str(len(body)).encode()), (b"connection", b"close")]})
