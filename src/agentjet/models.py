@@ -383,6 +383,7 @@ def build_tiny_random_64k(out: Path, seed: int = 0, tokenizer: Any = None) -> No
     shared /= shared.norm()
     with torch.no_grad():
         embedding = model.get_input_embeddings().weight
+        assert isinstance(embedding, torch.Tensor)
         embedding += TINY_64K_SHARED * shared
         embedding[config.eos_token_id] += TINY_64K_EOS_LIFT * shared
     model.save_pretrained(out, safe_serialization=True)
