@@ -41,6 +41,7 @@ class Call:
     response: bytes
     seconds: float
     headers: dict[str, str] = field(default_factory=dict)
+    client_gone: str | None = None  # the client hung up before the whole answer was written to it
 
     @property
     def route(self) -> str:
@@ -119,20 +120,31 @@ class RecordingProxy:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
         start = time.monotonic()
         received = bytearray()
-        async with self._session.request(request.method, self.upstream + request.path_qs, headers=headers,
-                                         data=body) as up:
-            out = web.StreamResponse(status=up.status, headers={k: v for k, v in up.headers.items()
-                                                                if k.lower() not in HOP_HEADERS})
-            await out.prepare(request)
-            async for chunk in up.content.iter_any():
-                received += chunk
-                await out.write(chunk)
-            await out.write_eof()
-            call = Call(request.method, request.path_qs, up.status, up.headers.get("content-type", ""), _json(body),
-                        len(body), bytes(received), time.monotonic() - start, dict(request.headers))
-        with self._lock:
-            self.calls.append(call)
-        return out
+        status, content_type, gone, delivered = 502, "", None, False
+        out: web.StreamResponse | None = None
+        try:
+            async with self._session.request(request.method, self.upstream + request.path_qs, headers=headers,
+                                             data=body) as up:
+                status, content_type = up.status, up.headers.get("content-type", "")
+                out = web.StreamResponse(status=up.status, headers={k: v for k, v in up.headers.items()
+                                                                    if k.lower() not in HOP_HEADERS})
+                await out.prepare(request)
+                async for chunk in up.content.iter_any():
+                    received += chunk
+                    await out.write(chunk)
+                delivered = True  # every byte written; a client that hangs up now (Codex, once it has read
+                await out.write_eof()  # response.completed) misses only the end of the chunked body
+                return out
+        except (ConnectionResetError, aiohttp.ClientConnectionResetError) as exc:
+            if not delivered:
+                gone = f"the client closed the connection after {time.monotonic() - start:.1f} s: {exc}"
+                raise
+            assert out is not None
+            return out
+        finally:
+            with self._lock:
+                self.calls.append(Call(request.method, request.path_qs, status, content_type, _json(body), len(body),
+                                       bytes(received), time.monotonic() - start, dict(request.headers), gone))
 
 
 class NetTrap:
@@ -280,7 +292,8 @@ class ScriptedStub:
 
     def _messages(self, handler: BaseHTTPRequestHandler, body: dict[str, Any], reply: Reply) -> None:
         if reply.tool:
-            block: dict[str, Any] = {"type": "tool_use", "id": "toolu_1", "name": reply.tool, "input": reply.arguments}
+            block: dict[str, Any] = {"type": "tool_use", "id": f"toolu_{len(self.requests)}", "name": reply.tool,
+                                     "input": reply.arguments}
             start: dict[str, Any] = {**block, "input": {}}
             delta = {"type": "input_json_delta", "partial_json": json.dumps(reply.arguments)}
             stop = "tool_use"
@@ -305,7 +318,8 @@ class ScriptedStub:
 
     def _responses(self, handler: BaseHTTPRequestHandler, body: dict[str, Any], reply: Reply) -> None:
         if reply.tool:
-            item: dict[str, Any] = {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": reply.tool,
+            n = len(self.requests)
+            item: dict[str, Any] = {"type": "function_call", "id": f"fc_{n}", "call_id": f"call_{n}", "name": reply.tool,
                                     "arguments": json.dumps(reply.arguments), "status": "completed"}
         else:
             item = {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
