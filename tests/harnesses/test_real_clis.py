@@ -130,3 +130,36 @@ def _message_stop_reason(stream: bytes) -> str | None:
             return json.loads(line[5:])["delta"]["stop_reason"]
     return None
 
+
+
+def sdk_workflow(claude: Any) -> Any:
+    """The Claude Agent SDK's ``query()`` driving the Claude Code it bundles (2.1.328), with the claude example's
+    permission and offline settings, as a workflow."""
+    from claude_agent_sdk import ClaudeAgentOptions, ResultMessage, query
+
+    from agentjet.client.workspace import Workspace
+    from agentjet.tasks.workspace import check
+
+    async def workflow(task: dict[str, Any], ep: Any) -> float:
+        with Workspace(task) as ws:
+            # options.env is laid over this process's environment: blank a key the parent may hold
+            env = {**ep.env(base=ws.base_env(claude.claude_env(task))), "ANTHROPIC_API_KEY": ""}
+            options = ClaudeAgentOptions(cwd=str(ws.dir), env=env, permission_mode="acceptEdits",
+                                         extra_args={"restricted": None, "permission-prompts": "none",
+                                                     "no-session-persistence": None})
+            results = [m async for m in query(prompt=task["prompt"], options=options) if isinstance(m, ResultMessage)]
+            reward = check(task, ws.dir)
+        assert len(results) == 1 and not results[0].is_error, results
+        ep.reward(reward, harness_returncode=0)
+        return reward
+
+    return workflow
+
+
+def test_the_claude_agent_sdk_runs_a_task_to_its_end(live_server: LiveServer, net_trap: NetTrap) -> None:
+    pytest.importorskip("claude_agent_sdk", reason="the harnesses extra: make setup-harnesses")
+    claude = example("claude_code_task")
+    # the example's permission flags, as sdk_workflow passes them to the SDK
+    assert claude.PERMISSIONS == ["--restricted", "--permission-mode", "acceptEdits", "--permission-prompts", "none"]
+    check_run(live_server, net_trap, "claude-agent-sdk query()", sdk_workflow(claude), TASKS["hello-file"],
+              "/v1/messages", "messages")
