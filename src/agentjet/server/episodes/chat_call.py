@@ -241,7 +241,8 @@ class Chat:
             validate_tool_choice(request.tool_choice, tools)
             return Prompt(own, messages, tools, self.formatter.prompt_ids(messages, tools))
         except ChatFormatError as exc:
-            raise bad_request(str(exc), param=exc.param) from exc
+            raise bad_request(str(exc), param=request.param("messages") if exc.param == "messages" else exc.param
+                              ) from exc
 
     def _given_ids(self, ids: list[int]) -> list[int]:
         vocab = len(self.formatter.tokenizer)

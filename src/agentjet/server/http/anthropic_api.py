@@ -14,14 +14,14 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from agentjet.engines.base import FinishReason
+from agentjet.engines.base import MAX_SEED, FinishReason
 from agentjet.protocol import AGENT_HEADER
 from agentjet.server.episodes.chat_call import Api, CallRequest, ChatCall, Reply
 from agentjet.server.errors import APIError, bad_request
-from agentjet.server.http.deps import api_key, server_of
+from agentjet.server.http.deps import EchoJSONResponse, api_key, server_of
 from agentjet.server.http.errors import anthropic_error_body
 from agentjet.server.http.streaming import TokenStream
 
@@ -50,6 +50,7 @@ class MessagesRequest(MessagesBase):
     temperature: float | None = Field(default=None, ge=0, le=1)
     top_p: float | None = Field(default=None, gt=0, le=1)
     top_k: int | None = Field(default=None, ge=0, le=2**31 - 1)
+    seed: int | None = Field(default=None, ge=0, lt=MAX_SEED)  # not Anthropic's: an AgentJet extension
     stream: bool | None = False
 
 
@@ -192,7 +193,7 @@ def messages_request(body: MessagesBase) -> CallRequest:
     if not isinstance(body, MessagesRequest):
         return CallRequest(Api.MESSAGES, **common)
     return CallRequest(Api.MESSAGES, **common, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
-                       max_tokens=body.max_tokens, stop=body.stop_sequences, stream=bool(body.stream),
+                       max_tokens=body.max_tokens, stop=body.stop_sequences, seed=body.seed, stream=bool(body.stream),
                        clamp_max_tokens=True)
 
 
@@ -244,7 +245,7 @@ async def create_message(request: Request, body: MessagesRequest, key: str | Non
         return StreamingResponse(_events(call, server.engine.tokenizer, model), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     (reply,) = await call.complete()
-    return JSONResponse(message_object(call, model, content_blocks(reply), reply))
+    return EchoJSONResponse(message_object(call, model, content_blocks(reply), reply))
 
 
 @router.post("/messages/count_tokens", response_model=None)

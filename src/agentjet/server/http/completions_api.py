@@ -12,14 +12,14 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentjet.engines.base import MAX_SEED, GenerationResult
 from agentjet.protocol import AGENT_HEADER
 from agentjet.server.episodes.chat_call import Api, CallRequest, ChatCall
 from agentjet.server.errors import APIError, bad_request, error_body
-from agentjet.server.http.deps import bearer, server_of
+from agentjet.server.http.deps import EchoJSONResponse, bearer, server_of
 from agentjet.server.http.openai_api import refuse_penalties
 from agentjet.server.http.streaming import TokenStream
 
@@ -143,7 +143,7 @@ async def create_completion(request: Request, body: CompletionRequest, key: str 
         view.prompt_scores = await call.prompt_logprobs()
     if body.max_tokens == 0:  # scoring only
         choice = {"index": 0, "text": view.echo, "logprobs": view.logprobs(None), "finish_reason": "length"}
-        return JSONResponse(view.answer([choice], view.usage([]), server.engine.generator_version))
+        return EchoJSONResponse(view.answer([choice], view.usage([]), server.engine.generator_version))
     if body.stream:
         include_usage = bool((body.stream_options or {}).get("include_usage"))
         return StreamingResponse(_stream(view, include_usage), media_type="text/event-stream",
@@ -151,7 +151,7 @@ async def create_completion(request: Request, body: CompletionRequest, key: str 
     replies = await call.complete()
     choices = [{"index": i, "text": view.echo + (r.message["content"] or ""), "logprobs": view.logprobs(r.result),
                 "finish_reason": r.result.finish_reason.value} for i, r in enumerate(replies)]
-    return JSONResponse(view.answer(choices, view.usage([r.result for r in replies]),
+    return EchoJSONResponse(view.answer(choices, view.usage([r.result for r in replies]),
                                     replies[0].result.policy_version))
 
 

@@ -4,13 +4,25 @@ the ``SwarmServer`` behind a request, and the bearer-token dependencies that che
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from fastapi import Depends, Request
+from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from agentjet.server.auth import Auth
 from agentjet.server.swarm import SwarmServer
 
 _bearer_scheme = HTTPBearer(auto_error=False, description="the swarm token, the admin token or an episode key")
+
+
+class EchoJSONResponse(JSONResponse):
+    """JSON with every non-ASCII character escaped: an answer that echoes what the client sent (metadata, tools)
+    stays valid to send even when that holds a lone surrogate, which UTF-8 cannot encode."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode()
 
 
 def server_of(request: Request) -> SwarmServer:

@@ -13,14 +13,14 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentjet.engines.base import MAX_SEED, FinishReason
 from agentjet.protocol import AGENT_HEADER
 from agentjet.server.episodes.chat_call import Api, CallRequest, ChatCall, Reply
 from agentjet.server.errors import APIError, bad_request
-from agentjet.server.http.deps import bearer, server_of
+from agentjet.server.http.deps import EchoJSONResponse, bearer, server_of
 from agentjet.server.http.openai_api import token_logprobs
 from agentjet.server.http.streaming import TokenStream
 
@@ -268,7 +268,7 @@ async def create_response(request: Request, body: ResponsesRequest, key: str | N
         return StreamingResponse(_events(view), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     (reply,) = await call.complete()
-    return JSONResponse(view.response(_status(reply), view.output(reply), reply))
+    return EchoJSONResponse(view.response(_status(reply), view.output(reply), reply))
 
 
 class _Events:
