@@ -7,12 +7,14 @@ For each: the CLI exits 0; every model call it made was answered 200 and streame
 the reward the directory check gave; the trace holds every call, through that API, with the engine's own tokens
 (each call's prompt is the one the engine received, longer than tiny-random's 4,096 positions); and the CLI tried no
 connection beyond this machine. The figures (calls, prompt tokens per call, merged vs unmerged training tokens,
-seconds) are printed as one JSON line per CLI (`pytest -s`) and collected in docs/harnesses.md."""
+seconds) are printed as one JSON line per CLI (`pytest -s`), and appended to $AGENTJET_HARNESS_FIGURES when set
+(docs/harnesses.md's figures)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from typing import Any
 
@@ -25,6 +27,7 @@ from agentjet.client.runner import RunSummary, run_workflow
 
 pytestmark = [pytest.mark.harnesses, pytest.mark.server]
 
+FIGURES_ENV = "AGENTJET_HARNESS_FIGURES"  # a file to append each run's figures to
 CLAUDE_RESUMES = 3  # Claude Code 2.1.328 resumes a reply cut at max_tokens this many times
 TASKS = {t["task_id"]: t for t in map(json.loads, (ROOT / "examples/data/workspace.jsonl").read_text().splitlines())}
 
@@ -87,6 +90,9 @@ def check_run(live: LiveServer, trap: NetTrap, name: str, workflow: Any, task: d
                "samples": len(trace["samples"]), "seconds": round(seconds, 1),
                "call_seconds": [round(c.seconds, 1) for c in model_calls]}
     print(json.dumps(figures))
+    if os.environ.get(FIGURES_ENV):  # one JSON line per run, appended (docs/harnesses.md's figures)
+        with open(os.environ[FIGURES_ENV], "a") as out:
+            out.write(json.dumps(figures) + "\n")
     return figures
 
 
