@@ -63,7 +63,7 @@ def net_trap(monkeypatch: pytest.MonkeyPatch) -> Iterator[NetTrap]:
 
 @dataclass
 class LiveServer:
-    server: ServerProcess
+    server_url: str  # the server itself (traces are read there, with the admin token)
     proxy: RecordingProxy
 
     @property
@@ -72,7 +72,7 @@ class LiveServer:
         return self.proxy.url
 
     def trace(self, episode_id: str) -> dict:
-        got = httpx.get(f"{self.server.url}/swarm/v1/episodes/{episode_id}/trace",
+        got = httpx.get(f"{self.server_url}/swarm/v1/episodes/{episode_id}/trace",
                         headers={"Authorization": f"Bearer {ADMIN}"}, timeout=60)
         got.raise_for_status()
         return got.json()
@@ -91,7 +91,7 @@ def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer
     server = ServerProcess("harness", config, tmp / "server.log", tmp / "server.yaml").start()
     try:
         server.wait_ready(600)
-        yield LiveServer(server, proxy)
+        yield LiveServer(server.url, proxy)
     finally:
         server.stop(30)
         proxy.stop()

@@ -54,9 +54,10 @@ def run_one(live: LiveServer, workflow: Any, task: dict[str, Any]) -> tuple[RunS
 
 
 def check_run(live: LiveServer, trap: NetTrap, name: str, workflow: Any, task: dict[str, Any], route: str,
-              api: str, exits_ok: bool = True) -> dict[str, Any]:
+              api: str, exits_ok: bool = True, reward: float = 0.0) -> dict[str, Any]:
     """One task of ``name`` through ``workflow``, checked; its figures. ``exits_ok``: the CLI exits 0 (else the
-    caller checks its exit code, in the figures)."""
+    caller checks its exit code, in the figures). ``reward``: what the directory check gives (0.0: random text
+    writes no hello.txt)."""
     summary, episode_id, calls, seconds = run_one(live, workflow, task)
     assert (summary.episodes, summary.failed) == (1, 0), summary.failure_kinds
     model_calls = [c for c in calls if c.is_model_call]
@@ -68,7 +69,7 @@ def check_run(live: LiveServer, trap: NetTrap, name: str, workflow: Any, task: d
     trace = live.trace(episode_id)
     returncode = trace["metadata"]["harness_returncode"]
     assert returncode == 0 or not exits_ok, f"{name} exited with {returncode} (its output is in the log above)"
-    assert trace["reward"] == summary.rewards[0] == 0.0  # random text does not write hello.txt
+    assert trace["reward"] == summary.rewards[0] == reward
     assert trace["calls"] == len(model_calls), "the trace holds every call"
     recorded = [call for sample in trace["samples"] for call in sample["calls"]]
     assert sorted(c["call_index"] for c in recorded) == list(range(len(model_calls)))
