@@ -3,7 +3,7 @@ its own, its model calls go to the episode through Anthropic's Messages API, and
 directory (``agentjet.tasks.workspace``), never the model's words.
 
     make setup-harnesses                                # Claude Code 2.1.328 into .harnesses (npm, ~360 MB)
-    ajet server --model smollm2-135m-instruct           # any model; its prompt is ~13k tokens (docs/harnesses.md)
+    ajet server --model tiny-random-64k    # the protocol only; to learn, a model with 32k+ positions (docs/harnesses.md)
     ajet run examples/claude_code_task.py:workflow --dataset examples/data/workspace.jsonl --group-size 4
 
 ``ep.env()`` hands Claude Code the episode: ``ANTHROPIC_BASE_URL`` (the server), ``ANTHROPIC_AUTH_TOKEN`` (the

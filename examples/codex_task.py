@@ -3,7 +3,7 @@ its own, its model calls go to the episode through the Responses API, and the re
 (``agentjet.tasks.workspace``), never the model's words.
 
     make setup-harnesses                                # Codex CLI 0.169.0 into .harnesses (npm, ~400 MB)
-    ajet server --model smollm2-135m-instruct           # any model; a harness prompt is ~10k tokens (docs/harnesses.md)
+    ajet server --model tiny-random-64k    # the protocol only; to learn, a model with 32k+ positions (docs/harnesses.md)
     ajet run examples/codex_task.py:workflow --dataset examples/data/workspace.jsonl --group-size 4
 
 ``ep.env()`` hands Codex the episode: a ``CODEX_HOME`` whose ``config.toml`` makes the provider ``agentjet`` (the
