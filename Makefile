@@ -1,4 +1,4 @@
-.PHONY: demo demo-agent test test-fast lint bench bench-quick bench-learn bench-vs-trl screenshots setup setup-bench setup-vllm test-vllm bench-vllm setup-verifiers test-verifiers setup-ray test-ray setup-cookbook test-cookbook
+.PHONY: demo demo-agent test test-fast lint bench bench-quick bench-learn bench-vs-trl screenshots setup setup-bench setup-vllm test-vllm bench-vllm setup-verifiers test-verifiers setup-ray test-ray setup-cookbook test-cookbook setup-harnesses test-harnesses
 
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -57,11 +57,11 @@ test: setup
 	else \
 	  echo "==> dashboard browser tests: SKIPPED: no chromium (apt-get install -y chromium)"; \
 	fi
-	$(PY) -m pytest -q --timeout=600 -rs -m "not vllm and not verifiers and not ray and not cookbook" -n $(TEST_WORKERS)
+	$(PY) -m pytest -q --timeout=600 -rs -m "not vllm and not verifiers and not ray and not cookbook and not harnesses" -n $(TEST_WORKERS)
 
 # Only the fast tests (tiny model).
 test-fast: setup
-	$(PY) -m pytest -q -m "not slow and not vllm and not verifiers and not ray and not cookbook" --timeout=300 -n $(TEST_WORKERS)
+	$(PY) -m pytest -q -m "not slow and not vllm and not verifiers and not ray and not cookbook and not harnesses" --timeout=300 -n $(TEST_WORKERS)
 
 bench: setup
 	$(PY) benchmarks/serving/engine.py
@@ -99,3 +99,13 @@ setup-ray: setup
 # SIGKILLed and restarted and finds its trials again (~3 min on 2 cores; under the CPU lock).
 test-ray: setup-ray
 	$(PY) -m pytest -q -m ray --timeout=900 -rs -n 0 tests/research/test_ray.py
+
+# The real agent harnesses: Claude Code 2.1.328 and Codex CLI 0.169.0 from npm into .harnesses (~760 MB, their native
+# binaries inside the packages), and the Claude Agent SDK (the harnesses extra, pinned) into this venv.
+setup-harnesses: setup
+	@bash scripts/setup_harnesses.sh
+
+# `claude -p` and `codex exec` (and the Claude Agent SDK) each run a task to its end against a live `ajet server` on
+# tiny-random-64k, offline, inside a temporary directory (docs/harnesses.md; a few minutes on 2 cores).
+test-harnesses: setup-harnesses
+	$(PY) -m pytest -q -m harnesses --timeout=1200 -rs -p no:xdist tests/harnesses

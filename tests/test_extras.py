@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "agentjet"
 # imported directly, and always installed by a declared dependency (the one named: in the base or the server extra)
 GUARANTEED = {"starlette": "fastapi", "annotated_types": "pydantic"}
-EXTRAS = ("server", "vllm", "lora", "plot", "langchain", "tracking", "research", "ray", "rg", "ta", "bench", "tinker", "dev")
+EXTRAS = ("server", "vllm", "lora", "plot", "langchain", "tracking", "research", "ray", "rg", "ta", "bench", "tinker",
+          "harnesses", "dev")
 # Files that run in a venv of their own, not AgentJet's, and what they import there (installed by a setup script).
 OTHER_VENVS = {SRC / "apps" / "verifiers" / "worker.py": ("verifiers", ROOT / "scripts" / "setup_verifiers.sh")}
 

@@ -124,4 +124,61 @@ def test_every_default_model_is_the_one_constant() -> None:
     spelled = [f"{p.relative_to(src)}:{i}" for p in src.rglob("*.py")
                for i, line in enumerate(p.read_text().splitlines(), 1)
                if re.search(rf"[\"']{re.escape(models.DEFAULT_MODEL)}[\"']", line)]
-    assert spelled == ["models.py:29"]  # the constant itself (module docs may still show it in examples)
+    assert spelled == ["models.py:33"]  # the constant itself (module docs may still show it in examples)
+
+
+def test_tiny_random_64k_has_64k_positions_and_smollm2s_tokenizer(tmp_path: Path) -> None:
+    """The long-context tiny model for the harness tests: 65,536 positions, SmolLM2's tokenizer and template (a
+    harness prompt takes as many tokens as on SmolLM2), deterministic and small."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    path = resolve_model("tiny-random-64k")
+    assert resolve_model("TINY-RANDOM-64K") == path  # built-in names are case-insensitive, as tiny-random's
+    cfg = AutoConfig.from_pretrained(path)
+    assert cfg.max_position_embeddings == models.TINY_64K_POSITIONS == 65_536
+    tok = AutoTokenizer.from_pretrained(path)
+    smol = AutoTokenizer.from_pretrained(resolve_model(models.SMOLLM2))
+    text = 'You are Claude Code. {"type": "object", "properties": {"file_path": {"type": "string"}}}'
+    assert tok.encode(text) == smol.encode(text) and tok.chat_template == smol.chat_template
+    n_params = cfg.vocab_size * cfg.hidden_size + cfg.num_hidden_layers * 3 * cfg.hidden_size * cfg.intermediate_size
+    assert n_params < 5_000_000
+    other = tmp_path / "again"
+    other.mkdir()
+    models.build_tiny_random_64k(other, tokenizer=tok)
+    assert _digest(other) == _digest(path)
+
+
+def test_tiny_random_64k_generates_past_tiny_randoms_context() -> None:
+    """A prompt longer than tiny-random's 4,096 positions is served (prefill and decode) by the 64k model."""
+    from agentjet.engines.base import SamplingParams
+    from agentjet.layouts import embedded_engine
+    from agentjet.runtime.blocking import run_blocking
+    from agentjet.settings import GeneratorSettings
+
+    engine = embedded_engine(resolve_model("tiny-random-64k"), GeneratorSettings(max_batch_size=1))
+    try:
+        assert engine.max_context == models.TINY_64K_POSITIONS
+        prompt = [(i * 7919) % 40_000 + 100 for i in range(6000)]
+        out = run_blocking(engine.generate(prompt, SamplingParams(max_tokens=4, temperature=1.0)))
+        assert 1 <= len(out.token_ids) <= 4 and len(out.logprobs) == len(out.token_ids)
+    finally:
+        run_blocking(engine.close())
+
+
+def test_tiny_random_64k_ends_its_replies_after_some_64_tokens() -> None:
+    """Its end-of-turn token is lifted to ~1/64 at every position (a random model over 49,152 tokens would almost
+    never end a reply), and the other tokens stay near uniform: replies are random text that ends by itself."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = resolve_model("tiny-random-64k")
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    ids = torch.tensor([tok.encode("You are Claude Code, a coding agent. Create hello.txt. " * 40)])
+    with torch.no_grad():
+        probs = torch.softmax(model(ids).logits[0], -1)
+    eos = probs[:, tok.eos_token_id]
+    assert float(eos.min()) > 1 / 100 and float(eos.max()) < 1 / 40
+    others = probs.clone()
+    others[:, tok.eos_token_id] = 0
+    assert float(others.max()) < 20 / len(tok)  # no other token stands out

