@@ -85,7 +85,17 @@ class Stop(enum.StrEnum):
     MONITOR_ERROR = "monitor_error"  # the status could not be read (logged with its error)
 
 
-Evaluate = Callable[[], Awaitable[RunSummary]]
+@dataclass
+class EvalScores:
+    """What an evaluation scored: the held-out tasks as named (``summary``, the eval point's reward) and, with
+    difficulty levels, each task type's current level and the held-out reward at it."""
+
+    summary: RunSummary
+    levels: dict[str, int] = field(default_factory=dict)
+    level_rewards: dict[str, float] = field(default_factory=dict)
+
+
+Evaluate = Callable[[], Awaitable[RunSummary | EvalScores]]
 
 
 def held_out(client: SwarmClient, workflow: Workflow, tasks: list[dict[str, Any]], concurrency: int) -> Evaluate:
@@ -350,10 +360,13 @@ class Driver:
         assert self.evaluate is not None
         where: PauseState | ServerStatus = held or await self.client.status()
         t0, seconds, train_seconds = self.clock.monotonic(), self._train_clock.seconds(), self._train_clock.train_seconds()
-        summary = await self.evaluate()
+        scored = await self.evaluate()
+        scores = scored if isinstance(scored, EvalScores) else EvalScores(scored)
+        summary = scores.summary
         return EvalPoint(train_steps=where.train_steps, policy_version=where.policy_version,
                          reward=summary.mean_reward, episodes=summary.episodes - summary.failed, failed=summary.failed,
-                         train_seconds=train_seconds, seconds=seconds, eval_seconds=self.clock.monotonic() - t0)
+                         train_seconds=train_seconds, seconds=seconds, eval_seconds=self.clock.monotonic() - t0,
+                         levels=scores.levels, level_rewards=scores.level_rewards)
 
     async def _keep_best(self, run: DriverRun, point: EvalPoint) -> None:
         """Pin this step's checkpoint as the best if ``point`` beats the pinned eval (the server decides, so a
