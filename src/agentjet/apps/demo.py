@@ -131,7 +131,7 @@ class DemoResult:
     eval_by_type: list[dict[str, Any]] = field(default_factory=list)
     best: dict[str, Any] | None = None  # with keep_best: the pinned best checkpoint (path, eval, steps, version)
     # with levels: the settings, each type's ladder (top, start, named level, labels), where each ended, the
-    # highest reached, and each move (with its wall minutes since the client started)
+    # highest reached, and each move (``moves``, at its minutes since training started, as the evals' ``minutes``)
     levels: dict[str, Any] = field(default_factory=dict)
 
     def curve(self) -> LearnCurve:
@@ -298,12 +298,12 @@ def train_pool(task_mod: TaskSource, n: int = 1024) -> list[dict[str, Any]]:
 async def _client_side(s: DemoSettings, task_mod: TaskSource, settings: RunSettings, eval_n: int, pool_n: int,
                        url: str, token: str, console: Console) -> DemoResult:
     eval_tasks = [{**t, "index": i} for i, t in enumerate(task_mod.generate_tasks("eval", eval_n, seed=0))]
-    started = time.monotonic()
+    started = [time.monotonic()]  # training's start (reset after the base eval): the evals' ``minutes`` clock
     moves: list[dict[str, Any]] = []
 
     def on_level(c: LevelChange) -> None:
-        minutes = (time.monotonic() - started) / 60
-        moves.append({"wall_minutes": minutes, "task_type": c.task_type, "old": c.old, "new": c.new,
+        minutes = (time.monotonic() - started[0]) / 60
+        moves.append({"minutes": minutes, "task_type": c.task_type, "old": c.old, "new": c.new,
                       "move": c.move.value, "reason": c.reason, "groups": c.groups})
         console.print(f"  [magenta]level[/magenta] {c.task_type}: {c.old} -> {c.new} ({c.move.value}: {c.reason}; "
                       f"{c.groups} groups at {c.old}) at {minutes:4.1f} min")
@@ -325,6 +325,8 @@ async def _client_side(s: DemoSettings, task_mod: TaskSource, settings: RunSetti
     def on_eval(p: EvalPoint) -> None:
         console.print(f"  [green]eval[/green] at {p.minutes or 0.0:4.1f} min, step {p.train_steps:3d}: held-out reward "
                       f"{p.reward:.3f} ({p.episodes} tasks, {p.eval_seconds:.0f}s)")
+        if p.seconds == 0.0:  # the base eval (the training clock has not started): training starts now
+            started[0] = time.monotonic()
         if p.levels:
             console.print("        at the level trained: " + ", ".join(
                 f"{t} level {k} {p.level_rewards.get(t, float('nan')):.3f}" for t, k in p.levels.items()))
@@ -397,4 +399,4 @@ async def _client_side(s: DemoSettings, task_mod: TaskSource, settings: RunSetti
         provenance={"engine": status.engine, "device": str(status.engine_info.get("device", "unknown"))},
         tool_use=tool_use, transcripts=transcripts, eval_by_type=eval_types,
         best=run.best.model_dump() if run.best is not None else None,
-        levels={**run.levels, "moves": moves} if run.levels else {})
+        levels={**{k: v for k, v in run.levels.items() if k != "changes"}, "moves": moves} if run.levels else {})
