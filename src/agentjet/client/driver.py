@@ -17,7 +17,8 @@ the admin token, is logged and the run goes on); the training workflows already 
 the in-flight workflows have finished until training resumes). Pause points and the time budget count it.
 
 **Evaluations**, when ``evaluate`` is given: one before training (the base point), one at each pause, one at the
-end (after the last training workflow finished). Periodic points (``eval_every_*``) lie strictly inside the budget
+end (after the last training workflow finished). An evaluation returns the eval episodes' ``RunSummary`` (the
+point's reward), or ``EvalScores`` with each task type's difficulty level and the reward at it beside it. Periodic points (``eval_every_*``) lie strictly inside the budget
 (the end has its own eval); fixed points (``eval_at_*``) pause wherever they fall, a point at the budget included.
 
 **Stopping**: ``max_steps`` train steps (the server's count), ``time_budget_s`` of training time, a
