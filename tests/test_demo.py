@@ -114,11 +114,18 @@ def test_ajet_demo_options_are_generated_from_the_settings(monkeypatch: pytest.M
     runner = CliRunner()
     shown = runner.invoke(app, ["demo", "--help"], env={"COLUMNS": "300"}).output
     for name, info in {**DemoSettings.model_fields, **RunSettings.model_fields}.items():
-        if name == "run":
+        if name in ("run", "level_rule"):  # blocks: their own settings are options (below)
             continue
         flag = (info.json_schema_extra or {}).get("flag", name.replace("_", "-"))  # type: ignore[union-attr]
         assert f"--{flag}" in shown, flag
         assert str(info.description)[:30] in " ".join(shown.split()), name
+    from agentjet.settings.fields import model_fields
+
+    leaves = model_fields(DemoSettings)  # every leaf setting, nested blocks' included (run.level_rule.window ...)
+    assert {f.dotted for f in leaves} >= {"levels", "run.keep_best", "run.level_rule.window"}
+    for f in leaves:
+        assert f"--{f.flag}" in shown and str(f.info.description)[:30] in " ".join(shown.split()), f.dotted
+    assert "--level-window" in shown and "--level-rise-share" in shown
     seen: list[DemoSettings] = []
 
     class Result:
@@ -135,3 +142,16 @@ def test_ajet_demo_options_are_generated_from_the_settings(monkeypatch: pytest.M
     bad = runner.invoke(app, ["demo", "--concurrency", "0"])
     assert bad.exit_code == 2 and "invalid settings" in bad.output and "concurrency" in bad.output
     assert len(seen) == 1
+
+
+def test_the_level_rule_is_the_tasks_recommendation_unless_set() -> None:
+    from agentjet.apps.demo import run_settings
+    from agentjet.schedule import LevelSettings
+    from agentjet.tasks import addition, ta
+
+    assert run_settings(DemoSettings(), addition.RECOMMENDED).level_rule.window == 8  # addition's window
+    assert run_settings(DemoSettings(), ta.RECOMMENDED).level_rule.window == 6  # a game's: shorter
+    given = DemoSettings(run=RunSettings(level_rule=LevelSettings(window=3, probe=1)))
+    rule = run_settings(given, addition.RECOMMENDED).level_rule
+    assert (rule.window, rule.probe, rule.rise_share) == (3, 1, LevelSettings().rise_share)
+    assert not DemoSettings().levels  # off by default: it is on only once a measurement says it wins

@@ -331,6 +331,11 @@ class EvalPoint(BaseModel):
                                         "pauses (None: not recorded, the first demos)")
     seconds: float | None = Field(0.0, description="time since training started, pauses included (None: unknown)")
     eval_seconds: float = Field(0.0, description="how long the evaluation took")
+    levels: dict[str, int] = Field(default_factory=dict, description="with difficulty levels: each task type's "
+                                   "level being trained at this eval (empty: no levels)")
+    level_rewards: dict[str, float] = Field(default_factory=dict, description="with difficulty levels: each task "
+                                            "type's held-out reward at that level (``reward`` is the task as named, "
+                                            "the fixed starting point)")
 
     @property
     def train_minutes(self) -> float | None:

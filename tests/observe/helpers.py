@@ -9,8 +9,9 @@ ADMIN = "admin-token-" + "a" * 40
 
 
 def play_group(url: str, task_id: str, rewards: list[float], task_type: str = "math", turns: int = 1,
-               agent: str = "agent", eval: bool = False) -> list[str]:
-    """One GRPO group: an episode per reward, each with ``turns`` chat calls that extend each other."""
+               agent: str = "agent", eval: bool = False, metadata: dict | None = None) -> list[str]:
+    """One GRPO group: an episode per reward, each with ``turns`` chat calls that extend each other; ``metadata``
+    goes with each end."""
     ids = []
     for reward in rewards:
         ep = httpx.post(f"{url}/swarm/v1/episodes", json={"client_id": "c1", "task_id": task_id,
@@ -23,7 +24,7 @@ def play_group(url: str, task_id: str, rewards: list[float], task_type: str = "m
             assert r.status_code == 200, r.text
             messages = [*messages, r.json()["choices"][0]["message"],
                         {"role": "user", "content": f"Check it again ({turn})."}]
-        r = httpx.post(f"{url}/swarm/v1/episodes/{ep['episode_id']}/end", headers=headers, json={"reward": reward})
+        r = httpx.post(f"{url}/swarm/v1/episodes/{ep['episode_id']}/end", headers=headers, json={"reward": reward, "metadata": metadata or {}})
         assert r.status_code == 200, r.text
         ids.append(ep["episode_id"])
     return ids

@@ -214,3 +214,62 @@ def test_the_holding_checks_read_issue_38s_three_rules_off_the_runs() -> None:
     # one side alone (the ablation), or unmatched seeds: no checks
     assert vs_trl.holding_checks(aj, minutes, budget_min=15) is None
     assert vs_trl.holding_checks(aj + trl[:1], minutes, budget_min=15) is None
+
+
+def test_each_results_file_names_its_task_and_the_levels_file_says_levels(tmp_path: Path) -> None:
+    """``vs_trl.py --task``: the default file of another task names it, a run with the levels arm has ``levels`` in
+    its name, and ``--resume`` refuses a file of another task (a file from before ``--task`` measured addition)."""
+    import argparse
+
+    vs_trl = _script("vs_trl")
+    assert vs_trl.default_out("addition", ["as-is"], ["agentjet", "trl"]).name == "vs_trl.json"  # as before
+    rg = vs_trl.default_out("rg:chain_sum:level=0", ["as-is"], ["agentjet", "trl"]).name
+    assert rg == "vs_trl_chain_sum_level_0.json"
+    assert "levels" in vs_trl.default_out("addition", ["as-is", "levels"], ["agentjet"]).name
+    assert (vs_trl.target_for("addition"), vs_trl.target_for("rg:products")) == (0.75, 0.5)
+    out = tmp_path / "old.json"
+    out.write_text(json.dumps({"model": "m", "budget_min": 15.0, "eval_n": 44, "runs": [], "base_eval": 0.2}))
+    args = argparse.Namespace(out=out, model="m", budget_min=15.0, eval_n=44, task="addition")
+    assert vs_trl._resumed(args) == ([], 0.2)
+    with pytest.raises(SystemExit, match="on addition; this run asks for .* on rg:gcd"):
+        vs_trl._resumed(argparse.Namespace(**{**vars(args), "task": "rg:gcd"}))
+
+
+def test_the_checks_give_each_late_point_its_standard_error_and_say_when_a_margin_is_inside_it() -> None:
+    vs_trl = _script("vs_trl")
+    minutes = [5, 10]
+
+    def run(side: str, seed: int, evals: list[float]) -> dict[str, Any]:
+        return {"side": side, "seed": seed, "points": [{"train_s": m * 60.0, "step": i + 1, "target_min": m,
+                                                        "eval": e} for i, (m, e) in enumerate(zip(minutes, evals, strict=True))]}
+
+    aj = [run("agentjet", s, e) for s, e in enumerate([[0.6, 0.9], [0.5, 0.7], [0.7, 0.8]])]
+    trl = [run("trl", s, e) for s, e in enumerate([[0.1, 0.7], [0.2, 0.8], [0.3, 0.75]])]
+    late = vs_trl.holding_checks(aj + trl, minutes, budget_min=10, target=0.5)["late_points"]
+    assert late["5"]["se_agentjet"] == pytest.approx(0.1 / 3**0.5) and late["5"]["margin"] == pytest.approx(0.4)
+    assert not late["5"]["inside_se"]  # 0.4 apart, standard errors of 0.058 each
+    assert late["10"]["ok"] and late["10"]["inside_se"]  # 0.8 vs 0.75: ahead as measured, inside the noise
+    assert vs_trl.standard_error([1.0]) is None
+
+
+def test_the_level_figures_read_the_uniform_share_and_steps_after_minute_5_off_the_counters() -> None:
+    vs_trl = _script("vs_trl")
+
+    def run(seed: int, at5: tuple[int, int, int], end: tuple[int, int, int], highest: int,
+            final: dict[str, float]) -> dict[str, Any]:
+        steps, uniform, done = at5
+        return {"seed": seed, "points": [
+                    {"train_s": 60.0, "eval": 0.5, "train_steps": 1, "uniform": 0, "done": 8},
+                    {"train_s": 300.0, "eval": 0.9, "train_steps": steps, "uniform": uniform, "done": done},
+                    {"train_s": 600.0, "eval": 0.82, "train_steps": end[0], "uniform": end[1], "done": end[2]}],
+                "end": dict(zip(("train_steps", "uniform", "done"), end, strict=True)),
+                "levels": {"highest": {"addition": highest}}, "final_by_level": final}
+
+    figures = vs_trl.level_figures([run(0, (10, 100, 200), (20, 150, 400), 2, {"1": 0.5, "2": 0.25}),
+                                    run(1, (12, 50, 100), (18, 110, 200), 1, {"1": 0.7, "2": 0.05})])
+    assert figures["uniform_share_after_5_by_seed"] == pytest.approx([50 / 200, 60 / 100])
+    assert figures["steps_after_5_by_seed"] == [10, 6] and figures["steps_after_5"] == 8
+    assert figures["fall_from_best_by_seed"] == pytest.approx([0.08, 0.08])  # 0.9 at minute 5, 0.82 at 10
+    assert figures["highest_level_by_seed"] == [2, 1]
+    assert figures["final_by_level"] == pytest.approx({"1": 0.6, "2": 0.15})
+    assert vs_trl.level_figures([{"seed": 0, "points": []}])["uniform_share_after_5"] is None  # TRL: no counters

@@ -117,6 +117,19 @@ def test_eval_curves_per_task_type_and_agent(server) -> None:
     assert by[("code", "*")]["reward_mean"] == 0.5
 
 
+def test_eval_curves_per_difficulty_level(server) -> None:
+    """Eval episodes noted with a difficulty level (``Episode.note(level=...)``, ``ajet demo --levels``) make one
+    curve per level; those without one stay the task type's own curve."""
+    play_group(server.url, "e-a", [1.0, 0.0], task_type="add", eval=True, metadata={"level": 0})
+    play_group(server.url, "e-b", [0.25], task_type="add", eval=True, metadata={"level": 2})
+    play_group(server.url, "e-c", [0.75], task_type="add", eval=True)
+    evals = httpx.get(server.url + "/dashboard/api/run", headers=BEARER).json()["evals"]
+    by = {(e["task_type"], e["level"]): (e["reward_mean"], e["episodes"]) for e in evals if e["agent"] == "*"}
+    assert by == {("add", 0): (0.5, 2), ("add", 2): (0.25, 1), ("add", None): (0.75, 1)}
+    status = httpx.get(server.url + "/swarm/v1/status").json()
+    assert sum(status["eval_reward"].values()) == pytest.approx((1.0 + 0.0 + 0.25 + 0.75) / 4)  # all, as before
+
+
 def test_episode_filters(server) -> None:
     play_group(server.url, "t1", [1.0, 0.0])
     play_group(server.url, "t2", [0.25], task_type="code", eval=True)

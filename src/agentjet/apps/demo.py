@@ -3,9 +3,11 @@
 1. Start ``ajet server`` on a free loopback port.
 2. Evaluate on the held-out split (eval episodes: never trained on).
 3. Train (``agentjet.client.scheduled``): a curriculum draws each group's task, the held-out eval runs every
-   ``eval_every_s``, and training stops at ``steps``, the time budget, or an eval plateau / solved task.
+   ``eval_every_s``, and training stops at ``steps``, the time budget, or an eval plateau / solved task. With
+   ``--levels`` each task type also moves up and down its difficulty levels (retirement works within a level);
+   each eval then also scores the level being trained, and the levels are printed as they move.
 4. Evaluate again, print before/after, save a reward-curve PNG (steps and wall-clock minutes; with several task
-   types, a cocktail, also the held-out eval of each type) and a JSON summary.
+   types, a cocktail, also the held-out eval of each type; with levels, one curve per level) and a JSON summary.
 """
 
 from __future__ import annotations
@@ -30,7 +32,15 @@ from agentjet.observe.curveplot import Line, Panel, plot_curves
 from agentjet.observe.learncurve import LearnCurve
 from agentjet.runtime.launch import ServerProcess, start_ready
 from agentjet.runtime.provenance import git_commit, machine
-from agentjet.schedule import Curriculum, StoppingRule, StopSettings
+from agentjet.schedule import (
+    Curriculum,
+    CurriculumSettings,
+    LevelChange,
+    LevelledTasks,
+    LevelSettings,
+    StoppingRule,
+    StopSettings,
+)
 from agentjet.settings import (
     EngineKind,
     GeneratorSettings,
@@ -40,7 +50,7 @@ from agentjet.settings import (
     TrainingSettings,
 )
 from agentjet.settings.load import dump_config
-from agentjet.tasks import DEFAULT_TASK, Recommended, TaskSource, get_task
+from agentjet.tasks import DEFAULT_TASK, LevelledSource, Recommended, TaskError, TaskSource, get_task, ladders
 
 
 class DemoSettings(BaseModel):
@@ -68,6 +78,10 @@ class DemoSettings(BaseModel):
     train_procs: int = Field(0, ge=0, le=64, description="train on an FSDP2 trainer group of this many ranks "
                              "(torchrun; gloo on CPU) instead of in the server process (beside either generator)")
     curriculum: bool = Field(True, description="draw each group's task by its recent results (retire solved)")
+    levels: bool = Field(False, description="difficulty levels: a task type's level rises when its groups are "
+                         "mostly solved and falls back when they fail (retirement works within a level), and each "
+                         "eval also scores the level trained; off by default until a measurement shows it wins "
+                         "(docs/benchmarks.md)")
     early_stop: bool = Field(True, description="stop on an eval plateau or when groups stop teaching")
     seed: int = Field(0, ge=0, description="seed of the engine's sampling and the curriculum's order")
     run: RunSettings = Field(default_factory=RunSettings, description="the client's side of the run")
@@ -81,9 +95,11 @@ RECOMMENDED_RUN = {"group_size": "group_size", "concurrency": "concurrency", "ma
 
 def run_settings(s: DemoSettings, rec: Recommended) -> RunSettings:
     """The run's client-side settings: ``s.run``, with the task's recommendation for each of ``RECOMMENDED_RUN``
-    that ``s.run`` does not set."""
-    return s.run.model_copy(update={k: getattr(rec, r) for k, r in RECOMMENDED_RUN.items()
-                                    if k not in s.run.model_fields_set})
+    that ``s.run`` does not set, and for each of the levels' settings that ``s.run.level_rule`` does not set."""
+    rule = s.run.level_rule
+    levels = LevelSettings(**{**rec.levels, **rule.model_dump(include=rule.model_fields_set)})
+    return s.run.model_copy(update={**{k: getattr(rec, r) for k, r in RECOMMENDED_RUN.items()
+                                       if k not in s.run.model_fields_set}, "level_rule": levels})
 
 
 @dataclass
@@ -114,6 +130,9 @@ class DemoResult:
     # {type: episodes}
     eval_by_type: list[dict[str, Any]] = field(default_factory=list)
     best: dict[str, Any] | None = None  # with keep_best: the pinned best checkpoint (path, eval, steps, version)
+    # with levels: the settings, each type's ladder (top, start, named level, labels), where each ended, the
+    # highest reached, and each move (``moves``, at its minutes since training started, as the evals' ``minutes``)
+    levels: dict[str, Any] = field(default_factory=dict)
 
     def curve(self) -> LearnCurve:
         """The held-out eval curve."""
@@ -181,14 +200,34 @@ def save_plot(result: DemoResult, path: Path) -> bool:
                                       if t in row["rewards"]], label=f"{t} (held-out)", style={"marker": "s"})
                              for t in types], x="minutes", xlabel="wall-clock minutes (evals included)",
                             ylabel="held-out eval reward", title="held-out eval per task type", legend="best"))
+    if result.levels:  # one curve per level: the task as named, and each level trained when it was evaluated
+        panels.append(level_panel(result))
     return plot_curves(panels, path, cols=len(panels), figsize=(5.5 * len(panels), 4), dpi=120,
                        title=f"AgentJet demo: {result.settings.get('model')} on {result.settings.get('task')} "
                              f"(eval {result.eval_before:.3f} -> {result.eval_after:.3f}, {result.seconds / 60:.1f} min)")
 
 
+def level_panel(result: DemoResult) -> Panel:
+    """The held-out eval per difficulty level: the task as named (the fixed starting point) and one curve per
+    (task type, level) from the evals at it."""
+    named = Line(result.curve(), label="as named (the start)", style={"marker": "s", "color": "green"})
+    series: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    for e in result.evals:
+        for t, r in e.level_rewards.items():
+            series.setdefault((t, e.levels[t]), []).append((e.minutes or 0.0, r))
+    one_type = len({t for t, _ in series}) <= 1
+    lines = [Line(xy=pts, label=f"level {k}" if one_type else f"{t} level {k}", style={"marker": "o"})
+             for (t, k), pts in sorted(series.items())]
+    return Panel([named, *lines], x="minutes", xlabel="wall-clock minutes (evals included)",
+                 ylabel="held-out eval reward", title="held-out eval per level", legend="best")
+
+
 def run_demo(s: DemoSettings, console: Console | None = None) -> DemoResult:
     console = console or Console()
     task_mod = get_task(s.task)
+    if s.levels and not ladders(task_mod):
+        raise TaskError(f"{s.task} has no difficulty levels (addition, rg: datasets with a reasoning-gym curriculum "
+                        "and GuessTheNumber have them; docs/environments.md): run it without --levels")
     rec = task_mod.RECOMMENDED
     run = run_settings(s, rec)
     eval_n = s.eval_tasks or rec.eval_n
@@ -225,6 +264,10 @@ def run_demo(s: DemoSettings, console: Console | None = None) -> DemoResult:
                   f"{result.train_episodes} training episodes, {result.seconds / 60:.1f} min)")
     console.print(f"stopped: {result.stop_reason or 'done'}; {result.uniform_groups} of {result.groups} groups had "
                   f"equal rewards; calls per training sample {result.merge_ratio:.2f}")
+    if result.levels:
+        console.print("levels: " + ", ".join(f"{t} ended at {k} (highest {result.levels['highest'][t]} of "
+                                             f"{result.levels['ladders'][t]['top']})"
+                                             for t, k in result.levels["levels"].items()))
     if result.best is not None:
         b = result.best
         console.print(f"best held-out eval {b['eval']:.3f} at step {b['train_steps']}: {b['path']} (export it with "
@@ -255,8 +298,22 @@ def train_pool(task_mod: TaskSource, n: int = 1024) -> list[dict[str, Any]]:
 async def _client_side(s: DemoSettings, task_mod: TaskSource, settings: RunSettings, eval_n: int, pool_n: int,
                        url: str, token: str, console: Console) -> DemoResult:
     eval_tasks = [{**t, "index": i} for i, t in enumerate(task_mod.generate_tasks("eval", eval_n, seed=0))]
-    pool = train_pool(task_mod, pool_n)
-    curriculum = Curriculum([str(t["task_id"]) for t in pool], seed=s.seed) if s.curriculum else None
+    started = [time.monotonic()]  # training's start (reset after the base eval): the evals' ``minutes`` clock
+    moves: list[dict[str, Any]] = []
+
+    def on_level(c: LevelChange) -> None:
+        minutes = (time.monotonic() - started[0]) / 60
+        moves.append({"minutes": minutes, "task_type": c.task_type, "old": c.old, "new": c.new,
+                      "move": c.move.value, "reason": c.reason, "groups": c.groups})
+        console.print(f"  [magenta]level[/magenta] {c.task_type}: {c.old} -> {c.new} ({c.move.value}: {c.reason}; "
+                      f"{c.groups} groups at {c.old}) at {minutes:4.1f} min")
+
+    task_ladders = ladders(task_mod) if s.levels else {}
+    levels = LevelledTasks(task_ladders, settings.level_rule, pool_n=pool_n, seed=s.seed, on_change=on_level,
+                           curriculum=CurriculumSettings() if s.curriculum else None) if task_ladders else None
+    source: TaskSource = LevelledSource(task_mod, task_ladders) if task_ladders else task_mod
+    pool = train_pool(task_mod, pool_n) if levels is None else []
+    curriculum = Curriculum([str(t["task_id"]) for t in pool], seed=s.seed) if s.curriculum and pool else None
     stopping = StoppingRule(StopSettings(**task_mod.RECOMMENDED.stop)) if s.early_stop else None
     steps = settings.max_steps
 
@@ -268,9 +325,16 @@ async def _client_side(s: DemoSettings, task_mod: TaskSource, settings: RunSetti
     def on_eval(p: EvalPoint) -> None:
         console.print(f"  [green]eval[/green] at {p.minutes or 0.0:4.1f} min, step {p.train_steps:3d}: held-out reward "
                       f"{p.reward:.3f} ({p.episodes} tasks, {p.eval_seconds:.0f}s)")
+        if p.seconds == 0.0:  # the base eval (the training clock has not started): training starts now
+            started[0] = time.monotonic()
+        if p.levels:
+            console.print("        at the level trained: " + ", ".join(
+                f"{t} level {k} {p.level_rewards.get(t, float('nan')):.3f}" for t, k in p.levels.items()))
         if not eval_traces:
             return
-        done = sorted(eval_traces, key=lambda tt: int(tt[0].get("index", 0)))
+        named = [tt for tt in eval_traces if tt[0].get("level") is None  # the task as named (a level's are apart)
+                 or task_ladders[str(tt[0]["task_type"])].named == tt[0]["level"]]
+        done = sorted(named, key=lambda tt: int(tt[0].get("index", 0)))
         eval_traces.clear()
         rewards, counts = by_type(done)
         eval_types.append({"minutes": p.minutes, "train_steps": p.train_steps, "rewards": rewards,
@@ -292,9 +356,11 @@ async def _client_side(s: DemoSettings, task_mod: TaskSource, settings: RunSetti
 
     def on_step(p: StepPoint) -> None:
         m = p.metrics
+        at = (" level " + ",".join(f"{k}" if len(now) == 1 else f"{t}:{k}" for t, k in now.items())
+              if levels is not None and (now := levels.levels()) else "")
         console.print(f"  step {p.train_steps:3d}/{steps}  {p.seconds / 60:4.1f} min  policy v{p.policy_version}  "
                       f"train reward {m.get('reward_mean', float('nan')):.3f}  loss {m.get('loss', 0):+.4f}  "
-                      f"step {m.get('step_seconds', 0):.1f}s")
+                      f"step {m.get('step_seconds', 0):.1f}s{at}")
 
     def on_quiet(st: Any) -> None:  # say why nothing happens (a model that solves most tasks)
         b = st.buffer
@@ -302,11 +368,13 @@ async def _client_side(s: DemoSettings, task_mod: TaskSource, settings: RunSetti
                       f"was equal (no learning signal, skipped), {b.pending_episodes} pending")
 
     async with SwarmClient(url, token=token, client_id="demo-client") as client:
-        console.print(f"evaluating the base model on {len(eval_tasks)} held-out tasks, then training "
-                      f"({len(pool)} train tasks" + (", curriculum" if curriculum else "") + ") ...")
-        run = await run_scheduled(client, task_workflow(task_mod, task_mod.SAMPLING, model="demo"),
-                                  task_workflow(task_mod, task_mod.EVAL_SAMPLING, model="demo", traces=eval_traces), pool, eval_tasks, settings,
-                                  curriculum=curriculum,
+        what = (f"{len(pool)} train tasks" + (", curriculum" if curriculum else "") if levels is None else
+                "levels: " + ", ".join(f"{t} from {lad.start} of 0..{lad.top}" for t, lad in task_ladders.items())
+                + (", curriculum within each" if s.curriculum else ""))
+        console.print(f"evaluating the base model on {len(eval_tasks)} held-out tasks, then training ({what}) ...")
+        run = await run_scheduled(client, task_workflow(source, task_mod.SAMPLING, model="demo"),
+                                  task_workflow(source, task_mod.EVAL_SAMPLING, model="demo", traces=eval_traces),
+                                  pool, eval_tasks, settings, curriculum=curriculum, levels=levels,
                                   stopping=stopping, on_step=on_step, on_eval=on_eval, on_quiet=on_quiet)
         status = await client.status()
     if run.stop_reason == "time_budget":
@@ -330,4 +398,5 @@ async def _client_side(s: DemoSettings, task_mod: TaskSource, settings: RunSetti
         merge_ratio=run.merge_ratio, curriculum=run.curriculum,
         provenance={"engine": status.engine, "device": str(status.engine_info.get("device", "unknown"))},
         tool_use=tool_use, transcripts=transcripts, eval_by_type=eval_types,
-        best=run.best.model_dump() if run.best is not None else None)
+        best=run.best.model_dump() if run.best is not None else None,
+        levels={**{k: v for k, v in run.levels.items() if k != "changes"}, "moves": moves} if run.levels else {})

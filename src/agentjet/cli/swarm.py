@@ -33,8 +33,11 @@ def model(name: str = typer.Argument(DEFAULT_MODEL, help="built-in name, local H
 
 def _demo_help(field: SettingField) -> str:
     """The option's help; a run setting the task recommends defaults to the task's value."""
-    if field.path[0] == "run" and field.path[-1] in RECOMMENDED_RUN:
+    if field.path[0] == "run" and len(field.path) == 2 and field.path[-1] in RECOMMENDED_RUN:
         return f"{field.info.description} [{field.bounds_text() or 'any'}; default: the task's recommendation]"
+    if field.path[:2] == ("run", "level_rule"):
+        return (f"{field.info.description} [{field.bounds_text() or 'any'}; default: the task's recommendation, else "
+                f"{field.default_text()}]")
     return field.help_text()
 
 
@@ -42,16 +45,19 @@ def demo(**kwargs: Any) -> None:
     """Train SmolLM2 on a built-in task through a real swarm server and client; print eval before/after."""
     require_server_extra("demo")
     from agentjet.apps.demo import run_demo
-    from agentjet.tasks import TaskError, get_task
+    from agentjet.tasks import TaskError, get_task, ladders
 
     try:
         settings = DemoSettings.model_validate(nest(given(model_fields(DemoSettings), kwargs)))
     except ValidationError as exc:
         fail(f"invalid settings:\n{exc}")
     try:
-        get_task(settings.task)
+        task = get_task(settings.task)
     except TaskError as exc:
         fail(f"--task: {exc}")
+    if settings.levels and not ladders(task):
+        fail(f"--levels: {settings.task} has no difficulty levels (addition, rg: datasets with a reasoning-gym "
+             "curriculum and GuessTheNumber have them: docs/environments.md)")
     if settings.engine is EngineKind.NULL:
         fail("--engine null cannot learn: the demo needs hf or vllm")
     result = run_demo(settings, console)

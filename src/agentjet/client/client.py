@@ -298,6 +298,11 @@ class Episode:
         self._reward = value
         self._metadata.update(metadata)
 
+    def note(self, **metadata: Any) -> None:
+        """Metadata sent with the end and kept with the episode on the server (``level``, a task's difficulty
+        level, splits the dashboard's eval curves)."""
+        self._metadata.update(metadata)
+
     # ---------------------------------------------------------------- lifecycle
     async def begin(self) -> Episode:
         # unset optional fields are left out: the server's own defaults (wait_s: its wait; agents: any adapter),

@@ -17,7 +17,8 @@ the admin token, is logged and the run goes on); the training workflows already 
 the in-flight workflows have finished until training resumes). Pause points and the time budget count it.
 
 **Evaluations**, when ``evaluate`` is given: one before training (the base point), one at each pause, one at the
-end (after the last training workflow finished). Periodic points (``eval_every_*``) lie strictly inside the budget
+end (after the last training workflow finished). An evaluation returns the eval episodes' ``RunSummary`` (the
+point's reward), or ``EvalScores`` with each task type's difficulty level and the reward at it beside it. Periodic points (``eval_every_*``) lie strictly inside the budget
 (the end has its own eval); fixed points (``eval_at_*``) pause wherever they fall, a point at the budget included.
 
 **Stopping**: ``max_steps`` train steps (the server's count), ``time_budget_s`` of training time, a
@@ -85,7 +86,17 @@ class Stop(enum.StrEnum):
     MONITOR_ERROR = "monitor_error"  # the status could not be read (logged with its error)
 
 
-Evaluate = Callable[[], Awaitable[RunSummary]]
+@dataclass
+class EvalScores:
+    """What an evaluation scored: the held-out tasks as named (``summary``, the eval point's reward) and, with
+    difficulty levels, each task type's current level and the held-out reward at it."""
+
+    summary: RunSummary
+    levels: dict[str, int] = field(default_factory=dict)
+    level_rewards: dict[str, float] = field(default_factory=dict)
+
+
+Evaluate = Callable[[], Awaitable[RunSummary | EvalScores]]
 
 
 def held_out(client: SwarmClient, workflow: Workflow, tasks: list[dict[str, Any]], concurrency: int) -> Evaluate:
@@ -350,10 +361,13 @@ class Driver:
         assert self.evaluate is not None
         where: PauseState | ServerStatus = held or await self.client.status()
         t0, seconds, train_seconds = self.clock.monotonic(), self._train_clock.seconds(), self._train_clock.train_seconds()
-        summary = await self.evaluate()
+        scored = await self.evaluate()
+        scores = scored if isinstance(scored, EvalScores) else EvalScores(scored)
+        summary = scores.summary
         return EvalPoint(train_steps=where.train_steps, policy_version=where.policy_version,
                          reward=summary.mean_reward, episodes=summary.episodes - summary.failed, failed=summary.failed,
-                         train_seconds=train_seconds, seconds=seconds, eval_seconds=self.clock.monotonic() - t0)
+                         train_seconds=train_seconds, seconds=seconds, eval_seconds=self.clock.monotonic() - t0,
+                         levels=scores.levels, level_rewards=scores.level_rewards)
 
     async def _keep_best(self, run: DriverRun, point: EvalPoint) -> None:
         """Pin this step's checkpoint as the best if ``point`` beats the pinned eval (the server decides, so a

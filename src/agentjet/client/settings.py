@@ -1,5 +1,7 @@
 """A training run's client-side settings, declared once: how many episodes run at once and in which groups, when
-training stops, when it pauses for a held-out eval, and whether the best eval's checkpoint is pinned.
+training stops, when it pauses for a held-out eval, whether the best eval's checkpoint is pinned, and when a task
+type's difficulty level moves (``level_rule``: the window and thresholds, ``agentjet.schedule.LevelSettings``, used
+when a run has levels on).
 
 The driver (``agentjet.client.driver.Driver``) and a scheduled run (``agentjet.client.scheduled.run_scheduled``)
 take a :class:`RunSettings`; the apps compose it (``ajet demo``'s ``DemoSettings.run``, and through the demo
@@ -14,6 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from agentjet.schedule.levels import LevelSettings
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,9 @@ class RunSettings(BaseModel):
     keep_best: bool = Field(False, description="after each eval (training paused), pin the step's checkpoint as "
                             "the run's best when the eval beats the pinned one's (a full checkpoint at each new "
                             "best; the admin token; `ajet export RUN --best`)")
+    level_rule: LevelSettings = Field(default_factory=LevelSettings, description="when a task type's difficulty "
+                                      "level moves, with levels on (ajet demo --levels); a value not set here is "
+                                      "the task's recommendation (Recommended.levels), else the default")
 
     @field_validator("eval_at_s", "eval_at_steps", mode="before")
     @classmethod

@@ -75,10 +75,12 @@ class StepRow(BaseModel):
 
 
 class EvalRow(BaseModel):
-    """Mean eval reward at one policy version for one task type and agent ("*": every agent)."""
+    """Mean eval reward at one policy version for one task type, difficulty level (None: the episodes noted
+    none) and agent ("*": every agent)."""
 
     policy_version: int
     task_type: str
+    level: int | None = None
     agent: str
     reward_mean: float
     episodes: int

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from agentjet.tasks import addition, calculator, games, lookup, lookup_harness, rg, ta, toy
 from agentjet.tasks.recommended import Recommended
-from agentjet.tasks.source import TaskError, TaskSource
+from agentjet.tasks.source import LevelledSource, TaskError, TaskLadder, TaskSource, ladders
 
 TASKS: dict[str, TaskSource] = {addition.NAME: addition, calculator.NAME: calculator, lookup.NAME: lookup,
                                 toy.NAME: toy, lookup_harness.AGENTS.NAME: lookup_harness.AGENTS,
@@ -34,5 +34,5 @@ def get_task(name: str) -> TaskSource:
                         "dataset, or ta:GAME for a TextArena game") from None
 
 
-__all__ = ["DEFAULT_TASK", "TASKS", "Recommended", "TaskError", "TaskSource", "addition", "calculator", "games",
-           "get_task", "lookup", "lookup_harness", "rg", "ta", "toy"]
+__all__ = ["DEFAULT_TASK", "TASKS", "LevelledSource", "Recommended", "TaskError", "TaskLadder", "TaskSource",
+           "addition", "calculator", "games", "get_task", "ladders", "lookup", "lookup_harness", "rg", "ta", "toy"]

@@ -11,6 +11,13 @@ so ``n`` may exceed the split's size (items repeat).
 
 Why this task and these settings: see "Choosing the demo task" in docs/benchmarks.md.
 
+Difficulty levels (``ladders()``, for ``ajet demo --levels``: docs/learning.md): the number of digits of the two
+operands, ``DIGIT_LEVELS``: level 0 is the task above, unchanged (single digits, 0..9); level 1 adds a two-digit
+operand to a single-digit one (either first), level 2 two two-digit operands, then 3 + 2 and 3 + 3 digits
+(exactly that many digits: 10..99, 100..999). Each level holds out its pairs by the same hash of "a+b", so no
+pair is trained at one level and held out at another; a level's pairs are drawn from a seeded stream (its space
+is up to 810,000 pairs), distinct, cycling when ``n`` exceeds the split.
+
 Pure Python: no agentjet server imports.
 """
 
@@ -19,8 +26,11 @@ from __future__ import annotations
 import hashlib
 import random
 import re
+import sys
+from typing import cast
 
 from agentjet.tasks.recommended import Recommended
+from agentjet.tasks.source import TaskLadder, TaskSource
 
 NAME = "addition"
 SPLITS = ("train", "eval")
@@ -35,7 +45,11 @@ EVAL_SAMPLING = {"temperature": 0.7, "top_p": 1.0, "max_tokens": 10, "seed": 10_
 # ``steps`` is a ceiling: the demo's curriculum retires solved pairs and its stopping rule ends the run on
 # an eval plateau.
 RECOMMENDED = Recommended(learning_rate=2e-5, group_size=8, batch_groups=4, steps=60, eval_n=44, eval_every_s=120,
-                          concurrency=32, stop={"patience": 2, "min_delta": 0.02, "min_evals": 3})
+                          concurrency=32, stop={"patience": 2, "min_delta": 0.02, "min_evals": 3},
+                          levels={"window": 8})
+# (digits of one operand, digits of the other) per level; level 0 is the single-digit task (0..9)
+DIGIT_LEVELS = ((1, 1), (2, 1), (2, 2), (3, 2), (3, 3))
+MAX_DRAWS = 200  # a level's pair stream is drawn at most this many times per task asked for
 
 _NUM = re.compile(r"-?\d+")
 
@@ -80,3 +94,66 @@ def reward(task: dict, text: str) -> float:
     """1.0 when the last integer in ``text`` equals the task's answer, else 0.0."""
     nums = _NUM.findall(text)
     return 1.0 if nums and nums[-1] == str(task["answer"]) else 0.0
+
+
+def _operand(rng: random.Random, digits: int) -> int:
+    return rng.randrange(10) if digits == 1 else rng.randrange(10 ** (digits - 1), 10**digits)
+
+
+def level_pairs(level: int, split: str, n: int, seed: int = 0) -> list[tuple[int, int]]:
+    """Up to ``n`` distinct pairs of ``split`` at ``level`` (>= 1), from a seeded stream: deterministic in
+    (level, split, n, seed)."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    da, db = DIGIT_LEVELS[level]
+    rng = random.Random(f"{NAME}:level={level}:{split}:{seed}")
+    want_eval = split == "eval"
+    seen: dict[tuple[int, int], None] = {}
+    for _ in range(MAX_DRAWS * max(n, 1)):
+        if len(seen) >= n:
+            break
+        a, b = _operand(rng, da), _operand(rng, db)
+        if da != db and rng.random() < 0.5:
+            a, b = b, a
+        if in_eval_split(a, b) == want_eval:
+            seen.setdefault((a, b), None)
+    return list(seen)
+
+
+class AdditionLevel:
+    """Addition at a level >= 1 (``DIGIT_LEVELS``): the same prompt, reward, sampling and task type as level 0."""
+
+    SAMPLING = SAMPLING
+    EVAL_SAMPLING = EVAL_SAMPLING
+    RECOMMENDED = RECOMMENDED
+
+    def __init__(self, level: int) -> None:
+        if not 1 <= level < len(DIGIT_LEVELS):
+            raise ValueError(f"addition's levels above 0 are 1 .. {len(DIGIT_LEVELS) - 1}, got {level}")
+        self.level = level
+        self.NAME = f"{NAME}:level={level}"
+
+    def generate_tasks(self, split: str, n: int, seed: int = 0) -> list[dict]:
+        """``n`` tasks of ``split`` at this level, deterministic in (split, n, seed); cycles when the split runs out."""
+        if n < 0:
+            raise ValueError("n must be >= 0")
+        pairs = level_pairs(self.level, split, n, seed)
+        return [make_task(*pairs[i % len(pairs)], split=split) for i in range(n)] if pairs else []
+
+    def reward(self, task: dict, text: str) -> float:
+        return reward(task, text)
+
+
+def level_label(level: int) -> str:
+    da, db = DIGIT_LEVELS[level]
+    return f"{da}+{db} digits"
+
+
+def _at_level(level: int) -> TaskSource:
+    return cast("TaskSource", sys.modules[__name__]) if level == 0 else AdditionLevel(level)
+
+
+def ladders() -> dict[str, TaskLadder]:
+    """The task's difficulty levels: digits (``DIGIT_LEVELS``); level 0 is this module, unchanged."""
+    return {NAME: TaskLadder(task_type=NAME, labels=tuple(level_label(k) for k in range(len(DIGIT_LEVELS))),
+                             make=_at_level, start=0, named=0)}

@@ -20,6 +20,9 @@ class Recommended(BaseModel):
     pool: int = Field(1024, ge=1, description="training tasks drawn per round")
     stop: dict[str, float] = Field(default_factory=dict, description="the stopping rule's settings "
                                    "(agentjet.schedule.StopSettings)")
+    levels: dict[str, float] = Field(default_factory=dict, description="the difficulty levels' window and "
+                                     "thresholds for this task (agentjet.schedule.LevelSettings; unset: its "
+                                     "defaults); used when levels are on (ajet demo --levels)")
     task_ratios: dict[str, float] = Field(default_factory=dict, description="training.task_ratios: a cocktail's "
                                           "share of each batch per task type (empty: no quotas)")
 

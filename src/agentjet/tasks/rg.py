@@ -24,6 +24,16 @@ questions: the generator's size is doubled (up to ``MAX_SIZE``) until it does; w
 distinct questions for that, the ``MIN_EVAL`` lowest-hashing ones are held out instead, if the train split keeps
 at least as many; else loading fails with an error naming the knobs.
 
+Difficulty levels (``ladders()``, for ``ajet demo --levels``; docs/environments.md): a dataset with a
+reasoning-gym curriculum has its levels ``0 .. top``, level ``k`` being ``rg:NAME:level=k`` (each knob of the
+curriculum at its ``k``-th value, clamped at its last) with the name's other knobs (``size``, ``seed``,
+``allow_negation``...). ``top`` is the last level whose config differs from the one below it. The task as named is
+one of them when it gives ``level=N`` and no knob of the curriculum, or when its knobs equal a level's
+(``rg:chain_sum:min_terms=2,max_terms=2,min_digits=1,max_digits=1`` is level 0); a dataset at its default knobs
+is usually none of them, and training then starts at level 0. Every level's train split leaves out the named
+task's held-out questions (the levels' ranges are inclusive, so a harder level holds the easier questions too).
+A dataset without a curriculum has no levels.
+
 Pure Python: no server imports; reasoning_gym is imported on first use.
 """
 
@@ -34,6 +44,7 @@ import hashlib
 import json
 import logging
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -42,7 +53,7 @@ from typing import Any
 import yaml
 
 from agentjet.tasks.recommended import Recommended
-from agentjet.tasks.source import TaskError, in_turn
+from agentjet.tasks.source import TaskError, TaskLadder, in_turn
 
 log = logging.getLogger(__name__)
 
@@ -208,6 +219,26 @@ def _curriculum_config(factory: Any, name: str, level: Any) -> dict[str, Any]:
     return {f.name: getattr(config, f.name) for f in fields(config) if f.name not in ("seed", "size")}
 
 
+def curriculum_fields(name: str) -> set[str]:
+    """The config fields ``name``'s curriculum sets (empty: no curriculum)."""
+    factory = _factory()
+    if name not in factory.CURRICULA:
+        return set()
+    out: set[str] = set()
+    for attr in factory.create_curriculum(name).attributes.values():
+        out |= {getattr(attr, f) for f in ("field_name", "lower_field_name", "upper_field_name") if hasattr(attr, f)}
+    return out
+
+
+def top_level(name: str) -> int:
+    """The last curriculum level of ``name`` whose config differs from the one below it."""
+    factory = _factory()
+    top = max(len(a.levels) for a in factory.create_curriculum(name).attributes.values()) - 1
+    while top > 0 and _curriculum_config(factory, name, top) == _curriculum_config(factory, name, top - 1):
+        top -= 1
+    return top
+
+
 def question_hash(question: str) -> float:
     """The question's place in [0, 1), from sha256 of its text."""
     return int(hashlib.sha256(question.encode()).hexdigest()[:16], 16) / 2**64
@@ -219,8 +250,10 @@ def question_hash(question: str) -> float:
 class Dataset:
     """One reasoning-gym dataset with its knobs: its distinct questions, split by hash, and its scorer."""
 
-    def __init__(self, spec: DatasetSpec) -> None:
+    def __init__(self, spec: DatasetSpec, exclude: frozenset[str] = frozenset()) -> None:
+        """``exclude``: questions kept out of the train split (another task's held-out ones)."""
         self.spec = spec
+        self.exclude = exclude
         size = spec.knobs.get("size", DEFAULT_SIZE)
         if not isinstance(size, int) or isinstance(size, bool) or size < 1:
             raise TaskError(f"rg:{spec.name}: size must be an integer >= 1, got {size!r}")
@@ -257,7 +290,8 @@ class Dataset:
                     "many to train on: widen the knobs (larger ranges) or raise the curriculum level")
             held = ranked[:MIN_EVAL]
         eval_set = set(held)
-        return {"eval": sorted(eval_set), "train": sorted(q for q in ranked if q not in eval_set)}
+        return {"eval": sorted(eval_set),
+                "train": sorted(q for q in ranked if q not in eval_set and q not in self.exclude)}
 
     def examples(self, n: int = EXAMPLES) -> list[tuple[str, str]]:
         """The worked examples every prompt shows: the ``n`` train questions with the highest hash, and their
@@ -295,9 +329,11 @@ class ReasoningGymTask:
     SAMPLING = SAMPLING
     EVAL_SAMPLING = EVAL_SAMPLING
 
-    def __init__(self, datasets: list[DatasetSpec], name: str | None = None) -> None:
+    def __init__(self, datasets: list[DatasetSpec], name: str | None = None,
+                 held_out: Mapping[str, frozenset[str]] | None = None) -> None:
+        """``held_out``: by dataset, questions kept out of its train split (a level's: the named task's held-out)."""
         self.NAME = name or PREFIX + "+".join(d.label() for d in datasets)  # as given, else the canonical form
-        self.datasets = {d.name: Dataset(d) for d in datasets}
+        self.datasets = {d.name: Dataset(d, (held_out or {}).get(d.name, frozenset())) for d in datasets}
         ratios = {name: 1 / len(datasets) for name in self.datasets} if len(datasets) > 1 else {}
         self.RECOMMENDED = _recommended(len(datasets)).model_copy(update={"task_ratios": ratios})
         self._prompt = answer_prompt()
@@ -336,6 +372,50 @@ class ReasoningGymTask:
     def reward(self, task: dict[str, Any], text: str) -> float:
         """The dataset's ``score_answer`` of the answer extracted from ``text``."""
         return self.datasets[str(task["dataset"])].score(text, task["entry"])
+
+    def ladders(self) -> dict[str, TaskLadder]:
+        """The difficulty levels of each dataset that has a curriculum (see the module docstring); in a mixture
+        where some have one, each other dataset is one level, as named. None when no dataset has a curriculum."""
+        with_levels = {name for name in self.datasets if curriculum_fields(name)}
+        if not with_levels:
+            return {}
+        return {name: dataset_ladder(data) if name in with_levels else fixed_ladder(data)
+                for name, data in self.datasets.items()}
+
+
+def fixed_ladder(data: Dataset) -> TaskLadder:
+    """A dataset without levels in a mixture that has them: one level, the dataset as named."""
+    return TaskLadder(task_type=data.spec.name, labels=(f"as named: {data.spec.label()}",),
+                      make=lambda _: ReasoningGymTask([data.spec], PREFIX + data.spec.label()), start=0, named=0)
+
+
+def dataset_ladder(data: Dataset) -> TaskLadder:
+    """One dataset's levels: ``rg:NAME:level=k`` with the named spec's other knobs, each level's train split
+    without the named dataset's held-out questions."""
+    spec = data.spec
+    fields_ = curriculum_fields(spec.name)
+    other = {k: v for k, v in spec.knobs.items() if k not in fields_ and k != LEVEL}
+    top = top_level(spec.name)
+    rungs = [DatasetSpec(spec.name, {**other, LEVEL: k}) for k in range(top + 1)]
+    factory = _factory()
+    level = spec.knobs.get(LEVEL)
+    if isinstance(level, int) and not isinstance(level, bool) and not fields_ & set(spec.knobs):
+        named: int | None = min(level, top)
+    else:
+        mine = {f: getattr(data.data.config, f) for f in fields_}
+        named = next((k for k in range(top + 1)
+                      if {f: _curriculum_config(factory, spec.name, k).get(f) for f in fields_} == mine), None)
+    held = {spec.name: frozenset(data.splits["eval"])}
+
+    def make(k: int) -> ReasoningGymTask:
+        return ReasoningGymTask([rungs[k]], PREFIX + rungs[k].label(), held_out=held)
+
+    def label(k: int) -> str:
+        config = _curriculum_config(factory, spec.name, k)
+        return f"level={k}: " + ",".join(f"{f}={config[f]}" for f in sorted(fields_) if f in config)
+
+    return TaskLadder(task_type=spec.name, labels=tuple(label(k) for k in range(top + 1)), make=make,
+                      start=named if named is not None else 0, named=named)
 
 
 @lru_cache(maxsize=16)

@@ -23,8 +23,12 @@ The observations are TextArena's raw ones (the environment without its observati
 messages since the model's last move, one user message per turn (the model's own move is not echoed back), so
 the chat only grows and the turns merge. The game's default action wrappers are kept (e.g. ``[`` ``]`` added
 around a bare move). TextArena seeds Python's global ``random``; each game keeps its own ``random`` state, swapped
-in around its calls, so concurrent games neither disturb each other nor the process. Pure Python: no server
-imports; textarena is imported on first use.
+in around its calls, so concurrent games neither disturb each other nor the process.
+
+Difficulty levels (``ladders()``, for ``ajet demo --levels``; docs/environments.md): GuessTheNumber's number range
+and turns, ``GUESS_LEVELS``: 1..5 in 5 turns, 1..10 in 8, 1..20 in 10 (``GuessTheNumber-v0`` as registered), 1..50
+in 10 (``-hardcore``), 1..100 in 10. The game as named is the level its range and turns equal (none: training
+starts at level 0). Other games have no levels. Pure Python: no server imports; textarena is imported on first use.
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ from typing import Any
 from agentjet.tasks.games import GameTrace, Step, play
 from agentjet.tasks.recommended import Recommended
 from agentjet.tasks.rg import parse_knobs
-from agentjet.tasks.source import TaskError, in_turn
+from agentjet.tasks.source import TaskError, TaskLadder, in_turn
 
 PREFIX = "ta:"
 EXTRA_HINT = "pip install 'agentjet[ta]'"
@@ -59,11 +63,19 @@ MIN_CALLS = 64  # the runner's cap on chat calls per game, at least; twice the g
 NLTK_CATEGORIES = ("corpora", "taggers", "tokenizers", "chunkers", "models", "grammars", "misc", "sentiment",
                    "stemmers", "help")
 
+# GuessTheNumber's levels: the number range and the turns (the game's constructor arguments)
+GUESS_LEVELS: tuple[dict[str, int], ...] = (
+    {"min_number": 1, "max_number": 5, "max_turns": 5}, {"min_number": 1, "max_number": 10, "max_turns": 8},
+    {"min_number": 1, "max_number": 20, "max_turns": 10}, {"min_number": 1, "max_number": 50, "max_turns": 10},
+    {"min_number": 1, "max_number": 100, "max_turns": 10})
+LEVELLED_GAMES = {"GuessTheNumber-v0": GUESS_LEVELS, "GuessTheNumber-v0-hardcore": GUESS_LEVELS}
+
 SAMPLING: dict[str, Any] = {"temperature": 0.7, "top_p": 1.0, "max_tokens": 48}
 EVAL_SAMPLING: dict[str, Any] = {"temperature": 0.7, "top_p": 1.0, "max_tokens": 48, "seed": 30_000}
 # A starting point, not yet measured on a game: 64 eval games (the issue's win rate needs 50 or more).
 RECOMMENDED = Recommended(learning_rate=2e-5, group_size=8, batch_groups=2, steps=60, eval_n=64, eval_every_s=300,
-                          concurrency=16, stop={"patience": 2, "min_delta": 0.02, "min_evals": 3})
+                          concurrency=16, stop={"patience": 2, "min_delta": 0.02, "min_evals": 3},
+                          levels={"window": 6})  # a game group is slow (up to 11 calls a game): a shorter window
 
 
 # ---- names -------------------------------------------------------------------------------------------------
@@ -382,6 +394,14 @@ class TextArenaTask:
             trace.reward = paid
         return paid
 
+    def ladders(self) -> dict[str, TaskLadder]:
+        """The difficulty levels of each game that has them (``LEVELLED_GAMES``), by task type (the game id); in a
+        mixture where some have them, each other game is one level, as named. None when no game has levels."""
+        if not LEVELLED_GAMES.keys() & self.specs.keys():
+            return {}
+        return {game: game_ladder(spec) if game in LEVELLED_GAMES else fixed_ladder(spec)
+                for game, spec in self.specs.items()}
+
     def reward(self, task: dict[str, Any], text: str) -> float:
         """The game's reward when ``text`` is the first move at the task's seed (0.0 if the game goes on). The
         episode's reward is ``rollout``'s, over the whole game."""
@@ -390,6 +410,28 @@ class TextArenaTask:
         game.reset(int(task["seed"]))
         step = game.step(text)
         return spec.reward.of(step.reward) if step.done else 0.0
+
+
+def game_ladder(spec: GameSpec) -> TaskLadder:
+    """A game's levels (``LEVELLED_GAMES``): its spec with each level's knobs; the named level is the one its
+    registered arguments and knobs equal."""
+    rungs = LEVELLED_GAMES[spec.game]
+    mine = {**dict(registry()[spec.game].kwargs), **spec.knobs}
+    named = next((k for k, knobs in enumerate(rungs) if all(mine.get(f) == v for f, v in knobs.items())), None)
+    other = {k: v for k, v in spec.knobs.items() if k not in rungs[0]}
+
+    def make(k: int) -> TextArenaTask:
+        return TextArenaTask(GameSpec(spec.game, {**other, **rungs[k]}, spec.reward))
+
+    labels = tuple(",".join(f"{f}={v}" for f, v in knobs.items()) for knobs in rungs)
+    return TaskLadder(task_type=spec.game, labels=labels, make=make, start=named if named is not None else 0,
+                      named=named)
+
+
+def fixed_ladder(spec: GameSpec) -> TaskLadder:
+    """A game without levels in a mixture that has them: one level, the game as named."""
+    return TaskLadder(task_type=spec.game, labels=(f"as named: {spec.label()}",), make=lambda _: TextArenaTask(spec),
+                      start=0, named=0)
 
 
 @lru_cache(maxsize=16)

@@ -131,7 +131,9 @@
     const versions = [...new Set(evals.map((e) => e.policy_version))].sort((a, b) => a - b);
     const series = {};
     for (const e of evals) {
-      const name = e.agent === "*" ? e.task_type : `${e.task_type} · ${e.agent}`;
+      // one curve per task type, difficulty level (noted by the client: ajet demo --levels) and agent
+      const type = e.level === null || e.level === undefined ? e.task_type : `${e.task_type} · level ${e.level}`;
+      const name = e.agent === "*" ? type : `${type} · ${e.agent}`;
       if (!series[name]) series[name] = versions.map(() => null);
       series[name][versions.indexOf(e.policy_version)] = e.reward_mean;
     }

@@ -51,9 +51,10 @@ class SQLiteReader:
 
     def eval_rewards(self) -> list[EvalReward]:
         with self._conn.reading() as db:
-            rows = db.execute("SELECT begin_policy_version, task_type, reward FROM episodes WHERE status='eval' "
-                              "ORDER BY seq").fetchall()
-        return [EvalReward(r["begin_policy_version"], r["task_type"], json.loads(r["reward"])) for r in rows]
+            rows = db.execute("SELECT begin_policy_version, task_type, reward, json_extract(metadata, '$.level') AS "
+                              "level FROM episodes WHERE status='eval' ORDER BY seq").fetchall()
+        return [EvalReward(r["begin_policy_version"], r["task_type"], json.loads(r["reward"]),
+                           r["level"] if isinstance(r["level"], int) else None) for r in rows]
 
     def episodes(self, statuses: tuple[str, ...] | None, equals: dict[str, Any], eval: bool | None,
                  limit: int) -> list[dict[str, Any]]:

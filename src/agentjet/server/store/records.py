@@ -67,11 +67,13 @@ class StepRecord(NamedTuple):
 
 
 class EvalReward(NamedTuple):
-    """One eval episode's reward, with the policy version it began at and its task type."""
+    """One eval episode's reward, with the policy version it began at, its task type, and the difficulty level the
+    client noted for it (``metadata.level``; None: none)."""
 
     policy_version: int
     task_type: str
     reward: float | dict[str, float]
+    level: int | None = None
 
 
 class StoreError(RuntimeError):

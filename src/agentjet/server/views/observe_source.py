@@ -64,14 +64,17 @@ class ServerSource:
                 for r in self.reader.steps(after, limit, adapter)]
 
     def evals(self) -> list[EvalRow]:
-        acc: dict[tuple[int, str, str], list[float]] = defaultdict(list)
-        for version, task_type, r in self.reader.eval_rewards():
-            acc[(version, task_type, "*")].append(reward_mean(r))
-            if isinstance(r, dict):
-                for agent, value in r.items():
-                    acc[(version, task_type, agent)].append(float(value))
-        return [EvalRow(policy_version=v, task_type=t, agent=a, reward_mean=sum(rs) / len(rs), episodes=len(rs))
-                for (v, t, a), rs in sorted(acc.items())]
+        """Mean eval reward per (policy version, task type, difficulty level, agent): one curve per level."""
+        acc: dict[tuple[int, str, int, str], list[float]] = defaultdict(list)
+        for e in self.reader.eval_rewards():
+            level = -1 if e.level is None else e.level  # sorts first; None again below
+            acc[(e.policy_version, e.task_type, level, "*")].append(reward_mean(e.reward))
+            if isinstance(e.reward, dict):
+                for agent, value in e.reward.items():
+                    acc[(e.policy_version, e.task_type, level, agent)].append(float(value))
+        return [EvalRow(policy_version=v, task_type=t, level=None if k < 0 else k, agent=a,
+                        reward_mean=sum(rs) / len(rs), episodes=len(rs))
+                for (v, t, k, a), rs in sorted(acc.items())]
 
     def clients(self) -> list[ClientRow]:
         reg = self.run.registry

@@ -14,8 +14,8 @@ from agentjet.server.store import StoreReader
 
 def eval_reward_by_version(reader: StoreReader) -> dict[str, float]:
     sums: dict[int, list[float]] = defaultdict(list)
-    for version, _task_type, reward in reader.eval_rewards():
-        sums[version].append(reward_mean(reward))
+    for e in reader.eval_rewards():
+        sums[e.policy_version].append(reward_mean(e.reward))
     return {str(v): sum(rs) / len(rs) for v, rs in sorted(sums.items())}
 
 
