@@ -16,15 +16,18 @@ MODELS = [m for _, m in inspect.getmembers(protocol, inspect.isclass)
           if issubclass(m, BaseModel) and m.__module__ == protocol.__name__ and not m.__name__.startswith("_")]
 REQUESTS = [m for m in MODELS if issubclass(m, protocol._Request)]
 REPLIES = [m for m in MODELS if issubclass(m, protocol._Reply)]
+RECORDS = [m for m in MODELS if issubclass(m, protocol._Record)]
 
 
 def test_every_protocol_model_is_a_request_or_a_reply() -> None:
-    assert sorted(m.__name__ for m in MODELS) == sorted(m.__name__ for m in REQUESTS + REPLIES)
+    """... or a record both sides keep in files (not on the wire), which is strict like a request."""
+    assert sorted(m.__name__ for m in MODELS) == sorted(m.__name__ for m in REQUESTS + REPLIES + RECORDS)
+    assert {m.__name__ for m in RECORDS} == {"EvalPoint"}
     assert {m.__name__ for m in REQUESTS} >= {"JoinRequest", "BeginEpisodeRequest", "EndEpisodeRequest"}
     assert {m.__name__ for m in REPLIES} >= {"JoinResponse", "BeginEpisodeResponse", "ServerStatus"}
 
 
-@pytest.mark.parametrize("model", REQUESTS, ids=lambda m: m.__name__)
+@pytest.mark.parametrize("model", REQUESTS + RECORDS, ids=lambda m: m.__name__)
 def test_a_request_with_an_unknown_field_is_refused(model: type[BaseModel]) -> None:
     with pytest.raises(ValidationError, match="from_the_future"):
         model.model_validate({"from_the_future": 1})

@@ -38,6 +38,13 @@ class _Reply(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
+class _Record(BaseModel):
+    """A record both sides keep in files (an eval point in a demo's JSON, a study's results): not a body on the
+    wire. An unknown field is refused, so a file written wrong is found when it is read."""
+
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")  # a NaN reward survives JSON
+
+
 class JoinRequest(_Request):
     client_id: Identifier
     labels: dict[str, str] = Field(default_factory=dict)
@@ -315,13 +322,12 @@ class TeamDecisionResponse(_Reply):
 
 
 # ------------------------------------------------------------------ records the client and the server share
-class EvalPoint(BaseModel):
+class EvalPoint(_Record):
     """One held-out evaluation: where training stood, and what the eval scored. The one eval-point record: the
     driver (``agentjet.client.driver``) takes them, the demo, ``ajet research`` and the benchmarks keep them, a
     ``LearnCurve`` (``agentjet.observe.learncurve``) is a list of them, and ``agentjet.observe.curveplot.plot_curves``
     draws them. Here, beside the wire models, because the client (which may not import ``observe``) makes them."""
 
-    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")  # a NaN reward survives JSON
     train_steps: int
     policy_version: int | None = Field(None, description="None: the record did not say (early demo curves)")
     reward: float = Field(description="mean reward of the eval episodes (NaN: none finished)")
