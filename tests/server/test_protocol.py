@@ -360,3 +360,19 @@ def test_unwritable_store_refuses_new_episodes_and_keeps_the_open_one(make_serve
     assert end(srv.url, ep, 1.0).json()["acknowledged"] is True
     assert begin(srv.url)["api_key"]
     assert srv.server.reader.count_by_status()["pending"] == 1
+
+
+def test_an_unknown_route_answers_in_the_shape_of_the_api_it_is_under(make_server) -> None:
+    """The router's own 404 (no route matched: a fuzzed path, a typo) names the route asked for, in the shape of
+    the API the path is under: Anthropic's under /v1/messages, the Tinker SDK's under /api/v1, OpenAI's elsewhere."""
+    srv = make_server()
+    openai_shape = httpx.get(f"{srv.url}/v1/no-such-route")
+    assert openai_shape.status_code == 404
+    assert openai_shape.json()["error"]["type"] == "not_found_error"
+    assert "GET '/v1/no-such-route'" in openai_shape.json()["error"]["message"]
+    anthropic = httpx.post(f"{srv.url}/v1/messages/no-such-route", json={})
+    assert anthropic.status_code == 404
+    assert anthropic.json()["type"] == "error" and anthropic.json()["error"]["type"] == "not_found_error"
+    tinker = httpx.get(f"{srv.url}/api/v1/training_runs/a/checkpoints/%0A/no-such-route")
+    assert tinker.status_code == 404 and isinstance(tinker.json()["error"], str)
+    assert "no route GET" in tinker.json()["error"]

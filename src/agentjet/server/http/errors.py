@@ -1,6 +1,7 @@
 """The HTTP edge of ``errors.py``: every error, the framework's own included, answers in the shape of the API it
 was asked through: OpenAI's everywhere, Anthropic's on the Messages routes (``/v1/messages...``:
-``{"type": "error", "error": {"type", "message"}}``); bodies over the limit get a 413 (``BodySizeLimit``)."""
+``{"type": "error", "error": {"type", "message"}}``), the Tinker SDK's on its routes (``/api/v1/...``:
+``{"error": message}``); bodies over the limit get a 413 (``BodySizeLimit``)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
 
 
 ANTHROPIC_PREFIX = "/v1/messages"  # the Anthropic Messages routes answer errors in Anthropic's shape
+TINKER_PREFIX = "/api/v1/"  # the Tinker SDK's routes answer errors in its shape (it shows ``error``)
 _ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                     404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
                     500: "api_error", 503: "overloaded_error"}
@@ -43,11 +45,18 @@ def anthropic_error_body(message: str, status: int) -> dict[str, Any]:
     return {"type": "error", "error": {"type": type_, "message": message}}
 
 
+def tinker_error_body(message: str) -> dict[str, Any]:
+    """The Tinker SDK's error shape: the message as ``error`` (what it shows) and as ``detail``."""
+    return {"error": message, "detail": message}
+
+
 def shaped_error(path: str, status: int, message: str, type_: str, param: str | None = None,
                  code: str | None = None) -> dict[str, Any]:
     """An error's body in the shape of the API at ``path``."""
     if path.startswith(ANTHROPIC_PREFIX):
         return anthropic_error_body(message, status)
+    if path.startswith(TINKER_PREFIX):
+        return tinker_error_body(message)
     return error_body(message, type_, param, code)
 
 
@@ -71,7 +80,10 @@ def install_error_handlers(app: FastAPI) -> None:
         type_ = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         if exc.status_code == 413:
             return answer(request, 413, str(exc.detail), type_, code="body_too_large")
-        return answer(request, exc.status_code, str(exc.detail), type_)
+        message = str(exc.detail)
+        if exc.status_code in (404, 405):  # the router's own: say which route was asked for
+            message = f"{message}: no route {request.method} {request.url.path!r} on this server"
+        return answer(request, exc.status_code, message, type_)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

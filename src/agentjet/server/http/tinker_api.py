@@ -18,6 +18,7 @@ from fastapi.responses import FileResponse, JSONResponse
 from fastapi.routing import APIRoute
 
 from agentjet.engines.base import SamplingParams
+from agentjet.server.http.errors import tinker_error_body
 from agentjet.server.swarm import SwarmServer
 from agentjet.server.tinker import TinkerError, TinkerModel, TinkerService
 from agentjet.server.tinker.runs import user_metadata
@@ -30,7 +31,7 @@ router = APIRouter(prefix="/api/v1", include_in_schema=False)
 
 
 def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": message, "detail": message}, status_code=status)
+    return JSONResponse(tinker_error_body(message), status_code=status)
 
 
 def _service(request: Request) -> TinkerService | JSONResponse:
