@@ -657,7 +657,7 @@ def bench_train(args: argparse.Namespace) -> dict:
 def render(result: dict) -> None:
     from rich.console import Console
 
-    console = Console()
+    console = Console(width=160)  # a log is no terminal: a narrow default would wrap the columns
     if "generation" in result:
         _render_generation(console, result)
     if "train" in result:

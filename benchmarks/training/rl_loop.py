@@ -311,7 +311,7 @@ def render(result: dict[str, Any]) -> None:
               f"{f['train_ceiling_tok_s']:.0f}", f"{tw / f['train_ceiling_tok_s']:.2f}x" if tw else "-")
     for name, share in f["share"].items():
         t.add_row(f"share of wall time: {name.replace('_', ' ')}", f"{share:.1%}", "", "")
-    Console().print(t)
+    Console(width=140).print(t)
 
 
 def parse_args() -> argparse.Namespace:
