@@ -152,7 +152,7 @@ stage() {
                          --server-generator '{"batch_wait_ms": 30}' --output "$RES/server_cuda_135m_load_wait30.json" ;;
     server512) run_stage server512 120 python3 benchmarks/serving/server_throughput.py --device $DEV --model $MODEL \
                  --concurrency $SRV_C --repeats 2 --max-tokens 512 --output "$RES/server_cuda_135m_512.json" ;;
-    loop) run_stage loop 330 python3 benchmarks/training/rl_loop.py --device $DEV --model $MODEL17 "${LOOP[@]}" \
+    loop) run_stage loop 345 python3 benchmarks/training/rl_loop.py --device $DEV --model $MODEL17 "${LOOP[@]}" \
             --output "$RES/rl_loop_cuda_17b.json" ;;
     train) run_stage train 90 python3 benchmarks/serving/engine.py --device $DEV --model $MODEL --train "${TRAIN[@]}" \
              --train-variants default,flat --profile --output "$RES/train_cuda_135m.json" ;;
