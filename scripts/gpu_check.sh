@@ -4,16 +4,28 @@
 # python3 with CUDA torch.
 #
 #   scripts/gpu_check.sh                  # the default stages, most valuable first, in BUDGET_S seconds (450)
-#   scripts/gpu_check.sh gen17 train17    # the 1.7B shapes: a second command, only if time is left
+#   scripts/gpu_check.sh train_compile gen135   # a second command: what the first had no time for
 #   REHEARSE=1 scripts/gpu_check.sh       # on a CPU machine: the same stages on the CPU with small sizes
 #
+# Default order (issue 52, GPU round 4; its stages 1-2, the engine process and two replicas, wait for the rollout
+# fleet): tests, loop, train, then the older stages as time allows.
+#
 # Stages (each under its own time cap, cut to what is left of BUDGET_S; one that no longer fits is skipped):
-#   tests    pytest -m cuda: CUDA graphs across a train step, fp32 exact / bf16 bounded logprobs, LoRA, the NCCL group
+#   tests    pytest -m cuda: CUDA graphs across a train step, fp32 exact / bf16 bounded logprobs, LoRA, the NCCL group,
+#            the train step's options (flat fp32 masters, compiled logprob chunks) against the default in bf16
+#   loop     the RL loop's own throughput: ajet server with the embedded engine at SmolLM2-1.7B shapes, 64 scripted
+#            episodes at once (groups of 8, 128 tokens each, rewards that differ inside each group), a 180 s
+#            window (LOOP_S); trained and generated tokens/s, the shares of wall time in generation, train steps
+#            and weight pushes, against the ceilings measured first in the same stage (generation alone, the
+#            train step alone): benchmarks/training/rl_loop.py
 #   gen135   the embedded engine at SmolLM2-135M shapes, bf16, c1 and c64 (and hf-generate on the same requests),
 #            and one 64-row admission timed and profiled (its op calls: is a prefill dispatch-bound?)
 #   server   ajet server end to end at c64 against the same generations engine-direct (prefills and decode
 #            steps counted on each side)
-#   train    the train step at 135M against the bare-torch floor (the learner sizes its micro-batch itself)
+#   train    the train step at 135M against the bare-torch floor (the learner sizes its micro-batch itself): the
+#            default, and with flat fp32 masters (learner.flat_masters), in one run
+#   train_compile the same with the logprob chunks through torch.compile (learner.compile_logprobs), alone and with
+#            flat masters, beside the default (the first step of each compiles; reported apart)
 #   serverload the same with 4 calls per client one after the other (a sustained load: the burst's arrival
 #            spread is paid once), then one more round under py-spy: which thread holds the GIL
 #   serverload_gil1 the same with the server's GIL switch interval at 1 ms instead of Python's 5 (is the
@@ -58,10 +70,14 @@ export AGENTJET_CUDA_REPORT=/tmp/aj-cuda-report.jsonl  # the CUDA tests' figures
 rm -f "$AGENTJET_CUDA_REPORT"
 [ -f "$KIT/commit" ] && export AGENTJET_COMMIT=${AGENTJET_COMMIT:-$(cat "$KIT/commit")}
 
+LOOP_S=${LOOP_S:-}  # the loop stage's measured window, seconds (default 180; 20 when rehearsing)
 if [ "$REHEARSE" = 1 ]; then  # the same commands on the CPU, small: a typo costs no GPU minute
-  DEV=cpu; MODEL=tiny-random; MODEL17=tiny-random; GEN_C=1,4; SRV_C=4; TRAIN=(--batch 2 --length 64 --steps 1); NEW=(--new-tokens 16)
+  DEV=cpu; MODEL=tiny-random; MODEL17=tiny-random; GEN_C=1,4; SRV_C=4; NEW=(--new-tokens 16)
+  TRAIN=(--batch 2 --length 64 --steps 1 --dtype bfloat16)  # bf16 weights: the fp32 masters exist, as on CUDA
+  LOOP=(--concurrency 8 --group-size 4 --new-tokens 16 --seconds "${LOOP_S:-20}" --train-steps 2)
 else
   DEV=cuda; MODEL=135m; MODEL17=1.7b; GEN_C=1,64; SRV_C=64; TRAIN=(); NEW=()
+  LOOP=(--concurrency 64 --group-size 8 --new-tokens 128 --seconds "${LOOP_S:-180}")
 fi
 
 STAGES=/tmp/aj-gpu-stages.txt  # one line per finished stage: name, status, seconds
@@ -106,7 +122,7 @@ run_stage() {
   fi
   local limit=$((cap < left ? cap : left)) t0=$(date +%s) status
   say "$name: start (limit $limit s)"
-  timeout --kill-after=15 "$limit" "$@" >>"$LOG" 2>&1
+  STAGE_LIMIT_S=$limit timeout --kill-after=15 "$limit" "$@" >>"$LOG" 2>&1  # a stage may fit itself to it
   local rc=$?
   case $rc in 0) status=ok ;; 124|137) status="timeout after $limit s" ;; *) status="failed rc=$rc" ;; esac
   echo "$name $(($(date +%s) - t0)) $status" >>"$STAGES"
@@ -136,8 +152,13 @@ stage() {
                          --server-generator '{"batch_wait_ms": 30}' --output "$RES/server_cuda_135m_load_wait30.json" ;;
     server512) run_stage server512 120 python3 benchmarks/serving/server_throughput.py --device $DEV --model $MODEL \
                  --concurrency $SRV_C --repeats 2 --max-tokens 512 --output "$RES/server_cuda_135m_512.json" ;;
+    loop) run_stage loop 345 python3 benchmarks/training/rl_loop.py --device $DEV --model $MODEL17 "${LOOP[@]}" \
+            --output "$RES/rl_loop_cuda_17b.json" ;;
     train) run_stage train 90 python3 benchmarks/serving/engine.py --device $DEV --model $MODEL --train "${TRAIN[@]}" \
-             --profile --output "$RES/train_cuda_135m.json" ;;
+             --train-variants default,flat --profile --output "$RES/train_cuda_135m.json" ;;
+    train_compile) run_stage train_compile 150 python3 benchmarks/serving/engine.py --device $DEV --model $MODEL --train \
+                     "${TRAIN[@]}" --train-variants default,compile,flat+compile \
+                     --output "$RES/train_cuda_135m_compile.json" ;;
     train8k) run_stage train8k 90 python3 benchmarks/serving/engine.py --device $DEV --model $MODEL --train \
                "${TRAIN[@]}" --profile --logprob-chunk 8192 --output "$RES/train_cuda_135m_chunk8192.json" ;;
     group) run_stage group 150 python3 benchmarks/training/layouts.py --device $DEV --model $MODEL --procs 1 \
@@ -155,7 +176,7 @@ stage() {
 summary
 say "$(python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__, "cuda", torch.cuda.is_available())' 2>&1)"
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(tests gen135 serverload group snapshot server train train17 gen17)  # the last ones: if time is left
+[ ${#stages[@]} -eq 0 ] && stages=(tests loop train train_compile gen135 serverload group snapshot server train17 gen17)  # the last ones: if time is left
 for s in "${stages[@]}"; do stage "$s"; done
 say "done; files in $OUT:"
 ls -la "$OUT" | tee -a "$LOG"

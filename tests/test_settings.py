@@ -412,7 +412,8 @@ def test_a_settings_dict_written_before_the_moves_upgrades_to_the_same_settings(
 
     old_leaves, new_leaves = _leaves(BEFORE_ROLES), _leaves(cfg.public_dict())
     added_since = {"learner.lora.adapters", "learner.lora.default_adapter",  # settings new after the moves
-                   "generator.vllm.max_loras", "generator.gil_switch_interval_ms"}
+                   "generator.vllm.max_loras", "generator.gil_switch_interval_ms",
+                   "learner.flat_masters", "learner.compile_logprobs"}
     assert len(old_leaves) == len(new_leaves) - len(added_since) and added_since <= set(new_leaves)  # none lost
     for old, value in old_leaves.items():  # each where the table says it went, with its value
         path = tuple(old.split("."))

@@ -35,6 +35,10 @@ logprobs from a scoring pass) against the floor, a bare ``model(ids, labels=ids)
 AdamW.step()`` on the same tokens, both in one fresh subprocess, steps interleaved; time ratio (median of
 per-pair ratios), peak memory (CUDA: ``max_memory_allocated`` above the start of the step; CPU: peak RSS
 increase), train tokens/s and, on CUDA, MFU (6 x parameters x tokens / time / the card's bf16 peak).
+``--train-variants default,flat,compile`` measures each learner variant (``learner.flat_masters``,
+``learner.compile_logprobs``, ``chunkN``: ``learner.logprob_chunk_tokens``; options joined by ``+``) against the
+same floor in the same child, every side's steps interleaved; a variant's warm-up step (its compilation, its
+optimizer state) is reported apart. The first variant is the one the JSON's ``ours_*`` fields describe.
 
 The machine may be shared: compare only ratios measured in the same run.
 """
@@ -470,18 +474,40 @@ def _floor_step(path: Path, device: torch.device, dtype: torch.dtype, ids: torch
     return step
 
 
+# ``--train-variants``: the learner options the train step is measured with, each against the floor in the same
+# run. A variant is ``default`` or options joined by ``+``: ``flat`` (learner.flat_masters), ``compile``
+# (learner.compile_logprobs), ``chunkN`` (learner.logprob_chunk_tokens = N).
+TRAIN_OPTIONS = {"flat": ("flat_masters", True), "compile": ("compile_logprobs", True)}
+
+
+def variant_settings(name: str, logprob_chunk_tokens: int) -> dict[str, Any]:
+    """The learner settings of a ``--train-variants`` entry (see ``TRAIN_OPTIONS``)."""
+    out: dict[str, Any] = {"logprob_chunk_tokens": logprob_chunk_tokens}
+    for part in name.split("+"):
+        if part == "default":
+            continue
+        if part in TRAIN_OPTIONS:
+            key, value = TRAIN_OPTIONS[part]
+            out[key] = value
+        elif part.startswith("chunk") and part[5:].isdigit():
+            out["logprob_chunk_tokens"] = int(part[5:])
+        else:
+            raise SystemExit(f"unknown train variant part {part!r} in {name!r} (default, {', '.join(TRAIN_OPTIONS)}, "
+                             "chunkN)")
+    return out
+
+
 def _engine_step(path: Path, device: torch.device, dtype: str, ids: torch.Tensor, seed: int, checkpointing: bool,
-                 logprob_chunk_tokens: int):
-    """Ours: the embedded layout's ``train_step`` on the same tokens, every position but the first trained; and the
-    micro-batch (padded tokens) its learner chose."""
+                 learner: dict[str, Any]):
+    """Ours: the embedded layout's ``train_step`` on the same tokens, every position but the first trained, with
+    the ``learner`` settings; and the micro-batch (padded tokens) its learner chose."""
     from agentjet.engines.base import TrainSample
     from agentjet.layouts import embedded_engine
     from agentjet.settings import GeneratorSettings, LearnerSettings, PlacementSettings
 
     # the micro-batch is the learner's own choice (unset: 4,096 tokens on CPU, from free memory on CUDA)
     engine = embedded_engine(path, GeneratorSettings(max_batch_size=1, kv_cache_tokens=16),
-                             LearnerSettings(gradient_checkpointing=checkpointing,
-                                             logprob_chunk_tokens=logprob_chunk_tokens),
+                             LearnerSettings(gradient_checkpointing=checkpointing, **learner),
                              placement=PlacementSettings(device=str(device), dtype=dtype))
     g = torch.Generator().manual_seed(seed + 1)
     samples = []
@@ -531,7 +557,8 @@ def _profile(step: Any, device: torch.device, rows: int = 20,
 
 
 def child_train(args: argparse.Namespace) -> dict:
-    """Both sides of the train-step comparison, in one fresh process, their steps interleaved."""
+    """The floor and every variant of ours, in one fresh process, their steps interleaved (the order turns
+    every step, so a slow phase of the machine hits each side)."""
     from transformers import AutoConfig
 
     device = torch.device(args.device)
@@ -540,15 +567,21 @@ def child_train(args: argparse.Namespace) -> dict:
     path = model_path(args.model, dtype, MODEL_ROOT)
     g = torch.Generator().manual_seed(args.seed)
     ids = torch.randint(0, AutoConfig.from_pretrained(path).vocab_size, (args.batch, args.length), generator=g)
-    ours, micro_batch_tokens, profile_ours = _engine_step(path, device, args.dtype, ids, args.seed, args.checkpointing,
-                                            args.logprob_chunk)
-    steps = {"floor": _floor_step(path, device, dtype, ids, args.checkpointing), "ours": ours}
-    times: dict[str, list[float]] = {"floor": [], "ours": []}
-    peaks: dict[str, list[int]] = {"floor": [], "ours": []}
+    steps: dict[str, Any] = {"floor": _floor_step(path, device, dtype, ids, args.checkpointing)}
+    micro: dict[str, int] = {}
+    profiled: dict[str, Any] = {}
+    for name in args.train_variants:
+        steps[name], micro[name], profiled[name] = _engine_step(
+            path, device, args.dtype, ids, args.seed, args.checkpointing, variant_settings(name, args.logprob_chunk))
+    sides = list(steps)
+    times: dict[str, list[float]] = {k: [] for k in sides}
+    peaks: dict[str, list[int]] = {k: [] for k in sides}
+    warmup: dict[str, float] = {}
     method = ""
     for i in range(args.steps + 1):
-        # alternate which side goes first; step 0 of each side is the warm-up (allocates the optimizer state)
-        for side in ("floor", "ours") if i % 2 == 0 else ("ours", "floor"):
+        # the order turns each step; step 0 of each side is its warm-up (the optimizer's state, a compilation)
+        order = sides[i % len(sides):] + sides[:i % len(sides)]
+        for side in order if i % 2 == 0 else list(reversed(order)):
             _sync(device)
             with PeakMemory(device) as mem:
                 t0 = time.perf_counter()
@@ -559,18 +592,22 @@ def child_train(args: argparse.Namespace) -> dict:
             if i > 0:
                 times[side].append(elapsed)
                 peaks[side].append(mem.peak_bytes)
+            else:
+                warmup[side] = elapsed
             print(f"  train {side}: step {i}{' (warm-up)' if i == 0 else ''} {elapsed:.2f}s "
                   f"peak +{mem.peak_bytes / 2**20:.0f} MiB", file=sys.stderr, flush=True)
-    profiles = {"floor": _profile(steps["floor"], device), "ours": profile_ours()} if args.profile else None
-    return {"times": times, "peaks": peaks, "memory_method": method, "parameters": parameter_count(path),
-            "profiles": profiles,
-            "micro_batch_tokens": micro_batch_tokens, "machine": machine(device)}
+    first = args.train_variants[0]
+    profiles = {"floor": _profile(steps["floor"], device), "ours": profiled[first]()} if args.profile else None
+    return {"times": times, "peaks": peaks, "warmup_seconds": warmup, "memory_method": method,
+            "parameters": parameter_count(path), "profiles": profiles, "micro_batch_tokens": micro,
+            "machine": machine(device)}
 
 
 def bench_train(args: argparse.Namespace) -> dict:
     cmd = [sys.executable, __file__, "--child", "train", "--model", args.model, "--device", args.device,
            "--dtype", args.dtype, "--batch", str(args.batch), "--length", str(args.length), "--steps",
-           str(args.steps), "--seed", str(args.seed), "--logprob-chunk", str(args.logprob_chunk)] + (
+           str(args.steps), "--seed", str(args.seed), "--logprob-chunk", str(args.logprob_chunk),
+           "--train-variants", ",".join(args.train_variants)] + (
            ["--checkpointing"] if args.checkpointing else []) + (["--profile"] if args.profile else []) + (
            ["--threads", str(args.threads)] if args.threads else [])
     env = dict(os.environ)
@@ -582,23 +619,36 @@ def bench_train(args: argparse.Namespace) -> dict:
     out = subprocess.run(cmd, env=env, check=True, stdout=subprocess.PIPE, text=True)
     res = json.loads(out.stdout.strip().splitlines()[-1])
     t, m = res["times"], res["peaks"]
-    ratios = [o / f for o, f in zip(t["ours"], t["floor"], strict=True)]
-    floor_s, ours_s = statistics.median(t["floor"]), statistics.median(t["ours"])
-    floor_m, ours_m = statistics.median(m["floor"]), statistics.median(m["ours"])
     tokens = args.batch * args.length
     flops = 6 * res["parameters"] * tokens
     peak = peak_tflops(torch.device(args.device))
+    floor_s, floor_m = statistics.median(t["floor"]), statistics.median(m["floor"])
+
+    def against_floor(side: str) -> dict[str, Any]:
+        ratios = [o / f for o, f in zip(t[side], t["floor"], strict=True)]
+        secs, mem = statistics.median(t[side]), statistics.median(m[side])
+        return {"seconds": secs, "time_ratio": statistics.median(ratios), "tokens_per_s": tokens / secs,
+                "mfu": flops / secs / (peak * 1e12) if peak else None, "peak_mib": mem / 2**20,
+                "memory_ratio": mem / floor_m if floor_m else None, "seconds_all": t[side], "time_ratios_all": ratios,
+                "peak_mib_all": [x / 2**20 for x in m[side]], "warmup_seconds": res["warmup_seconds"][side],
+                "micro_batch_tokens": res["micro_batch_tokens"].get(side),
+                "learner": variant_settings(side, args.logprob_chunk) if side != "floor" else None}
+
+    variants = {v: against_floor(v) for v in args.train_variants}
+    ours = variants[args.train_variants[0]]
     return {
         "batch": args.batch, "length": args.length, "steps": args.steps, "checkpointing": args.checkpointing,
-        "parameters": res["parameters"], "micro_batch_tokens": res["micro_batch_tokens"],
-        "floor_seconds": floor_s, "ours_seconds": ours_s, "time_ratio": statistics.median(ratios),
-        "floor_tokens_per_s": tokens / floor_s, "ours_tokens_per_s": tokens / ours_s,
-        "floor_mfu": flops / floor_s / (peak * 1e12) if peak else None,
-        "ours_mfu": flops / ours_s / (peak * 1e12) if peak else None,
-        "floor_peak_mib": floor_m / 2**20, "ours_peak_mib": ours_m / 2**20, "memory_ratio": ours_m / floor_m,
+        "parameters": res["parameters"], "micro_batch_tokens": ours["micro_batch_tokens"],
+        # "ours": the first variant (``default`` unless --train-variants says otherwise)
+        "ours_variant": args.train_variants[0],
+        "floor_seconds": floor_s, "ours_seconds": ours["seconds"], "time_ratio": ours["time_ratio"],
+        "floor_tokens_per_s": tokens / floor_s, "ours_tokens_per_s": ours["tokens_per_s"],
+        "floor_mfu": flops / floor_s / (peak * 1e12) if peak else None, "ours_mfu": ours["mfu"],
+        "floor_peak_mib": floor_m / 2**20, "ours_peak_mib": ours["peak_mib"], "memory_ratio": ours["memory_ratio"],
         "memory_method": res["memory_method"],
-        "floor_seconds_all": t["floor"], "ours_seconds_all": t["ours"], "time_ratios_all": ratios,
-        "floor_peak_mib_all": [x / 2**20 for x in m["floor"]], "ours_peak_mib_all": [x / 2**20 for x in m["ours"]],
+        "floor_seconds_all": t["floor"], "ours_seconds_all": ours["seconds_all"], "time_ratios_all": ours["time_ratios_all"],
+        "floor_peak_mib_all": [x / 2**20 for x in m["floor"]], "ours_peak_mib_all": ours["peak_mib_all"],
+        "floor_warmup_seconds": res["warmup_seconds"]["floor"], "variants": variants,
         "child_machine": res["machine"], "logprob_chunk_tokens": args.logprob_chunk, "profiles": res["profiles"],
     }
 
@@ -607,7 +657,7 @@ def bench_train(args: argparse.Namespace) -> dict:
 def render(result: dict) -> None:
     from rich.console import Console
 
-    console = Console()
+    console = Console(width=160)  # a log is no terminal: a narrow default would wrap the columns
     if "generation" in result:
         _render_generation(console, result)
     if "train" in result:
@@ -655,18 +705,20 @@ def _render_train(console: Any, tr: dict) -> None:
     from rich.table import Table
 
     table = Table(title=f"Train step ({tr['batch']} x {tr['length']} tokens, {tr['parameters'] / 1e6:.0f}M "
-                        f"parameters{', gradient checkpointing' if tr['checkpointing'] else ''}; our micro-batch "
-                        f"{tr['micro_batch_tokens']} tokens; median of "
-                        f"{tr['steps']} interleaved steps; peak memory: {tr['memory_method']})")
-    for col in ("", "floor (bare torch step)", "ours (train_step)", "ours / floor", "target"):
+                        f"parameters{', gradient checkpointing' if tr['checkpointing'] else ''}; median of "
+                        f"{tr['steps']} interleaved steps; peak memory: {tr['memory_method']}); target <= 1.15x the "
+                        "floor's time at <= 1x its memory")
+    for col in ("", "time (s)", "/ floor", "train tokens/s", "MFU", "peak memory (MiB)", "/ floor", "micro-batch",
+                "warm-up (s)"):
         table.add_column(col, justify="right")
-    table.add_row("time (s)", f"{tr['floor_seconds']:.3f}", f"{tr['ours_seconds']:.3f}",
-                  f"{tr['time_ratio']:.2f}x", "<= 1.15x")
-    table.add_row("train tokens/s", f"{tr['floor_tokens_per_s']:.0f}", f"{tr['ours_tokens_per_s']:.0f}", "", "")
-    if tr["ours_mfu"] is not None:
-        table.add_row("MFU", f"{100 * tr['floor_mfu']:.1f}%", f"{100 * tr['ours_mfu']:.1f}%", "", "")
-    table.add_row("peak memory (MiB)", f"{tr['floor_peak_mib']:.0f}", f"{tr['ours_peak_mib']:.0f}",
-                  f"{tr['memory_ratio']:.2f}x", "<= 1x")
+    table.add_row("floor (bare torch step)", f"{tr['floor_seconds']:.3f}", "", f"{tr['floor_tokens_per_s']:.0f}",
+                  f"{100 * tr['floor_mfu']:.1f}%" if tr["floor_mfu"] is not None else "-", f"{tr['floor_peak_mib']:.0f}",
+                  "", "", f"{tr['floor_warmup_seconds']:.1f}")
+    for name, v in tr["variants"].items():
+        table.add_row(f"ours: {name}", f"{v['seconds']:.3f}", f"{v['time_ratio']:.2f}x", f"{v['tokens_per_s']:.0f}",
+                      f"{100 * v['mfu']:.1f}%" if v["mfu"] is not None else "-", f"{v['peak_mib']:.0f}",
+                      f"{v['memory_ratio']:.2f}x" if v["memory_ratio"] is not None else "-",
+                      str(v["micro_batch_tokens"]), f"{v['warmup_seconds']:.1f}")
     console.print(table)
 
 
@@ -704,6 +756,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--logprob-chunk", type=int, default=LearnerSettings().logprob_chunk_tokens,
                    help="--train: the learner's logprob_chunk_tokens (default: the setting's)")
+    p.add_argument("--train-variants", type=lambda x: x.split(","), default=["default"],
+                   help="--train: the learner variants to measure against the floor in the same run, comma-separated: "
+                   "default, or options joined by + (flat: learner.flat_masters; compile: learner.compile_logprobs; "
+                   "chunkN: learner.logprob_chunk_tokens N), e.g. default,flat,compile,flat+compile")
     p.add_argument("--profile", action="store_true", help="--train: one more step of each side under "
                    "torch.profiler (the top ops go to stderr and the JSON); generation: one admission of the largest "
                    "concurrency's prompts, timed and profiled on the engine's thread")

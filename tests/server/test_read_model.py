@@ -174,8 +174,13 @@ def test_status_dashboard_and_metrics_report_the_same_figures(make_server) -> No
         2, 0, 1, 0)
     assert snap["dropped"] == {"stale": 0, "uniform": 2, "expired": 0, "aborted": 1, "team_aborted": 0}
     assert len(status.clients) == snap["clients"] == 3
-    for key in ("calls", "generated_tokens", "episodes_ended"):
+    for key in ("calls", "generated_tokens", "episodes_ended", "trained_tokens", "train_seconds"):
         assert status.throughput[key] == snap[key] > 0, key
+    # the time in committed steps, the weight push apart (in place here: it moves nothing, but is timed)
+    assert status.throughput["weight_sync_seconds"] == snap["weight_sync_seconds"] >= 0
+    assert snap["train_seconds"] == pytest.approx(srv.server.counters.training.last_metrics["time/training_s"])
+    assert _metric(prom, "agentjet_train_seconds_total") == pytest.approx(snap["train_seconds"])
+    assert _metric(prom, "agentjet_weight_sync_seconds_total") == pytest.approx(snap["weight_sync_seconds"])
     assert {k: v for k, v in status.throughput.items() if k.startswith("tito_")} == snap["tito"]
     assert {k.removeprefix("admission_"): v for k, v in status.throughput.items()
             if k.startswith("admission_")} == snap["admission"]

@@ -39,6 +39,7 @@ class PolicyLossOutput:
     mismatch_kl_sum: float = 0.0  # k3 KL(p_behaviour || p_proximal) per token
     masked: float = 0.0  # tokens the correction dropped
     is_weight_sum: float = 0.0  # the correction's weight (1 per token without correction)
+    loss_value: float = 0.0  # ``loss_sum`` as a number (read back with the other sums)
 
 
 def importance_log_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor, seq_index: torch.Tensor | None,
@@ -139,27 +140,37 @@ def policy_loss(
         pg = pg * correction.weights
     factors = sequence_factors(weights, seq_index, config.aggregation)
     tok_loss = pg
-    kl_sum = 0.0
+    with torch.no_grad():  # the metric sums, read back to the host together (one device sync, not one each)
+        sums: dict[str, torch.Tensor] = {
+            "pg_sum": (pg.detach() * factors).sum(), "clipped": was_clipped.float().sum(),
+            "abs_logprob_diff_sum": (logprobs - behaviour_logprobs).detach().abs().sum(),
+            "mismatch_kl_sum": mismatch_kl_terms(proximal.double(), behaviour_logprobs.double()).sum()}
+        if ratio.numel():
+            sums["ratio_max"] = ratio.detach().max()
+        if correction is not None:
+            sums["masked"] = (~correction.kept).sum()
+            sums["is_weight_sum"] = correction.weights.sum()
     if ref_logprobs is not None and config.kl_coef > 0:
         kl = kl_penalty(logprobs, ref_logprobs, config.kl_estimator)
         if correction is not None:
             kl = kl * correction.kept
         tok_loss = tok_loss + config.kl_coef * kl
-        kl_sum = float((kl.detach() * factors).sum())
-    with torch.no_grad():
-        mismatch_kl = float(mismatch_kl_terms(proximal.double(), behaviour_logprobs.double()).sum())
-        masked = float((~correction.kept).sum()) if correction is not None else 0.0
-        is_weight_sum = float(correction.weights.sum()) if correction is not None else float(logprobs.numel())
+        sums["kl_sum"] = (kl.detach() * factors).sum()
+    loss_sum = (tok_loss * factors).sum()
+    sums["loss_value"] = loss_sum.detach()
+    # float64 holds every float32 (and int) sum exactly: the same numbers as one float() per sum
+    host = dict(zip(sums, torch.stack([v.double() for v in sums.values()]).tolist(), strict=True))
     return PolicyLossOutput(
-        loss_sum=(tok_loss * factors).sum(),
-        pg_sum=float((pg.detach() * factors).sum()),
-        kl_sum=kl_sum,
-        clipped=float(was_clipped.float().sum()),
-        ratio_max=float(ratio.detach().max()) if ratio.numel() else 1.0,
-        abs_logprob_diff_sum=float((logprobs - behaviour_logprobs).detach().abs().sum()),
-        mismatch_kl_sum=mismatch_kl,
-        masked=masked,
-        is_weight_sum=is_weight_sum,
+        loss_sum=loss_sum,
+        loss_value=host["loss_value"],
+        pg_sum=host["pg_sum"],
+        kl_sum=host.get("kl_sum", 0.0),
+        clipped=host["clipped"],
+        ratio_max=host.get("ratio_max", 1.0),
+        abs_logprob_diff_sum=host["abs_logprob_diff_sum"],
+        mismatch_kl_sum=host["mismatch_kl_sum"],
+        masked=host.get("masked", 0.0),
+        is_weight_sum=host.get("is_weight_sum", float(logprobs.numel())),
     )
 
 

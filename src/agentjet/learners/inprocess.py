@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from agentjet.engines.base import Learner, StepOutput, TrainSample
+from agentjet.engines.logprobs import LogprobKernels
 from agentjet.engines.memory import auto_micro_batch_tokens
 from agentjet.engines.model import PolicyModel, adapter_parameters, output_weight
 from agentjet.engines.worker import EngineWorker
@@ -83,6 +84,8 @@ class InProcessLearner(Learner):
         self.params = (adapter_parameters(policy.model, adapter) if adapter is not None
                        else [p for p in policy.model.parameters() if p.requires_grad])
         self._optimizer: PolicyOptimizer | None = None  # made at the first step: a generate-only run holds none
+        # the logprob chunks through torch.compile (learner.compile_logprobs; compiled at the first step)
+        self._kernels = LogprobKernels.compiled() if self.config.compile_logprobs else None
         # the KL reference: a frozen copy of the weights (a named adapter's is the base: no copy)
         self._reference = self._frozen_copy() if self.config.kl_coef > 0 and adapter is None else None
         self.export_root = export_root
@@ -165,7 +168,7 @@ class InProcessLearner(Learner):
         lm = lm if lm is not None else self.policy.causal_lm
         batch = collate(samples, self.policy.pad_id, self.policy.device)
         return trained_token_logprobs(lm.base_model, output_weight(lm), batch,
-                                      self.config.logprob_chunk_tokens, self.config.bf16)
+                                      self.config.logprob_chunk_tokens, self.config.bf16, self._kernels)
 
     def _reference_logprobs(self, samples: list[TrainSample]) -> torch.Tensor:
         if self.adapter is not None:  # the frozen base: every adapter switched off for this forward

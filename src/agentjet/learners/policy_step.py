@@ -31,7 +31,8 @@ import torch
 from agentjet.algorithms.loss import PolicyLossOutput, policy_loss
 from agentjet.algorithms.objectives import PolicyLossConfig, loss_normaliser
 from agentjet.engines.base import TrainSample
-from agentjet.engines.logprobs import chunked_token_logprobs
+from agentjet.engines.logprobs import LogprobKernels, chunked_token_logprobs
+from agentjet.learners.masters import FlatMasters
 from agentjet.settings import LearnerSettings, LossSettings
 
 
@@ -51,6 +52,8 @@ class StepConfig:
     betas: tuple[float, float] = (0.9, 0.999)  # AdamW's defaults
     # another engine samples than the one that trains (vLLM): ``loss.correction: auto`` resolves for that path
     separate_sampler: bool = False
+    flat_masters: bool = False  # the fp32 masters in one buffer (``agentjet.learners.masters``)
+    compile_logprobs: bool = False  # each logprob chunk's work through torch.compile (``engines.logprobs``)
 
     @classmethod
     def from_settings(cls, learner: LearnerSettings, loss: LossSettings, separate_sampler: bool = False) -> StepConfig:
@@ -58,7 +61,8 @@ class StepConfig:
         return cls(learning_rate=learner.learning_rate, weight_decay=learner.weight_decay,
                    max_grad_norm=learner.max_grad_norm, micro_batch_tokens=learner.micro_batch_tokens,
                    logprob_chunk_tokens=learner.logprob_chunk_tokens, bf16=learner.autocast_bf16,
-                   loss=loss.policy_loss_config(separate_sampler), separate_sampler=separate_sampler)
+                   loss=loss.policy_loss_config(separate_sampler), separate_sampler=separate_sampler,
+                   flat_masters=learner.flat_masters, compile_logprobs=learner.compile_logprobs)
 
     @property
     def kl_coef(self) -> float:
@@ -123,19 +127,20 @@ class PaddedBatch:
         return self.loss_mask[:, 1:]
 
 
+def _padded(rows: Sequence[Sequence[Any]], width: int, fill: int | float, dtype: torch.dtype) -> torch.Tensor:
+    """``rows`` right-padded with ``fill`` to ``width``, as one [len(rows), width] tensor made by one call (a
+    tensor per row, written row by row, costs a dispatch per row and per field: milliseconds of host time per
+    step that a GPU waits through, at 16 x 1,024 tokens)."""
+    return torch.tensor([[*r, *[fill] * (width - len(r))] for r in rows], dtype=dtype)
+
+
 def collate(samples: list[TrainSample], pad_id: int, device: torch.device | str = "cpu") -> PaddedBatch:
     width = max(len(s.input_ids) for s in samples)
-    ids = torch.full((len(samples), width), pad_id, dtype=torch.long)
-    attn = torch.zeros((len(samples), width), dtype=torch.long)
-    mask = torch.zeros((len(samples), width), dtype=torch.bool)
-    temps = torch.zeros((len(samples), width))
-    for i, s in enumerate(samples):
-        n = len(s.input_ids)
-        ids[i, :n] = torch.tensor(s.input_ids)
-        attn[i, :n] = 1
-        mask[i, :n] = torch.tensor(s.loss_mask, dtype=torch.bool)
-        temps[i, :n] = s.temperature
-    return PaddedBatch(*(t.to(device) for t in (ids, attn, mask, temps)))
+    ids = _padded([s.input_ids for s in samples], width, pad_id, torch.long)
+    valid = torch.arange(width)[None, :] < torch.tensor([len(s.input_ids) for s in samples])[:, None]
+    mask = _padded([s.loss_mask for s in samples], width, 0, torch.bool)
+    temps = torch.tensor([float(s.temperature) for s in samples], dtype=torch.float32)[:, None] * valid
+    return PaddedBatch(*(t.to(device) for t in (ids, valid.long(), mask, temps)))
 
 
 def trained_token_logprobs(
@@ -144,9 +149,11 @@ def trained_token_logprobs(
     batch: PaddedBatch,
     chunk_rows: int,
     bf16_autocast: bool = False,
+    kernels: LogprobKernels | None = None,
 ) -> torch.Tensor:
     """Logprobs (at each sample's temperature) of every trained token, flattened row-major: the same order as
-    :func:`token_targets`. ``decoder`` is the model without its head (``*ForCausalLM.base_model``)."""
+    :func:`token_targets`. ``decoder`` is the model without its head (``*ForCausalLM.base_model``); ``kernels``:
+    the logprob chunks' work compiled (``StepConfig.compile_logprobs``), None for eager."""
     device_type = batch.ids.device.type
     autocast = torch.autocast(device_type, dtype=torch.bfloat16) if bf16_autocast else contextlib.nullcontext()
     with autocast:
@@ -154,19 +161,21 @@ def trained_token_logprobs(
     pred = batch.predicted_mask
     h = hidden[:, :-1][pred]
     targets = batch.ids[:, 1:][pred]
-    return chunked_token_logprobs(h, head_weight, targets, batch.temperatures[:, 1:][pred], chunk_rows)
+    return chunked_token_logprobs(h, head_weight, targets, batch.temperatures[:, 1:][pred], chunk_rows, kernels)
 
 
 def token_targets(samples: list[TrainSample], device: torch.device | str = "cpu"
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Behaviour logprobs, advantages, weights and sequence index (0 .. len(samples) - 1) of every trained token,
-    in the order of :func:`trained_token_logprobs` (row-major over the loss masks)."""
-    flat = [(i, s, j) for i, s in enumerate(samples) for j, m in enumerate(s.loss_mask) if m]
-    old = torch.tensor([s.behaviour_logprobs[j] for _, s, j in flat], device=device)
-    adv = torch.tensor([s.advantages[j] for _, s, j in flat], device=device)
-    w = torch.tensor([s.weight for _, s, _ in flat], device=device)
-    seq = torch.tensor([i for i, _, _ in flat], dtype=torch.long, device=device)
-    return old, adv, w, seq
+    in the order of :func:`trained_token_logprobs` (row-major over the loss masks): padded rows, selected by the
+    loss mask in one call each (no Python loop over the tokens)."""
+    width = max(len(s.loss_mask) for s in samples)
+    mask = _padded([s.loss_mask for s in samples], width, 0, torch.bool)
+    old = _padded([s.behaviour_logprobs for s in samples], width, 0.0, torch.float32).masked_select(mask)
+    adv = _padded([s.advantages for s in samples], width, 0.0, torch.float32).masked_select(mask)
+    w = torch.tensor([float(s.weight) for s in samples], dtype=torch.float32)[:, None].expand(-1, width)
+    seq = torch.arange(len(samples))[:, None].expand(-1, width)
+    return old.to(device), adv.to(device), w.masked_select(mask).to(device), seq.masked_select(mask).to(device)
 
 
 def micro_batch_loss(logprobs: torch.Tensor, samples: list[TrainSample], config: StepConfig,
@@ -195,7 +204,7 @@ class StepSums:
     ratio_max: float = 0.0  # a maximum, not a sum
 
     def add(self, res: PolicyLossOutput, n_tokens: int) -> None:
-        self.loss += float(res.loss_sum.detach())
+        self.loss += res.loss_value
         self.pg += res.pg_sum
         self.kl += res.kl_sum
         self.clipped += res.clipped
@@ -237,18 +246,21 @@ class PolicyOptimizer:
     """AdamW over the trained parameters, built once from a :class:`StepConfig` whose learning rate, betas and
     weight decay are re-applied at every step (so live changes take effect at the next step). Weights in bf16 or
     fp16 get fp32 master copies that AdamW steps; the weights are then copied from them in place (stepped
-    directly, bf16 weights round most small updates away: tests/test_training_precision.py). Gradient clipping
-    handles plain tensors and FSDP2's DTensors alike."""
+    directly, bf16 weights round most small updates away: tests/test_training_precision.py); with
+    ``config.flat_masters`` the masters are views into one buffer that AdamW steps as one tensor
+    (``agentjet.learners.masters``). Gradient clipping handles plain tensors and FSDP2's DTensors alike."""
 
     def __init__(self, params: list[torch.nn.Parameter], config: StepConfig) -> None:
         self.params = params
         low = any(p.dtype in (torch.bfloat16, torch.float16) for p in params)
-        self.masters: list[torch.Tensor] = [p.detach().float().clone() for p in params] if low else []
-        stepped = self.masters or params
         # plain tensors: the grads are cast and the weights copied back with one foreach call each, and on CUDA
         # AdamW runs fused (a step at 135M launches hundreds of small kernels otherwise); DTensors (FSDP2) keep
         # the per-tensor path
-        self._foreach = all(type(t) in (torch.Tensor, torch.nn.Parameter) for t in stepped)
+        self._foreach = all(type(t) in (torch.Tensor, torch.nn.Parameter) for t in params)
+        self.flat = FlatMasters(params) if low and config.flat_masters and self._foreach and params else None
+        self.masters: list[torch.Tensor] = (self.flat.views if self.flat is not None else
+                                            [p.detach().float().clone() for p in params] if low else [])
+        stepped = [self.flat.flat] if self.flat is not None else self.masters or params
         fused = self._foreach and bool(stepped) and all(t.is_cuda for t in stepped)
         self.optimizer = torch.optim.AdamW(stepped, lr=config.learning_rate, betas=config.betas,
                                            weight_decay=config.weight_decay, fused=fused or None)
@@ -260,8 +272,10 @@ class PolicyOptimizer:
     def step(self, config: StepConfig) -> float:
         """Clip the gradients to ``config.max_grad_norm`` and step; returns the (total) gradient norm."""
         self.apply(config)
-        stepped = self.masters or self.params
-        if self.masters:
+        stepped = [self.flat.flat] if self.flat is not None else self.masters or self.params
+        if self.flat is not None:
+            self.flat.take_grads()
+        elif self.masters:
             self._grads_to_masters()
         grad_norm = torch.nn.utils.clip_grad_norm_(stepped, config.max_grad_norm)
         self.optimizer.step()
@@ -302,7 +316,10 @@ class PolicyOptimizer:
                 d.copy_(s_)
 
     def state_dict(self) -> dict[str, Any]:
+        """AdamW's state (per weight, whichever way the masters are held) and the masters."""
         state = self.optimizer.state_dict()
+        if self.flat is not None:
+            state = self.flat.per_weight_state(state)
         return {"optimizer": state, "masters": self.masters} if self.masters else state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -313,7 +330,7 @@ class PolicyOptimizer:
                     if saved.shape == m.shape:
                         m.copy_(saved)
             state = state["optimizer"]
-        self.optimizer.load_state_dict(state)
+        self.optimizer.load_state_dict(self.flat.flat_state(state) if self.flat is not None else state)
 
 
 LogprobFn = Callable[[list[TrainSample]], torch.Tensor]

@@ -163,6 +163,9 @@ class SnapshotCollector(Collector):
                     "chat_calls": (s.calls, "chat completion calls served"),
                     "generated_tokens": (s.generated_tokens, "tokens generated for chat calls"),
                     "trained_tokens": (s.trained_tokens, "tokens with a loss in train steps"),
+                    "train_seconds": (s.train_seconds, "wall seconds in committed train steps (weight pushes apart)"),
+                    "weight_sync_seconds": (s.weight_sync_seconds, "wall seconds pushing weights to the generator "
+                                            "after committed steps"),
                     "episodes_ended": (s.episodes_ended, "episodes ended and acknowledged"),
                     "trained_episodes": (s.trained_episodes, "episodes consumed by a train step"),
                     "eval_episodes": (s.eval_episodes, "eval episodes stored")}

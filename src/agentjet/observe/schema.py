@@ -46,6 +46,8 @@ class RunSnapshot(BaseModel):
     generated_tokens: int
     episodes_ended: int
     trained_tokens: int
+    train_seconds: float = 0.0  # wall seconds in committed train steps, their weight pushes apart
+    weight_sync_seconds: float = 0.0  # wall seconds pushing weights to the generator after committed steps
     dropped: dict[DropReason, int]
     tracking: dict[str, int]  # context tracking over the stored episodes: calls, merged_calls, drift_repaired, ...
     tito: dict[str, float] = Field(default_factory=dict)

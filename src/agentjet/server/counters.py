@@ -12,7 +12,8 @@ object                      counts                                           wri
 ``TitoCounters``            token-in, token-out splices and fallbacks        ``ingest.Ingest.tito_prompt_ids``
 ``TrackingTotals``          context tracking over the stored episodes        ``ingest.Ingest`` (the durable write)
 ``AdmissionCounters``       begins refused at capacity, begins held          ``admission.Admission``
-``TrainingCounters``        steps, trained and dropped episodes, last step   ``training.step`` and ``.pool``
+``TrainingCounters``        steps, trained and dropped episodes, last step,  ``training.step`` and ``.pool``
+                            seconds in train steps and weight pushes
 ==========================  ===============================================  ======================================
 
 The episode registry keeps its own lifecycle counts (``registry.counts``: begun, expired, aborted, released),
@@ -136,6 +137,11 @@ class TrainingCounters:
     trained_episodes: int = 0
     trained_samples: int = 0
     trained_tokens: int = 0
+    # wall seconds of the committed steps (since start, not checkpointed): in the engine's train step but its
+    # weight push (a step's ``time/training_s``), and in the push to the generator (``time/sync_s``: the seam's
+    # ``sync_seconds``, 0 for a seam that moves nothing)
+    train_seconds: float = 0.0
+    weight_sync_seconds: float = 0.0
     dropped_stale: int = 0
     dropped_uniform: int = 0
     last_metrics: dict[str, float] = field(default_factory=dict)
@@ -143,13 +149,16 @@ class TrainingCounters:
     by_type: dict[str, TypeTotals] = field(default_factory=dict)
 
     def stepped(self, step: int, episodes: int, samples: int, tokens: int, metrics: dict[str, float],
-                version: int) -> None:
-        """A train step was committed: its episodes are trained, and ``version`` (the learner's after it) too."""
+                version: int, train_s: float = 0.0, sync_s: float = 0.0) -> None:
+        """A train step was committed: its episodes are trained, and ``version`` (the learner's after it) too.
+        ``train_s``: the step's wall time in the engine but the weight push; ``sync_s``: the push's."""
         self.train_steps = step
         self.committed_version = version
         self.trained_episodes += episodes
         self.trained_samples += samples
         self.trained_tokens += tokens
+        self.train_seconds += train_s
+        self.weight_sync_seconds += sync_s
         self.last_metrics = metrics
 
     def served_version(self, generator_version: int) -> int:

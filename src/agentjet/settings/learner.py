@@ -165,6 +165,14 @@ class LearnerSettings(Section):
                                 "in-process learner)")
     gradient_checkpointing: bool = Field(False, description="recompute decoder activations in backward "
                                          "(less memory, more time; the in-process learner)")
+    flat_masters: bool = Field(False, description="bf16/fp16 weights: their fp32 master copies (and each step's "
+                               "fp32 gradient) in one flat buffer, so AdamW and the clipping step one tensor instead "
+                               "of one per weight (fewer kernel launches; the same update up to the gradient norm's "
+                               "summation order; every trained weight must get a gradient each step). Not for a "
+                               "trainer group's sharded weights")
+    compile_logprobs: bool = Field(False, description="run each logprob chunk's work in training through "
+                                   "torch.compile (fused kernels; the same values up to their rounding; the first "
+                                   "step compiles, for seconds to a minute; the in-process learner)")
     lora: LoraSettings = Field(default_factory=LoraSettings)
     group: LearnerGroupSettings = Field(default_factory=LearnerGroupSettings)
 

@@ -135,7 +135,8 @@ class BatchStep:
         version = self.engine.policy_version
         self.store.mark_consumed(statuses, step=step, step_record=(version, metrics))
         self.counters.stepped(step, episodes=len(ids), samples=len(batch.samples), tokens=batch.tokens,
-                              metrics=metrics, version=version)
+                              metrics=metrics, version=version, train_s=metrics["time/training_s"],
+                              sync_s=metrics["time/sync_s"])
         log.info("%sstep %d: policy v%d, %d episodes, reward %.3f, loss %.4f, %.1fs",
                  f"adapter {self.adapter}: " if self.adapter else "", step, version, len(ids),
                  metrics["reward_mean"], metrics.get("loss", 0.0), metrics.get("step_seconds", 0.0))

@@ -144,6 +144,8 @@ def snapshot(run: RunParts) -> RunSnapshot:
         eval_episodes=counts["eval"], client_ids=sorted(reg.clients), calls=c.requests.calls,
         generated_tokens=c.requests.generated_tokens, episodes_ended=c.requests.episodes_ended,
         trained_tokens=sum(lane.counters.trained_tokens for lane in lanes),
+        train_seconds=sum(lane.counters.train_seconds for lane in lanes),
+        weight_sync_seconds=sum(lane.counters.weight_sync_seconds for lane in lanes),
         dropped={DropReason.STALE: counts["dropped_stale"], DropReason.UNIFORM: counts["dropped_uniform"],
                  DropReason.EXPIRED: reg.counts["expired"], DropReason.ABORTED: reg.counts["aborted"],
                  DropReason.TEAM_ABORTED: counts["aborted"]},

@@ -27,7 +27,8 @@ def build_status(snap: RunSnapshot, eval_reward: dict[str, float], config: dict[
         aborted_episodes=snap.dropped[DropReason.ABORTED], eval_episodes=snap.eval_episodes)
     throughput = {"uptime_s": snap.uptime_s, "calls": snap.calls, "generated_tokens": snap.generated_tokens,
                   "episodes_ended": snap.episodes_ended, "calls_per_s": snap.calls / snap.uptime_s,
-                  "tokens_per_s": snap.generated_tokens / snap.uptime_s, **snap.tito,
+                  "tokens_per_s": snap.generated_tokens / snap.uptime_s, "trained_tokens": snap.trained_tokens,
+                  "train_seconds": snap.train_seconds, "weight_sync_seconds": snap.weight_sync_seconds, **snap.tito,
                   **{f"admission_{k}": v for k, v in snap.admission.items()},
                   **{f"generator_{k}": v for k, v in snap.generator.items()}}
     return ServerStatus(
