@@ -12,8 +12,8 @@ sandbox keeps what the model runs inside the directory: ``--sandbox workspace-wr
 ``$TMPDIR`` taken out of the writable roots (only the directory is writable; no network for the commands), and
 approval ``never`` (a command the sandbox refuses fails, and the model sees that). Offline: analytics, the plugin
 sync (a ``git ls-remote`` of github.com/openai/plugins and api.github.com) and the update check are off. Left out:
-the hosted ``web_search`` tool (no local model can run it) and the sub-agent tools (sent as a ``namespace`` tool,
-which the Responses route does not serve). ``$AGENTJET_CODEX`` names another codex.
+the hosted ``web_search`` tool (no local model can run it; its sub-agent tools, sent as a ``namespace`` tool, are
+served). ``$AGENTJET_CODEX`` names another codex.
 """
 
 from __future__ import annotations
@@ -29,9 +29,8 @@ SANDBOX = ["--sandbox", "workspace-write", "-c", 'approval_policy="never"',
            "-c", "sandbox_workspace_write.exclude_slash_tmp=true",
            "-c", "sandbox_workspace_write.exclude_tmpdir_env_var=true"]
 OFFLINE = ["-c", "analytics.enabled=false", "-c", "check_for_update_on_startup=false", "--disable", "plugins"]
-# Tools the server cannot serve: the hosted web_search (it runs on OpenAI's side), and the sub-agent tools, which Codex
-# sends grouped as one {"type": "namespace"} tool that the Responses route refuses (docs/harnesses.md).
-SERVED_TOOLS = ["-c", 'web_search="disabled"', "--disable", "multi_agent"]
+# The tool the server cannot serve: the hosted web_search (it runs on OpenAI's side; docs/harnesses.md).
+SERVED_TOOLS = ["-c", 'web_search="disabled"']
 
 
 def codex_argv(codex: str, workdir: Path, prompt: str) -> list[str]:

@@ -63,7 +63,7 @@ def test_codex_exec_sends_responses_offline_and_its_sandbox_keeps_commands_insid
     # sent on every call, accepted and ignored by the route: reasoning, include, prompt_cache_key
     assert {"reasoning", "include", "prompt_cache_key", "tool_choice", "parallel_tool_calls"} <= first.keys()
     assert [(i["type"], i["role"]) for i in first["input"]] == [("message", "developer")] * 2 + [("message", "user")] * 2
-    assert {t["type"] for t in first["tools"]} == {"function"}  # no web_search, no namespace: left out by the example
+    assert {t["type"] for t in first["tools"]} == {"function", "namespace"}  # no web_search: left out by the example
     assert "exec_command" in {t["name"] for t in first["tools"]}
     # the whole history again (store: false), the command's output as a function_call_output
     assert second["input"][: len(first["input"])] == first["input"]

@@ -234,3 +234,40 @@ def test_the_answer_and_every_event_validate_strictly_against_the_sdks_types(scr
     assert [e.type for e in events][2:] == ["response.output_item.added", "response.function_call_arguments.delta",
                                            "response.function_call_arguments.done", "response.output_item.done",
                                            "response.completed"]
+
+
+def test_a_namespaced_tool_is_called_and_sent_back_under_its_namespace(make_server, tiny_model_path) -> None:
+    """A ``namespace`` tool (Codex sends its sub-agent tools as one) reaches the model as ``namespace.name``
+    function tools; the model's call comes back as a ``function_call`` with ``name`` and ``namespace`` apart, and
+    that call resent with its output continues the same conversation (one merged sample)."""
+    from transformers import AutoTokenizer
+
+    from tests.server.harness_helpers import scripted_engine, tool_call_text
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_path)
+    replies = [tool_call_text(tok, "agents_v1.spawn", {"task": "a"}), "Spawned."]
+    srv = make_server(scripted_engine(tok, replies), admin_token="adm1n")
+    tools = [{"type": "namespace", "name": "agents_v1", "description": "sub-agents",
+              "tools": [{"type": "function", "name": "spawn", "description": "start one",
+                         "parameters": {"type": "object", "properties": {"task": {"type": "string"}}}}]},
+             *TOOLS]
+
+    async def main() -> tuple[Any, Any, str]:
+        async with SwarmClient(srv.url) as c, c.episode(task_id="t") as ep:
+            oa = client(ep)
+            first = await oa.responses.create(model="tiny", input="go", tools=tools, store=False)
+            (call,) = first.output
+            history = [{"role": "user", "content": "go"}, call.model_dump(exclude_none=True),
+                       {"type": "function_call_output", "call_id": call.call_id, "output": TOOL_RESULT}]
+            second = await oa.responses.create(model="tiny", input=history, tools=tools, store=False)
+            ep.reward(1.0)
+        return first, second, ep.episode_id
+
+    first, second, eid = asyncio.run(main())
+    (call,) = first.output
+    assert call.type == "function_call" and call.name == "spawn" and call.namespace == "agents_v1"
+    assert call.arguments == '{"task": "a"}' and second.output_text == "Spawned."
+    merged = next(s for s in trace(srv, eid)["samples"] if len(s["call_indices"]) > 1)
+    assert merged["call_indices"] == [0, 1]
+    shown = tok.decode(merged["token_ids"])
+    assert '"name": "agents_v1.spawn"' in shown and shown.count("agents_v1.spawn") >= 2  # offered, then called

@@ -10,6 +10,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
@@ -86,8 +87,10 @@ def _str_field(item: dict[str, Any], name: str, where: str) -> str:
 
 def _tool_call(item: dict[str, Any], where: str) -> dict[str, Any]:
     """A ``function_call`` or ``custom_tool_call`` input item as a chat tool call (a custom tool's text input is
-    the argument ``input``)."""
+    the argument ``input``; a namespaced tool's name is qualified, as the model wrote it)."""
     name, call_id = _str_field(item, "name", where), _str_field(item, "call_id", where)
+    if item.get("namespace") is not None:
+        name = qualified(_str_field(item, "namespace", where), name)
     if item["type"] == "custom_tool_call":
         arguments = json.dumps({"input": _str_field(item, "input", where)})
     else:
@@ -130,28 +133,59 @@ def input_messages(items: str | list[Any]) -> list[dict[str, Any]]:
     return out
 
 
-def tools_of(tools: list[Any] | None) -> tuple[list[dict[str, Any]] | None, set[str]]:
-    """Function and custom tools as chat function tools (a custom tool takes its text as ``input``), and the
-    names of the custom ones. A built-in tool (web_search, file_search, ...) is refused, naming it."""
-    if tools is None:
-        return None, set()
-    out, custom = [], set()
-    for i, t in enumerate(tools):
+def qualified(namespace: str, name: str) -> str:
+    """A namespaced tool's name as the model sees and calls it."""
+    return f"{namespace}.{name}"
+
+
+@dataclass
+class ResponseTools:
+    """The request's tools as chat function tools, and what the reply's calls must be turned back into: the custom
+    tools (their text as ``input``) and the namespaced ones (qualified name -> namespace and name)."""
+
+    tools: list[dict[str, Any]] | None = None
+    custom: set[str] = field(default_factory=set)
+    namespaced: dict[str, tuple[str, str]] = field(default_factory=dict)
+
+    def add(self, t: Any, where: str, namespace: str | None = None) -> None:
         kind = t.get("type") if isinstance(t, dict) else None
+        if kind == "namespace" and namespace is None:
+            ns = _str_field(t, "name", where)
+            members = t.get("tools")
+            if not isinstance(members, list) or not members:
+                raise bad_request(f"{where}.tools must be a list of function or custom tools", param=f"{where}.tools")
+            for j, member in enumerate(members):
+                self.add(member, f"{where}.tools[{j}]", ns)
+            return
         if kind not in ("function", "custom"):
-            raise bad_request(f"tools[{i}] has type {kind!r}: only function and custom tools are served (built-in "
-                              "tools such as web_search run on OpenAI's side, not here)", param=f"tools[{i}].type")
-        name = _str_field(t, "name", f"tools[{i}]")
+            raise bad_request(f"{where} has type {kind!r}: only function, custom and namespace tools are served "
+                              "(a built-in tool such as web_search runs on OpenAI's side, not here; Codex CLI: "
+                              "-c web_search=\"disabled\")", param=f"{where}.type")
+        name = _str_field(t, "name", where)
+        if namespace is not None:
+            self.namespaced[qualified(namespace, name)] = (namespace, name)
+            name = qualified(namespace, name)
         fn: dict[str, Any] = {"name": name}
         if isinstance(t.get("description"), str):
             fn["description"] = t["description"]
         if kind == "custom":
-            custom.add(name)
+            self.custom.add(name)
             fn["parameters"] = CUSTOM_TOOL_PARAMETERS
         elif t.get("parameters") is not None:
             fn["parameters"] = t["parameters"]
-        out.append({"type": "function", "function": fn})
-    return out, custom
+        self.tools = [*(self.tools or []), {"type": "function", "function": fn}]
+
+
+def tools_of(tools: list[Any] | None) -> ResponseTools:
+    """Function, custom and namespace tools as chat function tools (a custom tool takes its text as ``input``; a
+    namespace's tools are named ``namespace.name``). A built-in tool (web_search, file_search, ...) is refused,
+    naming it."""
+    out = ResponseTools()
+    for i, t in enumerate(tools or []):
+        out.add(t, f"tools[{i}]")
+    if tools is not None and out.tools is None:
+        out.tools = []
+    return out
 
 
 def tool_choice_of(choice: Any) -> Any:
@@ -163,8 +197,8 @@ def tool_choice_of(choice: Any) -> Any:
                       param="tool_choice")
 
 
-def responses_request(body: ResponsesRequest) -> tuple[CallRequest, set[str]]:
-    """The body as the call's request, and the names of its custom tools."""
+def responses_request(body: ResponsesRequest) -> tuple[CallRequest, ResponseTools]:
+    """The body as the call's request, and its tools (to turn the reply's calls back into items)."""
     for name in ("conversation", "prompt"):
         if getattr(body, name) is not None:
             raise bad_request(f"{name} is not supported: send the input items (or previous_response_id)", param=name)
@@ -173,22 +207,24 @@ def responses_request(body: ResponsesRequest) -> tuple[CallRequest, set[str]]:
     fmt = (body.text or {}).get("format") or {}
     if not isinstance(fmt, dict) or fmt.get("type", "text") != "text":
         raise bad_request("only text.format {'type': 'text'} is supported", param="text.format")
-    tools, custom = tools_of(body.tools)
+    tools = tools_of(body.tools)
     logprobs = LOGPROBS_INCLUDE in (body.include or []) or bool(body.top_logprobs)
     return CallRequest(
-        Api.RESPONSES, messages=input_messages(body.input), instructions=body.instructions or None, tools=tools,
+        Api.RESPONSES, messages=input_messages(body.input), instructions=body.instructions or None,
+        tools=tools.tools or None,
         tool_choice=tool_choice_of(body.tool_choice), model=body.model, temperature=body.temperature,
         top_p=body.top_p, max_tokens=body.max_output_tokens, stop=body.stop, seed=body.seed, logprobs=logprobs,
         top_logprobs=body.top_logprobs, stream=bool(body.stream), clamp_max_tokens=True,
-        previous_response_id=body.previous_response_id, store=body.store is not False), custom
+        previous_response_id=body.previous_response_id, store=body.store is not False), tools
 
 
 # -------------------------------------------------------------------------------------------- answer
 class ResponseView:
     """The ``response`` object of one call and its output items."""
 
-    def __init__(self, call: ChatCall, body: ResponsesRequest, custom: set[str], tokenizer: Any, model: str) -> None:
-        self.call, self.body, self.custom, self.tokenizer, self.model = call, body, custom, tokenizer, model
+    def __init__(self, call: ChatCall, body: ResponsesRequest, tools: ResponseTools, tokenizer: Any,
+                 model: str) -> None:
+        self.call, self.body, self.tools, self.tokenizer, self.model = call, body, tools, tokenizer, model
         self.message_id = "msg_" + uuid.uuid4().hex
 
     def message_item(self, text: str, status: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -203,12 +239,14 @@ class ResponseView:
         items = []
         for tc in reply.message.get("tool_calls") or []:
             name, arguments = tc["function"]["name"], tc["function"]["arguments"]
-            if name in self.custom:
+            namespace, short = self.tools.namespaced.get(name, (None, name))
+            where = {"namespace": namespace} if namespace is not None else {}
+            if name in self.tools.custom:
                 items.append({"type": "custom_tool_call", "id": "ctc_" + uuid.uuid4().hex, "call_id": tc["id"],
-                              "name": name, "input": _custom_input(arguments), "status": "completed"})
+                              "name": short, **where, "input": _custom_input(arguments), "status": "completed"})
             else:
                 items.append({"type": "function_call", "id": "fc_" + uuid.uuid4().hex, "call_id": tc["id"],
-                              "name": name, "arguments": arguments, "status": "completed"})
+                              "name": short, **where, "arguments": arguments, "status": "completed"})
         return items
 
     def logprobs(self, reply: Reply) -> list[dict[str, Any]] | None:
@@ -258,9 +296,9 @@ def _status(reply: Reply) -> str:
 
 async def create_response(request: Request, body: ResponsesRequest, key: str | None = Depends(bearer)) -> Any:
     server = server_of(request)
-    req, custom = responses_request(body)
+    req, tools = responses_request(body)
     call = await server.chat.open(req, key, request.headers.get(AGENT_HEADER))
-    view = ResponseView(call, body, custom, server.engine.tokenizer, server.config.name)
+    view = ResponseView(call, body, tools, server.engine.tokenizer, server.config.name)
     if body.stream:
         return StreamingResponse(_events(view), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
