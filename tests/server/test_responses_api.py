@@ -240,9 +240,8 @@ def test_a_namespaced_tool_is_called_and_sent_back_under_its_namespace(make_serv
     """A ``namespace`` tool (Codex sends its sub-agent tools as one) reaches the model as ``namespace.name``
     function tools; the model's call comes back as a ``function_call`` with ``name`` and ``namespace`` apart, and
     that call resent with its output continues the same conversation (one merged sample)."""
-    from transformers import AutoTokenizer
-
     from tests.server.harness_helpers import scripted_engine, tool_call_text
+    from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_model_path)
     replies = [tool_call_text(tok, "agents_v1.spawn", {"task": "a"}), "Spawned."]
