@@ -236,6 +236,7 @@ def main() -> None:
 
     from agentjet.layouts import embedded_engine
     from agentjet.runtime.launch import ServerProcess, free_port
+    from agentjet.runtime.proc import tail
     from agentjet.server.episodes.chat import ChatFormatter
     from agentjet.settings import GeneratorSettings, PlacementSettings, ServerConfig
 
@@ -294,6 +295,13 @@ def main() -> None:
                     print(f"  py-spy round ({name}): {json.dumps({k: profile[k] for k in ('tok_s', 'py_spy')})}\n"
                           f"  GIL held by: {json.dumps((profile['gil'] or {}).get('threads'))}", file=sys.stderr,
                           flush=True)
+        except BaseException:
+            for name, server in servers.items():  # the servers' logs go with the temporary directory: show them now
+                engine_log = Path(tmp) / name / "engine-process.log"
+                print(f"--- server {name} (exit code {server.poll()}), the log's tail:\n{tail(server.log_path, 40)}"
+                      + (f"\n--- its engine process:\n{tail(engine_log, 40)}" if engine_log.exists() else ""),
+                      file=sys.stderr)
+            raise
         finally:
             for server in servers.values():
                 server.stop(grace=30)

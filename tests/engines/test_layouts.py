@@ -118,7 +118,7 @@ def test_the_embedded_engine_process_with_the_in_process_learner_shows_the_train
     try:
         info = engine.describe()
         assert info["engine_process"]["alive"] and info["weight_sync"] == "safetensors"
-        assert engine.layout == "hf+in-process"
+        assert engine.layout == "hf-process+in-process"
         srv = make_server(engine, observe=ObserveSettings(read_token=READ))
         _trainer_view_of_a_trained_episode(srv, engine)
     finally:

@@ -41,6 +41,7 @@ from agentjet.settings import GeneratorSettings, PlacementSettings
 log = logging.getLogger(__name__)
 CHILD_MODULE = "agentjet.generators.hf.engine_process.child"
 WIRE = "msgpack frames over a Unix stream socket"
+KIND = "hf-process"  # the layout's name (``ComposedEngine.layout``): hf-process+in-process, hf-process+trainer-group
 
 
 class EngineStartError(RuntimeError):
@@ -193,9 +194,10 @@ class ProcessHFGenerator(Generator):
     def describe(self) -> dict[str, Any]:
         conn = self.connection
         info: dict[str, Any] = dict(conn.description) if conn is not None and conn.description else {
-            "kind": "hf", "model": str(self.facts.path), "batching": "continuous",
+            "model": str(self.facts.path), "batching": "continuous",
             "max_batch_size": self.settings.max_batch_size, "max_context": self._max_context}
         info.pop("policy_version", None)
+        info["kind"] = KIND
         info["engine_process"] = {"pid": self.child.pid if self.child is not None else None, "wire": WIRE,
                                   "alive": self.alive, "log": str(self.log_path)}
         return info
