@@ -147,12 +147,10 @@ def test_generate_train_generate_matches_a_fresh_engine(make_engine, chat_ids, t
     assert max(max_diff(x.logprobs, y.logprobs) for x, y in zip(before, after, strict=True)) > 1e-3
 
 
-def test_a_request_arriving_during_a_train_step_waits_and_gets_the_new_weights(make_engine, chat_ids,
-                                                                             monkeypatch) -> None:
-    engine = make_engine()
-    ids = chat_ids("hi", engine)
+def held_step(engine: ComposedEngine, monkeypatch) -> tuple[threading.Event, threading.Event]:
+    """The learner's step body held until ``release`` is set (``entered``: it has begun)."""
     entered, release = threading.Event(), threading.Event()
-    real = engine.learner._train  # the step body, run on the shared worker thread
+    real = engine.learner._train
 
     def slow_step(batch):
         entered.set()
@@ -160,6 +158,14 @@ def test_a_request_arriving_during_a_train_step_waits_and_gets_the_new_weights(m
         return real(batch)
 
     monkeypatch.setattr(engine.learner, "_train", slow_step)
+    return entered, release
+
+
+def test_a_request_arriving_during_a_train_step_waits_and_gets_the_new_weights(make_engine, chat_ids,
+                                                                             monkeypatch) -> None:
+    engine = make_engine()
+    ids = chat_ids("hi", engine)
+    entered, release = held_step(engine, monkeypatch)  # the step body, run on the shared worker thread
     sample = TrainSample(ids + [5, 6], [0] * len(ids) + [1, 1], [0.0] * len(ids) + [-3.0, -3.0],
                          [0.0] * len(ids) + [1.0, 1.0])
 
@@ -185,15 +191,7 @@ def test_in_the_engine_process_a_request_during_a_train_step_is_served_at_once(m
     engine = make_engine("engine-process")
     engine.set_learning_rate(1e-2)
     ids = chat_ids("hi", engine)
-    entered, release = threading.Event(), threading.Event()
-    real = engine.learner._train
-
-    def slow_step(batch):
-        entered.set()
-        assert release.wait(30)
-        return real(batch)
-
-    monkeypatch.setattr(engine.learner, "_train", slow_step)
+    entered, release = held_step(engine, monkeypatch)
     sample = TrainSample(ids + [5, 6], [0] * len(ids) + [1, 1], [0.0] * len(ids) + [-3.0, -3.0],
                          [0.0] * len(ids) + [1.0, 1.0])
 

@@ -29,6 +29,7 @@ from typing import Any
 
 from agentjet.engines.base import GenerationResult, SamplingParams, TokenCallback
 from agentjet.engines.errors import EngineUnavailableError
+from agentjet.engines.worker import run_callbacks, settle
 from agentjet.generators.hf.engine_process import wire
 from agentjet.generators.hf.engine_process.wire import Kind, Op
 
@@ -45,23 +46,6 @@ class _Pending:
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
         return self.future.get_loop()
-
-
-def _settle(fut: asyncio.Future[GenerationResult], outcome: GenerationResult | Exception) -> None:
-    if fut.done():
-        return
-    if isinstance(outcome, Exception):
-        fut.set_exception(outcome)
-    else:
-        fut.set_result(outcome)
-
-
-def _run_all(calls: list[Callable[[], None]]) -> None:
-    for call in calls:
-        try:
-            call()
-        except Exception:  # a stream callback's own failure: logged, the other callers go on
-            log.exception("a token callback failed")
 
 
 class EngineConnection:
@@ -225,7 +209,7 @@ class EngineConnection:
                     p = self._requests.pop(rid, None)
                 if p is not None:
                     outcome = wire.decode_result(body) if kind == Kind.DONE else wire.decode_error(body)
-                    calls.setdefault(p.loop, []).append(functools.partial(_settle, p.future, outcome))
+                    calls.setdefault(p.loop, []).append(functools.partial(settle, p.future, outcome))
             elif kind == Kind.REPLY:
                 _, cid, ok, value = message
                 with self._lock:
@@ -242,7 +226,7 @@ class EngineConnection:
                 self.hello.set()
         for loop, batch in calls.items():
             with contextlib.suppress(RuntimeError):  # the caller's event loop is closed
-                loop.call_soon_threadsafe(_run_all, batch)
+                loop.call_soon_threadsafe(run_callbacks, batch)
 
     def fail(self, exc: EngineUnavailableError) -> None:
         """Break the connection: every request and call in flight, and every later one, fails with ``exc``."""
@@ -260,10 +244,10 @@ class EngineConnection:
                 fut.set_exception(exc)
         by_loop: dict[asyncio.AbstractEventLoop, list[Callable[[], None]]] = {}
         for p in requests.values():
-            by_loop.setdefault(p.loop, []).append(functools.partial(_settle, p.future, exc))
+            by_loop.setdefault(p.loop, []).append(functools.partial(settle, p.future, exc))
         for loop, batch in by_loop.items():
             with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(_run_all, batch)
+                loop.call_soon_threadsafe(run_callbacks, batch)
         with contextlib.suppress(OSError):
             self.sock.close()
 
