@@ -169,7 +169,27 @@ stage() {
              --variants continuous --workloads fixed "${NEW[@]}" --output "$RES/engine_cuda_17b.json" ;;
     train17) run_stage train17 180 python3 benchmarks/serving/engine.py --device $DEV --model $MODEL17 --train "${TRAIN[@]}" \
                --output "$RES/train_cuda_17b.json" ;;
-    *) say "unknown stage $1"; echo "$1 0 unknown" >>"$STAGES" ;;
+    *) engine_process_stage "$1" || { say "unknown stage $1"; echo "$1 0 unknown" >>"$STAGES"; } ;;
+  esac
+}
+
+# ---- the engine process (issue 49): its stages in a block of their own
+#   serverproc     ajet server with the embedded engine in an engine process of its own and ajet server with it in
+#                  process, side by side in the same rounds, at c64, one burst, against the same generations
+#                  engine-direct (server_over_direct for each); confirms (or not) generator.engine_process's GPU
+#                  default (auto: on on CUDA)
+#   serverprocload the same, sustained: 4 calls per client, one after the other
+engine_process_stage() {
+  local tokens=()
+  [ "$REHEARSE" = 1 ] && tokens=(--max-tokens 16)
+  case $1 in
+    serverproc) run_stage serverproc 240 python3 benchmarks/serving/server_throughput.py --device $DEV --model $MODEL \
+                  --concurrency $SRV_C --repeats 3 --engine-process off,on "${tokens[@]}" \
+                  --output "$RES/server_cuda_135m_engine_process.json" ;;
+    serverprocload) run_stage serverprocload 300 python3 benchmarks/serving/server_throughput.py --device $DEV \
+                      --model $MODEL --concurrency $SRV_C --repeats 2 --calls 4 --engine-process off,on \
+                      "${tokens[@]}" --output "$RES/server_cuda_135m_engine_process_load.json" ;;
+    *) return 1 ;;
   esac
 }
 

@@ -16,10 +16,11 @@ rm -rf .gpu && mkdir -p .gpu/wheels .gpu/smollm2-tokenizer
 # Versions as in this .venv. What the image already holds is not carried (torch, numpy, tokenizers, safetensors,
 # huggingface-hub, httpx, anyio, h11, idna, click, typer, rich, pyyaml, jinja2, peft, accelerate, uvloop,
 # prometheus-client, typing-extensions, regex, tqdm, pluggy, iniconfig, hypothesis, pytest-xdist); pytest and its
-# plugins are, since pytest-asyncio needs a newer pytest than some images have; py-spy profiles the server process.
+# plugins are, since pytest-asyncio needs a newer pytest than some images have; py-spy profiles the server process;
+# msgpack is the engine process's wire.
 pkgs=(transformers pydantic pydantic_core annotated-types typing-inspection fastapi starlette uvicorn httptools
       openai jiter distro sniffio tenacity opentelemetry-api httpx2 httpcore2 truststore annotated-doc
-      pytest pytest-asyncio pytest-timeout py-spy)
+      pytest pytest-asyncio pytest-timeout py-spy msgpack)
 pins=()
 for p in "${pkgs[@]}"; do
   pins+=("$p==$(.venv/bin/python -c "import importlib.metadata as m; print(m.version('$p'))")")

@@ -253,3 +253,39 @@ def test_train_step_options_train_bf16_weights_as_the_default_does(tiny_model_pa
              for name, ms in masters.items() if name != "default"}
     report("train_step_options_bf16", {"moved": moved, "max_abs_diff_vs_default": apart})
     assert moved > 1e-4 and all(d <= 1e-2 * moved for d in apart.values()), (moved, apart)
+
+
+def test_the_engine_process_replays_cuda_graphs_and_takes_the_pushed_weights(tiny_model_path: Path, chat_ids) -> None:
+    """``generator.engine_process on`` on CUDA: the engine process runs the same continuous engine with its CUDA
+    graphs (fp32: the in-process engine's tokens, logprobs within 1e-5); after a train step the push brings it to
+    the learner's weights, and its next tokens match teacher forcing on them."""
+    from agentjet.layouts.engine_process import engine_process_engine
+    from agentjet.settings import GeneratorSettings, LearnerSettings, PlacementSettings
+
+    inproc = engine_of(tiny_model_path, device="cuda", dtype="float32", max_batch_size=8)
+    proc = engine_process_engine(tiny_model_path, GeneratorSettings(max_batch_size=8),
+                                 LearnerSettings(learning_rate=1e-2), None,
+                                 PlacementSettings(device="cuda", dtype="float32"))
+    try:
+        prompts, params = workload(inproc, chat_ids)
+        proc.generator.rules.stop_ids = frozenset()
+        a, b = run_all(inproc, prompts, params), run_all(proc, prompts, params)
+        diff = max(abs(p - q) for x, y in zip(a, b, strict=True) for p, q in zip(x.logprobs, y.logprobs, strict=True))
+        counters = proc.generator.counters()
+        report("engine_process_graphs", {"max_logprob_diff": diff, **{k: counters[k] for k in (
+            "graph_captures", "graph_replays", "graph_failures")}})
+        assert [x.token_ids for x in a] == [y.token_ids for y in b] and diff < 1e-5
+        assert proc.describe()["cuda_graphs"] is True and counters["graph_replays"] > 0
+        batch = [TrainSample(p + r.token_ids, [0] * len(p) + [1] * len(r.token_ids), [0.0] * len(p) + r.logprobs,
+                             [0.0] * len(p) + [1.0 if i % 2 else -1.0] * len(r.token_ids))
+                 for i, (p, r) in enumerate(zip(prompts, b, strict=True))]
+        metrics = asyncio.run(proc.train_step(batch))
+        assert metrics["rollout_policy_version"] == 1.0 and proc.generator_version == 1
+        after = run_all(proc, prompts, params)
+        worst = max(max(abs(x - y) for x, y in zip(r.logprobs, teacher_forced(proc, p, r.token_ids, 1.0), strict=True))
+                    for p, r in zip(prompts, after, strict=True))
+        report("engine_process_push", {"max_logprob_diff_vs_learner": worst, "sync_seconds": metrics["sync_seconds"]})
+        assert all(set(r.versions) == {1} for r in after) and worst < 1e-4
+    finally:
+        run_blocking(inproc.close())
+        run_blocking(proc.close())

@@ -3,6 +3,8 @@ process (engine-direct), in one run.
 
     .venv/bin/python benchmarks/serving/server_throughput.py                     # CPU: SmolLM2-135M-Instruct, c8 and c16
     .venv/bin/python benchmarks/serving/server_throughput.py --device cuda --model 135m   # c1, c8, c64
+    .venv/bin/python benchmarks/serving/server_throughput.py --model tiny-random --concurrency 64 \
+        --engine-process off,on       # the CPU proxy: the server with its engine in process, and in an engine process
 
 Server side: ``ajet server`` in its own process (continuous batching, ``--max-batch-size`` = the largest
 concurrency); ``c`` clients each begin their own episode and send one chat call (temperature 1, a seed each,
@@ -11,8 +13,13 @@ completion tokens (from ``usage``) / the wall time from the
 first call to the last reply. The episodes are aborted afterwards (nothing is trained). Direct side: an engine
 with the same settings in this process, ``engine.generate`` on the prompt ids the server's chat template makes
 from the same messages, with the same sampling parameters and seeds, all at once. Both sides generate the same
-tokens (checked: the completion-token totals are equal), so the ratio server / direct is the server's cost.
-Rounds alternate server and direct; figures are medians. Target: >= 0.9x at c64 (CPU: c8 and c16).
+tokens (checked: the completion-token totals are equal), so the ratio server / direct (``server_over_direct``) is
+the server's cost. Rounds alternate server and direct; figures are medians. Target: >= 0.9x at c64 (CPU: c8 and c16).
+
+``--engine-process off,on``: one server per value of ``generator.engine_process`` (off: the engine on a thread of
+the server process, as before; on: in an engine process of its own), all started at once and measured in the same
+rounds against the same engine-direct, so before and after come from one run (``server_over_direct`` per server
+layout: ``in-process``, ``engine-process``). The direct side is the engine on a thread of this process either way.
 
 ``--py-spy PREFIX``: after the timed rounds, one more server round at the largest concurrency (not counted) under
 two py-spy samplers attached to the server process (``py-spy`` on PATH): ``PREFIX_gil.txt``, the thread holding
@@ -73,6 +80,9 @@ async def generator_counters(http: httpx.AsyncClient, token: str) -> dict[str, f
 
 def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
     return {k: after.get(k, 0) - before.get(k, 0) for k in GENERATOR_COUNTERS}
+
+
+LAYOUT_NAMES = {"off": "in-process", "on": "engine-process", "auto": "auto"}
 
 
 async def through_server(url: str, token: str, c: int, max_tokens: int, round_: int, calls: int = 1) -> dict[str, Any]:
@@ -176,16 +186,16 @@ def thread_shares(collapsed: str, top: int = 12) -> dict[str, Any]:
                            for t, fs in leaves.items()}}
 
 
-def profiled_round(server: Any, token: str, c: int, args: argparse.Namespace) -> dict[str, Any]:
+def profiled_round(server: Any, token: str, c: int, args: argparse.Namespace, prefix: Path) -> dict[str, Any]:
     """One more server round at ``c`` under py-spy (see the module doc)."""
-    procs = start_py_spy(server.pid, args.py_spy)
+    procs = start_py_spy(server.pid, prefix)
     time.sleep(2.0)  # the samplers attach
     r = asyncio.run(through_server(server.url, token, c, args.max_tokens, 97, args.calls))
     said = stop_py_spy(procs)
     out: dict[str, Any] = {"concurrency": c, "tok_s": r["tokens"] / r["seconds"], "generator": r["generator"],
                            "py_spy": said}
     for kind in PY_SPY_KINDS:
-        f = Path(f"{args.py_spy}_{kind}.txt")
+        f = Path(f"{prefix}_{kind}.txt")
         out[kind] = thread_shares(f.read_text()) if f.exists() else None
     return out
 
@@ -212,6 +222,9 @@ def main() -> None:
                    "c calls; more: a sustained load, where the burst's arrival spread is paid once)")
     p.add_argument("--server-generator", default="{}", type=json.loads,
                    help='JSON: generator settings for the server only, e.g. {"gil_switch_interval_ms": 1}')
+    p.add_argument("--engine-process", type=lambda s: s.split(","), default=["off"],
+                   help="generator.engine_process of each server, measured side by side in the same rounds (off: the "
+                   "engine on a thread of the server process; on: in an engine process; e.g. off,on)")
     p.add_argument("--py-spy", type=Path, default=None, metavar="PREFIX",
                    help="one more server round at the largest concurrency under py-spy (see the module doc)")
     p.add_argument("--output", type=Path, default=None)
@@ -223,75 +236,103 @@ def main() -> None:
 
     from agentjet.layouts import embedded_engine
     from agentjet.runtime.launch import ServerProcess, free_port
+    from agentjet.runtime.proc import tail
     from agentjet.server.episodes.chat import ChatFormatter
     from agentjet.settings import GeneratorSettings, PlacementSettings, ServerConfig
 
     path = model_path(args.model, torch.bfloat16 if cuda else torch.float32, MODEL_ROOT)
     generator, placement = {"max_batch_size": max(args.concurrency)}, {"device": args.device}
     token = "bench-admin-token-0123456789"
+    layouts = [LAYOUT_NAMES[v] for v in args.engine_process]
     rows: list[dict[str, Any]] = []
-    profile: dict[str, Any] | None = None
+    profiles: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        config = ServerConfig.model_validate({
-            "model": str(path), "served_model_name": "bench", "port": free_port(), "data_dir": tmp,
-            "log_level": "WARNING", "lease_seconds": 3600, "generator": {**generator, **args.server_generator},
-            "placement": placement,
-            "admin_token": token, "training": {"group_size": 1024, "batch_groups": 1024, "min_group_size": 1024}})
-        server = ServerProcess("bench", config, Path(tmp) / "server.log", Path(tmp) / "server.yaml").start()
+        servers = {}
+        for value, name in zip(args.engine_process, layouts, strict=True):
+            config = ServerConfig.model_validate({
+                "model": str(path), "served_model_name": "bench", "port": free_port(), "data_dir": f"{tmp}/{name}",
+                "log_level": "WARNING", "lease_seconds": 3600,
+                "generator": {**generator, **args.server_generator, "engine_process": value}, "placement": placement,
+                "admin_token": token, "training": {"group_size": 1024, "batch_groups": 1024, "min_group_size": 1024}})
+            servers[name] = ServerProcess(f"bench-{name}", config, Path(tmp) / f"server-{name}.log",
+                                          Path(tmp) / f"server-{name}.yaml").start()
         engine = embedded_engine(path, GeneratorSettings(**generator), placement=PlacementSettings(**placement))
         formatter = ChatFormatter(engine.tokenizer)
+        sides = [*layouts, "direct"]
+
+        def one_round(side: str, c: int, round_: int, calls: int) -> dict[str, Any]:
+            if side == "direct":
+                return asyncio.run(direct(engine, formatter, c, args.max_tokens, round_, calls))
+            return asyncio.run(through_server(servers[side].url, token, c, args.max_tokens, round_, calls))
+
         try:
-            server.wait_ready(600)
+            for server in servers.values():
+                server.wait_ready(600)
             for c in args.concurrency:
                 # untimed, every side, at the timed length: a batch of c rows captures its CUDA graphs on first
                 # use, and rows that end early (EOS) visit the smaller buckets
-                asyncio.run(through_server(server.url, token, c, args.max_tokens, 98))
-                asyncio.run(direct(engine, formatter, c, args.max_tokens, 98))
+                for side in sides:
+                    one_round(side, c, 98, 1)
                 for rep in range(args.repeats):
-                    for side in ("server", "direct") if rep % 2 == 0 else ("direct", "server"):
-                        if side == "server":
-                            r = asyncio.run(through_server(server.url, token, c, args.max_tokens, rep, args.calls))
-                        else:
-                            r = asyncio.run(direct(engine, formatter, c, args.max_tokens, rep, args.calls))
-                        rows.append({"side": side, "concurrency": c, "repeat": rep, **r,
-                                     "tok_s": r["tokens"] / r["seconds"]})
+                    shift = rep % len(sides)  # each side takes each place in the order in turn
+                    for side in sides[shift:] + sides[:shift]:
+                        r = one_round(side, c, rep, args.calls)
+                        rows.append({"side": "server" if side != "direct" else "direct", "layout": side,
+                                     "concurrency": c, "repeat": rep, **r, "tok_s": r["tokens"] / r["seconds"]})
                         g = r["generator"]
-                        print(f"  {side:6s} c={c:<3d} "
+                        print(f"  {side:14s} c={c:<3d} "
                               f"{r['tokens']:6d} tokens {r['seconds']:7.2f} s {r['tokens'] / r['seconds']:8.1f} tok/s"
                               f"  prefills {g['generate_batches']:.0f} decode steps {g['decode_steps']:.0f}",
                               file=sys.stderr, flush=True)
             if args.py_spy is not None:
-                try:
-                    profile = profiled_round(server, token, max(args.concurrency), args)
-                except Exception as exc:  # noqa: BLE001 - a profiler that cannot attach must not lose the timed rounds
-                    profile = {"error": repr(exc), "gil": None, "tok_s": None, "py_spy": None}
-                print(f"  py-spy round: {json.dumps({k: profile[k] for k in ('tok_s', 'py_spy')})}\n"
-                      f"  GIL held by: {json.dumps((profile['gil'] or {}).get('threads'))}", file=sys.stderr, flush=True)
+                for name, server in servers.items():
+                    prefix = Path(f"{args.py_spy}_{name}") if len(servers) > 1 else args.py_spy
+                    try:
+                        profiles[name] = profiled_round(server, token, max(args.concurrency), args, prefix)
+                    except Exception as exc:  # noqa: BLE001 - a profiler that cannot attach must not lose the rounds
+                        profiles[name] = {"error": repr(exc), "gil": None, "tok_s": None, "py_spy": None}
+                    profile = profiles[name]
+                    print(f"  py-spy round ({name}): {json.dumps({k: profile[k] for k in ('tok_s', 'py_spy')})}\n"
+                          f"  GIL held by: {json.dumps((profile['gil'] or {}).get('threads'))}", file=sys.stderr,
+                          flush=True)
+        except BaseException:
+            for name, server in servers.items():  # the servers' logs go with the temporary directory: show them now
+                engine_log = Path(tmp) / name / "engine-process.log"
+                print(f"--- server {name} (exit code {server.poll()}), the log's tail:\n{tail(server.log_path, 40)}"
+                      + (f"\n--- its engine process:\n{tail(engine_log, 40)}" if engine_log.exists() else ""),
+                      file=sys.stderr)
+            raise
         finally:
-            server.stop(grace=30)
+            for server in servers.values():
+                server.stop(grace=30)
             run_blocking(engine.close())
 
     summary: dict[str, dict[str, Any]] = {}
     for c in args.concurrency:
-        direct_rows = [r for r in rows if r["side"] == "direct" and r["concurrency"] == c]
-        srv = [r for r in rows if r["side"] == "server" and r["concurrency"] == c]
-        ratios = [a["tok_s"] / b["tok_s"] for a, b in zip(srv, direct_rows, strict=True)]
-        summary[str(c)] = {
+        direct_rows = [r for r in rows if r["layout"] == "direct" and r["concurrency"] == c]
+        entry: dict[str, Any] = {
             "concurrency": c,
-            "server_tok_s": statistics.median(r["tok_s"] for r in srv),
             "direct_tok_s": statistics.median(r["tok_s"] for r in direct_rows),
-            "ratio": statistics.median(ratios), "ratios": ratios,
-            "same_tokens": [a["tokens"] == b["tokens"] for a, b in zip(srv, direct_rows, strict=True)],
-            "server_prefills": statistics.median(r["generator"]["generate_batches"] for r in srv),
             "direct_prefills": statistics.median(r["generator"]["generate_batches"] for r in direct_rows),
-            "server_decode_steps": statistics.median(r["generator"]["decode_steps"] for r in srv),
             "direct_decode_steps": statistics.median(r["generator"]["decode_steps"] for r in direct_rows),
-            # the engine thread's time per decode step (sampling and the host sync included), and its busy share
-            # of the wall time (admission + decode): a slower step, or time spent elsewhere
-            "server_ms_per_decode_step": statistics.median(_per_step_ms(r) for r in srv),
             "direct_ms_per_decode_step": statistics.median(_per_step_ms(r) for r in direct_rows),
-            "server_busy_share": statistics.median(_busy(r) for r in srv),
-            "direct_busy_share": statistics.median(_busy(r) for r in direct_rows)}
+            "direct_busy_share": statistics.median(_busy(r) for r in direct_rows),
+            "servers": {}}
+        for name in layouts:
+            srv = [r for r in rows if r["layout"] == name and r["concurrency"] == c]
+            ratios = [a["tok_s"] / b["tok_s"] for a, b in zip(srv, direct_rows, strict=True)]
+            entry["servers"][name] = {
+                "server_tok_s": statistics.median(r["tok_s"] for r in srv),
+                "server_over_direct": statistics.median(ratios), "server_over_direct_each": ratios,
+                "same_tokens": [a["tokens"] == b["tokens"] for a, b in zip(srv, direct_rows, strict=True)],
+                "server_prefills": statistics.median(r["generator"]["generate_batches"] for r in srv),
+                "server_decode_steps": statistics.median(r["generator"]["decode_steps"] for r in srv),
+                # the engine thread's time per decode step (sampling and the host sync included), and its busy
+                # share of the wall time (admission + decode): a slower step, or time spent elsewhere
+                "server_ms_per_decode_step": statistics.median(_per_step_ms(r) for r in srv),
+                "server_busy_share": statistics.median(_busy(r) for r in srv)}
+        entry["server_over_direct"] = {name: s["server_over_direct"] for name, s in entry["servers"].items()}
+        summary[str(c)] = entry
     from rich.console import Console
     from rich.table import Table
 
@@ -299,23 +340,24 @@ def main() -> None:
     table = Table(title=f"Through ajet server vs engine-direct: {args.model} on {m['device_name']} "
                         f"({args.device}), {args.max_tokens} max tokens, {args.calls} call(s) per client, "
                         f"median of {args.repeats}")
-    for col in ("clients (one episode each)", "server tok/s", "direct tok/s",
+    for col in ("clients (one episode each)", "server (engine)", "server tok/s", "direct tok/s",
                 "server / direct", "prefills server / direct", "decode steps server / direct",
                 "ms per decode step server / direct", "engine thread busy server / direct", "target"):
         table.add_column(col, justify="right")
-    for s in summary.values():
-        table.add_row(str(s["concurrency"]), f"{s['server_tok_s']:.1f}",
-                      f"{s['direct_tok_s']:.1f}", f"{s['ratio']:.2f}x",
-                      f"{s['server_prefills']:.0f} / {s['direct_prefills']:.0f}",
-                      f"{s['server_decode_steps']:.0f} / {s['direct_decode_steps']:.0f}",
-                      f"{s['server_ms_per_decode_step']:.2f} / {s['direct_ms_per_decode_step']:.2f}",
-                      f"{s['server_busy_share']:.0%} / {s['direct_busy_share']:.0%}",
-                      ">= 0.9x" if s["concurrency"] >= 8 else "")
+    for e in summary.values():
+        for name, s in e["servers"].items():
+            table.add_row(str(e["concurrency"]), name, f"{s['server_tok_s']:.1f}",
+                          f"{e['direct_tok_s']:.1f}", f"{s['server_over_direct']:.2f}x",
+                          f"{s['server_prefills']:.0f} / {e['direct_prefills']:.0f}",
+                          f"{s['server_decode_steps']:.0f} / {e['direct_decode_steps']:.0f}",
+                          f"{s['server_ms_per_decode_step']:.2f} / {e['direct_ms_per_decode_step']:.2f}",
+                          f"{s['server_busy_share']:.0%} / {e['direct_busy_share']:.0%}",
+                          ">= 0.9x" if e["concurrency"] >= 8 else "")
     Console().print(table)
     out = args.output or RESULTS / f"server_throughput_{device.type}_{args.model.replace('.', '')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"machine": m, "args": {k: v for k, v in vars(args).items()}, "rows": rows,
-                               "summary": summary, "py_spy_round": profile}, indent=2, default=str) + "\n")
+                               "summary": summary, "py_spy_rounds": profiles}, indent=2, default=str) + "\n")
     print(f"wrote {out}")
 
 

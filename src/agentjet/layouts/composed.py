@@ -149,7 +149,9 @@ class ComposedEngine(Generic[L, G]):
 
     @property
     def layout(self) -> str:
-        """``<generator>+<learner>`` (the status and results files record it): hf+in-process, hf+trainer-group, vllm+in-process, vllm+trainer-group."""
+        """``<generator>+<learner>`` (the status and results files record it): hf+in-process, hf+trainer-group,
+        hf-process+in-process, hf-process+trainer-group (the embedded generator in its engine process),
+        vllm+in-process, vllm+trainer-group."""
         return f"{self.generator.describe().get('kind', 'generator')}+{self.learner.describe().get('learner')}"
 
     async def close(self) -> None:

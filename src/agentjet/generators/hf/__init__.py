@@ -13,7 +13,10 @@ Two classes behind the ``Generator`` interface, one per batching path, chosen on
   replaying CUDA graphs on CUDA. Named LoRA adapters run here only, mixed in one batch (``lora_rows.py``);
 - ``StaticHFGenerator`` (``static.py``, ``batching="static"``, the earlier engine): the request batcher
   (``batcher.py``) gathers concurrent calls and ``StaticGenerator`` (``generation.py``) runs each batch to its
-  longest request.
+  longest request;
+- ``ProcessHFGenerator`` (``engine_process/``, ``generator.engine_process``): a ``ContinuousHFGenerator`` in an
+  engine process of its own, fed token ids over a local socket; the server keeps the tokenizer and the rest
+  (``engine_process_wanted`` in ``build.py`` reads the setting; ``layouts/engine_process.py`` builds it).
 
 It trains nothing: a learner does (``agentjet.learners``). When the in-process learner shares these weights, its
 step runs as a job on the worker thread, between two decode steps; requests that arrive during it wait and are

@@ -46,7 +46,7 @@ import torch
 
 from agentjet.engines.base import GenerationError, GenerationResult, SamplingParams, TokenCallback
 from agentjet.engines.sampling import sample_next
-from agentjet.engines.worker import EngineWorker
+from agentjet.engines.worker import EngineWorker, run_callbacks, settle
 from agentjet.generators.hf.batcher import Request
 from agentjet.generators.hf.rows import Row, RowRules, top_lists
 from agentjet.generators.hf.runner import SlotRunner
@@ -74,30 +74,13 @@ class Outbox:
             return
         if isinstance(outcome, Exception):
             _log_failure(outcome)
-        self._items.setdefault(fut.get_loop(), []).append(functools.partial(_settle, fut, outcome))
+        self._items.setdefault(fut.get_loop(), []).append(functools.partial(settle, fut, outcome))
 
     def flush(self) -> None:
         items, self._items = self._items, {}
         for loop, calls in items.items():
             with contextlib.suppress(RuntimeError):  # the caller's event loop is closed
-                loop.call_soon_threadsafe(_run_all, calls)
-
-
-def _run_all(calls: list[Callable[[], None]]) -> None:
-    for call in calls:
-        try:
-            call()
-        except Exception:  # a stream callback's own failure: logged, the other callers go on
-            log.exception("a token callback failed")
-
-
-def _settle(fut: asyncio.Future[GenerationResult], outcome: GenerationResult | Exception) -> None:
-    if fut.done():
-        return
-    if isinstance(outcome, Exception):
-        fut.set_exception(outcome)
-    else:
-        fut.set_result(outcome)
+                loop.call_soon_threadsafe(run_callbacks, calls)
 
 
 @dataclass

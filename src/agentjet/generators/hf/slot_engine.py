@@ -3,10 +3,10 @@
 ``scheduler.py``), all driven by the one worker thread.
 
 Its surface takes and gives data only: token ids, sampling parameters and an adapter name in; the (token, logprob)
-stream and a ``GenerationResult`` out; adapters added and removed by name; counters and a description. That is
-what an engine process would exchange with the server over a socket, so this part can move behind a process
-boundary without changing the generator in front of it (``continuous.py``). The policy version stamped on each
-token comes from ``version_of(adapter)``, read once per prefill and decode step.
+stream and a ``GenerationResult`` out; adapters added and removed by name; counters and a description. The policy
+version stamped on each token comes from ``version_of(adapter)``, read once per prefill and decode step. In the
+engine-process layout (``engine_process/``) the whole ``ContinuousHFGenerator`` in front of it (its versions, its
+``load_weights``, its worker thread) runs in the engine process, and the same data crosses the socket.
 """
 
 from __future__ import annotations
