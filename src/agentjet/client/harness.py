@@ -43,7 +43,7 @@ def codex_config(base_url: str, model: str, agent: str | None = None) -> str:
 
 def harness_env(base: Mapping[str, str], *, base_url: str, anthropic_base_url: str, api_key: str, model: str,
                 codex_home: Path, agent: str | None = None) -> dict[str, str]:
-    """``base`` (the parent's environment, say) with the variables above; writes ``codex_home/config.toml``."""
+    """``base`` (the parent's environment, say) with the variables above; writes the provider into ``config.toml`` in ``codex_home``."""
     codex_home.mkdir(parents=True, exist_ok=True)
     (codex_home / "config.toml").write_text(codex_config(base_url, model, agent))
     env = {k: v for k, v in base.items() if k != "ANTHROPIC_API_KEY"}
