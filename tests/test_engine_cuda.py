@@ -33,7 +33,7 @@ def engine_of(model, *, device: str = "auto", dtype: str = "auto", lora=None, au
                                            compile_logprobs=compile_logprobs),
                            loss, PlacementSettings(device=device, dtype=dtype))
 
-cuda = pytest.mark.cuda  # skipped without a CUDA device (tests/conftest.py)
+pytestmark = pytest.mark.cuda  # every test here: skipped without a CUDA device (tests/conftest.py)
 
 
 def run_all(engine: ComposedEngine, prompts: list[list[int]], params: list[SamplingParams]) -> list:
@@ -62,7 +62,6 @@ def workload(engine: ComposedEngine, chat_ids, n: int = 6) -> tuple[list[list[in
     return prompts, params
 
 
-@cuda
 def test_auto_device_is_cuda_and_dtype_bf16(tiny_model_path: Path) -> None:
     engine = engine_of(tiny_model_path)
     try:
@@ -74,7 +73,6 @@ def test_auto_device_is_cuda_and_dtype_bf16(tiny_model_path: Path) -> None:
         run_blocking(engine.close())
 
 
-@cuda
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_cuda_graphs_agree_with_the_eager_step(tiny_model_path: Path, chat_ids, dtype: str) -> None:
     graphs = engine_of(tiny_model_path, device="cuda", dtype=dtype, max_batch_size=8)
@@ -98,7 +96,6 @@ def test_cuda_graphs_agree_with_the_eager_step(tiny_model_path: Path, chat_ids, 
         run_blocking(eager.close())
 
 
-@cuda
 def test_fp32_behaviour_logprobs_are_exact_on_cuda(tiny_model_path: Path, chat_ids) -> None:
     engine = engine_of(tiny_model_path, device="cuda", dtype="float32", max_batch_size=4)
     try:
@@ -124,7 +121,6 @@ def _trained_or_tiny(tiny_model_path: Path) -> tuple[str, Path]:
         return "tiny-random", tiny_model_path
 
 
-@cuda
 def test_bf16_behaviour_logprobs_against_teacher_forcing(tiny_model_path: Path) -> None:
     """bf16 with graphs: the recorded logprobs against one teacher-forced pass of the same weights. bf16 rounds
     differently in a batched decode step and in a full forward, so the difference is reported and bounded."""
@@ -149,7 +145,6 @@ def test_bf16_behaviour_logprobs_against_teacher_forcing(tiny_model_path: Path) 
         run_blocking(engine.close())
 
 
-@cuda
 @pytest.mark.parametrize("lora", [False, True])
 def test_generate_train_generate_keeps_graphs_valid(tiny_model_path: Path, chat_ids, tmp_path: Path,
                                                     lora: bool) -> None:
@@ -189,7 +184,6 @@ def test_generate_train_generate_keeps_graphs_valid(tiny_model_path: Path, chat_
         run_blocking(fresh.close())
 
 
-@cuda
 def test_compile_and_graphs_match_eager(tiny_model_path: Path, chat_ids) -> None:
     """``compile=True`` on CUDA: the compiled decode step, captured in graphs, gives the eager step's tokens."""
     plain = engine_of(tiny_model_path, device="cuda", dtype="float32", max_batch_size=4, cuda_graphs=False)
@@ -208,7 +202,6 @@ def test_compile_and_graphs_match_eager(tiny_model_path: Path, chat_ids) -> None
         run_blocking(compiled.close())
 
 
-@cuda
 def test_full_fine_tuning_in_bf16_lowers_the_loss(tiny_model_path: Path, chat_ids) -> None:
     engine = engine_of(tiny_model_path, device="cuda", max_batch_size=4)
     try:
@@ -223,7 +216,6 @@ def test_full_fine_tuning_in_bf16_lowers_the_loss(tiny_model_path: Path, chat_id
         run_blocking(engine.close())
 
 
-@cuda
 def test_train_step_options_train_bf16_weights_as_the_default_does(tiny_model_path: Path) -> None:
     """``flat_masters`` (fused AdamW over one fp32 buffer) and ``compile_logprobs`` (Triton kernels), alone and
     together, against the default on CUDA in bf16: the same fp32 masters after 3 steps, to within 1 % of how far
