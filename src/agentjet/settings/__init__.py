@@ -2,7 +2,13 @@
 in files by role: ``generator.py``, ``learner.py``, ``placement.py``, ``training.py`` and ``server.py`` (the whole)."""
 
 from agentjet.settings.fields import SettingField, find_field, server_fields
-from agentjet.settings.generator import EngineKind, GeneratorSettings, SamplingDefaults, VLLMSettings
+from agentjet.settings.generator import (
+    EngineKind,
+    FleetSettings,
+    GeneratorSettings,
+    SamplingDefaults,
+    VLLMSettings,
+)
 from agentjet.settings.learner import LearnerGroupSettings, LearnerSettings, LoraSettings, LossSettings
 from agentjet.settings.load import (
     SettingsError,
@@ -20,6 +26,7 @@ from agentjet.settings.training import AbsentPolicy, TrackingSettings, TrainingS
 __all__ = [
     "AbsentPolicy",
     "EngineKind",
+    "FleetSettings",
     "GeneratorSettings",
     "LearnerGroupSettings",
     "LearnerSettings",

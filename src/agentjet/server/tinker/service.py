@@ -320,8 +320,9 @@ class TinkerService:
         from dataclasses import replace
 
         try:
-            results = await asyncio.gather(*(engine.generator.generate(prompt, replace(params, seed=seed),
-                                                                       adapter=sampler.adapter)
+            # routed by the sampling client, as an episode's calls are by their episode (a fleet of replicas)
+            results = await asyncio.gather(*(engine.generate(prompt, replace(params, seed=seed), adapter=sampler.adapter,
+                                                             session=sampler.sampler_id)
                                               for seed in seeds))
         except GenerationError as e:
             raise TinkerError(str(e)) from e
