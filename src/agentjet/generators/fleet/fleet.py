@@ -16,6 +16,7 @@ caller's loop, a few per wake-up.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 from collections.abc import Callable, Collection, Sequence
@@ -24,7 +25,7 @@ from typing import Any
 from agentjet.engines.base import GenerationResult, Generator, SamplingParams, TokenCallback
 from agentjet.generators.fleet.calls import Calls
 from agentjet.generators.fleet.health import Supervisor
-from agentjet.generators.fleet.replica import Replica, ReplicaState, Weights
+from agentjet.generators.fleet.replica import Replica, ReplicaDown, ReplicaState, Weights
 from agentjet.generators.fleet.slots import Slots
 from agentjet.protocol import FleetStatus
 from agentjet.runtime.clock import Clock, SystemClock
@@ -89,7 +90,11 @@ class FleetGenerator(Generator):
 
     @property
     def capacity(self) -> int:
-        return sum(slot.replica.generator.capacity for slot in self.slots.serving()) or 1
+        total = 0
+        for slot in self.slots.serving():
+            with contextlib.suppress(ReplicaDown):  # it left rotation since
+                total += slot.replica.generator.capacity
+        return total or 1
 
     @property  # the base class declares a plain attribute; here it is the replicas'
     def policy_version(self) -> int:
@@ -101,12 +106,15 @@ class FleetGenerator(Generator):
         raise AttributeError("a fleet's policy version is its replicas': push weights to them (FleetSync)")
 
     def counters(self) -> dict[str, int]:
-        """The replicas' own counters, summed."""
+        """The counters of the replicas in rotation, summed (a remote replica's as of its last pong)."""
         out: dict[str, int] = {}
-        for slot in self.slots.all():
-            if slot.state is not ReplicaState.STOPPED:
-                for key, value in slot.replica.generator.counters().items():
-                    out[key] = out.get(key, 0) + value
+        for slot in self.slots.serving():
+            try:
+                own = slot.replica.generator.counters()
+            except ReplicaDown:  # it left rotation since
+                continue
+            for key, value in own.items():
+                out[key] = out.get(key, 0) + value
         return out
 
     def describe(self) -> dict[str, Any]:
