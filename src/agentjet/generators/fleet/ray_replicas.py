@@ -31,7 +31,6 @@ from agentjet.settings import FleetSettings
 log = logging.getLogger(__name__)
 
 NAMESPACE = "agentjet-fleet"
-STOP_GRACE_S = 5.0
 
 
 class ReplicaActor:
@@ -51,10 +50,6 @@ class ReplicaActor:
 
     def alive(self) -> bool:
         return self.child is not None and self.child.alive()
-
-    def stop(self) -> None:
-        if self.child is not None:
-            self.child.stop(STOP_GRACE_S)
 
 
 class RayPlacement:
@@ -109,11 +104,10 @@ class RayReplica(RemoteReplica):
         log.info("replica %s: %s", self.name, self.where())
 
     async def kill(self) -> None:
+        """Kill the actor: its worker dies, and the replica process with it (its parent-death signal). Nothing
+        waits for the actor's node: a lost node's actor may not be known dead for a while."""
         actor, self.actor = self.actor, None
-        if actor is None:
-            return
-        with contextlib.suppress(RayError, ValueError):
-            await asyncio.wait_for(asyncio.wrap_future(actor.stop.remote().future()), STOP_GRACE_S + 5)
-        with contextlib.suppress(RayError, ValueError):
-            ray.kill(actor, no_restart=True)
+        if actor is not None:
+            with contextlib.suppress(RayError, ValueError):
+                ray.kill(actor, no_restart=True)
 
