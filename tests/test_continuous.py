@@ -1,5 +1,9 @@
 """Continuous batching (slot refill on the slot KV cache): exact logprobs whatever the join time, compaction
-and growth of the cache, slot refill, train steps between decode steps, cancellation and shutdown."""
+and growth of the cache, slot refill, train steps between decode steps, cancellation and shutdown.
+
+The tests of what a caller sees run on both layouts (``layout``): the engine on a thread of this process, and the
+engine in a process of its own (``generator.engine_process``), where the learner keeps its own copy of the weights
+and pushes them after each step. The tests that reach into the scheduler or the runner run in process."""
 
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ from agentjet.generators.hf import slot_cache_fits
 from agentjet.generators.hf.kv_cache import SlotKVCache
 from agentjet.layouts import embedded_engine
 from agentjet.layouts.composed import ComposedEngine
+from agentjet.layouts.engine_process import engine_process_engine
 from agentjet.runtime.blocking import run_blocking
 from agentjet.settings import GeneratorSettings
 
@@ -23,10 +28,16 @@ QUESTIONS = ["a", "what is 12 + 30?", "write the word hello in capital letters",
              "tool call please find the city weather", "tell me a long story about a cat and a dog", "hi there"]
 
 
+LAYOUTS = ["in-process", "engine-process"]
+
+
 def teacher_forced(engine: ComposedEngine, prompt: list[int], completion: list[int], temperature: float) -> list[float]:
-    ids = torch.tensor([prompt + completion], device=engine.generator.device)
+    """The learner's logprobs of ``completion`` (its module is the generator's in process; in the engine-process
+    layout it is the copy the engine's weights were pushed from)."""
+    policy = engine.learner.policy
+    ids = torch.tensor([prompt + completion], device=policy.device)
     with torch.no_grad():
-        logits = engine.generator.model(input_ids=ids).logits[0].float()
+        logits = policy.model(input_ids=ids).logits[0].float()
     logp = (logits / temperature).log_softmax(-1)
     return [float(logp[len(prompt) - 1 + i, t]) for i, t in enumerate(completion)]
 
@@ -39,8 +50,9 @@ def max_diff(a: list[float], b: list[float]) -> float:
 def make_engine(tiny_model_path: Path):
     made: list[ComposedEngine] = []
 
-    def make(**settings) -> ComposedEngine:
-        engine = embedded_engine(tiny_model_path, GeneratorSettings(**{"max_batch_size": 4, **settings}))
+    def make(layout: str = "in-process", **settings) -> ComposedEngine:
+        build = embedded_engine if layout == "in-process" else engine_process_engine
+        engine = build(tiny_model_path, GeneratorSettings(**{"max_batch_size": 4, **settings}))
         engine.generator.rules.stop_ids = frozenset()  # fixed lengths: every request runs to its max_tokens
         made.append(engine)
         return engine
@@ -64,11 +76,12 @@ def staggered(engine: ComposedEngine, prompts: list[list[int]], params: list[Sam
     return asyncio.run(main())
 
 
-@pytest.mark.parametrize("capacity", [16, 48, 512])
-def test_rows_joining_at_any_step_match_teacher_forcing(make_engine, chat_ids, capacity: int) -> None:
+@pytest.mark.parametrize(("capacity", "layout"), [(16, "in-process"), (48, "in-process"), (512, "in-process"),
+                                                  (16, "engine-process")])
+def test_rows_joining_at_any_step_match_teacher_forcing(make_engine, chat_ids, capacity: int, layout: str) -> None:
     """Requests of different lengths join running batches at different steps (slot refill); with a small
     cache they are also compacted to its front and make it grow while other rows are generating."""
-    engine = make_engine(kv_cache_tokens=capacity)
+    engine = make_engine(layout, kv_cache_tokens=capacity)
     prompts = [chat_ids(q, engine) for q in QUESTIONS]
     params = [SamplingParams(temperature=[1.0, 0.7][i % 2], max_tokens=3 + 7 * i, seed=i) for i in range(len(prompts))]
     results = staggered(engine, prompts, params, gaps_s=[0.0, 0.01, 0.03])
@@ -77,12 +90,13 @@ def test_rows_joining_at_any_step_match_teacher_forcing(make_engine, chat_ids, c
         assert max_diff(r.logprobs, teacher_forced(engine, p, r.token_ids, s.temperature)) < 1e-4
     assert engine.generator.stats["decode_steps"] < sum(s.max_tokens for s in params)  # rows really shared steps
     if capacity == 16:
-        assert engine.generator.stats["cache_grows"] >= 1 and engine.generator.core.runner.capacity >= max(
+        assert engine.generator.stats["cache_grows"] >= 1 and engine.generator.describe()["kv_cache_tokens"] >= max(
             len(p) + s.max_tokens for p, s in zip(prompts, params, strict=True))
 
 
-def test_same_tokens_as_the_static_engine(make_engine, chat_ids) -> None:
-    static, continuous = make_engine(batching="static"), make_engine()
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_same_tokens_as_the_static_engine(make_engine, chat_ids, layout: str) -> None:
+    static, continuous = make_engine(batching="static"), make_engine(layout)
     prompts = [chat_ids(q, static) for q in QUESTIONS[:6]]
     params = [SamplingParams(temperature=1.0, max_tokens=5 + 3 * i, seed=40 + i, top_logprobs=2)
               for i in range(len(prompts))]
@@ -94,10 +108,11 @@ def test_same_tokens_as_the_static_engine(make_engine, chat_ids) -> None:
         assert [[t for t, _ in alts] for alts in x.top_logprobs] == [[t for t, _ in alts] for alts in y.top_logprobs]
 
 
-def test_a_finished_request_frees_its_slot_at_once(make_engine, chat_ids) -> None:
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_finished_request_frees_its_slot_at_once(make_engine, chat_ids, layout: str) -> None:
     """Two slots, one short and two long requests: the second long one joins as soon as the short one ends,
     so the run takes about one long request's steps (a static batch would take two)."""
-    engine = make_engine(max_batch_size=2)
+    engine = make_engine(layout, max_batch_size=2)
     ids = chat_ids("hello", engine)
     params = [SamplingParams(max_tokens=2, seed=1), SamplingParams(max_tokens=30, seed=2),
               SamplingParams(max_tokens=30, seed=3)]
@@ -106,10 +121,12 @@ def test_a_finished_request_frees_its_slot_at_once(make_engine, chat_ids) -> Non
     assert engine.generator.stats["decode_steps"] <= 33
 
 
-def test_generate_train_generate_matches_a_fresh_engine(make_engine, chat_ids, tmp_path: Path) -> None:
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_generate_train_generate_matches_a_fresh_engine(make_engine, chat_ids, tmp_path: Path, layout: str) -> None:
     """A train step updates the weights in place: what the engine generates next is exactly what a fresh
-    engine holding the trained weights generates (nothing in the decode path kept a stale copy)."""
-    engine = make_engine()
+    engine holding the trained weights generates (nothing in the decode path kept a stale copy). In the
+    engine-process layout the step's weights reach the engine by the push, and a checkpoint's by the load's."""
+    engine = make_engine(layout)
     engine.set_learning_rate(1e-2)
     ids = chat_ids("what is 4 + 4?", engine)
     first = staggered(engine, [ids, ids], [SamplingParams(max_tokens=12, seed=s) for s in (1, 2)])
@@ -120,7 +137,7 @@ def test_generate_train_generate_matches_a_fresh_engine(make_engine, chat_ids, t
     params = [SamplingParams(max_tokens=12, seed=s) for s in (5, 6, 7)]
     after = staggered(engine, [ids] * 3, params)
     engine.save(tmp_path / "ckpt")
-    fresh = make_engine()
+    fresh = make_engine(layout)
     fresh.load(tmp_path / "ckpt")
     again = staggered(fresh, [ids] * 3, params)
     for x, y in zip(after, again, strict=True):
@@ -160,10 +177,50 @@ def test_a_request_arriving_during_a_train_step_waits_and_gets_the_new_weights(m
     assert max_diff(res.logprobs, teacher_forced(engine, ids, res.token_ids, 1.0)) < 1e-4
 
 
-def test_rows_in_flight_go_on_across_a_train_step(make_engine, chat_ids) -> None:
+def test_in_the_engine_process_a_request_during_a_train_step_is_served_at_once(make_engine, chat_ids,
+                                                                              monkeypatch) -> None:
+    """The engine process does not wait for the learner (it holds its own copy of the weights): a request that
+    arrives during a train step is generated at once by the weights it holds (v0); once the step's push has
+    landed, a new request gets v1 and exactly the learner's new weights."""
+    engine = make_engine("engine-process")
+    engine.set_learning_rate(1e-2)
+    ids = chat_ids("hi", engine)
+    entered, release = threading.Event(), threading.Event()
+    real = engine.learner._train
+
+    def slow_step(batch):
+        entered.set()
+        assert release.wait(30)
+        return real(batch)
+
+    monkeypatch.setattr(engine.learner, "_train", slow_step)
+    sample = TrainSample(ids + [5, 6], [0] * len(ids) + [1, 1], [0.0] * len(ids) + [-3.0, -3.0],
+                         [0.0] * len(ids) + [1.0, 1.0])
+
+    async def main() -> tuple[GenerationResult, dict, GenerationResult]:
+        train = asyncio.ensure_future(engine.train_step([sample]))
+        await asyncio.to_thread(entered.wait, 30)
+        during = await asyncio.wait_for(engine.generate(ids, SamplingParams(max_tokens=6, seed=1)), 60)
+        assert not train.done()  # served while the step still runs
+        release.set()
+        metrics = await asyncio.wait_for(train, 60)
+        after = await asyncio.wait_for(engine.generate(ids, SamplingParams(max_tokens=6, seed=1)), 60)
+        return during, metrics, after
+
+    during, metrics, after = asyncio.run(main())
+    assert during.policy_version == 0 and set(during.versions) == {0}
+    assert metrics["policy_version"] == 1.0 and metrics["rollout_policy_version"] == 1.0
+    assert after.policy_version == 1 and set(after.versions) == {1} and engine.generator_version == 1
+    assert max_diff(after.logprobs, teacher_forced(engine, ids, after.token_ids, 1.0)) < 1e-4
+    assert max_diff(during.logprobs, teacher_forced(engine, ids, during.token_ids, 1.0)) > 1e-3  # the old weights
+
+
+@pytest.mark.parametrize(("layout", "max_tokens"), [("in-process", 40), ("engine-process", 1000)])
+def test_rows_in_flight_go_on_across_a_train_step(make_engine, chat_ids, layout: str, max_tokens: int) -> None:
     """A train step submitted while a request generates runs between two of its decode steps; the request
-    finishes (with the version it started under) and its later tokens come from the new weights."""
-    engine = make_engine()
+    finishes (with the version it started under) and its later tokens come from the new weights. (The engine
+    process goes on decoding during the step and the push: its request is longer, to outlast them.)"""
+    engine = make_engine(layout)
     engine.set_learning_rate(1e-2)
     ids = chat_ids("hi", engine)
     sample = TrainSample(ids + [5, 6], [0] * len(ids) + [1, 1], [0.0] * len(ids) + [-3.0, -3.0],
@@ -178,15 +235,16 @@ def test_rows_in_flight_go_on_across_a_train_step(make_engine, chat_ids) -> None
             if len(seen) == 3:
                 started.set()
 
-        gen = asyncio.ensure_future(engine.generate(ids, SamplingParams(max_tokens=40, seed=1), on_token=on_token))
+        gen = asyncio.ensure_future(engine.generate(ids, SamplingParams(max_tokens=max_tokens, seed=1),
+                                                    on_token=on_token))
         await started.wait()
         await engine.train_step([sample])
         tokens_when_trained = len(seen)
         return await asyncio.wait_for(gen, 60), tokens_when_trained
 
     res, at = asyncio.run(main())
-    assert len(res.token_ids) == 40 and res.policy_version == 0
-    assert 3 <= at < 40  # the step ran while the request was generating
+    assert len(res.token_ids) == max_tokens and res.policy_version == 0
+    assert 3 <= at < max_tokens  # the step ran while the request was generating
     assert set(res.versions) == {0, 1} and res.versions == sorted(res.versions)  # v0 tokens, then v1 tokens
     assert engine.policy_version == 1
 
@@ -217,8 +275,9 @@ def test_a_reply_that_spans_a_train_step_records_the_version_of_each_token(make_
     assert res.policy_version == 0 and engine.generator.policy_version == 1
 
 
-def test_a_cancelled_request_frees_its_slot(make_engine, chat_ids) -> None:
-    engine = make_engine(max_batch_size=1)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_cancelled_request_frees_its_slot(make_engine, chat_ids, layout: str) -> None:
+    engine = make_engine(layout, max_batch_size=1)
     ids = chat_ids("hello", engine)
 
     async def main() -> GenerationResult:
@@ -230,8 +289,9 @@ def test_a_cancelled_request_frees_its_slot(make_engine, chat_ids) -> None:
     assert len(asyncio.run(main()).token_ids) == 3
 
 
-def test_shutdown_fails_waiting_requests_and_never_hangs(make_engine, chat_ids) -> None:
-    engine = make_engine(max_batch_size=1)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_shutdown_fails_waiting_requests_and_never_hangs(make_engine, chat_ids, layout: str) -> None:
+    engine = make_engine(layout, max_batch_size=1)
     ids = chat_ids("hello", engine)
 
     async def main() -> list:
@@ -316,10 +376,12 @@ def test_the_batching_path_is_chosen_once_when_the_generator_is_built(tiny_model
         hf_generator(named)
 
 
-def test_status_reports_the_engine(make_engine) -> None:
-    info = make_engine(kv_cache_tokens=64).describe()
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_status_reports_the_engine(make_engine, layout: str) -> None:
+    info = make_engine(layout, kv_cache_tokens=64).describe()
     assert info["batching"] == "continuous" and info["kv_cache_tokens"] == 64 and info["cuda_graphs"] is False
     assert info["device"] == "cpu" and info["dtype"] == "float32"
+    assert ("engine_process" in info) == (layout == "engine-process")
 
 
 class _FakeGraph:

@@ -149,15 +149,19 @@ def test_stale_shm_dirs_of_dead_servers_are_swept(tmp_path: Path, monkeypatch: p
     import subprocess
 
     from agentjet.distributed import group
+    from agentjet.weights import shm
 
-    monkeypatch.setattr(group, "SHM", tmp_path)
+    monkeypatch.setattr(shm, "SHM", tmp_path)
     dead = subprocess.Popen(["true"])
     dead.wait()
-    stale = tmp_path / f"{group.SHM_PREFIX}recovery-{dead.pid}-abc"
-    live = tmp_path / f"{group.SHM_PREFIX}weights-{os.getpid()}-def"
+    prefix = shm.shm_prefix(group.SHM_OWNER)
+    stale = tmp_path / f"{prefix}recovery-{dead.pid}-abc"
+    live = tmp_path / f"{prefix}weights-{os.getpid()}-def"
     other = tmp_path / "someone-else-123-x"
-    for d in (stale, live, other):
+    others_stale = tmp_path / f"{shm.shm_prefix('engine')}weights-{dead.pid}-ghi"  # another owner's: its own sweep
+    for d in (stale, live, other, others_stale):
         d.mkdir()
-    fresh = group._shm_dir("weights", 1)
+    fresh = shm.shm_dir(group.SHM_OWNER, "weights", 1)
     assert fresh is not None and fresh.parent == tmp_path and f"-{os.getpid()}-" in fresh.name
-    assert not stale.exists() and live.exists() and other.exists()
+    assert fresh.name.startswith(f"{prefix}weights-")
+    assert not stale.exists() and live.exists() and other.exists() and others_stale.exists()

@@ -34,6 +34,7 @@ from agentjet.models import resolve_model
 from agentjet.runtime.proc import Child
 from agentjet.settings import LearnerGroupSettings, LossSettings
 from agentjet.weights.io import WEIGHTS_FILE, prune_versions, version_dir
+from agentjet.weights.shm import dir_bytes, shm_dir
 
 log = logging.getLogger(__name__)
 
@@ -61,36 +62,7 @@ def _device_and_backend(settings: LearnerGroupSettings) -> tuple[str, str]:
     return device, backend
 
 
-def _dir_bytes(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.glob("*.safetensors"))
-
-
-SHM = Path("/dev/shm")
-SHM_PREFIX = "agentjet-group-"  # + "<kind>-<pid of the owning server>-<random>"
-
-
-def _shm_dir(kind: str, need_bytes: int) -> Path | None:
-    """A fresh directory in /dev/shm (RAM) if it has twice ``need_bytes`` free, else None. Directories left by
-    servers that died without closing their group are removed first (they would hold RAM until reboot)."""
-    if not (SHM.is_dir() and os.access(SHM, os.W_OK)):
-        return None
-    _sweep_stale_shm()
-    if shutil.disk_usage(SHM).free > 2 * need_bytes + (64 << 20):
-        return Path(tempfile.mkdtemp(prefix=f"{SHM_PREFIX}{kind}-{os.getpid()}-", dir=SHM))
-    return None
-
-
-def _sweep_stale_shm() -> None:
-    for d in SHM.glob(f"{SHM_PREFIX}*"):
-        parts = d.name[len(SHM_PREFIX):].split("-")
-        if len(parts) < 3 or not parts[1].isdigit():
-            continue
-        try:
-            os.kill(int(parts[1]), 0)
-        except ProcessLookupError:
-            shutil.rmtree(d, ignore_errors=True)
-        except PermissionError:  # alive, someone else's
-            continue
+SHM_OWNER = "group"  # its /dev/shm directories: agentjet-group-<kind>-<pid of the owning server>-<random>
 
 
 class TrainerGroup:
@@ -113,13 +85,13 @@ class TrainerGroup:
         self._own_work_dir = self.settings.work_dir is None
         self.work_dir = Path(self.settings.work_dir or tempfile.mkdtemp(prefix="agentjet-trainer-"))
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        weights = _dir_bytes(Path(self.model))  # as stored (fp32 or half): fp32 copies are 2-4x that
+        weights = dir_bytes(Path(self.model))  # as stored (fp32 or half): fp32 copies are 2-4x that
         self._own_export_dir = self.settings.export_dir is None
-        self.export_dir = Path(self.settings.export_dir or _shm_dir("weights", 4 * weights)
+        self.export_dir = Path(self.settings.export_dir or shm_dir(SHM_OWNER, "weights", 4 * weights)
                                or self.work_dir / "export")
         self.export_dir.mkdir(parents=True, exist_ok=True)
         self._own_recovery_dir = self.settings.recovery_dir is None
-        shm_recovery = _shm_dir("recovery", 12 * weights) if self.settings.nnodes == 1 else None
+        shm_recovery = shm_dir(SHM_OWNER, "recovery", 12 * weights) if self.settings.nnodes == 1 else None
         self.recovery_dir = Path(self.settings.recovery_dir or shm_recovery or self.work_dir / "recovery")
         self.recovery_dir.mkdir(parents=True, exist_ok=True)
         self._restore: Path | None = None  # the sharded state a (re)start loads; None: the model's own weights

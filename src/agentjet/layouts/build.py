@@ -15,6 +15,7 @@ from transformers import AutoTokenizer
 from agentjet.engines.base import AdapterSet, Engine
 from agentjet.layouts.adapters import adapter_engines
 from agentjet.layouts.embedded import embedded_engine
+from agentjet.layouts.engine_process import engine_process_engine, uses_engine_process
 from agentjet.layouts.fleet import fleet_engine
 from agentjet.layouts.group import group_engine
 from agentjet.layouts.null import NullAdapters, null_engine
@@ -55,6 +56,9 @@ def build_engine(config: ServerConfig) -> Engine:
         return vllm_engine(config, _vllm_dir(config))
     if config.learner.group.procs:
         return group_engine(config)
+    if uses_engine_process(config):
+        return engine_process_engine(config.model, gen, config.learner, config.loss, config.placement,
+                                     log_dir=Path(config.data_dir) if config.data_dir else None)
     return embedded_engine(config.model, gen, config.learner, config.loss, config.placement)
 
 

@@ -68,9 +68,11 @@ class InProcessLearner(Learner):
     def __init__(self, policy: PolicyModel, settings: LearnerSettings, loss: LossSettings,
                  *, separate_sampler: bool = False, worker: EngineWorker | None = None, export_root: Path | None = None,
                  keep_exports: int = 2, on_version: Callable[[int], None] | None = None,
-                 adapter: str | None = None) -> None:
+                 adapter: str | None = None, owns_export_root: bool = False) -> None:
         """``on_version(v)`` runs on the worker thread right after a step or a load moves the weights to version
-        ``v``: a generator that shares the module serves the new version from its very next decode step."""
+        ``v``: a generator that shares the module serves the new version from its very next decode step.
+        ``owns_export_root``: ``export_root`` was made for this learner and is removed at close (one it makes
+        itself, when none is given, always is)."""
         self.policy = policy
         self.settings = settings
         self.adapter = adapter
@@ -87,7 +89,7 @@ class InProcessLearner(Learner):
         self._reference = self._frozen_copy() if self.config.kl_coef > 0 and adapter is None else None
         self.export_root = export_root
         self._on_version = on_version
-        self._own_export_root: Path | None = None
+        self._own_export_root: Path | None = export_root if owns_export_root else None
         self.keep_exports = keep_exports
         self.policy_version = 0
         self.micro_batch_tokens = self.config.micro_batch_tokens or self._auto_micro_batch_tokens()

@@ -4,6 +4,7 @@ in files by role: ``generator.py``, ``learner.py``, ``placement.py``, ``training
 from agentjet.settings.fields import SettingField, find_field, server_fields
 from agentjet.settings.generator import (
     EngineKind,
+    EngineProcessSettings,
     FleetSettings,
     GeneratorSettings,
     SamplingDefaults,
@@ -26,6 +27,7 @@ from agentjet.settings.training import AbsentPolicy, TrackingSettings, TrainingS
 __all__ = [
     "AbsentPolicy",
     "EngineKind",
+    "EngineProcessSettings",
     "FleetSettings",
     "GeneratorSettings",
     "LearnerGroupSettings",

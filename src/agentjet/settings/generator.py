@@ -120,6 +120,25 @@ class VLLMSettings(Section):
         return self.python.expanduser()
 
 
+class EngineProcessSettings(Section):
+    """The embedded generator's engine process (``generator.engine_process``): how long each wait across the
+    process boundary may take before the engine counts as unavailable (503) or failed to start."""
+
+    FLAG_PREFIX: ClassVar[str] = "engine"
+
+    startup_timeout_s: float = Field(300.0, gt=0, le=7200, description="how long the engine process may take to "
+                                     "start and load the model before the server gives up")
+    request_timeout_s: float = Field(3600.0, gt=0, le=86400, description="one generation request in the engine "
+                                     "process, end to end; past it the request fails with a 503")
+    control_timeout_s: float = Field(300.0, gt=0, le=3600, description="one control call to the engine process "
+                                     "(a weight load, a ping)")
+    heartbeat_timeout_s: float = Field(30.0, ge=2, le=3600, description="silence after which the engine process "
+                                       "counts as hung (it says something every second): it is stopped and its "
+                                       "requests fail with a 503")
+    stop_timeout_s: float = Field(20.0, gt=0, le=600, description="at close, how long the engine process may take "
+                                  "to shut down before SIGKILL")
+
+
 class FleetSettings(Section):
     """The rollout fleet (``generator.replicas`` > 1, a join address or a Ray cluster; docs/distributed.md): where
     each replica runs, how it is watched and how it is replaced. Flags are ``--replica-<name>`` (``--ray`` too).
@@ -187,6 +206,11 @@ class GeneratorSettings(Section):
     max_batch_size: int = Field(8, ge=1, le=4096, description="max concurrent generations batched together")
     batch_wait_ms: float = Field(5.0, ge=0, le=10_000, description="how long an idle engine waits for more "
                                  "requests before it starts a batch")
+    engine_process: Literal["auto", "on", "off"] = Field(
+        "auto", description="the embedded generator's scheduler, KV cache and model in an engine process of their "
+        "own, fed token ids over a local socket (on), or on a thread of the server process (off: one copy of the "
+        "weights, no push). auto: off on CPU, on on CUDA (docs/benchmarks.md, 'The engine process'); always off "
+        "with static batching or named LoRA adapters, which run in process")
     batching: Literal["continuous", "static"] = Field(
         "continuous", description="continuous: a finished request frees its slot at once and a queued one joins "
         "at the next decode step; static: a batch runs until its longest request ends (the earlier engine)")
@@ -194,9 +218,10 @@ class GeneratorSettings(Section):
                                  "up front (continuous batching); doubled, up to max_context, when a request "
                                  "needs more")
     gil_switch_interval_ms: float | None = Field(None, gt=0, le=100, description="Python's thread switch interval "
-                                                 "in the ajet server process (sys.setswitchinterval; default: "
-                                                 "Python's 5 ms): the engine thread and the HTTP event loop share "
-                                                 "the GIL, and a shorter interval hands it back to a decode step "
+                                                 "in the ajet server process and the engine process "
+                                                 "(sys.setswitchinterval; default: Python's 5 ms): the engine thread "
+                                                 "shares the GIL with the HTTP event loop (or the engine process's "
+                                                 "own), and a shorter interval hands it back to a decode step "
                                                  "sooner (restart to change)")
     cuda_graphs: bool = Field(True, description="replay the decode step from captured CUDA graphs (CUDA only)")
     compile: bool = Field(False, description="torch.compile the decode step (continuous batching)")
@@ -206,6 +231,7 @@ class GeneratorSettings(Section):
     null_reply: str = Field("The answer is 7.", max_length=10_000, description="the null engine's canned reply")
     null_delay_ms: float = Field(0.0, ge=0, le=60_000, description="the null engine's time per generation "
                                  "(to simulate a model in benchmarks)")
+    process: EngineProcessSettings = Field(default_factory=EngineProcessSettings)
     replicas: int = Field(1, ge=0, le=256, description="generator replicas the server starts: 1, one generator "
                           "(the embedded engine shares its weights with the in-process learner); N > 1, N replicas "
                           "behind the server's router (embedded engine processes or vLLM servers), each episode's "

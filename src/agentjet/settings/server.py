@@ -127,6 +127,7 @@ class ServerConfig(Section):
         if group.procs and lora.enabled:
             raise ValueError(f"learner.group.procs ({group.procs}) trains the full weights with FSDP2: it cannot "
                              "train LoRA adapters (learner.lora.rank 0, or learner.group.procs 0)")
+        self._engine_process_fits()
         if self.generator.kind is EngineKind.VLLM and self.generator.vllm.weight_transfer == "nccl":
             if group.procs:
                 raise ValueError("generator.vllm.weight_transfer nccl sends from the in-process learner; from a "
@@ -135,6 +136,22 @@ class ServerConfig(Section):
                 raise ValueError("generator.vllm.weight_transfer nccl sends full weights; LoRA adapters go by "
                                  "reload")
         return self
+
+    def _engine_process_fits(self) -> None:
+        """``generator.engine_process on`` is refused where the engine runs in process only (``auto`` picks it)."""
+        gen = self.generator
+        if gen.engine_process != "on":
+            return
+        if gen.kind is not EngineKind.HF:
+            raise ValueError(f"generator.engine_process on runs the embedded generator in a process of its own; "
+                             f"generator.kind is {gen.kind.value} (use auto or off)")
+        if gen.batching == "static":
+            raise ValueError("generator.engine_process on serves continuous batching; static batching runs in "
+                             "process (--engine-process off, or --batching continuous)")
+        if self.swarm_adapters():
+            raise ValueError(f"generator.engine_process on: LoRA adapters {self.swarm_adapters()} (and Tinker clients) "
+                             "train in place on the generator's own module, so they keep the in-process engine "
+                             "(--engine-process auto or off)")
 
     @field_validator("tinker_key")
     @classmethod

@@ -31,6 +31,22 @@ def adapters_need_continuous(adapters: Sequence[str], why: str) -> ValueError:
                       "full attention")
 
 
+def served_context(settings: GeneratorSettings, context_length: int) -> int:
+    """The context the generator serves: the model's, capped by ``generator.max_context``."""
+    return min(settings.max_context or context_length, context_length)
+
+
+def no_named_adapters(adapter: str) -> GenerationError:
+    """The refusal of a request for a LoRA adapter on a generator that serves one policy."""
+    return GenerationError(f"no LoRA adapter {adapter!r} on this engine: it serves one policy, not named adapters",
+                           param="model")
+
+
+def int_counters(stats: dict[str, Any]) -> dict[str, int]:
+    """A generator's counters as integers (the status and Prometheus), from its stats."""
+    return {k: int(v) for k, v in stats.items() if isinstance(v, int | float)}
+
+
 class HFGenerator(Generator):
     """The embedded generator: transformers + torch on CPU or one CUDA device. Subclasses: one batching path each
     (``batching`` names it), submitting a checked request (``_submit``) and counting their work (``stats``)."""
@@ -46,8 +62,7 @@ class HFGenerator(Generator):
         self.model = policy.model
         self.causal_lm = policy.causal_lm
         self._tokenizer = policy.tokenizer
-        context = policy.facts.context_length
-        self._max_context = min(settings.max_context or context, context)
+        self._max_context = served_context(settings, policy.facts.context_length)
         self.rules = RowRules(self._tokenizer, self._max_context, set(policy.facts.stop_ids), settings.seed)
         self.worker = EngineWorker()
         self.policy_version = 0
@@ -71,7 +86,7 @@ class HFGenerator(Generator):
         """The batching path's counters since start."""
 
     def counters(self) -> dict[str, int]:
-        return {k: int(v) for k, v in self.stats.items() if isinstance(v, int | float)}
+        return int_counters(self.stats)
 
     def describe(self) -> dict[str, Any]:
         lora = self.policy.lora
@@ -92,8 +107,7 @@ class HFGenerator(Generator):
         ``GenerationError`` (``param="model"``) for an adapter this generator does not serve."""
         if adapter is None:
             return self.policy_version
-        raise GenerationError(f"no LoRA adapter {adapter!r} on this engine: it serves one policy, not named adapters",
-                              param="model")
+        raise no_named_adapters(adapter)
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams,
                        on_token: TokenCallback | None = None, adapter: str | None = None) -> GenerationResult:
