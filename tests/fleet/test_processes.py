@@ -1,4 +1,4 @@
-"""Replica processes on this machine (``--generator-replicas 2``: two ``ajet generator`` children of the fleet, the
+"""Replicas on this machine (``--generator-replicas 2``: two engine processes, ``generators/hf/engine_process``; the
 tiny model): they serve calls and keep an episode on one of them; a push reaches both; a replica SIGKILLed in the
 middle of a call hands it on (the call goes on on the other from the tokens it had), and it is restarted, caught up
 to the newest weights and serves again."""
@@ -57,7 +57,7 @@ def test_replica_processes_serve_train_and_survive_a_sigkill(fleet_engine) -> No
     fleet = engine.generator
     status = fleet.fleet()
     assert [r.state for r in status.replicas] == ["serving", "serving"]
-    assert all(r.where.startswith("process ") for r in status.replicas)
+    assert all(r.where.startswith("engine process ") for r in status.replicas)
     tok = engine.tokenizer
     ids = tok.encode("a prompt that starts an episode")
     short = SamplingParams(max_tokens=4)
@@ -83,7 +83,7 @@ def test_replica_processes_serve_train_and_survive_a_sigkill(fleet_engine) -> No
     # SIGKILL r0 in the middle of a call of its episode
     home = fleet.slots.router.replica_of("ep0")
     victim = next(s for s in fleet.slots.all() if s.name == home).replica
-    pid = victim.child.pid
+    pid = victim.generator.child.pid
     streamed: list[int] = []
 
     def on_token(token: int, _lp: float) -> None:
@@ -105,5 +105,5 @@ def test_replica_processes_serve_train_and_survive_a_sigkill(fleet_engine) -> No
              "the killed replica to serve again")
     back = next(r for r in fleet.fleet().replicas if r.name == home)
     assert back.restarts == 1 and back.policy_version == 1 and back.failed_calls == 1
-    assert victim.child.pid != pid
+    assert victim.generator.child.pid != pid
     assert run_blocking(engine.generate(ids, short, session="new")).token_ids

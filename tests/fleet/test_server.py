@@ -122,7 +122,7 @@ def test_a_replica_killed_during_a_streamed_call_loses_no_token_and_comes_back(m
             if len(chunks) == 6 and killed is None:  # a few tokens in: SIGKILL the replica generating it
                 home = fleet.slots.router.replica_of(ep["episode_id"])
                 victim = next(s for s in fleet.slots.all() if s.name == home).replica
-                killed = (home, victim.child.pid)
+                killed = (home, victim.generator.child.pid)
                 os.kill(killed[1], signal.SIGKILL)
     assert killed is not None and all("error" not in c for c in chunks)
     usage = next(c["usage"] for c in chunks if c.get("usage"))

@@ -27,7 +27,8 @@ from typing import Any
 
 from agentjet.distributed.learner import GroupLearner
 from agentjet.engines.base import Learner
-from agentjet.engines.model import load_policy_model, model_facts
+from agentjet.engines.errors import EngineUnavailableError
+from agentjet.engines.model import ModelFacts, load_policy_model, model_facts
 from agentjet.files import write_atomic
 from agentjet.generators.fleet import (
     FleetGenerator,
@@ -37,10 +38,10 @@ from agentjet.generators.fleet import (
     ReplicaDown,
     Weights,
 )
-from agentjet.generators.fleet.process import ProcessReplica
-from agentjet.generators.fleet.remote import JoinedReplica, JoinListener, RemoteReplica
+from agentjet.generators.fleet.remote import JoinedReplica, JoinListener
 from agentjet.generators.fleet.wire import Hello, Init
 from agentjet.generators.hf.build import hf_generator
+from agentjet.generators.hf.engine_process import ProcessHFGenerator
 from agentjet.generators.vllm import VLLMGenerator
 from agentjet.generators.vllm.process import ProcessState
 from agentjet.layouts.composed import ComposedEngine
@@ -115,6 +116,58 @@ class VLLMReplica(Replica):
 
     async def stop(self) -> None:
         await asyncio.to_thread(self._generator.process.stop)
+
+
+class EngineProcessReplica(Replica):
+    """The embedded generator in an engine process of its own on this machine (``ProcessHFGenerator``), as a replica:
+    started (and started again: a fresh engine process) here, brought to a version by ``load_weights`` (the
+    learner's export, in ``/dev/shm`` when it has room), pinged with a control call."""
+
+    def __init__(self, name: str, facts: ModelFacts, generator: GeneratorSettings, placement: PlacementSettings,
+                 log_path: Path) -> None:
+        self.name = name
+        self.facts = facts
+        self.settings = generator
+        self.placement = placement
+        self.log_path = log_path
+        self._engine: ProcessHFGenerator | None = None
+
+    @property
+    def generator(self) -> ProcessHFGenerator:
+        if self._engine is None:
+            raise ReplicaDown(f"replica {self.name} has no engine process")
+        return self._engine
+
+    @property
+    def version(self) -> int:
+        return self._engine.policy_version if self._engine is not None else 0
+
+    def where(self) -> str:
+        child = self._engine.child if self._engine is not None else None
+        return f"engine process {child.pid} on this machine" if child is not None else "an engine process (starting)"
+
+    def alive(self) -> bool:
+        return self._engine is not None and self._engine.alive
+
+    async def ping(self) -> None:
+        try:
+            await self.generator.ping()
+        except EngineUnavailableError as exc:
+            raise ReplicaDown(f"replica {self.name}: {exc}") from exc
+
+    async def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        engine = ProcessHFGenerator(self.facts, self.settings, self.placement, log_path=self.log_path)
+        self._engine = engine
+        await asyncio.to_thread(engine.wait_ready)
+
+    async def load(self, weights: Weights) -> None:
+        await self.generator.load_weights(weights.path, weights.version)
+
+    async def stop(self) -> None:
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            await engine.close()
 
 
 def _threads(config: ServerConfig, started: int) -> int:
@@ -210,32 +263,42 @@ def fleet_engine(config: ServerConfig, data_dir: Path) -> ComposedEngine:
 
 
 def _hf_replicas(config: ServerConfig, data_dir: Path, tokenizer: Any, fleet: FleetGenerator) -> list[Replica]:
-    """The replica processes the server starts (on this machine, or as Ray actors) and the join listener that
-    they, and machines joining by hand, dial."""
+    """The replicas the server starts (engine processes on this machine, or replica processes as Ray actors) and
+    the join listener that replica processes (Ray's, and machines joining by hand) dial."""
     f = config.generator.fleet
-    token = fleet_token(config, data_dir)
     parts = Replicas(config, data_dir, tokenizer, config.generator.replicas)
-    host, port = (f.listen.rsplit(":", 1) if f.listen else ("0.0.0.0" if f.ray else "127.0.0.1", "0"))
+    if f.ray is None and f.listen is None:
+        return _engine_processes(config, data_dir, parts.threads)
+    token = fleet_token(config, data_dir)
+    host, port = (f.listen.rsplit(":", 1) if f.listen else ("0.0.0.0", "0"))
     listener = JoinListener(host or "0.0.0.0", int(port), token, fleet.loop.loop,
                             on_new=lambda name, hello: _join(fleet, parts.joined(name, hello)))
     fleet.on_close.append(listener.close)
-    if f.ray is not None:
-        from agentjet.generators.fleet.ray_replicas import RayPlacement
+    log.info("generator replicas join at %s", listener.address())
+    if f.ray is None:  # machines join by hand; this one starts its own as engine processes
+        return _engine_processes(config, data_dir, parts.threads)
+    from agentjet.generators.fleet.ray_replicas import RayPlacement
 
-        placement = RayPlacement(f)
-        fleet.on_close.append(placement.close)
-        join = listener.address(placement.node_ip())
-        replicas: list[RemoteReplica] = [placement.replica(f"r{i}", parts.init(f"r{i}", i), tokenizer,
-                                                    parts.weights_by_path, join, token, data_dir / "replicas")
-                                   for i in range(config.generator.replicas)]
-    else:
-        join = listener.address()
-        replicas = [ProcessReplica(f"r{i}", parts.init(f"r{i}", i), tokenizer, parts.weights_by_path, join, token,
-                                   data_dir / "replicas" / f"r{i}.log") for i in range(config.generator.replicas)]
+    placement = RayPlacement(f)
+    fleet.on_close.append(placement.close)
+    join = listener.address(placement.node_ip())
+    replicas = [placement.replica(f"r{i}", parts.init(f"r{i}", i), tokenizer, parts.weights_by_path, join, token)
+                for i in range(config.generator.replicas)]
     for replica in replicas:
         listener.expect(replica)
-    log.info("generator replicas join at %s", listener.address())
     return list(replicas)
+
+
+def _engine_processes(config: ServerConfig, data_dir: Path, threads: int) -> list[Replica]:
+    """``generator.replicas`` engine processes on this machine (``generators/hf/engine_process``), each on its device.
+    Their torch threads: the engine processes inherit the server's environment, so ``OMP_NUM_THREADS`` is set in
+    it once, for all of them (the server's own torch has its threads already)."""
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(threads)
+    facts = model_facts(Path(config.model))
+    gen = config.generator.model_copy(update={"replicas": 1})
+    return [EngineProcessReplica(f"r{i}", facts, gen, config.placement.model_copy(
+        update={"device": config.generator.fleet.device_of(i) or config.placement.device}),
+        data_dir / "replicas" / f"r{i}.log") for i in range(config.generator.replicas)]
 
 
 def _join(fleet: FleetGenerator, replica: JoinedReplica) -> JoinedReplica:

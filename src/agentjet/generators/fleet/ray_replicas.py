@@ -67,7 +67,7 @@ class RayPlacement:
         return str(ray.util.get_node_ip_address())
 
     def replica(self, name: str, init: Init, tokenizer: Any, weights_by_path: Callable[[Hello], bool], join: str,
-                token: str, _log_dir: Path) -> RayReplica:
+                token: str) -> RayReplica:
         return RayReplica(name, init, tokenizer, weights_by_path, join, token, self)
 
     def new_actor(self) -> Any:
