@@ -89,7 +89,8 @@ class VLLMReplica(Replica):
         return f"vLLM at {self._generator.url} (pid {self._generator.process.pid})"
 
     def alive(self) -> bool:
-        return self._generator.process.state is ProcessState.READY and self._generator.halted_reason is None
+        """Its process serves (a failed probe is a failed push instead: it takes the replica out, naming it)."""
+        return self._generator.process.state is ProcessState.READY
 
     async def ping(self) -> None:
         if not self.alive():
