@@ -108,6 +108,18 @@ async def demo_load(url: str, episodes: int, concurrency: int, max_tokens: int =
     return load
 
 
+async def when_busy(url: str, replica: str, after_episodes: int, load: asyncio.Future[DemoLoad]) -> None:
+    """Return once ``after_episodes`` episodes have ended and ``replica`` is generating (a call in flight)."""
+    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+        while True:
+            s = ServerStatus.model_validate((await http.get("/swarm/v1/status")).json())
+            mine = next(r for r in (s.fleet.replicas if s.fleet else []) if r.name == replica)
+            if s.throughput["episodes_ended"] >= after_episodes and mine.in_flight > 0:
+                return
+            assert not load.done(), f"the run ended before replica {replica} could be caught generating"
+            await asyncio.sleep(0.01)
+
+
 def status(url: str) -> ServerStatus:
     return ServerStatus.model_validate(httpx.get(f"{url}/swarm/v1/status", timeout=30).json())
 

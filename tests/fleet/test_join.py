@@ -13,9 +13,16 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
-from tests.fleet.harness import demo_load, lost_episodes, replica_state, start_server, status, wait_status
+from tests.fleet.harness import (
+    demo_load,
+    lost_episodes,
+    replica_state,
+    start_server,
+    status,
+    wait_status,
+    when_busy,
+)
 
 from agentjet.generators.fleet.wire import TOKEN_ENV
 from agentjet.runtime.launch import free_port
@@ -57,14 +64,7 @@ def test_replicas_that_join_by_hand_train_the_demo_and_one_lost_mid_run_loses_no
 
         async def run() -> tuple:
             load_task = asyncio.ensure_future(demo_load(server.url, episodes=64, concurrency=8))
-            async with httpx.AsyncClient(base_url=server.url) as http:
-                while True:  # kill m1 while it generates, a few episodes in
-                    s = (await http.get("/swarm/v1/status")).json()
-                    m1 = next(r for r in s["fleet"]["replicas"] if r["name"] == "m1")
-                    if s["throughput"]["episodes_ended"] >= 8 and m1["in_flight"] > 0:
-                        break
-                    assert not load_task.done(), "the run ended before m1 could be killed"
-                    await asyncio.sleep(0.01)
+            await when_busy(server.url, "m1", 8, load_task)  # kill m1 while it generates, a few episodes in
             os.kill(machines["m1"].pid, signal.SIGKILL)
             killed_at = time.monotonic()
             machines["m1"].wait(timeout=30)

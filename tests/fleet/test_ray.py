@@ -12,13 +12,12 @@ import os
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 pytest.importorskip("ray")
 
 from ray.cluster_utils import Cluster  # noqa: E402
-from tests.fleet.harness import demo_load, lost_episodes, start_server, wait_status  # noqa: E402
+from tests.fleet.harness import demo_load, lost_episodes, start_server, wait_status, when_busy  # noqa: E402
 
 import agentjet  # noqa: E402
 from agentjet.settings import (  # noqa: E402
@@ -67,14 +66,7 @@ def test_replicas_on_a_two_node_ray_cluster_survive_a_lost_node(tiny_model_path:
 
         async def run() -> tuple:
             load_task = asyncio.ensure_future(demo_load(server.url, episodes=64, concurrency=8))
-            async with httpx.AsyncClient(base_url=server.url) as http:
-                while True:  # the worker node dies while its replica generates, a few episodes in
-                    st = (await http.get("/swarm/v1/status")).json()
-                    mine = next(r for r in st["fleet"]["replicas"] if r["name"] == on_worker)
-                    if st["throughput"]["episodes_ended"] >= 8 and mine["in_flight"] > 0:
-                        break
-                    assert not load_task.done(), "the run ended before the node could be removed"
-                    await asyncio.sleep(0.01)
+            await when_busy(server.url, on_worker, 8, load_task)  # the node dies while its replica generates
             lost_at = time.monotonic()
             await asyncio.to_thread(cluster.remove_node, worker, False)
             return await load_task, lost_at
