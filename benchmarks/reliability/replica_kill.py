@@ -36,11 +36,6 @@ sys.path.insert(0, str(ROOT / "benchmarks"))  # workloads.py
 sys.path.insert(0, str(ROOT))  # tests/fleet/harness.py
 
 import torch  # noqa: E402
-from workloads import RESULTS, machine  # noqa: E402
-
-from agentjet.models import resolve_model  # noqa: E402
-from agentjet.runtime.provenance import git_commit  # noqa: E402
-from agentjet.settings import ServerConfig  # noqa: E402
 from tests.fleet.harness import (  # noqa: E402
     demo_load,
     lost_episodes,
@@ -51,6 +46,11 @@ from tests.fleet.harness import (  # noqa: E402
     wait_status,
     when_busy,
 )
+from workloads import RESULTS, machine  # noqa: E402
+
+from agentjet.models import resolve_model  # noqa: E402
+from agentjet.runtime.provenance import git_commit  # noqa: E402
+from agentjet.settings import ServerConfig  # noqa: E402
 
 VICTIM = "r0"
 GROUP = 8  # episodes per task: the server's group size

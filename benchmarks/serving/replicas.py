@@ -45,11 +45,11 @@ prefer_passive_openmp()
 # isort: split
 import torch  # noqa: E402
 from server_throughput import through_server  # noqa: E402
+from tests.fleet.harness import demo_load, start_server, status  # noqa: E402
 from workloads import MODEL_ROOT, RESULTS, machine, model_path  # noqa: E402
 
 from agentjet.runtime.provenance import git_commit  # noqa: E402
 from agentjet.settings import ServerConfig  # noqa: E402
-from tests.fleet.harness import demo_load, start_server, status  # noqa: E402
 
 LAYOUTS = {"one": 1, "two": 2}
 TOKEN = "bench-admin-token-0123456789"
