@@ -28,6 +28,9 @@
 #            wrote it before, against several threads unsynced, as they write it now
 #   gen17    the embedded engine at SmolLM2-1.7B shapes, c1 and c64: last, in whatever time is left
 #   train17  the train step at 1.7B shapes (gradient checkpointing on both sides), in whatever time is left
+#   replicas two generator replicas (engine processes) on the one GPU against one generator, through ajet server,
+#            c64 and c128: tokens/s and demo rollouts per minute (not in the default list: `scripts/gpu_check.sh
+#            replicas`)
 #
 # Everything lands in $OUT (default /tmp/gpu-check) as it is made, at most 8 files: summary.json (device,
 # versions, each stage's status and seconds, the figures the CUDA tests report, and every benchmark stage's JSON
@@ -63,6 +66,9 @@ if [ "$REHEARSE" = 1 ]; then  # the same commands on the CPU, small: a typo cost
 else
   DEV=cuda; MODEL=135m; MODEL17=1.7b; GEN_C=1,64; SRV_C=64; TRAIN=(); NEW=()
 fi
+
+# the rollout fleet (issue 49): two replicas on the one GPU against one, at c64 and c128
+if [ "$REHEARSE" = 1 ]; then REP_C=4,8; REP_EPISODES=16; else REP_C=64,128; REP_EPISODES=128; fi
 
 STAGES=/tmp/aj-gpu-stages.txt  # one line per finished stage: name, status, seconds
 : >"$STAGES"
@@ -148,6 +154,8 @@ stage() {
              --variants continuous --workloads fixed "${NEW[@]}" --output "$RES/engine_cuda_17b.json" ;;
     train17) run_stage train17 180 python3 benchmarks/serving/engine.py --device $DEV --model $MODEL17 --train "${TRAIN[@]}" \
                --output "$RES/train_cuda_17b.json" ;;
+    replicas) run_stage replicas 300 python3 benchmarks/serving/replicas.py --device $DEV --model $MODEL \
+                --concurrency $REP_C --rounds 1 --episodes $REP_EPISODES --output "$RES/replicas_cuda_135m.json" ;;
     *) say "unknown stage $1"; echo "$1 0 unknown" >>"$STAGES" ;;
   esac
 }

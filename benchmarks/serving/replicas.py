@@ -62,7 +62,8 @@ def server_config(path: Path, data_dir: Path, replicas: int, threads: int, args:
         "model": str(path), "served_model_name": "bench", "data_dir": str(data_dir), "log_level": "WARNING",
         "lease_seconds": 3600, "admin_token": TOKEN, "placement": {"device": args.device},
         "learner": {"learning_rate": 1e-5},
-        "training": {"group_size": GROUP, "batch_groups": 2, "checkpoint_every": 0},
+        # admission off: the bursts begin c episodes of c tasks at once, beyond the staleness bound's capacity
+        "training": {"group_size": GROUP, "batch_groups": 2, "checkpoint_every": 0, "admission": False},
         "generator": {"max_batch_size": max(args.concurrency), "replicas": replicas, "fleet": fleet}})
 
 

@@ -5,14 +5,18 @@ cluster places them (``--ray``).
 
 The learner keeps its own copy of the weights (the in-process learner, as with vLLM), or is a trainer group. The
 replicas:
-- embedded (``--engine hf``): replica processes of their own (``ajet generator``), each with its device and torch
-  threads (``generator.fleet.devices``, ``threads``): on this machine (``process.py``), or as Ray actors on a
-  cluster's nodes (``ray_replicas.py``); machines may join by hand besides (``ajet generator --join``);
-- vLLM: N managed vLLM servers on this machine, each with its port, work directory and GPUs
+- embedded (``--engine hf``) on this machine: engine processes (``generators/hf/engine_process``:
+  ``EngineProcessReplica``), each on its device (``generator.fleet.devices``) with ``generator.fleet.threads``
+  torch threads;
+- embedded on a Ray cluster (``--ray``): replica processes (``ajet generator``) in Ray actors on the cluster's
+  nodes (``generators/fleet/ray_replicas.py``);
+- embedded on machines that join by hand (``ajet generator --join``, ``generator.fleet.listen``), beside the
+  server's own;
+- vLLM: N managed vLLM servers on this machine (``VLLMReplica``), each with its port, work directory and GPUs
   (``generator.fleet.devices``: one CUDA_VISIBLE_DEVICES per replica); each push is probed on each.
 
-Every replica process dials the fleet's join address with its secret (``generator.fleet.token``: random unless
-given, and written to ``<data_dir>/fleet.token`` when machines may join).
+A replica process dials the fleet's join address with its secret (``generator.fleet.token``: random unless given,
+and written to ``<data_dir>/fleet.token`` when machines may join).
 """
 
 from __future__ import annotations

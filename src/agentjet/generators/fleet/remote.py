@@ -1,7 +1,6 @@
 """The server's side of replica processes (``ajet generator``, ``host.py``): ``RemoteGenerator``, a ``Generator``
-over one replica's connection (``wire.py``); ``RemoteReplica``, the handle of a replica that dials in (a process
-this server starts, ``process.py``; a Ray actor, ``ray_replicas.py``; a machine that joined by hand,
-``JoinedReplica``); and ``JoinListener``, the join address every one of them dials with the fleet's secret.
+over one replica's connection (``wire.py``); ``RemoteReplica``, the handle of a replica that dials in (a Ray actor's,
+``ray_replicas.py``; a machine that joined by hand, ``JoinedReplica``); and ``JoinListener``, the join address every one of them dials with the fleet's secret.
 
 A replica that joins by hand (``ajet generator --join HOST:PORT``) is added to the fleet under its name (its own
 ``--name``, else ``<host>-<pid>``), caught up to the newest weights and put in rotation. If it dies, it is out of

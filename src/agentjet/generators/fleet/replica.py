@@ -2,9 +2,9 @@
 alive: started, checked, pinged, loaded with weights, stopped) and the ``ReplicaSlot`` the fleet keeps for it (its
 state, the calls it owes, when it was last heard from, its counters).
 
-Kinds of replica: an embedded generator in the server's process (``InProcessReplica``: tests, and the measurement
-baseline), a replica process on this machine (``process.py``), a Ray actor (``ray_replicas.py``), a machine that
-joined by hand (``remote.py: JoinedReplica``), a vLLM server (``layouts/fleet.py``)."""
+Kinds of replica: an embedded generator in the server's process (``InProcessReplica``: tests; also what a replica
+process serves, ``host.py``), an engine process or a vLLM server on this machine (``layouts/fleet.py``), a replica
+process in a Ray actor (``ray_replicas.py``), a machine that joined by hand (``remote.py: JoinedReplica``)."""
 
 from __future__ import annotations
 
