@@ -64,7 +64,9 @@ def test_replicas_that_join_by_hand_train_the_demo_and_one_lost_mid_run_loses_no
 
         async def run() -> tuple:
             load_task = asyncio.ensure_future(demo_load(server.url, episodes=64, concurrency=8))
-            await when_busy(server.url, "m1", 8, load_task)  # kill m1 while it generates, a few episodes in
+            await when_busy(server.url, "m1", 8, load_task)  # kill m1 while it generates, a few episodes in:
+            os.kill(machines["m1"].pid, signal.SIGSTOP)  # frozen first, so that calls are surely in flight on it
+            await when_busy(server.url, "m1", 8, load_task)
             os.kill(machines["m1"].pid, signal.SIGKILL)
             killed_at = time.monotonic()
             machines["m1"].wait(timeout=30)

@@ -1,7 +1,7 @@
 """A swarm server over a fleet: the router's counts in the status, the dashboard and Prometheus (one read model),
-a version served only once every replica holds it, and a replica process SIGKILLed in the middle of a streamed
-call: the client's stream completes (no 5xx), the call is recorded with every token and its behaviour logprob,
-and the replica comes back."""
+a version served only once every replica holds it, and, on two engine processes (``--generator-replicas 2``), one
+SIGKILLed in the middle of a streamed call: the client's stream completes (no 5xx), the call is recorded with every
+token and its behaviour logprob, the replica comes back, and the next step's push reaches both."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from pathlib import Path
 import httpx
 import pytest
 from tests.conftest import wait_until
-from tests.fleet.test_processes import fleet_config
 from tests.observe.helpers import ADMIN, READ, play_group
 
 from agentjet.generators.fleet import FleetGenerator, FleetSync, Weights
@@ -25,7 +24,14 @@ from agentjet.layouts.fleet import hf_replica
 from agentjet.learners.inprocess import InProcessLearner
 from agentjet.observe import ObserveSettings
 from agentjet.protocol import ServerStatus
-from agentjet.settings import FleetSettings, GeneratorSettings, LearnerSettings, LossSettings
+from agentjet.settings import FleetSettings, GeneratorSettings, LearnerSettings, LossSettings, ServerConfig
+
+
+def fleet_config(model: Path, data_dir: Path, replicas: int = 2, **fleet) -> ServerConfig:
+    settings = {"threads": 1, "health_interval_s": 0.2, "restart_backoff_s": 0.1, "startup_timeout_s": 120, **fleet}
+    return ServerConfig(model=str(model), data_dir=data_dir, learner=LearnerSettings(learning_rate=1e-3),
+                        generator=GeneratorSettings(replicas=replicas, max_batch_size=4,
+                                                    fleet=FleetSettings(**settings)))
 
 
 def in_process_fleet(model: Path, tmp_path: Path, n: int = 2) -> ComposedEngine:
@@ -136,4 +142,16 @@ def test_a_replica_killed_during_a_streamed_call_loses_no_token_and_comes_back(m
     assert all(math.isfinite(lp) and lp <= 0 for lp in trained)
     home = killed[0]
     wait_until(lambda: next(r for r in fleet.fleet().replicas if r.name == home).state == "serving", timeout=120)
-    assert next(r for r in fleet.fleet().replicas if r.name == home).restarts == 1
+    back = next(r for r in fleet.fleet().replicas if r.name == home)
+    assert back.restarts == 1 and back.failed_calls == 1 and back.where != f"engine process {killed[1]} on this machine"
+
+    # the episode's group completes: a train step, its push to both engine processes, v1 served
+    other = httpx.post(f"{srv.url}/swarm/v1/episodes", json={"client_id": "c1", "task_id": "t"}).json()
+    auth = {"Authorization": f"Bearer {other['api_key']}"}
+    r = httpx.post(f"{srv.url}/v1/chat/completions", headers=auth, timeout=120,
+                   json={"model": "agent", "messages": body["messages"], "max_tokens": 8})
+    assert r.status_code == 200
+    httpx.post(f"{srv.url}/swarm/v1/episodes/{other['episode_id']}/end", headers=auth, json={"reward": 0.0})
+    wait_until(lambda: httpx.get(f"{srv.url}/health").json()["policy_version"] == 1, timeout=120)
+    assert [r.policy_version for r in fleet.fleet().replicas] == [1, 1]
+    assert all(r.pushes == 1 and r.last_push_s > 0 for r in fleet.fleet().replicas)
