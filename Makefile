@@ -96,9 +96,11 @@ setup-ray: setup
 
 # ajet research on a local two-node Ray cluster (a head and a worker, one trial slot each; the tiny model): the
 # trials land on both nodes, the worker is killed mid-trial and its trial is retried on the head, the driver is
-# SIGKILLed and restarted and finds its trials again (~3 min on 2 cores; under the CPU lock).
+# SIGKILLed and restarted and finds its trials again (~3 min on 2 cores; under the CPU lock). Then ajet server
+# --ray with two generator replicas as actors, one on each node: the worker is removed mid-run and its replica is
+# replaced on the head with no episode lost (tests/fleet/test_ray.py).
 test-ray: setup-ray
-	$(PY) -m pytest -q -m ray --timeout=900 -rs -n 0 tests/research/test_ray.py
+	$(PY) -m pytest -q -m ray --timeout=900 -rs -n 0 tests/research/test_ray.py tests/fleet/test_ray.py
 
 # The real agent harnesses: Claude Code 2.1.328 and Codex CLI 0.169.0 from npm into .harnesses (~760 MB, their native
 # binaries inside the packages), and the Claude Agent SDK (the harnesses extra, pinned) into this venv.

@@ -7,8 +7,8 @@
 #   scripts/gpu_check.sh train_compile gen135   # a second command: what the first had no time for
 #   REHEARSE=1 scripts/gpu_check.sh       # on a CPU machine: the same stages on the CPU with small sizes
 #
-# Default order (issue 52, GPU round 4; its stages 1-2, the engine process and two replicas, wait for the rollout
-# fleet): tests, loop, train, then the older stages as time allows.
+# Default order (issue 52, GPU round 4): tests, serverproc (the engine process, stage 1), replicas (two replicas,
+# stage 2), loop, train, train_compile, serverprocload, then the older stages as time allows.
 #
 # Stages (each under its own time cap, cut to what is left of BUDGET_S; one that no longer fits is skipped):
 #   tests    pytest -m cuda: CUDA graphs across a train step, fp32 exact / bf16 bounded logprobs, LoRA, the NCCL group,
@@ -40,6 +40,8 @@
 #            wrote it before, against several threads unsynced, as they write it now
 #   gen17    the embedded engine at SmolLM2-1.7B shapes, c1 and c64: last, in whatever time is left
 #   train17  the train step at 1.7B shapes (gradient checkpointing on both sides), in whatever time is left
+#   replicas two generator replicas (engine processes) on the one GPU against one generator, through ajet server,
+#            c64 and c128: tokens/s and demo rollouts per minute
 #
 # Everything lands in $OUT (default /tmp/gpu-check) as it is made, at most 8 files: summary.json (device,
 # versions, each stage's status and seconds, the figures the CUDA tests report, and every benchmark stage's JSON
@@ -79,6 +81,9 @@ else
   DEV=cuda; MODEL=135m; MODEL17=1.7b; GEN_C=1,64; SRV_C=64; TRAIN=(); NEW=()
   LOOP=(--concurrency 64 --group-size 8 --new-tokens 128 --seconds "${LOOP_S:-180}")
 fi
+
+# the rollout fleet (issue 49): two replicas on the one GPU against one, at c64 and c128
+if [ "$REHEARSE" = 1 ]; then REP_C=4,8; REP_EPISODES=16; else REP_C=64,128; REP_EPISODES=128; fi
 
 STAGES=/tmp/aj-gpu-stages.txt  # one line per finished stage: name, status, seconds
 : >"$STAGES"
@@ -173,7 +178,7 @@ stage() {
   esac
 }
 
-# ---- the engine process (issue 49): its stages in a block of their own
+# ---- the engine process and the replicas (issue 49): their stages in a block of their own
 #   serverproc     ajet server with the embedded engine in an engine process of its own and ajet server with it in
 #                  process, side by side in the same rounds, at c64, one burst, against the same generations
 #                  engine-direct (server_over_direct for each); confirms (or not) generator.engine_process's GPU
@@ -189,6 +194,8 @@ engine_process_stage() {
     serverprocload) run_stage serverprocload 300 python3 benchmarks/serving/server_throughput.py --device $DEV \
                       --model $MODEL --concurrency $SRV_C --repeats 2 --calls 4 --engine-process off,on \
                       "${tokens[@]}" --output "$RES/server_cuda_135m_engine_process_load.json" ;;
+    replicas) run_stage replicas 300 python3 benchmarks/serving/replicas.py --device $DEV --model $MODEL \
+                --concurrency $REP_C --rounds 1 --episodes $REP_EPISODES --output "$RES/replicas_cuda_135m.json" ;;
     *) return 1 ;;
   esac
 }
@@ -196,7 +203,7 @@ engine_process_stage() {
 summary
 say "$(python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__, "cuda", torch.cuda.is_available())' 2>&1)"
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(tests loop train train_compile gen135 serverload group snapshot server train17 gen17)  # the last ones: if time is left
+[ ${#stages[@]} -eq 0 ] && stages=(tests serverproc replicas loop train train_compile serverprocload gen135 serverload group snapshot server train17 gen17)  # the last ones: if time is left
 for s in "${stages[@]}"; do stage "$s"; done
 say "done; files in $OUT:"
 ls -la "$OUT" | tee -a "$LOG"

@@ -19,6 +19,7 @@ from agentjet.cli import app
 from agentjet.runtime.blocking import run_blocking
 from agentjet.settings import (
     EngineKind,
+    FleetSettings,
     LogSink,
     ServerConfig,
     SettingField,
@@ -47,7 +48,8 @@ def sample_value(f: SettingField) -> tuple[str, Any]:
                "control_host": ("0.0.0.0", "0.0.0.0"), "work_dir": ("/tmp/aj-w", Path("/tmp/aj-w")),
                "export_dir": ("/tmp/aj-e", Path("/tmp/aj-e")), "recovery_dir": ("/tmp/aj-r", Path("/tmp/aj-r")),
                "model_revision": ("v1", "v1"),
-               "correction_high": ("3.5", 3.5), "heartbeat_timeout_s": ("4.5", 4.5)}
+               "correction_high": ("3.5", 3.5), "heartbeat_timeout_s": ("4.5", 4.5),
+               "listen": ("0.0.0.0:29600", "0.0.0.0:29600"), "resources": ("replica_slot=1", {"replica_slot": 1.0})}
     if f.path[-1] in special:
         return special[f.path[-1]]
     inner = _strip_optional(f.annotation)
@@ -416,7 +418,9 @@ def test_a_settings_dict_written_before_the_moves_upgrades_to_the_same_settings(
                    "learner.flat_masters", "learner.compile_logprobs", "generator.engine_process",
                    *(f"generator.process.{name}" for name in ("startup_timeout_s", "request_timeout_s",
                                                               "control_timeout_s", "heartbeat_timeout_s",
-                                                              "stop_timeout_s"))}
+                                                              "stop_timeout_s")),
+                   "generator.replicas",
+                   *(f"generator.fleet.{name}" for name in FleetSettings.model_fields if name != "token")}
     assert len(old_leaves) == len(new_leaves) - len(added_since) and added_since <= set(new_leaves)  # none lost
     for old, value in old_leaves.items():  # each where the table says it went, with its value
         path = tuple(old.split("."))

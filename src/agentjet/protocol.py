@@ -192,6 +192,43 @@ class TinkerStatus(_Reply):
                                                             "adapter's name)")
 
 
+class ReplicaStatus(_Reply):
+    """One generator replica behind the server's router (``docs/distributed.md``, "Rollout replicas")."""
+
+    name: str
+    state: str = Field(description="starting, serving (in rotation), out (taken out: died, hung or a push failed; "
+                       "a restart is due), restarting, failed (restarts used up) or stopped")
+    where: str = Field(description="where it runs: a process on this machine, a Ray actor on a node, or a machine "
+                       "that joined")
+    policy_version: int = Field(description="the version of the weights it holds")
+    in_flight: int = Field(description="calls it is generating now")
+    sessions: int = Field(description="episodes (and Tinker sampling clients) whose calls go to it")
+    calls: int = Field(description="calls it completed")
+    tokens: int = Field(description="tokens of the calls it completed")
+    failed_calls: int = Field(description="calls it did not complete (each went on on another replica)")
+    restarts: int
+    pushes: int = Field(description="weight pushes it took")
+    push_failures: int = Field(description="weight pushes that failed on it (each took it out of rotation)")
+    last_push_s: float = Field(description="seconds its latest weight push took (0 before the first)")
+    push_s_total: float = Field(description="seconds of all its weight pushes")
+    out_reason: str | None = Field(None, description="why it was last taken out of rotation")
+
+
+class FleetStatus(_Reply):
+    """The server's rollout fleet: its replicas and the router's counts."""
+
+    replicas: list[ReplicaStatus]
+    serving: int = Field(description="replicas in rotation")
+    routed_calls: int = Field(description="calls routed (each attempt of a call that moved counts once)")
+    affinity_hits: int = Field(description="calls of a session sent to the replica that served its earlier calls")
+    new_sessions: int = Field(description="new sessions (and calls without one) sent to the least-loaded replica")
+    rebound_sessions: int = Field(description="sessions moved to another replica because theirs left rotation")
+    failovers: int = Field(description="calls that went on on another replica after theirs died or hung")
+    failover_tokens: int = Field(description="tokens generated before a failover and kept (the call went on from "
+                                 "them)")
+    unavailable: int = Field(description="calls that found no replica in rotation in time (answered 503)")
+
+
 class ServerStatus(_Reply):
     model: str
     engine: str
@@ -224,6 +261,8 @@ class ServerStatus(_Reply):
                                                "the oldest of theirs); empty with one policy")
     tinker: TinkerStatus | None = Field(None, description="the Tinker API's sessions and training clients; null "
                                         "when it is off (no --tinker-key)")
+    fleet: FleetStatus | None = Field(None, description="the generator replicas behind the router and its counts; "
+                                      "null with one generator")
 
 
 class ConfigChange(_Request):

@@ -112,3 +112,18 @@ def test_stop_escalates_to_sigkill(tmp_path):
     assert not alive(pid) and time.monotonic() - t0 < 10
     assert "ignored SIGTERM" not in (tmp_path / "proc.log").read_text()  # the warning goes to our log, not its
     assert proc.state is ProcessState.STOPPED
+
+
+def test_a_stopped_process_starts_again(tmp_path):
+    """Stop, then start the same supervisor again (a fleet restarts a replica's vLLM so): the start waits for its
+    own command, not for the stop's (it used to return at once, the process still stopped)."""
+    proc = ManagedProcess(lambda: spec(tmp_path, "import time; time.sleep(60)"), Timing(stop_timeout_s=2.0),
+                          healthy=lambda url: True)
+    proc.start()
+    first = proc.pid
+    proc.stop()
+    assert proc.state is ProcessState.STOPPED and not alive(first)
+    proc.start()
+    assert proc.state is ProcessState.READY and proc.pid != first and alive(proc.pid)
+    proc.stop()
+    assert proc.state is ProcessState.STOPPED

@@ -207,3 +207,32 @@ def test_an_engine_without_a_seam_shows_no_weight_syncs_and_old_answers_still_pa
                                                     headers={"Authorization": f"Bearer {READ}"}).text
     old = {k: v for k, v in status.items() if not k.startswith("weight_sync")}  # a server before these fields
     assert ServerStatus.model_validate(old).weight_syncs is None
+
+
+FLEET_COUNTERS_FILE = SRC / "generators" / "fleet" / "counters.py"
+FLEET_NOT_COUNTERS = {("fleet.py", "self.calls")}  # the fleet's call path (``Calls``), not ``ReplicaCounters.calls``
+
+
+def test_the_fleets_counters_are_written_at_one_site_each() -> None:
+    """The router's and each replica's counters (``generators/fleet/counters.py``, read into the snapshot through
+    ``Generator.fleet()``) follow the read model's rule: each written in exactly one method of its class, and
+    nowhere else in the fleet's package."""
+    from agentjet.generators.fleet.counters import ReplicaCounters, RouterCounters
+
+    tree = ast.parse(FLEET_COUNTERS_FILE.read_text())
+    for cls in (RouterCounters, ReplicaCounters):
+        (node,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls.__name__]
+        writers: dict[str, list[str]] = {}
+        for fn in node.body:
+            if isinstance(fn, ast.FunctionDef):
+                for attr in _written(fn):
+                    if isinstance(attr.value, ast.Name) and attr.value.id == "self":
+                        writers.setdefault(attr.attr, []).append(fn.name)
+        for name in _fields(cls):
+            assert len(writers.get(name, [])) == 1, f"{cls.__name__}.{name} is written in {writers.get(name)}"
+    names = _fields(RouterCounters) | _fields(ReplicaCounters)
+    found = [f"{path.name}:{attr.lineno}: {ast.unparse(attr)}"
+             for path in sorted((SRC / "generators" / "fleet").glob("*.py")) if path != FLEET_COUNTERS_FILE
+             for attr in _written(ast.parse(path.read_text()))
+             if attr.attr in names and (path.name, ast.unparse(attr)) not in FLEET_NOT_COUNTERS]
+    assert found == [], "the fleet's counters are written only by their methods in generators/fleet/counters.py"

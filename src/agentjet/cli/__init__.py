@@ -1,5 +1,5 @@
 """The ``ajet`` command line: ``server`` (generated from the settings), ``run``, ``status``, ``ctl``, ``up``,
-``demo``, ``model``, ``export``, ``bench``, ``research``, ``verifiers``."""
+``demo``, ``model``, ``export``, ``generator``, ``bench``, ``research``, ``verifiers``."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import typer
 
 from agentjet.cli import bench, client, ctl, research, swarm, verifiers
 from agentjet.cli.export import export
+from agentjet.cli.generator import generator
 from agentjet.cli.server import EPILOG, make_server_command
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
@@ -34,6 +35,7 @@ app.command("up")(swarm.up)
 app.command("demo")(swarm.make_demo_command())
 app.command("model")(swarm.model)
 app.command("export")(export)
+app.command("generator")(generator)
 app.command("bench")(bench.bench)
 app.command("research")(research.research)
 app.command("verifiers")(verifiers.verifiers)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from agentjet.engines.errors import GenerationError
+from agentjet.protocol import FleetStatus
 
 TokenCallback = Callable[[int, float], None]
 MAX_SEED = 2**63  # seeds are in [0, 2**63): what a torch generator takes on every device
@@ -158,6 +159,19 @@ class Generator(abc.ABC):
         adapters on one base (``layouts/adapters.py``); None is the generator's only policy. A generator that
         does not serve that adapter raises ``GenerationError`` with ``param="model"``."""
 
+    async def generate_for(self, session: str | None, prompt_ids: list[int], sampling: SamplingParams,
+                           on_token: TokenCallback | None = None, adapter: str | None = None) -> GenerationResult:
+        """``generate`` on behalf of ``session`` (an episode, a Tinker sampling client; None: no session): a fleet of
+        replicas (``generators/fleet``) sends a session's calls to one replica, where its prefix is cached; one
+        generator has nothing to route and generates."""
+        if adapter is None:  # the three-argument call: a generator written before adapters still serves it
+            return await self.generate(prompt_ids, sampling, on_token)
+        return await self.generate(prompt_ids, sampling, on_token, adapter=adapter)
+
+    def fleet(self) -> FleetStatus | None:
+        """Its replicas and the router's counts, for the status; None for a generator that is not a fleet."""
+        return None
+
     def describe(self) -> dict[str, Any]:
         return {"kind": type(self).__name__}
 
@@ -275,7 +289,11 @@ class Engine(Protocol):
     def learning_rate(self) -> float: ...
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams,
-                       on_token: TokenCallback | None = None, adapter: str | None = None) -> GenerationResult: ...
+                       on_token: TokenCallback | None = None, adapter: str | None = None,
+                       session: str | None = None) -> GenerationResult:
+        """``session``: the episode (or Tinker sampling client) the call belongs to, which a fleet of replicas
+        routes by (``Generator.generate_for``)."""
+        ...
 
     async def train_step(self, batch: list[TrainSample]) -> StepOutput:
         """The learner's step, then the seam's push of the new weights to the generator."""

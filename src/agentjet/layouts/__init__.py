@@ -9,6 +9,7 @@
 | vLLM      | in process         | safetensors + vLLM reload (+ probe)           | ``vllm.py``: ``vllm_engine``         |
 | vLLM      | trainer group      | safetensors + vLLM reload (+ probe)           | ``vllm.py``: ``vllm_engine``         |
 | null      | null               | none (the version only)                       | ``null.py``: ``null_engine``         |
+| N replicas| in process or group| one export pushed to every replica (+ probe)  | ``fleet.py``: ``fleet_engine``       |
 
 (NCCL through vLLM's weight-transfer API is the fast path for vLLM with the in-process learner on GPUs:
 ``generators/vllm/native_sync.py``.) One base with several named LoRA adapters, one engine per adapter (an
@@ -25,6 +26,7 @@ from agentjet.layouts.build import build_adapters, build_engine, build_from_sett
 from agentjet.layouts.composed import ComposedEngine
 from agentjet.layouts.embedded import embedded_engine
 from agentjet.layouts.engine_process import engine_process_engine
+from agentjet.layouts.fleet import fleet_engine
 from agentjet.layouts.group import group_engine
 from agentjet.layouts.null import NullAdapters, null_engine
 from agentjet.layouts.placement import PlacementError, check_placement
@@ -33,5 +35,5 @@ from agentjet.layouts.vllm_adapters import VLLMAdapters, vllm_adapters
 
 __all__ = ["AdapterEngines", "ComposedEngine", "NullAdapters", "PlacementError", "VLLMAdapters", "adapter_engines",
            "build_adapters", "build_engine", "build_from_settings", "check_placement", "embedded_engine",
-           "engine_process_engine", "group_engine",
+           "engine_process_engine", "fleet_engine", "group_engine",
            "null_engine", "vllm_adapters", "vllm_engine"]

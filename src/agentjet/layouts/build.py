@@ -16,6 +16,7 @@ from agentjet.engines.base import AdapterSet, Engine
 from agentjet.layouts.adapters import adapter_engines
 from agentjet.layouts.embedded import embedded_engine
 from agentjet.layouts.engine_process import engine_process_engine, uses_engine_process
+from agentjet.layouts.fleet import fleet_engine
 from agentjet.layouts.group import group_engine
 from agentjet.layouts.null import NullAdapters, null_engine
 from agentjet.layouts.placement import check_placement
@@ -37,8 +38,9 @@ def _vllm_dir(config: ServerConfig) -> Path:
 
 def build_engine(config: ServerConfig) -> Engine:
     """One policy's engine, as the ``generator``, ``learner`` and ``placement`` blocks (and the loss settings) ask:
-    the null pair, vLLM with either learner, or the embedded generator with a trainer group or in process. Settings
-    that name LoRA adapters are refused: ``build_adapters`` builds those."""
+    the null pair, a fleet of generator replicas with either learner, vLLM with either learner, or the embedded
+    generator with a trainer group or in process. Settings that name LoRA adapters are refused: ``build_adapters``
+    builds those."""
     if config.swarm_adapters():
         raise ValueError(f"the settings name LoRA adapters {config.swarm_adapters()}: build them with "
                          "build_adapters (one engine per adapter), not build_engine")
@@ -48,6 +50,8 @@ def build_engine(config: ServerConfig) -> Engine:
         return null_engine(AutoTokenizer.from_pretrained(config.model), reply=gen.null_reply,
                            delay_s=gen.null_delay_ms / 1000)
     check_placement(config)
+    if gen.is_fleet:
+        return fleet_engine(config, Path(config.data_dir or "."))
     if gen.kind is EngineKind.VLLM:
         return vllm_engine(config, _vllm_dir(config))
     if config.learner.group.procs:
@@ -65,6 +69,10 @@ def build_adapters(config: ServerConfig) -> AdapterSet:
     names = config.swarm_adapters()
     if not names:
         raise ValueError("build_adapters needs LoRA adapters (learner.lora.adapters); build_engine builds one policy")
+    if config.generator.is_fleet:
+        raise ValueError(f"LoRA adapters {names} on generator replicas are not built yet: the adapter layouts train "
+                         "in place on one generator's module (or one vLLM's); use generator.replicas 1 "
+                         "(--generator-replicas 1) with adapters or a Tinker key")
     config = _resolved(config)
     gen = config.generator
     if gen.kind is EngineKind.NULL:

@@ -78,13 +78,13 @@ class ComposedEngine(Generic[L, G]):
         return self._pushing
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams,
-                       on_token: TokenCallback | None = None, adapter: str | None = None) -> GenerationResult:
+                       on_token: TokenCallback | None = None, adapter: str | None = None,
+                       session: str | None = None) -> GenerationResult:
         """Generate a completion. ``on_token(token_id, logprob)`` is called on the event loop for each token as
         it is produced (a generator without streaming calls it for all tokens at the end). ``adapter``: the
-        LoRA adapter that generates it (``Generator.generate``); None, the generator's only policy."""
-        if adapter is None:  # the three-argument call: a generator written before adapters still serves it
-            return await self.generator.generate(prompt_ids, sampling, on_token)
-        return await self.generator.generate(prompt_ids, sampling, on_token, adapter=adapter)
+        LoRA adapter that generates it (``Generator.generate``); None, the generator's only policy. ``session``:
+        the episode it belongs to, which a fleet of replicas routes by (``Generator.generate_for``)."""
+        return await self.generator.generate_for(session, prompt_ids, sampling, on_token, adapter)
 
     async def train_step(self, batch: list[TrainSample]) -> StepOutput:
         if not batch:

@@ -190,6 +190,7 @@ class SnapshotCollector(Collector):
         yield tracking
         yield from _adapter_metrics(s)
         yield from _tinker_metrics(s)
+        yield from _fleet_metrics(s)
 
 
 def _adapter_metrics(s: RunSnapshot) -> Iterator[Metric]:
@@ -236,6 +237,48 @@ def _tinker_metrics(s: RunSnapshot) -> Iterator[Metric]:
         if c.last_loss is not None:
             loss.add_metric([model_id], c.last_loss)
     yield from (steps, fwdbwd, loss)
+
+
+_ROUTER = {"routed_calls": "calls routed to a replica (each attempt of a call that moved once)",
+           "affinity_hits": "calls of a session sent to the replica of its earlier calls",
+           "new_sessions": "new sessions (and calls of none) sent to the least-loaded replica",
+           "rebound_sessions": "sessions moved to another replica because theirs left rotation",
+           "failovers": "calls that went on on another replica after theirs died or hung",
+           "failover_tokens": "tokens generated before a failover and kept",
+           "unavailable": "calls that found no replica in rotation in time"}
+_REPLICA_GAUGES = {"policy_version": "the policy version a replica holds", "in_flight": "calls a replica generates "
+                   "now", "sessions": "sessions routed to a replica", "last_push_s": "seconds of a replica's latest "
+                   "weight push"}
+_REPLICA_COUNTERS = {"calls": "calls a replica completed", "tokens": "tokens of the calls a replica completed",
+                     "failed_calls": "calls a replica did not complete (each went on elsewhere)",
+                     "restarts": "restarts of a replica", "pushes": "weight pushes a replica took",
+                     "push_failures": "weight pushes that failed on a replica (each took it out of rotation)",
+                     "push_s_total": "seconds of a replica's weight pushes"}
+
+
+def _fleet_metrics(s: RunSnapshot) -> Iterator[Metric]:
+    """The generator replicas behind the router (a fleet): the router's counts, and per replica (labelled
+    ``replica``) its state, version, load, calls, restarts and timed pushes."""
+    if s.fleet is None:
+        return
+    f = s.fleet
+    yield GaugeMetricFamily("agentjet_fleet_replicas_serving", "generator replicas in rotation", value=f.serving)
+    for name, doc in _ROUTER.items():
+        yield CounterMetricFamily(f"agentjet_router_{name}", doc, value=getattr(f, name))
+    state = GaugeMetricFamily("agentjet_replica_state", "1 for a replica's current state", labels=["replica", "state"])
+    gauges = {k: GaugeMetricFamily(f"agentjet_replica_{k}", doc, labels=["replica"]) for k, doc in
+              _REPLICA_GAUGES.items()}
+    counters = {k: CounterMetricFamily(f"agentjet_replica_{k}", doc, labels=["replica"]) for k, doc in
+                _REPLICA_COUNTERS.items()}
+    for r in f.replicas:
+        state.add_metric([r.name, r.state], 1)
+        for k, gauge in gauges.items():
+            gauge.add_metric([r.name], getattr(r, k))
+        for k, counter in counters.items():
+            counter.add_metric([r.name], getattr(r, k))
+    yield state
+    yield from gauges.values()
+    yield from counters.values()
 
 
 class MetricsHub:

@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
-from agentjet.protocol import AdapterStatus, TinkerStatus
+from agentjet.protocol import AdapterStatus, FleetStatus, TinkerStatus
 
 
 class DropReason(enum.StrEnum):
@@ -61,6 +61,7 @@ class RunSnapshot(BaseModel):
     adapters: dict[str, AdapterStatus] = Field(default_factory=dict)  # per LoRA adapter (a server with several)
     generator: dict[str, int] = Field(default_factory=dict)  # the generator's batching counters (Generator.counters)
     tinker: TinkerStatus | None = None  # the Tinker API's sessions and training clients (None: it is off)
+    fleet: FleetStatus | None = None  # the generator replicas and the router's counts (None: one generator)
 
     @computed_field  # type: ignore[prop-decorator]
     @property

@@ -5,6 +5,7 @@ from agentjet.settings.fields import SettingField, find_field, server_fields
 from agentjet.settings.generator import (
     EngineKind,
     EngineProcessSettings,
+    FleetSettings,
     GeneratorSettings,
     SamplingDefaults,
     VLLMSettings,
@@ -27,6 +28,7 @@ __all__ = [
     "AbsentPolicy",
     "EngineKind",
     "EngineProcessSettings",
+    "FleetSettings",
     "GeneratorSettings",
     "LearnerGroupSettings",
     "LearnerSettings",

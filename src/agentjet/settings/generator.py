@@ -9,7 +9,7 @@ import enum
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BeforeValidator, Field, model_validator
+from pydantic import BeforeValidator, Field, SecretStr, model_validator
 
 from agentjet.settings.section import LIVE, Section, parse_mapping, split_args
 
@@ -139,6 +139,63 @@ class EngineProcessSettings(Section):
                                   "to shut down before SIGKILL")
 
 
+class FleetSettings(Section):
+    """The rollout fleet (``generator.replicas`` > 1, a join address or a Ray cluster; docs/distributed.md): where
+    each replica runs, how it is watched and how it is replaced. Flags are ``--replica-<name>`` (``--ray`` too).
+
+    The health bound: a replica whose process, actor or connection dies is out of rotation at once (its calls fail)
+    or at the next check (``health_interval_s``); one that stops answering (calls or a ping outstanding and nothing
+    from it) within ``stall_timeout_s + health_interval_s``."""
+
+    FLAG_PREFIX: ClassVar[str] = "replica"
+
+    threads: int | None = Field(None, ge=1, le=512, description="torch CPU threads of each replica the server "
+                                "starts (None: this machine's cores split evenly among them, at least 1)")
+    devices: str | None = Field(None, pattern=r"^[^;\s]+(;[^;\s]+)*$", description="the device of each replica, "
+                                "separated by ';' and used in turn: the embedded engine's cpu, cuda or cuda:N "
+                                "('cuda:0;cuda:1'); vLLM's CUDA_VISIBLE_DEVICES ('0,1;2,3': two replicas of two "
+                                "GPUs). None: every replica where the server's own settings put one")
+    stall_timeout_s: float = Field(30.0, gt=0, le=3600, description="a replica that owes an answer (a call in "
+                                   "flight or a ping) and sends nothing for this long is taken out of rotation as "
+                                   "hung: its calls go on elsewhere and it is restarted (keep it above the "
+                                   "longest prefill)")
+    health_interval_s: float = Field(1.0, gt=0, le=60, description="how often every replica is checked (its "
+                                     "process, actor and connection alive; a ping when idle)")
+    max_restarts: int = Field(10, ge=0, le=10_000, description="restarts of one replica before it is left out of "
+                              "rotation for good")
+    restart_backoff_s: float = Field(1.0, ge=0, le=600, description="wait before restart k of a replica: backoff * "
+                                     "2**(k-1), at most 60 s")
+    retries: int = Field(3, ge=0, le=100, description="times one call moves on to another replica after its "
+                         "replica died or hung (it goes on from the tokens already generated)")
+    startup_timeout_s: float = Field(600.0, gt=0, le=86_400, description="for a replica the server starts to load "
+                                     "its model and join")
+    listen: str | None = Field(None, pattern=r"^[^\s:]*:\d+$", description="host:port where replicas join "
+                               "(ajet generator --join HOST:PORT on another machine); None: a loopback port "
+                               "of its own for the replicas the server starts (0.0.0.0 with --ray)")
+    token: SecretStr | None = Field(None, description="the secret a replica proves when it joins (random when "
+                                    "None and written to <data_dir>/fleet.token with listen set; a joining "
+                                    "machine reads it from AGENTJET_GENERATOR__FLEET__TOKEN or --token-file)")
+    weights: Literal["auto", "connection", "shared"] = Field(
+        "auto", description="how a weight push reaches a replica process: connection (the safetensors sent over "
+        "its connection), shared (their path, on storage the replica sees at the same path) or auto (the path "
+        "for a replica on this machine, else the connection)")
+    ray: str | None = Field(None, description="a Ray cluster (auto, local or host:port; the ray extra): each replica "
+                            "the server starts is a Ray actor holding its cores or GPUs, replaced when its node "
+                            "is lost", json_schema_extra={"flag": "ray"})
+    cpus: float = Field(1.0, ge=0, le=1024, description="with --ray: the CPUs each replica's actor reserves")
+    gpus: float = Field(0.0, ge=0, le=64, description="with --ray: the GPUs each replica's actor reserves")
+    resources: Annotated[dict[str, float], BeforeValidator(parse_mapping)] = Field(
+        default_factory=dict, description="with --ray: custom resources each replica's actor reserves "
+        "(e.g. replica_slot=1)")
+
+    def device_of(self, index: int) -> str | None:
+        """Replica ``index``'s device entry (``devices`` used in turn), or None."""
+        if self.devices is None:
+            return None
+        entries = self.devices.split(";")
+        return entries[index % len(entries)]
+
+
 class GeneratorSettings(Section):
     """The generator: which engine samples the replies and how it batches them (restart to change)."""
 
@@ -175,4 +232,24 @@ class GeneratorSettings(Section):
     null_delay_ms: float = Field(0.0, ge=0, le=60_000, description="the null engine's time per generation "
                                  "(to simulate a model in benchmarks)")
     process: EngineProcessSettings = Field(default_factory=EngineProcessSettings)
+    replicas: int = Field(1, ge=0, le=256, description="generator replicas the server starts: 1, one generator "
+                          "(the embedded engine shares its weights with the in-process learner); N > 1, N replicas "
+                          "behind the server's router (embedded engine processes or vLLM servers), each episode's "
+                          "calls on one of them and every weight push to each; 0 with --replica-listen: every "
+                          "replica joins (docs/distributed.md)", json_schema_extra={"flag": "generator-replicas"})
+    fleet: FleetSettings = Field(default_factory=FleetSettings)
     vllm: VLLMSettings = Field(default_factory=VLLMSettings)
+
+    @property
+    def is_fleet(self) -> bool:
+        """Whether the generator is a fleet of replicas behind the router (several, joined ones, or Ray actors)."""
+        return self.replicas != 1 or self.fleet.listen is not None or self.fleet.ray is not None
+
+    @model_validator(mode="after")
+    def _replicas(self) -> GeneratorSettings:
+        if self.replicas == 0 and self.fleet.listen is None:
+            raise ValueError("generator.replicas 0 starts no replica: every one must join, so set "
+                             "generator.fleet.listen (--replica-listen HOST:PORT)")
+        if self.is_fleet and self.kind is EngineKind.NULL:
+            raise ValueError("the null generator has no replicas: generator.replicas 1 with --engine null")
+        return self

@@ -202,7 +202,8 @@ class ServerConfig(Section):
         """The settings as JSON, secrets left out (status, control, dashboards)."""
         return self.model_dump(mode="json", exclude={"swarm_token": True, "admin_token": True, "tinker_key": True,
                                                      "observe": {"read_token"},
-                                                     "learner": {"group": {"auth_token"}}})
+                                                     "learner": {"group": {"auth_token"}},
+                                                     "generator": {"fleet": {"token"}}})
 
     @staticmethod
     def secret(value: SecretStr | None) -> str | None:

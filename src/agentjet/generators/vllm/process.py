@@ -167,6 +167,8 @@ class ManagedProcess:
         if sup is None or not sup.is_alive():
             return
         self._stopping.set()
+        with self._changed:
+            self._posted += 1  # the supervisor counts STOP as done too: a later start waits for its own command
         self._commands.put(_Command.STOP)
         sup.join(timeout=self.timing.stop_timeout_s + self.timing.startup_timeout_s + 30)
 

@@ -8,11 +8,12 @@
   const tiles = el("div", { class: "tiles" });
   const adapters = el("table", { id: "adapters", hidden: true });
   const tinker = el("table", { id: "tinker", hidden: true });
+  const replicas = el("table", { id: "replicas", hidden: true });
   // a server with several LoRA adapters: the step curves are one adapter's (each trains on its own steps)
   const adapterPick = el("select", { id: "adapter-pick" });
   const pickLabel = el("label", { hidden: true }, "step curves of adapter ", adapterPick);
   const grid = el("div", { class: "grid" });
-  main.append(title, tiles, adapters, tinker, pickLabel, grid);
+  main.append(title, tiles, replicas, adapters, tinker, pickLabel, grid);
 
   const charts = {
     reward: new Chart(grid, "Train reward per task type"),
@@ -109,6 +110,25 @@
       el("td", { text: c.session_id }), num(c.rank), num(c.steps), num(c.forward_backward_calls), num(c.last_loss))));
   }
 
+  // the generator replicas behind the router (a fleet): one row each, the router's counts above them
+  function renderReplicas(s) {
+    const f = s.fleet;
+    replicas.hidden = !f;
+    if (!f) return;
+    const cols = ["replica", "state", "where", "policy version", "in flight", "sessions", "calls", "failed calls",
+      "restarts", "pushes", "last push (s)"];
+    const head = el("tr", {}, ...cols.map((c, i) => el("th", { class: i > 2 ? "num" : null, text: c })));
+    const num = (v) => el("td", { class: "num", text: v === null || v === undefined ? "–" : fmt(v) });
+    const summary = el("tr", {}, el("td", { colspan: cols.length, text: `${fmt(f.serving)} of ${fmt(f.replicas.length)} `
+      + `replicas in rotation · ${fmt(f.routed_calls)} calls routed, ${fmt(f.affinity_hits)} to their session's `
+      + `replica, ${fmt(f.new_sessions)} new sessions · ${fmt(f.failovers)} calls moved on `
+      + `(${fmt(f.failover_tokens)} tokens kept) · ${fmt(f.unavailable)} found no replica` }));
+    replicas.replaceChildren(summary, head, ...f.replicas.map((r) => el("tr", { title: r.out_reason || "" },
+      el("td", { text: r.name }), el("td", { text: r.state }), el("td", { text: r.where }), num(r.policy_version),
+      num(r.in_flight), num(r.sessions), num(r.calls), num(r.failed_calls), num(r.restarts), num(r.pushes),
+      num(r.last_push_s))));
+  }
+
   function renderCharts() {
     const xs = steps.map((s) => s.step);
     charts.reward.set(xs, { ...pick("reward/", (k) => k.slice(7)), mean: steps.map((s) => s.metrics.reward_mean ?? null) });
@@ -148,6 +168,7 @@
     renderTiles(data.snapshot);
     renderAdapters(data.snapshot);
     renderTinker(data.snapshot);
+    renderReplicas(data.snapshot);
     if (asked !== adapter) return; // the adapter changed while this poll was in flight: the next one asks again
     for (const s of data.steps) { steps.push(s); last = s.step; }
     if (data.steps.length || !charts.reward.plot || last === -1) renderCharts();

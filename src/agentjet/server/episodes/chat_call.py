@@ -298,7 +298,7 @@ class ChatCall:
         """Generate every choice, then record each on the episode (a 409 if the episode closed meanwhile)."""
         with self.in_flight():
             try:
-                results = await asyncio.gather(*[self.engine.generate(self.prompt_ids, s)
+                results = await asyncio.gather(*[self.engine.generate(self.prompt_ids, s, session=self.session)
                                                  for s in self.sampling])
             except Exception as exc:
                 raise engine_error(exc) from exc
@@ -309,7 +309,12 @@ class ChatCall:
 
     async def generate(self, on_token: TokenCallback) -> GenerationResult:
         """The first choice, each token to ``on_token`` as it is produced (a stream; ``n`` is 1)."""
-        return await self.engine.generate(self.prompt_ids, self.sampling[0], on_token=on_token)
+        return await self.engine.generate(self.prompt_ids, self.sampling[0], on_token=on_token, session=self.session)
+
+    @property
+    def session(self) -> str:
+        """What a fleet of replicas routes the call by: its episode (every call of an episode on one replica)."""
+        return self.episode.episode_id
 
     async def prompt_logprobs(self) -> list[float]:
         """The current policy's logprob of each prompt token after the first (teacher forcing, the learner's

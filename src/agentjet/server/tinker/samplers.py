@@ -120,8 +120,9 @@ class Samplers:
             raise TinkerError(f"the prompt must be non-empty token ids in 0..{vocab - 1}")
         seeds = [None if params.seed is None else (params.seed + i) % (2**31) for i in range(num_samples)]
         try:
-            results = await asyncio.gather(*(engine.generator.generate(prompt, replace(params, seed=seed),
-                                                                       adapter=sampler.adapter)
+            # routed by the sampling client, as an episode's calls are by their episode (a fleet of replicas)
+            results = await asyncio.gather(*(engine.generate(prompt, replace(params, seed=seed), adapter=sampler.adapter,
+                                                             session=sampler.sampler_id)
                                               for seed in seeds))
         except GenerationError as e:
             raise TinkerError(str(e)) from e

@@ -159,4 +159,4 @@ def snapshot(run: RunParts) -> RunSnapshot:
         task_types={k: {"episodes": v.episodes, "reward_mean": v.reward_mean} for k, v in list(t.by_type.items())},
         training_halted=next((lane.counters.halted_reason for lane in lanes if lane.counters.halted_reason), None),
         adapters=adapter_statuses(run), generator=run.engine.generator.counters(),
-        tinker=run.tinker() if run.tinker is not None else None)
+        tinker=run.tinker() if run.tinker is not None else None, fleet=run.engine.generator.fleet())

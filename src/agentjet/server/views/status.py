@@ -1,6 +1,7 @@
 """What ``GET /swarm/v1/status`` reports, rendered from the run's one snapshot (``run_state.snapshot``): the
 engine and where it runs, the served policy version (the learner's beside it), buffer counts, clients, throughput and admission, weight syncs,
-eval reward per policy version, the last train metrics, per-task-type figures and the public settings."""
+eval reward per policy version, the last train metrics, per-task-type figures, the generator replicas and the router's
+counts (a fleet), and the public settings."""
 
 from __future__ import annotations
 
@@ -38,4 +39,4 @@ def build_status(snap: RunSnapshot, eval_reward: dict[str, float], config: dict[
         throughput=throughput, eval_reward=eval_reward, last_train_metrics=snap.last_train_metrics,
         task_types=snap.task_types, config=config, training_halted=snap.training_halted,
         weight_syncs=snap.weight_syncs, weight_sync_failures=snap.weight_sync_failures, adapters=snap.adapters,
-        tinker=snap.tinker)
+        tinker=snap.tinker, fleet=snap.fleet)
