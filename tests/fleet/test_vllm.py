@@ -1,4 +1,4 @@
-"""N vLLM servers behind the router (``--engine vllm --generator-replicas 2``; the fake vLLM of tests/engines, a
+"""N vLLM servers behind the router (``--engine vllm --generator-replicas 2``; the fake vLLM of tests/generators/vllm, a
 real tiny model behind vLLM's routes): both serve, a push reloads and probes each, and a replica whose probe fails
 (it kept its old weights) is taken out of rotation instead of halting training, then restarted and caught up."""
 
@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import httpx
-from tests.engines.conftest import fake_config
+from tests.generators.vllm.fake import fake_config
 
 from agentjet.engines.base import SamplingParams, TrainSample
 from agentjet.layouts import build_engine

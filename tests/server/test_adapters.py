@@ -1,7 +1,7 @@
 """Several LoRA adapters on one server (issue 34), the server half: routing by agent name, one training lane per
 adapter (its own steps, version, pool, checkpoints), exactly-once per (episode, adapter), resume, teams on one
 server. The engine here is ``NullAdapters`` (a null pair per adapter), so these tests are about the server; the
-engine half (mixed-adapter batches, a step of one adapter leaving the other unchanged) is tests/engines."""
+engine half (mixed-adapter batches, a step of one adapter leaving the other unchanged) is tests/layouts/test_adapters.py."""
 
 from __future__ import annotations
 

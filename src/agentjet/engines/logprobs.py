@@ -11,7 +11,7 @@ full-logits loss is the one recomputed matmul.
 ``torch.compile`` instead (the matmuls stay eager): the cast, the log-normaliser and the gather in forward, the
 ``one_hot - softmax`` gradient and its cast in backward, each fused into a few kernels over the chunk's logits
 where eager runs one kernel, and one pass over ``[rows, vocab]``, per op. The same values up to the fused
-kernels' rounding (tests/test_train_step_options.py); the first step compiles.
+kernels' rounding (tests/learners/test_train_step_options.py); the first step compiles.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ see a single tensor. The weights themselves do not move (a generator's CUDA grap
 
 The update is AdamW's, element by element, so it equals the default's but for the gradient norm, which is summed in
 another order (the clip factor can differ in its last bits: equal within fp32 rounding,
-tests/test_train_step_options.py). Two conditions keep it so: every trained weight gets a gradient in every step
+tests/learners/test_train_step_options.py). Two conditions keep it so: every trained weight gets a gradient in every step
 (AdamW skips a weight without one; a flat buffer cannot, so a step without one is refused), and the weights are
 plain tensors (a trainer group's DTensors keep the default). Checkpoints are written in the default's per-weight
 layout, so either setting reads the other's.

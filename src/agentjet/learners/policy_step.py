@@ -246,7 +246,7 @@ class PolicyOptimizer:
     """AdamW over the trained parameters, built once from a :class:`StepConfig` whose learning rate, betas and
     weight decay are re-applied at every step (so live changes take effect at the next step). Weights in bf16 or
     fp16 get fp32 master copies that AdamW steps; the weights are then copied from them in place (stepped
-    directly, bf16 weights round most small updates away: tests/test_training_precision.py); with
+    directly, bf16 weights round most small updates away: tests/learners/test_training_precision.py); with
     ``config.flat_masters`` the masters are views into one buffer that AdamW steps as one tensor
     (``agentjet.learners.masters``). Gradient clipping handles plain tensors and FSDP2's DTensors alike."""
 

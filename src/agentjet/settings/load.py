@@ -170,7 +170,7 @@ def load_server_config(cli: Mapping[str, Any] | None = None, config_file: Path |
 def dump_config(config: ServerConfig, *, reveal_secrets: bool) -> dict[str, Any]:
     """The config as plain data for a config file. Secrets, at any depth, are written only when asked (the file
     is then made owner-only by ``write_config_file``); otherwise each is masked. An unset (None) value is left
-    out: every optional setting defaults to None (``tests/test_settings.py`` holds that rule), so the reader
+    out: every optional setting defaults to None (``tests/settings/test_settings.py`` holds that rule), so the reader
     gets the same None back."""
     data = config.model_dump(mode="json", exclude_none=True)
     for f in server_fields():

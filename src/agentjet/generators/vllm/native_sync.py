@@ -1,7 +1,7 @@
 """The NCCL weight-sync seam: new weights go from the learner's GPU to vLLM's workers through vLLM's native
 weight-transfer API (vLLM >= 0.16; written against vLLM 0.32), with no disk in between.
 
-**Unverified on a GPU.** The control plane is tested on CPU against the fake vLLM (tests/engines/fake_vllm.py)
+**Unverified on a GPU.** The control plane is tested on CPU against the fake vLLM (tests/generators/vllm/fake_vllm.py)
 with the transport swapped for files; the NCCL transport itself (:class:`TorchNcclSender`) has not run yet.
 vLLM's CPU build has no weight-transfer backend that runs on CPU (docs/vllm.md, "NCCL weight transfer").
 

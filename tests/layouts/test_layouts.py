@@ -1,6 +1,6 @@
 """The four generator x learner layouts: device placement is checked before anything starts, and every pair that
 CI can build trains through the server with the trainer's logprobs and advantages in the trace viewer (vLLM is
-the fake of tests/engines/fake_vllm.py; the trainer group runs real gloo ranks under torchrun)."""
+the fake of tests/generators/vllm/fake_vllm.py; the trainer group runs real gloo ranks under torchrun)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 from tests.conftest import wait_until
-from tests.engines.conftest import fake_config
+from tests.generators.vllm.fake import fake_config
 from tests.observe.helpers import READ, play_group
 
 from agentjet.layouts import PlacementError, check_placement, group_engine, vllm_engine

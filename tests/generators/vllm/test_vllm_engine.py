@@ -1,4 +1,4 @@
-"""VLLMEngine against a fake vLLM server (tests/engines/fake_vllm.py, a subprocess on a free port, backed by the
+"""VLLMEngine against a fake vLLM server (tests/generators/vllm/fake_vllm.py, a subprocess on a free port, backed by the
 tiny model): generation, the weight-sync sequence and its timeout, the probe threshold, LoRA versions, and a
 crash mid-request."""
 

@@ -1,4 +1,4 @@
-"""VLLMAdapters (layouts/vllm_adapters.py) against the fake vLLM (tests/engines/fake_vllm.py): requests routed by
+"""VLLMAdapters (layouts/vllm_adapters.py) against the fake vLLM (tests/generators/vllm/fake_vllm.py): requests routed by
 adapter to its versioned LoRA name, per-adapter pushes, probes and versions, add and remove, and the refusals
 (rank above --max-lora-rank, more adapters than --max-loras holds)."""
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from tests.engines.conftest import fake_config
-from tests.engines.test_vllm_engine import prompt
+from tests.generators.vllm.fake import fake_config
+from tests.generators.vllm.test_vllm_engine import prompt
 
 from agentjet.engines.base import SamplingParams, TrainSample
 from agentjet.engines.errors import GenerationError

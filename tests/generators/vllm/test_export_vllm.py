@@ -17,7 +17,7 @@ from tests.test_export import export, server_greedy, train_one_step
 
 from agentjet.runtime.launch import free_port
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 VLLM_PYTHON = Path(os.environ.get("AGENTJET_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
 
 pytestmark = [

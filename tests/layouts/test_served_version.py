@@ -1,6 +1,6 @@
 """One consistent status (design §6): the version the status reports is served, its step committed (its episodes
 count as trained) and its weights held by the generator; while the push runs, the learner's newer version shows
-beside it. Run on the fake vLLM (tests/engines/fake_vllm.py) with a swap slowed down on purpose."""
+beside it. Run on the fake vLLM (tests/generators/vllm/fake_vllm.py) with a swap slowed down on purpose."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import threading
 import httpx
 import pytest
 from tests.conftest import wait_until
-from tests.engines.conftest import fake_config
-from tests.engines.test_layouts import _group_settings
-from tests.engines.test_vllm_engine import fault
+from tests.generators.vllm.fake import fake_config
+from tests.generators.vllm.test_vllm_engine import fault
+from tests.layouts.test_layouts import _group_settings
 from tests.observe.helpers import play_group
 
 from agentjet.layouts import vllm_engine

@@ -1,7 +1,7 @@
 """The embedded generator in an engine process of its own (``generators/hf/engine_process``): the wire, the choice
 of layout, and what the process boundary must never do: let a bad request harm its neighbours, hang a caller when
 the engine dies or stops answering, or outlive the server that started it. (What a caller sees of continuous
-batching, versions and weight pushes through the process: tests/test_continuous.py, ``layout=engine-process``.)"""
+batching, versions and weight pushes through the process: tests/generators/test_continuous.py, ``layout=engine-process``.)"""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from tests.engines.test_vllm_real import VLLM_PYTHON, real_config
+from tests.generators.vllm.test_vllm_real import VLLM_PYTHON, real_config
 
 pytestmark = [
     pytest.mark.vllm,

@@ -1,7 +1,7 @@
 """The embedded engine on CUDA: device and dtype defaults, CUDA graphs that agree with the eager step and stay
 valid across in-place train steps, exact behaviour logprobs (fp32) and bounded ones (bf16), LoRA and full
 fine-tuning on the GPU. Skipped without a CUDA device (the ``cuda`` marker); the graph control flow and
-``compile=True`` are also tested on CPU (tests/test_continuous.py)."""
+``compile=True`` are also tested on CPU (tests/generators/test_continuous.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.test_continuous import teacher_forced
+from tests.generators.test_continuous import teacher_forced
 
 from agentjet.engines.base import SamplingParams, TrainSample
 from agentjet.layouts import embedded_engine
@@ -219,7 +219,7 @@ def test_full_fine_tuning_in_bf16_lowers_the_loss(tiny_model_path: Path, chat_id
 def test_train_step_options_train_bf16_weights_as_the_default_does(tiny_model_path: Path) -> None:
     """``flat_masters`` (fused AdamW over one fp32 buffer) and ``compile_logprobs`` (Triton kernels), alone and
     together, against the default on CUDA in bf16: the same fp32 masters after 3 steps, to within 1 % of how far
-    the steps moved them (tests/test_train_step_options.py proves the same on the CPU)."""
+    the steps moved them (tests/learners/test_train_step_options.py proves the same on the CPU)."""
     start = None
     masters: dict[str, list[torch.Tensor]] = {}
     variants = {"default": {}, "flat": {"flat_masters": True}, "compile": {"compile_logprobs": True},

@@ -281,7 +281,7 @@ def test_every_secret_reaches_a_child_config_file_intact(field: SettingField, tm
 
 
 # ------------------------------------------------------------------ settings by role (issue 33), and the old names
-BEFORE_ROLES = json.loads((Path(__file__).parent / "fixtures" / "settings_before_roles.json").read_text())
+BEFORE_ROLES = json.loads((Path(__file__).parents[1] / "fixtures" / "settings_before_roles.json").read_text())
 
 
 def test_the_sections_mirror_the_roles() -> None:

@@ -1,15 +1,16 @@
+"""The fake vLLM (``fake_vllm.py``, run as a subprocess in place of vLLM: same routes and JSON shapes) as settings and
+server configs, for the tests of the vLLM generator, the layouts on it and the fleet of vLLM replicas."""
+
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-import pytest
-
 HERE = Path(__file__).resolve().parent
 
 
 def fake_settings(**overrides):
-    """Settings that run tests/engines/fake_vllm.py in place of vLLM (same routes and JSON shapes)."""
+    """Settings that run tests/generators/vllm/fake_vllm.py in place of vLLM (same routes and JSON shapes)."""
     from agentjet.generators.vllm import VLLMSettings
 
     base = {"python": Path(sys.executable), "module": "fake_vllm", "extra_env": {"PYTHONPATH": str(HERE)},
@@ -34,35 +35,8 @@ def fake_config(model: Path, lora=None, lr: float = 1e-3, train_procs: int = 0, 
                         learner=LearnerSettings(learning_rate=lr, lora=lora or LoraSettings(), group=group))
 
 
-def _build(work_dir: Path, model: Path, lora=None, lr: float = 1e-3, train_procs: int = 0, **settings):
+def build_fake_engine(work_dir: Path, model: Path, lora=None, lr: float = 1e-3, train_procs: int = 0, **settings):
     from agentjet.layouts import vllm_engine
 
     config = fake_config(model, lora, lr, train_procs, **settings).model_copy(update={"data_dir": work_dir})
     return vllm_engine(config, work_dir)
-
-
-@pytest.fixture(scope="module")
-def shared_vllm_engine(tmp_path_factory, tiny_model_path: Path):
-    """One engine on the fake vLLM for the tests that change nothing (one start instead of several)."""
-    from agentjet.runtime.blocking import run_blocking
-
-    engine = _build(tmp_path_factory.mktemp("vllm-shared"), tiny_model_path)
-    yield engine
-    run_blocking(engine.close())
-
-
-@pytest.fixture
-def make_vllm_engine(tmp_path: Path, tiny_model_path: Path):
-    """Build VLLMEngines on the tiny model, served by the fake vLLM subprocess; all stopped at teardown."""
-    from agentjet.runtime.blocking import run_blocking
-
-    made = []
-
-    def make(lora=None, lr: float = 1e-3, train_procs: int = 0, **settings):
-        engine = _build(tmp_path / f"vllm{len(made)}", tiny_model_path, lora, lr, train_procs, **settings)
-        made.append(engine)
-        return engine
-
-    yield make
-    for engine in made:
-        run_blocking(engine.close())

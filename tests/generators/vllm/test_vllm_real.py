@@ -20,7 +20,7 @@ import pytest
 from agentjet.engines.base import SamplingParams, TrainSample
 from agentjet.runtime.blocking import run_blocking
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 VLLM_PYTHON = Path(os.environ.get("AGENTJET_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
 
 pytestmark = [
