@@ -57,6 +57,21 @@ def test_every_package_is_named_in_the_architecture() -> None:
     assert [pkg for pkg in top if pkg not in floors] == [], "every top-level package has a floor in the picture"
 
 
+
+def test_the_floors_table_is_the_one_the_imports_make() -> None:
+    """docs/architecture.md's table of floors is what scripts/floors.py measures from the imports now (a room that
+    moves, or a new arrow, makes them part), and that measure finds no arrow against the contract's layers."""
+    import subprocess
+    import sys
+
+    root = DOCS.parent
+    out = subprocess.run([sys.executable, str(root / "scripts" / "floors.py")], capture_output=True, text=True,
+                         check=True, cwd=root).stdout.strip()
+    assert " 0 against the contract's layers" in out, out
+    text = (DOCS / "architecture.md").read_text()
+    drawn = text.split("<!-- floors:begin -->\n", 1)[1].split("\n<!-- floors:end -->", 1)[0]
+    assert drawn == out, "docs/architecture.md's floors are stale: .venv/bin/python scripts/floors.py"
+
 # ---- every repository path and dotted name the docs and docstrings give exists ----------------------------------
 
 ROOT = DOCS.parent
