@@ -155,3 +155,21 @@ def test_the_level_rule_is_the_tasks_recommendation_unless_set() -> None:
     rule = run_settings(given, addition.RECOMMENDED).level_rule
     assert (rule.window, rule.probe, rule.rise_share) == (3, 1, LevelSettings().rise_share)
     assert not DemoSettings().levels  # off by default: it is on only once a measurement says it wins
+
+
+def test_the_demo_server_gets_its_replicas_with_the_cores_shared() -> None:
+    """``ajet demo --generator-replicas N``: the demo's server starts N generator replicas, each with an even share
+    of this machine's cores (at least one); one replica leaves the fleet's settings at their defaults."""
+    import os
+
+    from agentjet.apps.demo import server_config
+    from agentjet.tasks import get_task
+
+    rec = get_task("addition").RECOMMENDED
+    cores = len(os.sched_getaffinity(0))
+    two = server_config(DemoSettings(generator_replicas=2), 1234, rec)
+    assert two.generator.replicas == 2 and two.generator.fleet.threads == max(cores // 2, 1)
+    one = server_config(DemoSettings(), 1234, rec)
+    assert one.generator.replicas == 1 and one.generator.fleet.threads is None
+    with pytest.raises(ValueError, match="generator_replicas"):
+        DemoSettings(generator_replicas=0)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import secrets
 import time
 from dataclasses import asdict, dataclass, field
@@ -43,6 +44,7 @@ from agentjet.schedule import (
 )
 from agentjet.settings import (
     EngineKind,
+    FleetSettings,
     GeneratorSettings,
     LearnerGroupSettings,
     LearnerSettings,
@@ -77,6 +79,9 @@ class DemoSettings(BaseModel):
                                "vLLM subprocess (make setup-vllm)")
     train_procs: int = Field(0, ge=0, le=64, description="train on an FSDP2 trainer group of this many ranks "
                              "(torchrun; gloo on CPU) instead of in the server process (beside either generator)")
+    generator_replicas: int = Field(1, ge=1, le=64, description="generator replicas behind the server's router "
+                                    "(engine processes; on the CPU each gets an even share of the cores: "
+                                    "docs/distributed.md)")
     curriculum: bool = Field(True, description="draw each group's task by its recent results (retire solved)")
     levels: bool = Field(False, description="difficulty levels: a task type's level rises when its groups are "
                          "mostly solved and falls back when they fail (retirement works within a level), and each "
@@ -165,13 +170,19 @@ def by_type(done: list[tuple[dict[str, Any], Any]]) -> tuple[dict[str, float], d
     return {t: sum(r) / len(r) for t, r in rewards.items()}, {t: len(r) for t, r in rewards.items()}
 
 
+def fleet_settings(replicas: int) -> FleetSettings:
+    """N replicas on this machine's CPU share its cores evenly (on a GPU the fleet's own defaults place them)."""
+    return FleetSettings(threads=max(len(os.sched_getaffinity(0)) // replicas, 1)) if replicas > 1 else FleetSettings()
+
+
 def server_config(s: DemoSettings, port: int, rec: Recommended, admin_token: str | None = None) -> ServerConfig:
     """The demo server's settings (handed to the child ``ajet server`` as a config file): the demo's, else the
     task's recommendation. The client pauses training for its periodic evals, so it holds the admin token."""
     run = run_settings(s, rec)
     return ServerConfig(
         model=s.model, port=port, data_dir=s.out_dir / "server", log_level="INFO", admin_token=admin_token,
-        generator=GeneratorSettings(kind=s.engine, max_batch_size=run.concurrency, seed=s.seed),
+        generator=GeneratorSettings(kind=s.engine, max_batch_size=run.concurrency, seed=s.seed,
+                                    replicas=s.generator_replicas, fleet=fleet_settings(s.generator_replicas)),
         learner=LearnerSettings(learning_rate=s.learning_rate or rec.learning_rate,
                                 group=LearnerGroupSettings(procs=s.train_procs)),
         training=TrainingSettings(**{**rec.training(), "group_size": run.group_size,
