@@ -400,20 +400,20 @@ def test_graph_buckets_replay_verify_and_fall_back(make_engine, chat_ids, monkey
     columns past t are masked), each (rows, window) bucket of a decode step or of a prefill is captured once,
     checked against the eager forward on its first replay, and dropped for it when it disagrees or cannot be
     captured. Exact in every case."""
-    from agentjet.generators.hf.runner import _Graph
+    from agentjet.generators.hf.graphs import Graph
 
     engine, reference = make_engine(max_batch_size=8), make_engine(max_batch_size=8)
     runner = engine.generator.core.runner
     runner.use_graphs = runner.bucketed = runner.static_prefill = True
 
-    def capture(step) -> _Graph:
+    def capture(step) -> Graph:
         if mode == "capture-fails":
             raise RuntimeError("operation not permitted when stream is capturing")
         g = _FakeGraph(step, 0.0 if mode == "good" else 0.5)
         runner.stats["graph_captures"] += 1
-        return _Graph(g, g.logits)
+        return Graph(g, g.logits)
 
-    monkeypatch.setattr(runner, "_capture", capture)
+    monkeypatch.setattr(runner.graphs, "capture", capture)
     prompts = [chat_ids(q, engine) for q in QUESTIONS[:6]]
     params = [SamplingParams(max_tokens=4 + 6 * i, seed=i) for i in range(len(prompts))]
     got, want = staggered(engine, prompts, params, gaps_s=[0.0, 0.02]), staggered(reference, prompts, params)
@@ -424,9 +424,9 @@ def test_graph_buckets_replay_verify_and_fall_back(make_engine, chat_ids, monkey
     assert stats["static_prefills"] >= 1
     if mode == "good":
         assert stats["graph_replays"] > stats["graph_captures"] > 0 and stats["graph_failures"] == 0
-        assert {kind for kind, _, _ in runner._graphs} == {"decode", "prefill"}
+        assert {kind for kind, _, _ in runner.graphs.graphs} == {"decode", "prefill"}
     else:
-        assert stats["graph_failures"] >= 1 and {kind for kind, _, _ in runner._eager_buckets} == {"decode", "prefill"}
+        assert stats["graph_failures"] >= 1 and {kind for kind, _, _ in runner.graphs.eager} == {"decode", "prefill"}
 
 
 def test_a_static_prefill_pads_rows_and_width_and_stays_exact(make_engine, chat_ids) -> None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -43,22 +42,9 @@ from agentjet.learners.policy_step import (
     total_loss_weight,
     trained_token_logprobs,
 )
+from agentjet.learners.state_files import adapter_directory, load_checkpoint, merged_weights, save_checkpoint
 from agentjet.settings import LearnerSettings, LossSettings
-from agentjet.weights.checkpoints import LEARNER_STATE, read_policy_version
-from agentjet.weights.io import (
-    ADAPTER_WEIGHTS_FILE,
-    export_full,
-    export_lora,
-    export_merged_adapter,
-    export_named_adapter,
-    load_adapter_state,
-    load_state_into,
-    prune_versions,
-    version_dir,
-    write_adapter_files,
-)
-
-OPTIMIZER_FILE = "optimizer.pt"
+from agentjet.weights.io import prune_versions, version_dir
 
 
 class InProcessLearner(Learner):
@@ -89,19 +75,16 @@ class InProcessLearner(Learner):
         # the logprob chunks through torch.compile (learner.compile_logprobs; compiled at the first step)
         self._kernels = LogprobKernels.compiled() if self.config.compile_logprobs else None
         # the KL reference: a frozen copy of the weights (a named adapter's is the base: no copy)
-        self._reference = self._frozen_copy() if self.config.kl_coef > 0 and adapter is None else None
+        self._reference = frozen_copy(policy.causal_lm) if self.config.kl_coef > 0 and adapter is None else None
         self.export_root = export_root
         self._on_version = on_version
         self._own_export_root: Path | None = export_root if owns_export_root else None
         self.keep_exports = keep_exports
         self.policy_version = 0
-        self.micro_batch_tokens = self.config.micro_batch_tokens or self._auto_micro_batch_tokens()
-
-    def _auto_micro_batch_tokens(self) -> int:
-        """The micro-batch when the setting leaves it to the learner: sized from the device's free memory now."""
-        width = 2 if self.config.bf16 else self.policy.dtype.itemsize
-        return auto_micro_batch_tokens(self.policy.causal_lm.config, self.policy.device, width,
-                                       self.policy.gradient_checkpointing)
+        # the micro-batch when the setting leaves it to the learner: sized from the device's free memory now
+        self.micro_batch_tokens = self.config.micro_batch_tokens or auto_micro_batch_tokens(
+            policy.causal_lm.config, policy.device, 2 if self.config.bf16 else policy.dtype.itemsize,
+            policy.gradient_checkpointing)
 
     # ------------------------------------------------------------ settings
     @property
@@ -146,12 +129,9 @@ class InProcessLearner(Learner):
         return info
 
     def activate(self) -> None:
-        """On the worker thread: make this learner's adapter the active one (the Tinker ops, ``tinker_ops``)."""
-        self._activate()
-
-    def _activate(self) -> None:
-        """Make this learner's adapter the active one (on the worker thread, right before its work): the forward
-        without ``adapter_names`` runs it, and only its parameters require gradients. A no-op without one."""
+        """Make this learner's adapter the active one (on the worker thread, right before its work: its steps, the
+        Tinker ops of ``tinker_ops``, its files): the forward without ``adapter_names`` runs it, and only its
+        parameters require gradients. A no-op without one."""
         if self.adapter is None:
             return
         model = self.policy.model
@@ -162,9 +142,6 @@ class InProcessLearner(Learner):
             model.set_adapter(self.adapter)
 
     # ------------------------------------------------------------ training
-    def _frozen_copy(self) -> torch.nn.Module:
-        return copy.deepcopy(self.policy.causal_lm).eval().requires_grad_(False)
-
     def _logprobs(self, samples: list[TrainSample], lm: Any | None = None) -> torch.Tensor:
         """Logprobs of every trained token (loss_mask == 1) in ``samples``, flattened in row-major order."""
         lm = lm if lm is not None else self.policy.causal_lm
@@ -177,7 +154,7 @@ class InProcessLearner(Learner):
             with self.policy.model.disable_adapter():
                 return self._logprobs(samples)
         if self._reference is None:
-            self._reference = self._frozen_copy()
+            self._reference = frozen_copy(self.policy.causal_lm)
         return self._logprobs(samples, self._reference)
 
     async def train_step(self, batch: list[TrainSample]) -> StepOutput:
@@ -186,7 +163,7 @@ class InProcessLearner(Learner):
         return await self.worker.run(self._train, batch)
 
     def _train(self, batch: list[TrainSample]) -> StepOutput:
-        self._activate()
+        self.activate()
         cfg = self.config
         groups = micro_batch_indices(batch, self.micro_batch_tokens)
         self.policy.model.train()
@@ -209,7 +186,7 @@ class InProcessLearner(Learner):
 
     @torch.no_grad()
     def _score(self, samples: list[TrainSample]) -> list[list[float]]:
-        self._activate()
+        self.activate()
         self.policy.model.eval()
         return [self._logprobs([s]).tolist() for s in samples]
 
@@ -226,86 +203,38 @@ class InProcessLearner(Learner):
 
     async def export_weights(self, dtype: str | None = None) -> Path:
         root = self._export_root() / "weights"
-        path = await self.worker.run(self._export_full, version_dir(root, self.policy_version), dtype)
+        path = await self.worker.run(merged_weights, self.policy, self.adapter, self.activate,
+                                     version_dir(root, self.policy_version), dtype)
         await asyncio.to_thread(prune_versions, root, self.keep_exports, {path})
         return path
-
-    def _export_full(self, target: Path, dtype: str | None) -> Path:
-        """Full weights; under LoRA, a merged copy (the live module keeps its adapters); a named adapter's: the base
-        with that adapter alone merged, computed without copying the module."""
-        if self.adapter is not None:
-            self._activate()  # fails clearly when the adapter was removed
-            return export_merged_adapter(self.policy.causal_lm, self.adapter, self.policy.tokenizer, target, dtype)
-        lm = self.policy.causal_lm if self.lora is None else copy.deepcopy(self.policy.model).merge_and_unload()
-        return export_full(lm, self.policy.tokenizer, target, dtype)
 
     async def export_adapter(self) -> Path:
         """The LoRA adapter of the current version (PEFT layout), for a generator that loads adapters."""
         if self.lora is None:
             raise ValueError("export_adapter: this learner trains the full weights, not LoRA adapters")
         root = self._export_root() / "adapters"
-        path = await self.worker.run(self._export_adapter, version_dir(root, self.policy_version))
+        path = await self.worker.run(adapter_directory, self.policy, self.adapter, self.activate,
+                                     version_dir(root, self.policy_version))
         await asyncio.to_thread(prune_versions, root, self.keep_exports, {path})
         return path
 
-    def _export_adapter(self, target: Path) -> Path:
-        """The PEFT adapter directory: a named adapter's alone, else the module's (``save_pretrained``)."""
-        if self.adapter is None:
-            return export_lora(self.policy.model, target)
-        self._activate()
-        return export_named_adapter(self.policy.model, self.adapter, target)
-
-    # ------------------------------------------------------------ persistence
+    # ------------------------------------------------------------ persistence (learners/state_files.py)
     def save(self, path: Path) -> None:
-        self.worker.run_sync(self._save, Path(path))
-
-    def _save(self, path: Path) -> None:
-        path.mkdir(parents=True, exist_ok=True)
-        if self.adapter is not None:  # this adapter alone: another adapter's checkpoint is its own
-            self._activate()
-            write_adapter_files(self.policy.model, self.adapter, path)
-        else:
-            self.policy.model.save_pretrained(path, safe_serialization=True)
-        self.policy.tokenizer.save_pretrained(path)
-        torch.save(self.optimizer.state_dict(), path / OPTIMIZER_FILE)
         state = {"policy_version": self.policy_version, "learner": self.settings.model_dump(mode="json"),
                  "source_model": str(self.policy.path), "adapter": self.adapter}
-        (path / LEARNER_STATE).write_text(json.dumps(state, indent=2))
+        self.worker.run_sync(lambda: save_checkpoint(self.policy, self.adapter, self.activate, self.optimizer, state,
+                                                     Path(path)))
 
     def load(self, path: Path) -> None:
         """Load a checkpoint into the weights in place (on the learner's thread: between decode steps when the
         module is shared)."""
-        self.worker.run_sync(self._load, Path(path))
+        def loaded() -> None:  # one piece of work on the worker thread: no decode step between the two
+            self.policy_version = load_checkpoint(self.policy, self.adapter, self.activate, lambda: self.optimizer,
+                                                  self.has_optimizer, Path(path))
+            if self._on_version is not None:
+                self._on_version(self.policy_version)
 
-    def _load(self, path: Path) -> None:
-        from safetensors.torch import load_file
-
-        files = [path / ADAPTER_WEIGHTS_FILE] if self.adapter is not None else sorted(path.glob("*.safetensors"))
-        if not files or not all(f.exists() for f in files):
-            what = f"adapter weights ({ADAPTER_WEIGHTS_FILE})" if self.adapter is not None else ".safetensors weights"
-            raise FileNotFoundError(f"no {what} in {path}")
-        state: dict[str, torch.Tensor] = {}
-        for f in files:
-            state.update(load_file(str(f), device=str(self.policy.device)))
-        if self.adapter is not None:
-            self._activate()
-            load_adapter_state(self.policy.model, self.adapter, state, path)
-        elif self.lora is not None:
-            from peft import set_peft_model_state_dict
-
-            set_peft_model_state_dict(self.policy.model, state)
-        else:
-            load_state_into(self.policy.model, state, path)
-        opt_file = path / OPTIMIZER_FILE
-        if self._optimizer is not None or opt_file.exists():
-            if opt_file.exists():
-                self.optimizer.load_state_dict(torch.load(opt_file, map_location=self.policy.device,
-                                                          weights_only=True))
-            else:
-                self.optimizer.sync_masters()
-        self.policy_version = read_policy_version(path)
-        if self._on_version is not None:
-            self._on_version(self.policy_version)
+        self.worker.run_sync(loaded)
 
     async def close(self) -> None:
         """Stop the worker thread it owns and remove the temporary export root it made."""
@@ -315,3 +244,8 @@ class InProcessLearner(Learner):
             import shutil
 
             await asyncio.to_thread(shutil.rmtree, self._own_export_root, ignore_errors=True)
+
+
+def frozen_copy(lm: torch.nn.Module) -> torch.nn.Module:
+    """The KL reference: a frozen copy of the weights as they are now."""
+    return copy.deepcopy(lm).eval().requires_grad_(False)

@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 
+from agentjet.generators.hf.graphs import GraphCache
 from agentjet.generators.hf.kv_cache import INACTIVE_START, SlotKVCache
 from agentjet.generators.hf.lora_rows import RowLoRA, unsupported
 from agentjet.settings.learner import BASE_ADAPTER
@@ -92,13 +93,6 @@ class _PrefillInputs:
     first_column: torch.Tensor
 
 
-@dataclass
-class _Graph:
-    graph: Any  # torch.cuda.CUDAGraph
-    logits: torch.Tensor  # the graph's static output
-    verified: bool = False
-
-
 class SlotRunner:
     """Owns the slot KV cache and the decode step's static inputs; optionally CUDA graphs and torch.compile.
     ``mixed_adapters``: the model is a PEFT model with named adapters and every forward names each row's (eager
@@ -117,12 +111,7 @@ class SlotRunner:
         self.prefer_peft_rows = False  # run mixed batches through PEFT's adapter_names (benchmarks compare)
         if mixed_adapters:
             cuda_graphs = compile = False
-            self.peft_rows_reason = unsupported(model)
-            if self.peft_rows_reason is None:
-                self.row_lora = RowLoRA(model)
-            else:
-                log.warning("mixed-adapter batches through PEFT's adapter_names (slower): the per-row LoRA does not "
-                            "support %s", self.peft_rows_reason)
+            self.row_lora, self.peft_rows_reason = mixed_rows(model)
         self.config = config
         self.device = device
         self.slots = slots
@@ -141,9 +130,6 @@ class SlotRunner:
         self.t = 0  # the next column a decode step writes
         self.buckets = batch_buckets(slots)
         self.bucketed = self.use_graphs or compile  # static shapes: round n and the window up
-        self._graphs: dict[tuple[str, int, int], _Graph] = {}  # ("decode" | "prefill", rows, window)
-        self._eager_buckets: set[tuple[str, int, int]] = set()  # buckets whose graph failed: run eagerly
-        self._pool: Any = None
         self._step_fn: Callable[[int, int], torch.Tensor] = self._decode_body
         if compile:
             # automatic dynamic shapes: the second (rows, window) shape compiles a dynamic kernel set, so a few
@@ -151,6 +137,7 @@ class SlotRunner:
             self._step_fn = torch.compile(self._decode_body, dynamic=None)
         self.stats = {"graph_captures": 0, "graph_replays": 0, "graph_failures": 0, "cache_grows": 0,
                       "compactions": 0, "static_prefills": 0}
+        self.graphs = GraphCache(device, self.stats)  # ("decode" | "prefill", rows, window) -> its CUDA graph
 
     @property
     def capacity(self) -> int:
@@ -170,8 +157,7 @@ class SlotRunner:
         while new < needed:
             new *= 2
         self.cache.grow(min(new, self.max_capacity), self.t)
-        self._graphs.clear()  # they read the old tensors
-        self._eager_buckets.clear()
+        self.graphs.clear()  # they read the old tensors
         self.stats["cache_grows"] += 1
         log.info("KV cache grown to %d columns x %d slots (%.0f MiB)", self.cache.capacity, self.slots,
                  self.cache.bytes / 2**20)
@@ -293,8 +279,8 @@ class SlotRunner:
         inp.lengths.copy_(torch.tensor(lengths + [0] * pad, dtype=torch.long))
         inp.slots.copy_(torch.tensor(slots + [self.scratch] * pad, dtype=torch.long))
         inp.first_column.fill_(self.t - window)
-        if self.use_graphs and key not in self._eager_buckets:
-            logits = self._replay(key, lambda: self._prefill_body(rows, window))
+        if self.use_graphs and key not in self.graphs.eager:
+            logits = self.graphs.replay(key, lambda: self._prefill_body(rows, window))
         else:
             logits = self._prefill_body(rows, window)
         self.stats["static_prefills"] += 1
@@ -356,67 +342,20 @@ class SlotRunner:
         n = self.bucket(rows)
         w = window_bucket(self.t + 1, self.cache.capacity) if self.bucketed else self.t + 1
         self.step_t.fill_(self.t)
-        if self.use_graphs and ("decode", n, w) not in self._eager_buckets:
-            logits = self._replay(("decode", n, w), lambda: self._step_fn(n, w))
+        if self.use_graphs and ("decode", n, w) not in self.graphs.eager:
+            logits = self.graphs.replay(("decode", n, w), lambda: self._step_fn(n, w))
         else:
             logits = self._step_fn(n, w)
         self.t += 1
         return logits
 
-    # ------------------------------------------------------------------ CUDA graphs
-    def _replay(self, key: tuple[str, int, int], step: Callable[[], torch.Tensor]) -> torch.Tensor:
-        """Replay the graph of ``key`` (``step``: the eager forward it captures), capturing it on first use. The
-        first replay is checked against ``step`` run eagerly on the same inputs (both write the same cache columns
-        with the same values, so running both is harmless); a bucket whose graph cannot be captured or disagrees
-        runs eagerly from then on."""
-        kind, n, w = key
-        g = self._graphs.get(key)
-        if g is None:
-            try:
-                g = self._capture(step)
-            except Exception as exc:  # noqa: BLE001 - any capture failure: run this bucket eagerly
-                log.warning("CUDA graph capture failed for a %s of %d rows x %d columns (%s: %s); running it eagerly",
-                            kind, n, w, type(exc).__name__, exc)
-                self.stats["graph_failures"] += 1
-                self._eager_buckets.add(key)
-                if self.device.type == "cuda":
-                    torch.cuda.synchronize(self.device)
-                return step()
-            self._graphs[key] = g
-        g.graph.replay()
-        self.stats["graph_replays"] += 1
-        if not g.verified:
-            eager = step()
-            if not _close(g.logits, eager):
-                log.warning("CUDA graph for a %s of %d rows x %d columns disagrees with the eager forward (max |diff| "
-                            "%.3g); running it eagerly", kind, n, w, float((g.logits.float() - eager.float()).abs().max()))
-                self.stats["graph_failures"] += 1
-                self._graphs.pop(key)
-                self._eager_buckets.add(key)
-                return eager
-            g.verified = True
-        return g.logits
 
-    def _capture(self, step: Callable[[], torch.Tensor]) -> _Graph:
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for _ in range(2):  # warm-up: lazy initialisation, cuBLAS workspaces, compilation
-                step()
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            logits = step()
-        self.stats["graph_captures"] += 1
-        return _Graph(graph, logits)
-
-
-def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Replayed and eager logits agree: the same kernels on the same inputs, so only reduction order differs."""
-    tol = 1e-4 if a.dtype == torch.float32 else 5e-2
-    a, b = a.float(), b.float()
-    if a.shape != b.shape or not bool(torch.isfinite(a).all()):
-        return False
-    return bool(((a - b).abs() <= tol * (1 + b.abs())).all())
+def mixed_rows(model: torch.nn.Module) -> tuple[RowLoRA | None, str | None]:
+    """How mixed-adapter batches run: the per-row LoRA, or (when it cannot serve the model) PEFT's adapter_names,
+    with the reason."""
+    reason = unsupported(model)
+    if reason is None:
+        return RowLoRA(model), None
+    log.warning("mixed-adapter batches through PEFT's adapter_names (slower): the per-row LoRA does not support %s",
+                reason)
+    return None, reason

@@ -246,10 +246,10 @@ class GroupPool:
         return quotas.get(task_type, 0) + sum(q for t, q in quotas.items() if t != task_type and self._lent(t))
 
     def _lent(self, task_type: str) -> bool:
-        """Whether ``task_type``'s places in a batch go to other types' groups: it is absent, under the fill policy."""
-        return self.settings.absent_policy is not AbsentPolicy.STRICT and self._absent(task_type)
-
-    def _absent(self, task_type: str) -> bool:
+        """Whether ``task_type``'s places in a batch go to other types' groups: under the fill policy, when it is
+        absent (no episode of it begun for ``absent_after_s``)."""
+        if self.settings.absent_policy is AbsentPolicy.STRICT:
+            return False
         seen = self.last_begin.get(task_type)
         return seen is None or self.clock.monotonic() - seen > self.settings.absent_after_s
 
