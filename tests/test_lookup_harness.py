@@ -75,3 +75,26 @@ def test_the_harness_agent_finds_the_code_and_its_episode_is_one_sample(make_ser
     stored = srv.server.store.samples_for([ep.episode_id for ep in srv.server.registry.episodes()])
     spans = [sp for samples in stored.values() for s in samples for sp in s.stats["call_spans"]]
     assert len(spans) == 4 and {sp["api"] for sp in spans} == {api}
+
+
+def test_the_learning_benchmark_builds_each_arms_demo() -> None:
+    """benchmarks/learning/harness_lookup.py makes a valid ``ajet demo`` for each arm (the budget in the run's
+    settings, the task's recommendations for the rest), so it cannot rot unseen as the demo's settings move."""
+    import argparse
+    import importlib.util
+    from pathlib import Path
+
+    from agentjet.apps.demo import run_settings
+    from agentjet.tasks import get_task
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "learning" / "harness_lookup.py"
+    spec = importlib.util.spec_from_file_location("harness_lookup_bench", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    args = argparse.Namespace(model="tiny-random", minutes=8.0, eval_tasks=None, seed=3, out_dir=Path("/tmp/x"))
+    for arm in bench.ARMS:
+        s = bench.arm_settings(arm, args)
+        run = run_settings(s, get_task(arm).RECOMMENDED)
+        assert (s.task, s.early_stop, s.seed, run.time_budget_s) == (arm, False, 3, 480.0)
+        assert run.group_size == get_task(arm).RECOMMENDED.group_size

@@ -31,12 +31,19 @@ from agentjet.runtime import provenance  # noqa: E402
 ARMS = ("lookup", "lookup-agents", "lookup-anthropic")
 
 
-def run_arm(arm: str, args: argparse.Namespace) -> dict[str, Any]:
-    from agentjet.apps.demo import DemoSettings, run_demo
+def arm_settings(arm: str, args: argparse.Namespace) -> Any:
+    """``ajet demo --task ARM`` at the budget, early stopping off, the task's recommendations for the rest."""
+    from agentjet.apps.demo import DemoSettings
+    from agentjet.client.settings import RunSettings
 
-    result = run_demo(DemoSettings(model=args.model, task=arm, time_budget_s=60 * args.minutes,
-                                   eval_tasks=args.eval_tasks, early_stop=False, seed=args.seed,
-                                   out_dir=args.out_dir / arm))
+    return DemoSettings(model=args.model, task=arm, run=RunSettings(time_budget_s=60 * args.minutes),
+                        eval_tasks=args.eval_tasks, early_stop=False, seed=args.seed, out_dir=args.out_dir / arm)
+
+
+def run_arm(arm: str, args: argparse.Namespace) -> dict[str, Any]:
+    from agentjet.apps.demo import run_demo
+
+    result = run_demo(arm_settings(arm, args))
     first, last = (result.tool_use[0], result.tool_use[-1]) if result.tool_use else ({}, {})
     return {"arm": arm, "success_before": result.eval_before, "success_after": result.eval_after,
             "gain": result.eval_after - result.eval_before, "train_steps": result.train_steps,

@@ -54,6 +54,7 @@ from agentjet.settings import ServerConfig  # noqa: E402
 
 VICTIM = "r0"
 GROUP = 8  # episodes per task: the server's group size
+BATCH_GROUPS = 2  # groups per train step
 
 
 async def run(url: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -88,7 +89,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         config = ServerConfig.model_validate({
             "model": str(path), "data_dir": f"{tmp}/data", "log_level": "WARNING", "lease_seconds": 3600,
-            "learner": {"learning_rate": 1e-5}, "training": {"group_size": GROUP, "batch_groups": 2, "checkpoint_every": 0},
+            "learner": {"learning_rate": 1e-5}, "training": {"group_size": GROUP, "batch_groups": BATCH_GROUPS, "checkpoint_every": 0},
             "generator": {"max_batch_size": args.concurrency, "replicas": 2, "fleet": {
                 "threads": max(args.threads // 2, 1), "restart_backoff_s": 1.0, "health_interval_s": 1.0}}})
         server = start_server(config, Path(tmp), timeout=900, env={"OMP_NUM_THREADS": str(args.threads)})
@@ -96,8 +97,10 @@ def main() -> None:
             out = asyncio.run(run(server.url, args))
             _, back_at = wait_status(server.url, lambda s: replica_state(s, VICTIM) == "serving", 900,
                                      "the killed replica to serve again")
-            s, _ = wait_status(server.url, lambda s: s.buffer.pending_episodes == 0 and s.buffer.open_episodes == 0,
-                               900, "the last batch to train", 0.5)
+            # every episode closed, and what is pending less than a batch: a group left short (a member dropped as
+            # stale) waits for a batch-mate that this finished load will not bring (it is counted, not lost)
+            s, _ = wait_status(server.url, lambda s: s.buffer.open_episodes == 0
+                               and s.buffer.pending_episodes < GROUP * BATCH_GROUPS, 900, "the last batch to train", 0.5)
         finally:
             server.stop(grace=60)
     load = out.pop("load")
@@ -113,6 +116,8 @@ def main() -> None:
               "failovers": s.fleet.failovers if s.fleet else None,
               "failover_tokens": s.fleet.failover_tokens if s.fleet else None,
               "victim_restarts": victim.restarts if victim else None, "train_steps": s.train_steps,
+              "trained_episodes": s.buffer.trained_episodes, "pending_episodes": s.buffer.pending_episodes,
+              "dropped_stale_episodes": s.buffer.dropped_stale_episodes,
               "policy_version": s.policy_version, "seconds": time.time() - started}
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(result, indent=2))
