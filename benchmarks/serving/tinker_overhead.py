@@ -2,22 +2,31 @@
 in-process learner's train_step on the same tokens, each on its own LoRA adapter of one served base, one process.
 
     python benchmarks/serving/tinker_overhead.py [--model smollm2-135m-instruct] [--seqs 16] [--prompt 64] [--reply 32]
+
+JSON with commit and machine: benchmarks/results/tinker_overhead.json (``--output``).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
+import sys
 import time
+from pathlib import Path
 
 import tinker
+import torch
 from tinker import types
 
-from agentjet.engines.base import TrainSample
-from agentjet.layouts import build_adapters
-from agentjet.runtime.launch import free_port
-from agentjet.server import SwarmServer
-from agentjet.server.http.app import BackgroundServer
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # workloads.py
+from workloads import RESULTS, machine  # noqa: E402
+
+from agentjet.engines.base import TrainSample  # noqa: E402
+from agentjet.layouts import build_adapters  # noqa: E402
+from agentjet.runtime.launch import free_port  # noqa: E402
+from agentjet.server import SwarmServer  # noqa: E402
+from agentjet.server.http.app import BackgroundServer  # noqa: E402
 from agentjet.settings import LearnerSettings, ServerConfig
 
 KEY = "tml-bench"
@@ -30,6 +39,7 @@ def main() -> None:
     p.add_argument("--prompt", type=int, default=64)
     p.add_argument("--reply", type=int, default=32)
     p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--output", type=Path, default=RESULTS / "tinker_overhead.json")
     args = p.parse_args()
     cfg = ServerConfig(model=args.model, tinker_key=KEY, port=free_port(), learner=LearnerSettings(lora={"rank": 8}))
     srv = BackgroundServer(SwarmServer(cfg, build_adapters(cfg))).start()
@@ -69,6 +79,13 @@ def main() -> None:
     print(f"{args.model}: {args.seqs} seqs x {args.prompt}+{args.reply} tokens; in-process step {inproc:.3f} s, "
           f"SDK forward_backward+optim_step {sdk:.3f} s, ratio {sdk / inproc:.2f}x  ({times})")
     srv.stop()
+    result = {"benchmark": "tinker_overhead", "command": " ".join(["benchmarks/serving/tinker_overhead.py", *sys.argv[1:]]),
+              "machine": machine(torch.device("cpu")), "model": args.model, "seqs": args.seqs, "prompt": args.prompt,
+              "reply": args.reply, "steps": args.steps, "inprocess_step_s": inproc, "sdk_step_s": sdk,
+              "sdk_over_inprocess": sdk / inproc, "rounds_s": times}
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(result, indent=2))
+    print(f"wrote {args.output}")
 
 
 if __name__ == "__main__":
