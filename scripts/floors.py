@@ -89,8 +89,8 @@ def against_the_contract(found: list[Room]) -> list[str]:
 def table(found: list[Room]) -> str:
     arrows = sum(len(r.imports) for r in found)
     wrong = against_the_contract(found)
-    rows = ["| floor | room | modules | lines | imports |", "|---:|---|---:|---:|---|"]
-    rows += [f"| {r.floor} | `{r.name}` | {r.modules} | {r.lines:,} | {', '.join(r.imports) or '-'} |" for r in found]
+    rows = ["| floor | room | modules | imports |", "|---:|---|---:|---|"]  # lines: --json (they move with every edit)
+    rows += [f"| {r.floor} | `{r.name}` | {r.modules} | {', '.join(r.imports) or '-'} |" for r in found]
     top = max(r.floor for r in found)
     rows.append(f"\n{len(found)} rooms on {top} floors, {arrows} arrows between rooms (each room's imports of another), "
                 f"{len(wrong)} against the contract's layers{': ' + ', '.join(wrong) if wrong else ''}, no cycle.")
