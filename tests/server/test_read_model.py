@@ -71,18 +71,23 @@ def test_no_counter_is_written_outside_its_read_model() -> None:
     assert found == [], "counters are written only by their methods in server/counters.py"
 
 
-@pytest.mark.parametrize("cls", COUNTERS, ids=lambda c: c.__name__)
-def test_each_counter_has_one_write_site(cls: type) -> None:
-    """Inside its class, each counter is written by exactly one method (``restore`` sets the checkpointed ones
-    by name, in one loop: it is the one restore, not a second write per field)."""
-    tree = ast.parse(Path(counters_module.__file__).read_text())
-    (node,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls.__name__]
+def _class_writers(path: Path, cls: type) -> tuple[ast.ClassDef, dict[str, list[str]]]:
+    """``cls``'s definition in ``path``, and for each ``self.<attr>`` its methods that write it."""
+    (node,) = [n for n in ast.parse(path.read_text()).body if isinstance(n, ast.ClassDef) and n.name == cls.__name__]
     writers: dict[str, list[str]] = {}
     for fn in node.body:
         if isinstance(fn, ast.FunctionDef):
             for attr in _written(fn):
                 if isinstance(attr.value, ast.Name) and attr.value.id == "self":
                     writers.setdefault(attr.attr, []).append(fn.name)
+    return node, writers
+
+
+@pytest.mark.parametrize("cls", COUNTERS, ids=lambda c: c.__name__)
+def test_each_counter_has_one_write_site(cls: type) -> None:
+    """Inside its class, each counter is written by exactly one method (``restore`` sets the checkpointed ones
+    by name, in one loop: it is the one restore, not a second write per field)."""
+    node, writers = _class_writers(Path(counters_module.__file__), cls)
     for name in _fields(cls):
         sites = writers.get(name, [])
         if cls is TrainingCounters and name == "by_type":
@@ -219,15 +224,8 @@ def test_the_fleets_counters_are_written_at_one_site_each() -> None:
     nowhere else in the fleet's package."""
     from agentjet.generators.fleet.counters import ReplicaCounters, RouterCounters
 
-    tree = ast.parse(FLEET_COUNTERS_FILE.read_text())
     for cls in (RouterCounters, ReplicaCounters):
-        (node,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls.__name__]
-        writers: dict[str, list[str]] = {}
-        for fn in node.body:
-            if isinstance(fn, ast.FunctionDef):
-                for attr in _written(fn):
-                    if isinstance(attr.value, ast.Name) and attr.value.id == "self":
-                        writers.setdefault(attr.attr, []).append(fn.name)
+        _, writers = _class_writers(FLEET_COUNTERS_FILE, cls)
         for name in _fields(cls):
             assert len(writers.get(name, [])) == 1, f"{cls.__name__}.{name} is written in {writers.get(name)}"
     names = _fields(RouterCounters) | _fields(ReplicaCounters)
