@@ -144,11 +144,11 @@ async def bench_generation(args: argparse.Namespace, path: Path) -> dict[str, An
 
     async def timed(label: str, subset: list[Req]) -> float:
         fn, rows, peft = variants[label]
-        runner.prefer_peft_rows = peft  # the engine is idle between runs: the worker reads it at the next forward
+        runner.adapters.prefer_peft_rows = peft  # the engine is idle between runs: the worker reads it at the next forward
         try:
             return await run_variant(fn, subset, rows[: len(subset)], args.concurrency)
         finally:
-            runner.prefer_peft_rows = False
+            runner.adapters.prefer_peft_rows = False
 
     try:
         for label in variants:  # warm-up: allocation, first-call costs
@@ -211,7 +211,7 @@ def child_memory(args: argparse.Namespace, path: Path) -> dict[str, Any]:
         ctypes.CDLL("libc.so.6").malloc_trim(0)  # give back what the allocator holds unused: the live RSS
     rss = psutil.Process().memory_info().rss
     runner = engines.generator.core.runner
-    stacked = runner.row_lora.stacked_bytes if runner is not None and runner.row_lora is not None else 0
+    stacked = runner.adapters.row_lora.stacked_bytes if runner is not None and runner.adapters.row_lora is not None else 0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     trained = {name: len(engines.engine(name).learner.params) for name in engines.names()}
     adapter_bytes = sum(p.numel() * p.element_size() for name in engines.names()

@@ -14,8 +14,16 @@ that generates ``--new-tokens`` R tokens, three ways:
 - ``reused_s``: what it would cost if the episode's KV stayed: the cache already holds the first P - D tokens
   (the earlier calls'), so only the D new ones (the previous reply and the next turn: ``--delta``) are prefilled,
   then the same R steps.
-``saving`` is ``full_s / reused_s``: how many times cheaper a call would be. JSON with commit and machine in
-benchmarks/results/prefix_reuse_<device>.json.
+``saving`` is ``full_s / reused_s``: how many times cheaper a call would be.
+
+And what the engine's kept prefixes (``generator.prefix_cache_tokens``) make of it, in the same run:
+
+- ``engine_kept_s``: the engine with its prefix cache, on the episode's next call. A first call on the first
+  P - D tokens (untimed) is kept; then the call on those tokens, its reply and new tokens up to P, which
+  prefills only what the kept entry lacks (``engine_reused_tokens`` of its P tokens were reused);
+- ``engine_saving``: ``engine_call_s / engine_kept_s`` (``engine_call_s`` runs with the cache off).
+
+JSON with commit and machine in benchmarks/results/prefix_reuse_<device>.json.
 """
 
 from __future__ import annotations
@@ -89,7 +97,10 @@ def timed_call(model: Any, ids: torch.Tensor, reused: int, new_tokens: int, devi
     return time.perf_counter() - t0
 
 
-def engine_call(path: Path, ids: list[int], new_tokens: int, device: str) -> float:
+def engine_call(path: Path, ids: list[int], new_tokens: int, device: str, kept_from: int = 0) -> tuple[float, int]:
+    """Seconds for the engine's call on ``ids`` and the prompt tokens it reused. ``kept_from`` > 0: the prefix
+    cache is on, and a first call on ``ids[:kept_from]`` was kept; the timed call is then that prompt, its reply
+    and ``ids`` from there, cut to ``len(ids)`` tokens (the episode's next call)."""
     from agentjet.engines.base import SamplingParams
     from agentjet.engines.model import load_policy_model
     from agentjet.generators.hf.build import hf_generator
@@ -97,15 +108,21 @@ def engine_call(path: Path, ids: list[int], new_tokens: int, device: str) -> flo
     from agentjet.settings import GeneratorSettings, PlacementSettings
 
     gen = hf_generator(load_policy_model(path, PlacementSettings(device=device)),  # type: ignore[arg-type]
-                       GeneratorSettings(max_batch_size=1, kv_cache_tokens=len(ids) + new_tokens + 16))
+                       GeneratorSettings(max_batch_size=1, kv_cache_tokens=len(ids) + new_tokens + 16,
+                                         prefix_cache_tokens=len(ids) + new_tokens if kept_from else 0))
     try:
         params = SamplingParams(temperature=0.0, max_tokens=new_tokens, stop_token_ids=())
         run_blocking(gen.generate(ids[:64], SamplingParams(max_tokens=2)))  # warm
+        prompt = ids
+        if kept_from:
+            first = run_blocking(gen.generate(ids[:kept_from], params))
+            prompt = [*ids[:kept_from], *first.token_ids, *ids[kept_from + len(first.token_ids):]][: len(ids)]
+        before = gen.stats.get("prefix_reused_tokens", 0)
         t0 = time.perf_counter()
-        result = run_blocking(gen.generate(ids, params))
+        result = run_blocking(gen.generate(prompt, params))
         seconds = time.perf_counter() - t0
         assert len(result.token_ids) >= 1
-        return seconds
+        return seconds, int(gen.stats.get("prefix_reused_tokens", 0) - before)
     finally:
         asyncio.run(gen.close())
 
@@ -132,9 +149,11 @@ def main() -> None:
         ids = torch.randint(100, vocab - 1, (1, n), generator=gen).to(device)
         full = timed_call(model, ids, 0, args.new_tokens, device)
         reused = timed_call(model, ids, n - args.delta, args.new_tokens, device)
-        engine = engine_call(path, ids[0].tolist(), args.new_tokens, args.device)
+        engine, _ = engine_call(path, ids[0].tolist(), args.new_tokens, args.device)
+        kept, reused_tokens = engine_call(path, ids[0].tolist(), args.new_tokens, args.device, n - args.delta)
         row = {"prompt_tokens": n, "engine_call_s": engine, "full_s": full, "reused_s": reused,
-               "saving": full / reused, "prefill_share_of_call": 1 - reused / full}
+               "saving": full / reused, "prefill_share_of_call": 1 - reused / full,
+               "engine_kept_s": kept, "engine_reused_tokens": reused_tokens, "engine_saving": engine / kept}
         rows.append(row)
         print(json.dumps(row), flush=True)
     result = {"benchmark": "prefix_reuse", "command": " ".join(["benchmarks/serving/prefix_reuse.py", *sys.argv[1:]]),

@@ -18,9 +18,7 @@ from agentjet.engines.base import GenerationResult, SamplingParams, TrainSample
 from agentjet.engines.errors import EngineUnavailableError
 from agentjet.generators.hf import slot_cache_fits
 from agentjet.generators.hf.kv_cache import SlotKVCache
-from agentjet.layouts import embedded_engine
 from agentjet.layouts.composed import ComposedEngine
-from agentjet.layouts.engine_process import engine_process_engine
 from agentjet.runtime.blocking import run_blocking
 from agentjet.settings import GeneratorSettings
 
@@ -44,22 +42,6 @@ def teacher_forced(engine: ComposedEngine, prompt: list[int], completion: list[i
 
 def max_diff(a: list[float], b: list[float]) -> float:
     return max(abs(x - y) for x, y in zip(a, b, strict=True))
-
-
-@pytest.fixture
-def make_engine(tiny_model_path: Path):
-    made: list[ComposedEngine] = []
-
-    def make(layout: str = "in-process", **settings) -> ComposedEngine:
-        build = embedded_engine if layout == "in-process" else engine_process_engine
-        engine = build(tiny_model_path, GeneratorSettings(**{"max_batch_size": 4, **settings}))
-        engine.generator.rules.stop_ids = frozenset()  # fixed lengths: every request runs to its max_tokens
-        made.append(engine)
-        return engine
-
-    yield make
-    for engine in made:
-        run_blocking(engine.close())
 
 
 def staggered(engine: ComposedEngine, prompts: list[list[int]], params: list[SamplingParams],

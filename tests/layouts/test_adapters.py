@@ -108,17 +108,17 @@ def test_per_row_lora_matches_peft_mixed_batches(two: AdapterEngines) -> None:
     """The per-row LoRA (stacked adapters, row masks) gives what PEFT's adapter_names gives, also once rows have
     finished and left base rows between the others (the single-adapter path with a row mask, too)."""
     runner = two.generator.core.runner
-    assert runner is not None and runner.row_lora is not None
+    assert runner is not None and runner.adapters.row_lora is not None
     short, long = SamplingParams(temperature=0.0, max_tokens=4), SamplingParams(temperature=0.0, max_tokens=12)
     cases = [([("A", PROMPTS[0]), ("B", PROMPTS[1]), ("A", PROMPTS[2]), ("B", PROMPTS[2])], [short, long, long, short]),
              ([("A", PROMPTS[0]), ("A", PROMPTS[1])], [short, long])]
     for rows, sampling in cases:
         ours = generate(two, rows, sampling)
-        runner.prefer_peft_rows = True
+        runner.adapters.prefer_peft_rows = True
         try:
             peft = generate(two, rows, sampling)
         finally:
-            runner.prefer_peft_rows = False
+            runner.adapters.prefer_peft_rows = False
         for got, want in zip(ours, peft, strict=True):
             assert got.token_ids == want.token_ids
             assert got.logprobs == pytest.approx(want.logprobs, abs=1e-5)
@@ -141,8 +141,8 @@ def test_an_adapter_engine_generates_with_its_own_adapter_only(two: AdapterEngin
 def test_row_lora_forward_matches_peft_adapter_names(two: AdapterEngines, names: list[str]) -> None:
     """One forward, row by row, against PEFT's mixed batch: base rows get the base, each other row its adapter."""
     runner = two.generator.core.runner
-    assert runner is not None and runner.row_lora is not None
-    row_lora, model = runner.row_lora, two.generator.model
+    assert runner is not None and runner.adapters.row_lora is not None
+    row_lora, model = runner.adapters.row_lora, two.generator.model
     ids = torch.tensor([PROMPTS[0][:4]] * len(names))
 
     def both() -> tuple[torch.Tensor, torch.Tensor]:
@@ -303,3 +303,19 @@ def test_adapters_refuse_what_they_cannot_do(tiny_model_path: Path) -> None:
                         LearnerSettings(lora=LoraSettings(rank=2)))
     with pytest.raises(ValueError, match="adapter name"):
         adapter_engines(tiny_model_path, ["a.b"], learner=LearnerSettings(lora=LoraSettings(rank=2)))
+
+
+def test_a_kept_prefix_serves_its_own_adapter_only_and_stays_exact(two: AdapterEngines) -> None:
+    """An adapter's next call reuses that adapter's kept keys (through the per-row LoRA); another adapter's call on
+    the same tokens prefills them again: its keys are not the same."""
+    prompt = torch.randint(10, 1000, (300,), generator=torch.Generator().manual_seed(3)).tolist()
+    sampled = [SamplingParams(temperature=1.0, max_tokens=12, seed=s) for s in (1, 2)]
+    first = generate(two, [("A", prompt)], sampled[:1])[0]
+    follow = [*prompt, *first.token_ids, *range(20, 70)]
+    before = dict(two.generator.stats)
+    a, b = generate(two, [("A", follow), ("B", follow)], sampled)
+    stats = two.generator.stats
+    assert stats["prefix_hits"] - before["prefix_hits"] == 1  # A's; B had nothing kept
+    assert stats["prefix_reused_tokens"] - before["prefix_reused_tokens"] == len(prompt) + len(first.token_ids) - 1
+    for name, res in (("A", a), ("B", b)):
+        assert res.logprobs == pytest.approx(score(two, name, sample_of(follow, res)), abs=1e-4)

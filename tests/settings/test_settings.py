@@ -419,7 +419,7 @@ def test_a_settings_dict_written_before_the_moves_upgrades_to_the_same_settings(
                    *(f"generator.process.{name}" for name in ("startup_timeout_s", "request_timeout_s",
                                                               "control_timeout_s", "heartbeat_timeout_s",
                                                               "stop_timeout_s")),
-                   "generator.replicas",
+                   "generator.replicas", "generator.prefix_cache_tokens",
                    *(f"generator.fleet.{name}" for name in FleetSettings.model_fields if name != "token")}
     assert len(old_leaves) == len(new_leaves) - len(added_since) and added_since <= set(new_leaves)  # none lost
     for old, value in old_leaves.items():  # each where the table says it went, with its value

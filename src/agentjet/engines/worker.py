@@ -6,6 +6,10 @@ no job is waiting, lets a *stepper* (the continuous scheduler) do one unit of wo
 step. A job submitted while requests are generating therefore runs between two decode steps. Everything that
 escapes a unit of work is caught: the stepper fails what it holds (``fail_all``) and the thread goes on, so no
 caller ever waits on a dead thread.
+
+A job may change the weights (a train step, a weight copy, an adapter added): ``changes`` counts the jobs run, so
+that what was computed from the weights (the kept prefixes of ``generators/hf/prefix_cache.py``) can tell it is
+stale. A job that only reads (a health ping, a score) runs through ``read`` and is not counted.
 """
 
 from __future__ import annotations
@@ -16,13 +20,20 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 from agentjet.engines.errors import EngineUnavailableError
 from agentjet.runtime.clock import Clock, SystemClock
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+
+class _Job(NamedTuple):
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    future: concurrent.futures.Future[Any]
+    reads_only: bool
 
 
 def settle(fut: asyncio.Future[Any], outcome: Any) -> None:
@@ -62,7 +73,8 @@ class EngineWorker:
         self.name = name
         self.clock = clock or SystemClock()
         self.cond = threading.Condition()  # guards the job queue and the stepper's inbox
-        self._jobs: deque[tuple[Callable[..., Any], tuple[Any, ...], concurrent.futures.Future[Any]]] = deque()
+        self._jobs: deque[_Job] = deque()
+        self.changes = 0  # jobs run that may have changed the weights (every job but a ``read``)
         self._stepper: Stepper | None = None
         self._thread: threading.Thread | None = None
         self._closing = False
@@ -87,17 +99,22 @@ class EngineWorker:
             self.cond.notify()
 
     # ------------------------------------------------------------------ jobs
-    def submit(self, fn: Callable[..., T], *args: Any) -> concurrent.futures.Future[T]:
-        """Run ``fn(*args)`` on the worker thread (between decode steps); a future of its result."""
+    def submit(self, fn: Callable[..., T], *args: Any, reads_only: bool = False) -> concurrent.futures.Future[T]:
+        """Run ``fn(*args)`` on the worker thread (between decode steps); a future of its result.
+        ``reads_only``: it changes no weights (not counted in ``changes``)."""
         fut: concurrent.futures.Future[T] = concurrent.futures.Future()
         self.ensure_started()
         with self.cond:
-            self._jobs.append((fn, args, fut))
+            self._jobs.append(_Job(fn, args, fut, reads_only))
             self.cond.notify()
         return fut
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.wrap_future(self.submit(fn, *args))
+
+    async def read(self, fn: Callable[..., T], *args: Any) -> T:
+        """``run`` for a job that changes no weights (a ping, a score): what was computed from them stays valid."""
+        return await asyncio.wrap_future(self.submit(fn, *args, reads_only=True))
 
     def run_sync(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` on the worker thread, waited for by the caller (runs inline on the worker itself)."""
@@ -106,7 +123,7 @@ class EngineWorker:
         return self.submit(fn, *args).result()
 
     # ------------------------------------------------------------------ the loop
-    def _next(self) -> tuple[Callable[..., Any], tuple[Any, ...], concurrent.futures.Future[Any]] | None:
+    def _next(self) -> _Job | None:
         """Wait for a job (returned) or for the stepper to have work (None). Raises SystemExit when closing."""
         with self.cond:
             while True:
@@ -126,10 +143,12 @@ class EngineWorker:
             except SystemExit:
                 return
             if job is not None:
-                fn, args, fut = job
+                fut = job.future
                 if fut.set_running_or_notify_cancel():
+                    if not job.reads_only:
+                        self.changes += 1
                     try:
-                        fut.set_result(fn(*args))
+                        fut.set_result(job.fn(*job.args))
                     except BaseException as exc:  # noqa: BLE001 - handed to the caller
                         fut.set_exception(exc)
                 continue
@@ -146,9 +165,9 @@ class EngineWorker:
             self._closing = True
             jobs, self._jobs = list(self._jobs), deque()
             self.cond.notify_all()
-        for _fn, _args, fut in jobs:
-            if fut.set_running_or_notify_cancel():
-                fut.set_exception(EngineUnavailableError("the engine was closed"))
+        for job in jobs:
+            if job.future.set_running_or_notify_cancel():
+                job.future.set_exception(EngineUnavailableError("the engine was closed"))
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
         if self._stepper is not None:

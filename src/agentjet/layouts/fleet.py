@@ -62,12 +62,12 @@ TOKEN_FILE = "fleet.token"
 def hf_replica(name: str, model: str | Path, generator: GeneratorSettings | None = None,
                placement: PlacementSettings | None = None) -> InProcessReplica:
     """An embedded generator as a replica: it takes weights by copying them into its module between decode steps;
-    a ping is a no-op job on its torch thread (a hung thread never runs it). What a replica process serves
+    a ping is a no-op job on its torch thread (a hung thread never runs it; a read: it keeps the kept prefixes). What a replica process serves
     (``ajet generator``), and the tests' replicas in one process."""
     gen = hf_generator(load_policy_model(model, placement), generator)
 
     async def ping() -> None:
-        await gen.run_exclusive(_noop)
+        await gen.worker.read(_noop)
 
     return InProcessReplica(name, gen, load=gen.load_weights, ping=ping)
 

@@ -217,6 +217,10 @@ class GeneratorSettings(Section):
     kv_cache_tokens: int = Field(512, ge=16, le=10_000_000, description="KV cache columns per slot, allocated "
                                  "up front (continuous batching); doubled, up to max_context, when a request "
                                  "needs more")
+    prefix_cache_tokens: int = Field(32768, ge=0, le=10_000_000, description="tokens of finished requests whose "
+                                     "keys and values are kept (continuous batching), so that a prompt that starts "
+                                     "the same way (an agent's next call) prefills only what is new; the least "
+                                     "recently used go first, any weight change forgets them; 0: keep none")
     gil_switch_interval_ms: float | None = Field(None, gt=0, le=100, description="Python's thread switch interval "
                                                  "in the ajet server process and the engine process "
                                                  "(sys.setswitchinterval; default: Python's 5 ms): the engine thread "

@@ -14,6 +14,10 @@ The columns in use are kept at the front of the cache, so the window stays short
 - ``shift_right(d)`` makes room before ``t`` for a prompt longer than ``t``;
 - ``grow`` reallocates with more columns when a request needs more than the capacity.
 
+A row whose prompt starts with a kept prefix (``prefix_cache.py``) has the prefix's keys and values copied into its
+columns (``write_row``), and then only the rest of its prompt runs (the EXTEND phase: it attends to the prefix and
+to itself); a finished row's columns are copied out with ``read_row``.
+
 ``SlotKVCache`` is a transformers ``Cache``: the model's attention layers call ``update``, which writes where the
 current phase says and returns the keys and values to attend to.
 """
@@ -46,6 +50,7 @@ class Phase(enum.Enum):
     IDLE = "idle"
     PREFILL = "prefill"  # a block of joining rows: write their prompts, attend to the block itself
     DECODE = "decode"  # rows [0, n): write column t, attend to the window [0, w) (masked per row)
+    EXTEND = "extend"  # one row: write the new tokens at [lo + p, t), attend to its columns [lo, t)
 
 
 class SlotLayer(CacheLayerMixin):
@@ -84,7 +89,14 @@ class SlotLayer(CacheLayerMixin):
             self.keys[rows, :, cols] = key_states.transpose(1, 2)
             self.values[rows, :, cols] = value_states.transpose(1, 2)
             return key_states, value_states
-        raise RuntimeError("SlotKVCache.update called outside a prefill or decode phase")
+        if o.phase is Phase.EXTEND:
+            # [1, H, m, D] after the row's p kept columns; attention sees the row's columns [lo, t)
+            s, lo, t = o.extend_row
+            m = key_states.shape[2]
+            self.keys[s, :, t - m : t].copy_(key_states[0])
+            self.values[s, :, t - m : t].copy_(value_states[0])
+            return self.keys[s : s + 1, :, lo:t], self.values[s : s + 1, :, lo:t]
+        raise RuntimeError("SlotKVCache.update called outside a prefill, decode or extend phase")
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.keys.shape[2], 0
@@ -120,6 +132,7 @@ class SlotKVCache(Cache):
         self.column = torch.zeros(1, dtype=torch.long, device=device)  # DECODE: the column written
         self.slot_index = torch.zeros(0, dtype=torch.long, device=device)  # PREFILL: the joining slots
         self.columns = torch.zeros(0, dtype=torch.long, device=device)  # PREFILL: the block's columns
+        self.extend_row = (0, 0, 0)  # EXTEND: (slot, the row's first column, t)
 
     @property
     def bytes(self) -> int:
@@ -162,12 +175,27 @@ class SlotKVCache(Cache):
             layer.keys, layer.values = keys, values
         self.capacity = capacity
 
+    # ------------------------------------------------------------------ one row's columns (kept prefixes)
+    def read_row(self, slot: int, lo: int, hi: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """A copy of ``slot``'s columns ``[lo, hi)``, per layer: keys and values ``[kv_heads, hi - lo, head_dim]``."""
+        return [(layer.keys[slot, :, lo:hi].clone(), layer.values[slot, :, lo:hi].clone())
+                for layer in self.slot_layers]
+
+    def write_row(self, slot: int, lo: int, kv: list[tuple[torch.Tensor, torch.Tensor]], n: int) -> None:
+        """The first ``n`` columns of ``kv`` (``read_row``'s shape) into ``slot``'s columns ``[lo, lo + n)``."""
+        for layer, (keys, values) in zip(self.slot_layers, kv, strict=True):
+            layer.keys[slot, :, lo : lo + n].copy_(keys[:, :n])
+            layer.values[slot, :, lo : lo + n].copy_(values[:, :n])
+
     # ------------------------------------------------------------------ phases (set by the runner)
     def begin_prefill(self, slot_index: torch.Tensor, columns: torch.Tensor) -> None:
         self.phase, self.slot_index, self.columns = Phase.PREFILL, slot_index, columns
 
     def begin_decode(self, rows: int, window: int, column: torch.Tensor) -> None:
         self.phase, self.rows, self.window, self.column = Phase.DECODE, rows, window, column
+
+    def begin_extend(self, slot: int, lo: int, t: int) -> None:
+        self.phase, self.extend_row = Phase.EXTEND, (slot, lo, t)
 
     def end(self) -> None:
         self.phase = Phase.IDLE

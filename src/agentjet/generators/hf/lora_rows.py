@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +35,8 @@ import torch
 import torch.nn.functional as F
 
 from agentjet.settings.learner import BASE_ADAPTER
+
+log = logging.getLogger(__name__)
 
 Layout = tuple[tuple[str, int, float], ...]  # (adapter, rank, scaling) of each stacked adapter, in order
 
@@ -192,3 +195,52 @@ class RowLoRA:
                 b_cat = torch.cat([b.detach() for _, b in weights], dim=1)
             stacked = self._stacked[index] = _Stacked(key, layout, a_cat, b_cat)
         return stacked
+
+
+def mixed_rows(model: torch.nn.Module) -> tuple[RowLoRA | None, str | None]:
+    """How mixed-adapter batches run: the per-row LoRA, or (when it cannot serve the model) PEFT's adapter_names,
+    with the reason."""
+    reason = unsupported(model)
+    if reason is None:
+        return RowLoRA(model), None
+    log.warning("mixed-adapter batches through PEFT's adapter_names (slower): the per-row LoRA does not support %s",
+                reason)
+    return None, reason
+
+
+class RowAdapters:
+    """The adapter of each slot's row, and how the rows of one forward run their adapters: through the per-row LoRA,
+    or PEFT's ``adapter_names`` for a model it does not serve (``mixed``: the model has named adapters; else every
+    forward is the model's own)."""
+
+    def __init__(self, model: torch.nn.Module, slots: int, mixed: bool) -> None:
+        self.mixed = mixed
+        self.slot_adapters = [BASE_ADAPTER] * slots  # the adapter of each slot's row
+        self.row_lora, self.peft_rows_reason = mixed_rows(model) if mixed else (None, None)
+        self.prefer_peft_rows = False  # run mixed batches through PEFT's adapter_names (benchmarks compare)
+
+    @property
+    def mixed_batches(self) -> str | None:
+        """How rows of different adapters share a forward (None: the model has no named adapters)."""
+        if not self.mixed:
+            return None
+        if self.row_lora is not None and not self.prefer_peft_rows:
+            return "per-row LoRA (stacked adapters, row mask)"
+        return "PEFT adapter_names" + (f" ({self.peft_rows_reason})" if self.peft_rows_reason else "")
+
+    def refresh(self) -> None:
+        """An adapter was added or removed (on the worker thread): the per-row LoRA finds its layers again."""
+        if self.row_lora is not None:
+            self.row_lora.refresh()
+
+    @contextlib.contextmanager
+    def rows(self, names: list[str]) -> Iterator[dict[str, Any]]:
+        """A forward inside this block runs row ``i`` with adapter ``names[i]``; it yields the extra forward
+        arguments (PEFT's ``adapter_names`` when PEFT mixes the rows, else none)."""
+        if not self.mixed:
+            yield {}
+        elif self.row_lora is not None and not self.prefer_peft_rows:
+            with self.row_lora.rows(names):
+                yield {}
+        else:
+            yield {"adapter_names": names}

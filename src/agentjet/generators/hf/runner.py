@@ -21,6 +21,10 @@ Train steps update the weights in place (the optimizer writes into the same tens
 weights with no recapture. Compaction moves cache columns in place; only growing the cache reallocates it, and
 then every graph is captured again.
 
+Kept prefixes (``prefix_cache.py``): a joining prompt that starts with a kept row's tokens has their keys and values
+copied into its slot and runs only the rest of its prompt, alone and eagerly (``_extend``); a finished row's columns
+are copied out (``keep``).
+
 Named LoRA adapters (``mixed_adapters``): each slot remembers the adapter of the row in it, and every forward of
 a prefill or a decode step names each row's adapter (a free slot is PEFT's ``__base__``), so rows of different
 adapters run in one forward: through the per-row LoRA of ``lora_rows.py`` (the stacked adapters and a row mask:
@@ -31,9 +35,8 @@ embeddings). Either way the adapters are chosen on the host at every forward, wh
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,7 +44,8 @@ import torch
 
 from agentjet.generators.hf.graphs import GraphCache
 from agentjet.generators.hf.kv_cache import INACTIVE_START, SlotKVCache
-from agentjet.generators.hf.lora_rows import RowLoRA, unsupported
+from agentjet.generators.hf.lora_rows import RowAdapters
+from agentjet.generators.hf.prefix_cache import Match, PrefixCache
 from agentjet.settings.learner import BASE_ADAPTER
 
 log = logging.getLogger(__name__)
@@ -96,22 +100,20 @@ class _PrefillInputs:
 class SlotRunner:
     """Owns the slot KV cache and the decode step's static inputs; optionally CUDA graphs and torch.compile.
     ``mixed_adapters``: the model is a PEFT model with named adapters and every forward names each row's (eager
-    only: ``cuda_graphs`` and ``compile`` are then ignored)."""
+    only: ``cuda_graphs`` and ``compile`` are then ignored). ``prefixes``: the kept prefixes (None: none kept)."""
 
     def __init__(self, model: torch.nn.Module, config: Any, device: torch.device, dtype: torch.dtype, slots: int,
                  capacity: int, max_capacity: int, pad_id: int, cuda_graphs: bool = False,
-                 compile: bool = False, mixed_adapters: bool = False, static_prefill: bool | None = None) -> None:
+                 compile: bool = False, mixed_adapters: bool = False, static_prefill: bool | None = None,
+                 prefixes: PrefixCache | None = None) -> None:
         """``static_prefill``: prefills padded to (rows, width) buckets from device buffers (default: with CUDA
         graphs, which then capture them; eagerly otherwise, as the CPU tests check the padding)."""
         self.model = model
+        self.prefixes = prefixes
         self.mixed_adapters = mixed_adapters
-        self.slot_adapters = [BASE_ADAPTER] * slots  # the adapter of each slot's row (mixed_adapters)
-        self.row_lora: RowLoRA | None = None  # the per-row LoRA; None: PEFT's adapter_names
-        self.peft_rows_reason: str | None = None  # why PEFT's adapter_names serve the mixed batches
-        self.prefer_peft_rows = False  # run mixed batches through PEFT's adapter_names (benchmarks compare)
+        self.adapters = RowAdapters(model, slots, mixed_adapters)  # each slot's adapter, and how rows mix them
         if mixed_adapters:
             cuda_graphs = compile = False
-            self.row_lora, self.peft_rows_reason = mixed_rows(model)
         self.config = config
         self.device = device
         self.slots = slots
@@ -182,38 +184,31 @@ class SlotRunner:
             self.stats["compactions"] += 1
 
     # ------------------------------------------------------------------ prefill
-    @property
-    def mixed_batches(self) -> str | None:
-        """How rows of different adapters share a forward (None: the model has no named adapters)."""
-        if not self.mixed_adapters:
-            return None
-        if self.row_lora is not None and not self.prefer_peft_rows:
-            return "per-row LoRA (stacked adapters, row mask)"
-        return "PEFT adapter_names" + (f" ({self.peft_rows_reason})" if self.peft_rows_reason else "")
-
-    def adapters_changed(self) -> None:
-        """An adapter was added or removed (on the worker thread): the per-row LoRA finds its layers again."""
-        if self.row_lora is not None:
-            self.row_lora.refresh()
-
-    @contextlib.contextmanager
-    def _adapter_rows(self, names: list[str]) -> Iterator[dict[str, Any]]:
-        """A forward inside this block runs row ``i`` with adapter ``names[i]``; it yields the extra forward
-        arguments (PEFT's ``adapter_names`` when PEFT mixes the rows, else none)."""
-        if not self.mixed_adapters:
-            yield {}
-        elif self.row_lora is not None and not self.prefer_peft_rows:
-            with self.row_lora.rows(names):
-                yield {}
-        else:
-            yield {"adapter_names": names}
-
     @torch.inference_mode()
     def prefill(self, slots: list[int], prompts: list[list[int]],
                 adapters: list[str | None] | None = None) -> torch.Tensor:
-        """Run the prompts of joining rows (left-padded into one block), write their keys and values into their
-        slots so that they end right before column ``t``, and return each one's next-token logits ``[k, V]``.
-        ``adapters``: each joining row's LoRA adapter (mixed_adapters; None: the base)."""
+        """Run the prompts of joining rows, write their keys and values into their slots so that they end right
+        before column ``t``, and return each one's next-token logits ``[k, V]``. A prompt that starts with a kept
+        prefix runs its rest alone; the others are left-padded into one block. ``adapters``: each joining row's
+        LoRA adapter (mixed_adapters; None: the base)."""
+        names = [a or BASE_ADAPTER for a in adapters] if adapters is not None else [BASE_ADAPTER] * len(prompts)
+        prefixes = self.prefixes
+        hits = ([prefixes.match(p, a) for p, a in zip(prompts, names, strict=True)]
+                if prefixes is not None else [None] * len(slots))
+        if not any(hits):
+            return self._prefill_block(slots, prompts, names)
+        block = [i for i, hit in enumerate(hits) if hit is None]
+        logits: dict[int, torch.Tensor] = {}
+        if block:
+            out = self._prefill_block([slots[i] for i in block], [prompts[i] for i in block], [names[i] for i in block])
+            logits.update(zip(block, out, strict=True))
+        for i, hit in enumerate(hits):
+            if hit is not None:
+                logits[i] = self._extend(slots[i], prompts[i], hit, names[i])[0]
+        return torch.stack([logits[i] for i in range(len(slots))])
+
+    def _prefill_block(self, slots: list[int], prompts: list[list[int]], names: list[str]) -> torch.Tensor:
+        """The joiners' prompts, left-padded into one block (statically padded to a bucket when it can be)."""
         k, width = len(prompts), max(len(p) for p in prompts)
         if width >= self.cache.capacity:
             raise ValueError(f"a prompt of {width} tokens does not fit the {self.cache.capacity}-column KV cache")
@@ -228,9 +223,8 @@ class SlotRunner:
         dev = self.device
         self.cache.begin_prefill(torch.tensor(slots, dtype=torch.long, device=dev),
                                  torch.arange(self.t - width, self.t, device=dev))
-        names = [a or BASE_ADAPTER for a in adapters] if adapters is not None else [BASE_ADAPTER] * k
         try:
-            with self._adapter_rows(names) as extra:
+            with self.adapters.rows(names) as extra:
                 out = self.model(input_ids=self._left_padded(prompts, width, k).to(dev),
                                  attention_mask=mask.to(dev), position_ids=positions.to(dev),
                                  past_key_values=self.cache, use_cache=True, logits_to_keep=1, **extra)
@@ -238,6 +232,34 @@ class SlotRunner:
             self.cache.end()
         self._seat(slots, lengths, names)
         return out.logits[:, -1, :]
+
+    def _extend(self, slot: int, prompt: list[int], hit: Match, name: str) -> torch.Tensor:
+        """A prompt whose first ``hit.tokens`` are kept: their keys and values into the slot, then the rest of the
+        prompt attending to them and to itself; its next-token logits ``[1, V]``."""
+        p, m = hit.tokens, len(prompt) - hit.tokens
+        self._make_room(p + m)
+        lo, dev = self.t - p - m, self.device
+        self.cache.write_row(slot, lo, hit.entry.kv, p)
+        mask = torch.ones((m, p + m), dtype=torch.bool, device=dev).tril(p)  # query i sees the prefix and [0, i]
+        self.cache.begin_extend(slot, lo, self.t)
+        try:
+            with self.adapters.rows([name]) as extra:
+                out = self.model(input_ids=torch.tensor([prompt[p:]], dtype=torch.long).to(dev),
+                                 attention_mask=mask[None, None], position_ids=torch.arange(p, p + m, device=dev)[None],
+                                 past_key_values=self.cache, use_cache=True, logits_to_keep=1, **extra)
+        finally:
+            self.cache.end()
+        self._seat([slot], [p + m], [name])
+        return out.logits[:, -1, :]
+
+    def keep(self, slot: int, ids: list[int], adapter: str | None) -> None:
+        """The row finishing in ``slot`` (its tokens ``ids``: the prompt and all it generated but the last) is kept
+        in the prefix cache, if it is worth keeping."""
+        lo = self.starts[slot]
+        if self.prefixes is None or lo == INACTIVE_START or self.t - lo != len(ids):
+            return
+        if self.prefixes.wants(slot, len(ids)):
+            self.prefixes.keep(ids, adapter or BASE_ADAPTER, self.cache.read_row(slot, lo, self.t))
 
     def _make_room(self, width: int) -> None:
         """A block of ``width`` columns must end right before ``t``: shift the columns in use right if ``t`` is
@@ -256,7 +278,9 @@ class SlotRunner:
         """The joined rows' start columns (host and device copies) and adapters, after their prefill."""
         for s, n, name in zip(slots, lengths, adapters, strict=True):
             self.starts[s] = self.t - n
-            self.slot_adapters[s] = name
+            self.adapters.slot_adapters[s] = name
+            if self.prefixes is not None:
+                self.prefixes.seat(s)
         index = torch.tensor(slots, dtype=torch.long, device=self.device)
         self.start.index_copy_(0, index, torch.tensor([self.starts[s] for s in slots], dtype=torch.long).to(self.device))
 
@@ -307,7 +331,7 @@ class SlotRunner:
         if slots:
             for s in slots:
                 self.starts[s] = INACTIVE_START
-                self.slot_adapters[s] = BASE_ADAPTER
+                self.adapters.slot_adapters[s] = BASE_ADAPTER
             self.start.index_fill_(0, torch.tensor(slots, dtype=torch.long, device=self.device), INACTIVE_START)
 
     def restart(self) -> None:
@@ -326,7 +350,7 @@ class SlotRunner:
         self.column.copy_(t.view(1))
         self.cache.begin_decode(n, w, self.column)
         try:
-            with self._adapter_rows(self.slot_adapters[:n]) as extra:
+            with self.adapters.rows(self.adapters.slot_adapters[:n]) as extra:
                 out = self.model(input_ids=self.tokens[:n], attention_mask=mask[:, None, None, :],
                                  position_ids=(t - start).clamp(min=0)[:, None], past_key_values=self.cache,
                                  use_cache=True, **extra)
@@ -348,14 +372,3 @@ class SlotRunner:
             logits = self._step_fn(n, w)
         self.t += 1
         return logits
-
-
-def mixed_rows(model: torch.nn.Module) -> tuple[RowLoRA | None, str | None]:
-    """How mixed-adapter batches run: the per-row LoRA, or (when it cannot serve the model) PEFT's adapter_names,
-    with the reason."""
-    reason = unsupported(model)
-    if reason is None:
-        return RowLoRA(model), None
-    log.warning("mixed-adapter batches through PEFT's adapter_names (slower): the per-row LoRA does not support %s",
-                reason)
-    return None, reason

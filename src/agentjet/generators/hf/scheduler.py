@@ -25,6 +25,9 @@ and once per decode step, for each adapter in it), so a reply that spans an upda
 at the token where it happened; the result's ``policy_version`` is its first token's (the oldest weights that
 touched it).
 
+Kept prefixes: a row that finishes hands its keys and values to the runner's prefix cache (``prefix_cache.py``),
+before its slot is freed, and a joiner whose prompt starts with a kept row's tokens prefills only the rest.
+
 Named LoRA adapters: each request names its adapter (``Request.adapter``), each adapter has its own policy
 version (``policy_version(adapter)``; an adapter the generator does not serve raises, and that request alone
 fails), and rows of different adapters share prefills and decode steps (the runner passes each row's adapter).
@@ -294,6 +297,7 @@ class ContinuousScheduler:
                 self._fail_rows([row], exc)
                 continue
             if row.finish is not None:
+                self._keep(row)
                 self._free(row)
                 self.outbox.resolve(row.req, self.rules.result(row))
 
@@ -315,6 +319,14 @@ class ContinuousScheduler:
             self._inbox.extendleft(reversed(rerun))
 
     # ------------------------------------------------------------------ slots
+    def _keep(self, row: Row) -> None:
+        """A finished row's keys and values into the prefix cache (its prompt and all it generated but the last
+        token, which no decode step fed back). A failure to keep costs the reuse, never the row."""
+        try:
+            self.runner.keep(row.slot, [*row.req.prompt_ids, *row.ids[:-1]], row.adapter)
+        except Exception as exc:  # noqa: BLE001 - e.g. out of memory for the copy
+            log.warning("a finished row was not kept in the prefix cache (%s: %s)", type(exc).__name__, exc)
+
     def _free(self, row: Row) -> None:
         if row.slot >= 0 and self.slots[row.slot] is row:
             self.slots[row.slot] = None
