@@ -452,3 +452,27 @@ def test_compile_matches_eager_on_cpu(make_engine, chat_ids) -> None:
     for x, y in zip(staggered(plain, prompts, params), staggered(compiled, prompts, params), strict=True):
         assert x.token_ids == y.token_ids
         assert max_diff(x.logprobs, y.logprobs) < 1e-4
+
+
+def test_an_unpadded_prefill_leaves_the_mask_to_sdpas_causal_kernel(make_engine, chat_ids) -> None:
+    """A block with no padding (one prompt, or prompts of one length) passes no mask, so transformers leaves it out
+    and SDPA runs causally; a padded block passes its 4D mask. Both give the model's logprobs."""
+    engine = make_engine()
+    runner = engine.generator.core.runner
+    masks: list[object] = []
+    hook = runner.model.register_forward_pre_hook(
+        lambda _m, _a, kw: masks.append(kw.get("attention_mask")), with_kwargs=True)
+    try:
+        one, short = chat_ids("what is 12 + 30?", engine), chat_ids("a", engine)
+        params = [SamplingParams(temperature=1.0, max_tokens=4, seed=s) for s in (1, 2)]
+        alone = staggered(engine, [one], params[:1])
+        prefill_masks = [masks[0]]
+        masks.clear()
+        padded = staggered(engine, [one, short], params)  # one burst: a block of two lengths
+        prefill_masks.append(masks[0])
+    finally:
+        hook.remove()
+    assert prefill_masks[0] is None
+    assert isinstance(prefill_masks[1], torch.Tensor) and prefill_masks[1].dim() == 4
+    for p, r in ((one, alone[0]), (one, padded[0]), (short, padded[1])):
+        assert max_diff(r.logprobs, teacher_forced(engine, p, r.token_ids, 1.0)) < 1e-4

@@ -99,6 +99,10 @@ class SlotLayer(CacheLayerMixin):
         raise RuntimeError("SlotKVCache.update called outside a prefill, decode or extend phase")
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        # a prefill attends to its block alone: with no padding and no mask given, transformers then leaves the mask
+        # out and SDPA runs its causal kernel (``is_causal``)
+        if self.owner.phase is Phase.PREFILL:
+            return query_length, 0
         return self.keys.shape[2], 0
 
     def get_seq_length(self) -> int:
