@@ -110,7 +110,6 @@ class SlotRunner:
         graphs, which then capture them; eagerly otherwise, as the CPU tests check the padding)."""
         self.model = model
         self.prefixes = prefixes
-        self.mixed_adapters = mixed_adapters
         self.adapters = RowAdapters(model, slots, mixed_adapters)  # each slot's adapter, and how rows mix them
         if mixed_adapters:
             cuda_graphs = compile = False
@@ -255,14 +254,14 @@ class SlotRunner:
         self._seat([slot], [p + m], [name])
         return out.logits[:, -1, :]
 
-    def keep(self, slot: int, ids: list[int], adapter: str | None) -> None:
-        """The row finishing in ``slot`` (its tokens ``ids``: the prompt and all it generated but the last) is kept
-        in the prefix cache, if it is worth keeping."""
+    def keep(self, slot: int, prompt: list[int], generated: list[int], adapter: str | None) -> None:
+        """The row finishing in ``slot`` is kept in the prefix cache, if it is worth keeping: its prompt and all it
+        generated but the last token (the tokens its columns hold; the list is built only for a row kept)."""
         lo = self.starts[slot]
-        if self.prefixes is None or lo == INACTIVE_START or self.t - lo != len(ids):
+        n = len(prompt) + len(generated) - 1
+        if self.prefixes is None or lo == INACTIVE_START or self.t - lo != n or not self.prefixes.wants(slot, n):
             return
-        if self.prefixes.wants(slot, len(ids)):
-            self.prefixes.keep(ids, adapter or BASE_ADAPTER, self.cache.read_row(slot, lo, self.t))
+        self.prefixes.keep([*prompt, *generated[:-1]], adapter or BASE_ADAPTER, self.cache.read_row(slot, lo, self.t))
 
     def _make_room(self, width: int) -> None:
         """A block of ``width`` columns must end right before ``t``: shift the columns in use right if ``t`` is

@@ -323,7 +323,7 @@ class ContinuousScheduler:
         """A finished row's keys and values into the prefix cache (its prompt and all it generated but the last
         token, which no decode step fed back). A failure to keep costs the reuse, never the row."""
         try:
-            self.runner.keep(row.slot, [*row.req.prompt_ids, *row.ids[:-1]], row.adapter)
+            self.runner.keep(row.slot, row.req.prompt_ids, row.ids, row.adapter)
         except Exception as exc:  # noqa: BLE001 - e.g. out of memory for the copy
             log.warning("a finished row was not kept in the prefix cache (%s: %s)", type(exc).__name__, exc)
 
