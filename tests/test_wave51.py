@@ -72,3 +72,21 @@ def test_a_job_is_done_by_its_results_file_and_the_groups_are_summarised(tmp_pat
     assert rise["mean"] == pytest.approx(0.5 / 3) and rise["n"] == 3
     assert rise["se"] == pytest.approx(0.2 / 3, abs=1e-6)  # stdev(0.1, 0.3, 0.1) = 0.2 / sqrt(3), over sqrt(3)
     assert summary["summary"]["highest_level"]["mean"] == pytest.approx(4 / 3)
+
+
+def test_rule_d_holds_only_above_two_standard_errors_and_a_summary_names_the_commands_run(tmp_path: Path) -> None:
+    w = wave51()
+    assert w.rule_d({"mean": 0.57, "se": 0.115}) == "holds"
+    assert w.rule_d({"mean": 0.2, "se": 0.1}) == "not shown"  # exactly two standard errors: not more
+    assert w.rule_d({"mean": 0.3, "se": None}) == "not shown"  # one seed has no standard error
+    members = []
+    for seed, after in enumerate([0.5, 0.6, 0.7]):
+        path = tmp_path / f"products_seed{seed}.json"
+        path.write_text(json.dumps({"eval_before": 0.1, "eval_after": after, "train_steps": 9, "eval_by_type": [],
+                                    "wave51": {"command": f"ajet demo --seed {seed} --out-dir /elsewhere"}}))
+        members.append(w.Job(f"d-products-seed{seed}", ["now", "different"], path, 0.2, demo_dir=tmp_path,
+                             group="d-products", extra={"task": "rg:products", "seed": seed}))
+    (written,) = w.summarize(members)
+    summary = json.loads(written.read_text())
+    assert summary["verdict"] == "holds"  # rise 0.5 ± 0.058
+    assert summary["commands"] == [f"ajet demo --seed {s} --out-dir /elsewhere" for s in (0, 1, 2)]

@@ -158,6 +158,12 @@ def mean_se(values: list[float]) -> dict[str, float | None]:
             "se": statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else None, "n": len(values)}
 
 
+def rule_d(rise: dict[str, float | None]) -> str:
+    """Issue 51's rule (d): a result holds when its three-seed mean rise is more than two standard errors above 0."""
+    mean, se = rise["mean"], rise["se"]
+    return "holds" if mean is not None and se is not None and mean > 2 * se else "not shown"
+
+
 def demo_figures(result: dict[str, Any]) -> dict[str, float]:
     """One demo run's figures: held-out before and after and the rise (the task as named); per task type for a
     cocktail; with levels, the highest level reached and the last eval at the level trained."""
@@ -188,9 +194,12 @@ def summarize(all_jobs: list[Job]) -> list[Path]:
         figures = [demo_figures(r) for r in results]
         keys = [k for k in figures[0] if all(k in f for f in figures)]
         summary = {"group": group, "task": members[0].extra["task"], "seeds": [j.extra["seed"] for j in members],
-                   "commands": [" ".join(j.cmd) for j in members],
+                   "commands": [r.get("wave51", {}).get("command", " ".join(j.cmd))  # as each was run
+                                for r, j in zip(results, members, strict=True)],
                    "provenance": [r.get("provenance", {}) for r in results],
                    "by_seed": figures, "summary": {k: mean_se([float(f[k]) for f in figures]) for k in keys}}
+        if group.startswith("d-"):  # the plan's rule (d), docs/benchmarks.md; (c) is stated, not judged
+            summary["verdict"] = rule_d(summary["summary"]["rise"])
         path = members[0].out.with_name(group.split("-", 1)[1] + "_3seeds.json")
         path.write_text(json.dumps(summary, indent=2))
         written.append(path)
