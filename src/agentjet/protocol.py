@@ -249,6 +249,9 @@ class ServerStatus(_Reply):
     last_train_metrics: dict[str, float | None] = Field(description="the latest step's metrics (a NaN is null)")
     task_types: dict[str, dict[str, float]] = Field(default_factory=dict, description="trained episodes and mean "
                                                     "reward per task type")
+    levels: dict[str, int] = Field(default_factory=dict, description="per task type trained on difficulty levels "
+                                   "(ajet demo --levels), the level its clients noted on its latest training "
+                                   "episode (the end's metadata.level); empty when no client notes one")
     config: dict[str, Any]
     training_halted: str | None = Field(None, description="why training stopped by itself (e.g. the rollout "
                                         "engine does not serve the trained weights); null while it runs")

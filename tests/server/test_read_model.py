@@ -23,6 +23,7 @@ from agentjet.server.counters import (
     CHECKPOINTED,
     AdmissionCounters,
     RequestCounters,
+    TaskLevels,
     TitoCounters,
     TrackingTotals,
     TrainingCounters,
@@ -33,7 +34,7 @@ from agentjet.settings import ServerConfig
 from agentjet.weights.checkpoints import SERVER_STATE
 
 SRC = Path(agentjet.__file__).parent
-COUNTERS = (RequestCounters, TitoCounters, TrackingTotals, AdmissionCounters, TrainingCounters)
+COUNTERS = (RequestCounters, TitoCounters, TrackingTotals, AdmissionCounters, TrainingCounters, TaskLevels)
 # Attributes that share a counter's name but are no counter: (module, the written expression).
 NOT_COUNTERS = {("server/swarm.py", "self.episodes")}
 
@@ -48,8 +49,11 @@ def _written(tree: ast.AST) -> list[ast.expr]:
         elif isinstance(node, ast.AugAssign | ast.AnnAssign):
             targets = [node.target]
         for t in targets:
+            subscripted = isinstance(t, ast.Subscript)
             while isinstance(t, ast.Subscript):
                 t = t.value
+            if subscripted and isinstance(t, ast.Attribute):  # ``a.b[k] =``: ``a.b`` is read (Load), then written
+                out.append(t)
             out.extend(e for e in ast.walk(t) if isinstance(e, ast.Attribute) and isinstance(e.ctx, ast.Store))
     return out
 
@@ -202,6 +206,42 @@ def test_status_dashboard_and_metrics_report_the_same_figures(make_server) -> No
     assert gen == snap["generator"] and gen["generate_requests"] >= status.throughput["calls"]
     assert gen["generated_tokens"] == gen["generate_requests"] + gen["decode_rows"] >= status.throughput["generated_tokens"]
     assert _metric(prom, "agentjet_generator_decode_steps_total") == gen["decode_steps"] > 0
+
+
+def test_the_status_dashboard_metrics_and_cli_show_the_level_of_each_types_latest_training_episode(
+        make_server) -> None:
+    """Issue 51: a levelled run's clients note each episode's level; the status shows where each task type trains
+    now. Eval episodes (scored at two levels) and anything but a level number leave it as it was."""
+    from agentjet.cli.status_view import task_types_table
+
+    srv = make_server(admin_token=ADMIN, observe=ObserveSettings(read_token=READ))  # the null engine
+    admin, read = {"Authorization": f"Bearer {ADMIN}"}, {"Authorization": f"Bearer {READ}"}
+
+    def status() -> ServerStatus:
+        return ServerStatus.model_validate(httpx.get(f"{srv.url}/swarm/v1/status", headers=admin).json())
+
+    play_group(srv.url, "plain", [1.0, 0.0], task_type="words")  # a type without levels
+    assert status().levels == {}
+    assert "agentjet_task_level" not in httpx.get(f"{srv.url}/metrics", headers=read).text
+    play_group(srv.url, "t1", [1.0, 0.0], metadata={"level": 1})
+    play_group(srv.url, "t2", [1.0, 0.0], metadata={"level": 2})
+    play_group(srv.url, "e1", [0.5], eval=True, metadata={"level": 0})  # the eval at the task as named
+    play_group(srv.url, "t3", [1.0], metadata={"level": "hard"})  # not a level number: ignored
+    play_group(srv.url, "t4", [1.0], metadata={"level": True})
+    play_group(srv.url, "g1", [0.0, 1.0], task_type="games", metadata={"level": 0})
+    settle(srv)
+
+    st = status()
+    assert st.levels == {"math": 2, "games": 0}
+    snap = httpx.get(f"{srv.url}/dashboard/api/run", params={"evals": "false"}, headers=read).json()["snapshot"]
+    assert snap["levels"] == st.levels
+    prom = httpx.get(f"{srv.url}/metrics", headers=read).text
+    assert _metric(prom, 'agentjet_task_level{task_type="math"}') == 2
+    assert _metric(prom, 'agentjet_task_level{task_type="games"}') == 0
+    table = task_types_table(st)
+    assert [c.header for c in table.columns] == ["type", "trained", "reward", "level"]
+    rows = {cells[0]: cells[-1] for cells in zip(*(c._cells for c in table.columns), strict=True)}
+    assert rows == {"games": "0", "math": "2", "words": "-"}
 
 
 def test_an_engine_without_a_seam_shows_no_weight_syncs_and_old_answers_still_parse(make_server) -> None:

@@ -101,21 +101,30 @@ def last_step_rows(st: ServerStatus) -> list[tuple[str, Any]]:
     return [(k, m[k]) for k in names]
 
 
+def task_types_table(st: ServerStatus) -> Table:
+    """Trained episodes and mean reward per task type, and its difficulty level when its clients note one."""
+    types = Table(title="Task types", title_justify="left", title_style="bold", box=None, padding=(0, 1),
+                  header_style="dim")
+    types.add_column("type")
+    types.add_column("trained", justify="right")
+    types.add_column("reward", justify="right")
+    if st.levels:
+        types.add_column("level", justify="right")
+    for name in sorted(st.task_types.keys() | st.levels.keys()):
+        v = st.task_types.get(name, {})
+        row = [name, fmt(v.get("episodes", 0)), fmt(v.get("reward_mean"))]
+        types.add_row(*row, *([fmt(st.levels.get(name))] if st.levels else []))
+    return types
+
+
 def status_view(st: ServerStatus) -> RenderableType:
     """Everything ``ajet status`` prints (without ``--json``)."""
     parts: list[RenderableType] = [_table("Run", run_rows(st)), _table("Episodes", buffer_rows(st)),
                                    _table("Throughput", throughput_rows(st))]
     step = last_step_rows(st)
     parts.append(_table(f"Last step ({st.train_steps})", step) if step else _table("Last step", [("", "none yet")]))
-    if st.task_types:
-        types = Table(title="Task types", title_justify="left", title_style="bold", box=None,
-                      padding=(0, 1), header_style="dim")
-        types.add_column("type")
-        types.add_column("trained", justify="right")
-        types.add_column("reward", justify="right")
-        for name, v in sorted(st.task_types.items()):
-            types.add_row(name, fmt(v.get("episodes")), fmt(v.get("reward_mean")))
-        parts.append(types)
+    if st.task_types or st.levels:
+        parts.append(task_types_table(st))
     if st.eval_reward:
         evals = list(st.eval_reward.items())[-5:]  # the latest versions
         parts.append(_table("Eval reward", [(f"v{v}", r) for v, r in evals]))

@@ -188,6 +188,12 @@ class SnapshotCollector(Collector):
         for what, n in sorted(s.tracking.items()):
             tracking.add_metric([what], n)
         yield tracking
+        if s.levels:
+            levels = GaugeMetricFamily("agentjet_task_level", "the difficulty level of each task type's latest "
+                                       "training episode (as its client noted it)", labels=["task_type"])
+            for task_type, level in sorted(s.levels.items()):
+                levels.add_metric([task_type], level)
+            yield levels
         yield from _adapter_metrics(s)
         yield from _tinker_metrics(s)
         yield from _fleet_metrics(s)

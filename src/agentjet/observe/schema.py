@@ -57,6 +57,7 @@ class RunSnapshot(BaseModel):
     # the latest step's metrics (a NaN is possible: the status shows it as null; the dashboard reads the steps)
     last_train_metrics: dict[str, float] = Field(default_factory=dict, exclude=True)
     task_types: dict[str, dict[str, float]] = Field(default_factory=dict)  # trained episodes, mean reward
+    levels: dict[str, int] = Field(default_factory=dict)  # task type -> the level of its latest training episode
     training_halted: str | None = None
     adapters: dict[str, AdapterStatus] = Field(default_factory=dict)  # per LoRA adapter (a server with several)
     generator: dict[str, int] = Field(default_factory=dict)  # the generator's batching counters (Generator.counters)

@@ -14,6 +14,8 @@ object                      counts                                           wri
 ``AdmissionCounters``       begins refused at capacity, begins held          ``admission.Admission``
 ``TrainingCounters``        steps, trained and dropped episodes, last step,  ``training.step`` and ``.pool``
                             seconds in train steps and weight pushes
+``TaskLevels``              the difficulty level noted on each task type's   ``ingest.Ingest`` (the durable write)
+                            latest training episode
 ==========================  ===============================================  ======================================
 
 The episode registry keeps its own lifecycle counts (``registry.counts``: begun, expired, aborted, released),
@@ -193,6 +195,21 @@ class TrainingCounters:
 
 
 @dataclass
+class TaskLevels:
+    """Where each task type's training is on its difficulty levels (``agentjet.schedule.levels``): the level a
+    client noted on the type's latest stored training episode (``Episode.note(level=...)``, the end's
+    ``metadata.level``, an integer). Eval episodes do not move it: a levelled run scores its evals at two levels.
+    Not checkpointed: after a restart a type shows its level again from its next episode."""
+
+    latest: dict[str, int] = field(default_factory=dict)
+
+    def noted(self, task_type: str, metadata: Mapping[str, Any]) -> None:
+        level = metadata.get("level")
+        if isinstance(level, int) and not isinstance(level, bool) and level >= 0:
+            self.latest[task_type] = level
+
+
+@dataclass
 class RunCounters:
     """Every counter of one server, by concern. Built once by ``SwarmServer`` and handed to each writer."""
 
@@ -201,6 +218,7 @@ class RunCounters:
     tracking: TrackingTotals = field(default_factory=TrackingTotals)
     admission: AdmissionCounters = field(default_factory=AdmissionCounters)
     training: TrainingCounters = field(default_factory=TrainingCounters)
+    levels: TaskLevels = field(default_factory=TaskLevels)
 
     @classmethod
     def starting_now(cls, clock: Clock) -> RunCounters:

@@ -178,6 +178,8 @@ class Ingest:
                 await asyncio.to_thread(self.store.commit_episode, stored, samples, req.metadata, report.to_dict(),
                                         adapters)
                 self.counters.tracking.add(report.to_dict())  # observe: merge ratio and drift repairs
+                if StoredStatus.EVAL not in (stored.status, stored.commit_status):
+                    self.counters.levels.noted(stored.task_type, req.metadata)  # the status's levels
             except StoreError as exc:
                 log.error("%s", exc)
                 self.store_health.failed()  # the episode stays open: the client can retry

@@ -157,6 +157,7 @@ def snapshot(run: RunParts) -> RunSnapshot:
         weight_sync_failures=sync.failures if sync is not None else None,
         last_train_metrics=dict(t.last_metrics),
         task_types={k: {"episodes": v.episodes, "reward_mean": v.reward_mean} for k, v in list(t.by_type.items())},
+        levels=dict(c.levels.latest),
         training_halted=next((lane.counters.halted_reason for lane in lanes if lane.counters.halted_reason), None),
         adapters=adapter_statuses(run), generator=run.engine.generator.counters(),
         tinker=run.tinker() if run.tinker is not None else None, fleet=run.engine.generator.fleet())

@@ -37,6 +37,6 @@ def build_status(snap: RunSnapshot, eval_reward: dict[str, float], config: dict[
         policy_version=snap.policy_version, learner_version=snap.learner_version,
         weight_push_in_flight=snap.weight_push_in_flight, train_steps=snap.train_steps, buffer=buffer, clients=snap.client_ids,
         throughput=throughput, eval_reward=eval_reward, last_train_metrics=snap.last_train_metrics,
-        task_types=snap.task_types, config=config, training_halted=snap.training_halted,
+        task_types=snap.task_types, levels=snap.levels, config=config, training_halted=snap.training_halted,
         weight_syncs=snap.weight_syncs, weight_sync_failures=snap.weight_sync_failures, adapters=snap.adapters,
         tinker=snap.tinker, fleet=snap.fleet)
