@@ -90,3 +90,23 @@ def test_rule_d_holds_only_above_two_standard_errors_and_a_summary_names_the_com
     summary = json.loads(written.read_text())
     assert summary["verdict"] == "holds"  # rise 0.5 ± 0.058
     assert summary["commands"] == [f"ajet demo --seed {s} --out-dir /elsewhere" for s in (0, 1, 2)]
+
+
+def test_rule_b_is_written_into_a_finished_levels_file_from_its_own_figures(tmp_path: Path) -> None:
+    w = wave51()
+
+    def arm(uniform: float, steps: float, highest: list[int | None], at2: float) -> dict:
+        return {"uniform_share_after_5": uniform, "steps_after_5": steps, "fall_from_best_by_seed": [0.0] * 3,
+                "late_mean_eval": 0.9, "highest_level_by_seed": highest, "final_by_level": {"2": at2}}
+
+    ladders = {"levels": {"ladders": {"addition": {"start": 0, "top": 4}}}}
+    runs = [{"side": side, "seed": s, **(ladders if side.endswith("levels") else {})}
+            for s in (0, 1, 2) for side in ("agentjet", "agentjet:levels")]
+    out = tmp_path / "levels_addition_15min.json"
+    out.write_text(json.dumps({"complete": True, "runs": runs, "summary": {
+        "agentjet": arm(0.85, 8, [None] * 3, 0.30), "agentjet:levels": arm(0.45, 13, [2, 2, 3], 0.40)}}))
+    job = w.Job("b-addition", ["true"], out, 2.0)
+    assert w.judge_levels([job]) == [out]
+    checks = json.loads(out.read_text())["summary"]["levels_checks"]
+    assert checks["win"] and checks["progress"]["level"] == 2
+    assert w.judge_levels([job]) == []  # already there: the file is left as it is

@@ -500,6 +500,49 @@ def holding_checks(runs: list[dict[str, Any]], minutes: list[float], budget_min:
     return checks
 
 
+# Issue 51's rule (b), written in docs/benchmarks.md before the runs: when the levels arm wins over retirement alone.
+MAX_LEVELS_UNIFORM_SHARE = 0.50
+MIN_LEVELS_STEPS_RATIO = 1.5
+MAX_LEVELS_LATE_MEAN_DROP = 0.03
+MIN_LEVELS_PROGRESS = 0.05
+
+
+def levels_checks(summary: dict[str, Any], runs: list[dict[str, Any]], as_is: str = "agentjet",
+                  levels: str = "agentjet:levels") -> dict[str, Any] | None:
+    """Rule (b) over the seeds of both arms (None unless both are there): (1) signal: the levels arm's mean uniform
+    share after minute 5 under 0.50 and under as-is's; (2) steps: its mean train steps after minute 5 at least 1.5x
+    as-is's; (3) no forgetting: no levels seed falls more than 0.06 below its best at the starting level after
+    minute 5, and its mean late eval there at least as-is's - 0.03; (4) progress: at L, the lowest of the levels
+    seeds' highest levels (above the start), the mean of its last checkpoints at least as-is's at L + 0.05. A figure
+    that is missing fails its rule, and says so."""
+    a, lv = summary.get(as_is), summary.get(levels)
+    if a is None or lv is None:
+        return None
+    out: dict[str, Any] = {}
+    ua, ul = a["uniform_share_after_5"], lv["uniform_share_after_5"]
+    out["signal"] = {"levels": ul, "as_is": ua, "ok": ul is not None and ua is not None
+                     and ul < MAX_LEVELS_UNIFORM_SHARE and ul < ua}
+    sa, sl = a["steps_after_5"], lv["steps_after_5"]
+    out["steps"] = {"levels": sl, "as_is": sa, "ratio": sl / sa if sl is not None and sa else None}
+    out["steps"]["ok"] = out["steps"]["ratio"] is not None and out["steps"]["ratio"] >= MIN_LEVELS_STEPS_RATIO
+    falls, ma, ml = lv["fall_from_best_by_seed"], a["late_mean_eval"], lv["late_mean_eval"]
+    out["no_forgetting"] = {"fall_from_best_by_seed": falls, "late_mean_levels": ml, "late_mean_as_is": ma,
+                            "ok": bool(falls) and all(f is not None and f <= MAX_FALL_FROM_BEST + 1e-9 for f in falls)
+                            and ml is not None and ma is not None and ml >= ma - MAX_LEVELS_LATE_MEAN_DROP - 1e-9}
+    starts = {lad["start"] for r in runs if r.get("side") == levels and r.get("levels")
+              for lad in r["levels"]["ladders"].values()}
+    highest = lv["highest_level_by_seed"]
+    level = min(highest) if highest and all(h is not None for h in highest) else None
+    at_a, at_l = (s["final_by_level"].get(str(level)) if level is not None else None for s in (a, lv))
+    out["progress"] = {"level": level, "start": min(starts) if starts else None, "levels": at_l, "as_is": at_a,
+                       "ok": level is not None and starts != set() and level > min(starts) and at_l is not None
+                       and at_a is not None and at_l >= at_a + MIN_LEVELS_PROGRESS - 1e-9}
+    if level is not None and starts and level > min(starts) and at_l is None:
+        out["progress"]["why"] = f"level {level} was not scored (--score-levels too small)"
+    out["win"] = all(out[k]["ok"] for k in ("signal", "steps", "no_forgetting", "progress"))
+    return out
+
+
 def _after(run: dict[str, Any], key: str) -> int | None:
     """How much a server counter (``counters``) grew from the minute-5 checkpoint to the run's end."""
     late = [p for p in run["points"] if p["train_s"] / 60 >= LATE_FROM_MIN - 1e-9 and key in p]
@@ -598,6 +641,7 @@ def save(args: argparse.Namespace, runs: list[dict[str, Any]], minutes: list[flo
     summary = summarize(runs, [m for m in (5, 10, 20) if m <= args.budget_min] or minutes, args.target)
     summary["eval_at_every_point"] = summarize(runs, minutes, args.target)  # every point, with its standard error
     summary["holding_checks"] = holding_checks(runs, minutes, args.budget_min, args.target)
+    summary["levels_checks"] = levels_checks(summary, runs)
     commit = git_commit(ROOT)
     import torch
     import transformers

@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/learning/wave51.py --list          # the jobs, their commands and hours
     .venv/bin/python benchmarks/learning/wave51.py                 # run every job not done yet (about 13 h)
     .venv/bin/python benchmarks/learning/wave51.py --only a-chain_sum b-addition
-    .venv/bin/python benchmarks/learning/wave51.py --summarize     # only the 3-seed summaries of what is done
+    .venv/bin/python benchmarks/learning/wave51.py --summarize     # only the 3-seed summaries and rule (b) of what is done
 
 The verdict rules these runs are read by are written in docs/benchmarks.md ("Issue 51: the plan and its rules,
 written before any run"). Each job is one command, run in its own process while this script holds the CPU lock
@@ -209,6 +209,36 @@ def summarize(all_jobs: list[Job]) -> list[Path]:
     return written
 
 
+def _vs_trl() -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("vs_trl_wave51", ROOT / "benchmarks" / "learning" / "vs_trl.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def judge_levels(all_jobs: list[Job]) -> list[Path]:
+    """Rule (b) on each finished ``b-*`` file: ``summary.levels_checks`` (``vs_trl.levels_checks``), written into the
+    file when a run of an older ``vs_trl.py`` left it out; the figures it reads are the file's own."""
+    written = []
+    for job in (j for j in all_jobs if j.name.startswith("b-") and j.done()):
+        data = json.loads(job.out.read_text())
+        checks = _vs_trl().levels_checks(data["summary"], data["runs"])
+        if checks is None:
+            continue
+        if data["summary"].get("levels_checks") != checks:
+            data["summary"]["levels_checks"] = checks
+            job.out.write_text(json.dumps(data, indent=2, default=str))
+            written.append(job.out)
+        clauses = ", ".join(f"{k} {'ok' if checks[k]['ok'] else 'FAILS'}" for k in
+                            ("signal", "steps", "no_forgetting", "progress"))
+        print(f"{job.name}: levels {'WIN' if checks['win'] else 'do not win'} ({clauses}) -> {job.out}")
+    return written
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--list", action="store_true", help="print the jobs, their commands, state and hours; run none")
@@ -232,6 +262,7 @@ def main() -> None:
             if run(j, args.log) != 0:
                 print(f"== {j.name} failed: see {args.log}; the jobs after it still run", flush=True)
     summarize(all_jobs)
+    judge_levels(all_jobs)
 
 
 if __name__ == "__main__":

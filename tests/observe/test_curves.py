@@ -273,3 +273,32 @@ def test_the_level_figures_read_the_uniform_share_and_steps_after_minute_5_off_t
     assert figures["highest_level_by_seed"] == [2, 1]
     assert figures["final_by_level"] == pytest.approx({"1": 0.6, "2": 0.15})
     assert vs_trl.level_figures([{"seed": 0, "points": []}])["uniform_share_after_5"] is None  # TRL: no counters
+
+
+def test_rule_b_says_levels_win_only_when_all_four_clauses_hold_and_each_can_fail_alone() -> None:
+    """Issue 51's rule (b), as docs/benchmarks.md writes it: signal, steps, no forgetting, progress."""
+    vs_trl = _script("vs_trl")
+
+    def arm(uniform: float, steps: float, falls: list[float], late: float, highest: list[int],
+            final: dict[str, float]) -> dict[str, Any]:
+        return {"uniform_share_after_5": uniform, "steps_after_5": steps, "fall_from_best_by_seed": falls,
+                "late_mean_eval": late, "highest_level_by_seed": highest, "final_by_level": final}
+
+    runs = [{"side": "agentjet:levels", "levels": {"ladders": {"addition": {"start": 0, "top": 4}}}}]
+    as_is = arm(0.8, 10, [0.0, 0.02, 0.0], 0.95, [None] * 3, {"1": 0.5, "2": 0.3})
+    winning = arm(0.4, 16, [0.05, 0.0, 0.01], 0.93, [2, 3, 2], {"1": 0.8, "2": 0.36})
+    checks = vs_trl.levels_checks({"agentjet": as_is, "agentjet:levels": winning}, runs)
+    assert checks["win"] and checks["progress"]["level"] == 2 and checks["steps"]["ratio"] == pytest.approx(1.6)
+    for clause, change in [("signal", {"uniform_share_after_5": 0.5}),  # not under 0.50
+                           ("steps", {"steps_after_5": 14}),  # 1.4x
+                           ("no_forgetting", {"fall_from_best_by_seed": [0.07, 0.0, 0.0]}),
+                           ("no_forgetting", {"late_mean_eval": 0.91}),  # 0.04 under as-is's
+                           ("progress", {"final_by_level": {"1": 0.8, "2": 0.34}}),  # 0.04 over as-is's at 2
+                           ("progress", {"highest_level_by_seed": [0, 3, 2]})]:  # a seed never rose
+        checks = vs_trl.levels_checks({"agentjet": as_is, "agentjet:levels": {**winning, **change}}, runs)
+        assert not checks[clause]["ok"] and not checks["win"], change
+        assert all(checks[k]["ok"] for k in ("signal", "steps", "no_forgetting", "progress") if k != clause)
+    unscored = vs_trl.levels_checks({"agentjet": as_is, "agentjet:levels": {**winning, "highest_level_by_seed":
+                                                                            [3, 3, 4]}}, runs)
+    assert not unscored["progress"]["ok"] and "not scored" in unscored["progress"]["why"]
+    assert vs_trl.levels_checks({"agentjet": as_is}, runs) is None  # one arm: no verdict
