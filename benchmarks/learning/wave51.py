@@ -209,24 +209,16 @@ def summarize(all_jobs: list[Job]) -> list[Path]:
     return written
 
 
-def _vs_trl() -> Any:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("vs_trl_wave51", ROOT / "benchmarks" / "learning" / "vs_trl.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def judge_levels(all_jobs: list[Job]) -> list[Path]:
     """Rule (b) on each finished ``b-*`` file: ``summary.levels_checks`` (``vs_trl.levels_checks``), written into the
     file when a run of an older ``vs_trl.py`` left it out; the figures it reads are the file's own."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # vs_trl.py, its sibling
+    from vs_trl import levels_checks
+
     written = []
     for job in (j for j in all_jobs if j.name.startswith("b-") and j.done()):
         data = json.loads(job.out.read_text())
-        checks = _vs_trl().levels_checks(data["summary"], data["runs"])
+        checks = levels_checks(data["summary"], data["runs"])
         if checks is None:
             continue
         if data["summary"].get("levels_checks") != checks:
