@@ -636,13 +636,13 @@ def _resumed(args: argparse.Namespace) -> tuple[list[dict[str, Any]], float | No
 
 
 def save(args: argparse.Namespace, runs: list[dict[str, Any]], minutes: list[float], base: float,
-         complete: bool) -> dict[str, Any]:
-    """Write the JSON and the figure (after every run, so a cut-short session keeps what finished)."""
+         complete: bool, commit: str) -> dict[str, Any]:
+    """Write the JSON and the figure (after every run, so a cut-short session keeps what finished). ``commit`` is
+    the checkout's when the job began: read again here, it would say ``-dirty`` because of this very file."""
     summary = summarize(runs, [m for m in (5, 10, 20) if m <= args.budget_min] or minutes, args.target)
     summary["eval_at_every_point"] = summarize(runs, minutes, args.target)  # every point, with its standard error
     summary["holding_checks"] = holding_checks(runs, minutes, args.budget_min, args.target)
     summary["levels_checks"] = levels_checks(summary, runs)
-    commit = git_commit(ROOT)
     import torch
     import transformers
 
@@ -808,8 +808,8 @@ def main() -> None:
             runs.append(r)
             print(f"   {r['steps']} steps, {r['generated_tokens']} tokens generated, {r['trained_tokens']} trained",
                   flush=True)
-            save(args, runs, minutes, base, complete=False)
-    summary = save(args, runs, minutes, base, complete=True)
+            save(args, runs, minutes, base, complete=False, commit=commit)
+    summary = save(args, runs, minutes, base, complete=True, commit=commit)
     print_summary(args, summary, runs)
 
 

@@ -188,6 +188,26 @@ def test_an_ablation_resumes_from_its_results_file_only_when_it_measured_the_sam
         vs_trl._resumed(argparse.Namespace(**{**vars(args), "budget_min": 8.0}))
 
 
+def test_a_results_file_names_the_commit_its_job_began_at_not_one_its_own_writes_made_dirty(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``vs_trl.save`` runs after every run of a long job and rewrites a tracked results file: a commit read there
+    would be ``-dirty`` from the second write on. The file keeps the commit the job began at."""
+    import argparse
+
+    pytest.importorskip("matplotlib")
+    vs_trl = _script("vs_trl")
+    monkeypatch.setattr(vs_trl, "git_commit", lambda root: "abc1234-dirty")  # what a read now would say
+    data = json.loads((ROOT / "benchmarks" / "results" / "vs_trl.json").read_text())
+    runs = [r for r in data["runs"] if r["side"] == "agentjet"]
+    out = tmp_path / "ablation.json"
+    args = argparse.Namespace(out=out, model="smollm2-135m-instruct", task="addition", budget_min=data["budget_min"],
+                              seeds=[0], eval_n=44, target=0.75, shared=data["shared"], sides=["agentjet"],
+                              arms=["as-is"], score_levels=0)
+    minutes = [float(m) for m in data["eval_points_min"]]
+    vs_trl.save(args, runs, minutes, data["base_eval"], complete=False, commit="abc1234")
+    assert json.loads(out.read_text())["commit"] == "abc1234"
+
+
 def test_the_holding_checks_read_issue_38s_three_rules_off_the_runs() -> None:
     """``vs_trl.holding_checks``: the time to 0.75 against half TRL's (a seed that never reaches it counts the
     budget), the mean eval at every point from minute 5 against TRL's, and each AgentJet seed's largest fall
