@@ -42,6 +42,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 RUNS = ROOT / "runs" / "wave51"
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # vs_trl.py, its sibling (imported where it is used)
 LOCK = Path("/tmp/aj-cpu.lock")
 PY = sys.executable
 SEEDS = (0, 1, 2)
@@ -212,7 +213,6 @@ def summarize(all_jobs: list[Job]) -> list[Path]:
 def judge_levels(all_jobs: list[Job]) -> list[Path]:
     """Rule (b) on each finished ``b-*`` file: ``summary.levels_checks`` (``vs_trl.levels_checks``), written into the
     file when a run of an older ``vs_trl.py`` left it out; the figures it reads are the file's own."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))  # vs_trl.py, its sibling
     from vs_trl import levels_checks
 
     written = []
